@@ -1,0 +1,27 @@
+# The two set-up commands: `make demo` (the main job) and `make test`.
+# Each creates or updates .venv by itself on a fresh machine.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# The CPU build of torch first: an open range would pull a multi-GB CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/mxlab run experiments/quickstart.toml --device cpu
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) reports/quickstart

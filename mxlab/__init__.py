@@ -1,0 +1,35 @@
+"""mxlab: exact MX (OCP microscaling) emulation and precision experiments for CTR/CVR models.
+
+The public API is imported lazily so that `import mxlab` stays cheap and the
+layers below never import the layers above them.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "quantize": "mxlab.quant",
+    "dequantize": "mxlab.quant",
+    "fake_quantize": "mxlab.quant",
+    "MXTensor": "mxlab.quant",
+    "FORMATS": "mxlab.formats",
+    "get_format": "mxlab.formats",
+    "load_recipe": "mxlab.recipe",
+    "apply_recipe": "mxlab.recipe",
+    "Recipe": "mxlab.recipe",
+    "Plan": "mxlab.recipe",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mxlab' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + list(_EXPORTS))
