@@ -1,0 +1,277 @@
+"""Attention over jagged (variable-length) sequences, with both products reachable by a recipe.
+
+`JaggedAttention` takes queries and keys/values packed along the token axis, one run of
+tokens per example, and never lets the tokens of one example see those of another.
+
+Layout. ``q`` is ``(total_q, heads, head_dim)``, ``k`` and ``v`` are ``(total_k, heads,
+head_dim)``; example ``i`` owns queries ``q[q_offsets[i]:q_offsets[i+1]]`` and keys
+``k[k_offsets[i]:k_offsets[i+1]]``. Self-attention passes the same offsets twice;
+cross-attention (a few queries per example against a long history) passes different ones.
+
+Computation (the reference). Sequences are grouped into buckets by length (powers of two,
+everything up to ``min_bucket_length`` in one bucket), so padding stays below 2x of the real
+work; each bucket is gathered into a padded ``(n, heads, L, head_dim)`` layout in which padding
+entries are exact zeros, and
+
+- ``S = qmatmul(Q, K^T, policy.qk)`` then, in float32, ``S * head_dim**-0.5``;
+- ``softmax``: ``P = softmax(S)`` over the example's own keys (statistics in float32; padding
+  keys get probability exactly 0);
+- ``silu``: ``P = silu(S) / n_keys`` with ``n_keys`` the example's number of keys (HSTU style
+  normalisation by sequence length; padding keys get exactly 0);
+- ``out = qmatmul(P, V, policy.pv)``: P is quantized inside the product, in blocks along the key
+  axis; in the padded layout each example's key axis starts at its own first key, so a block
+  never mixes two examples.
+
+``causal=True`` lets query ``j`` of an example see its keys ``0..j`` only; it needs each example
+to have as many queries as keys. An example with no keys (an empty history) gets an output of
+exact zeros; an example with no queries contributes nothing.
+
+With ``policy is None`` both products are plain ``torch.matmul`` (``qmatmul`` is not even
+imported). On CUDA with ``policy is None`` and softmax, the buckets go through FlexAttention
+(compiled, fused, no materialized score matrix) with a per-example length mask; everything
+else uses the reference.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+ACTIVATIONS = ("softmax", "silu")
+BACKENDS = ("auto", "reference", "flex")
+
+_compiled_flex: Callable[..., torch.Tensor] | None = None
+
+
+def _flex_attention_fn(device: torch.device) -> Callable[..., torch.Tensor]:
+    """Return flex_attention, compiled once on CUDA (eager elsewhere, for tests)."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
+
+
+def _flex_available() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
+    if offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"{name} must be a 1-D int64 tensor of batch+1 offsets; got dtype {offsets.dtype}, shape {tuple(offsets.shape)}")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
+        raise ValueError(f"{name} must start at 0 and end at the number of tokens ({total}); got {int(offsets[0])}..{int(offsets[-1])}")
+    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing")
+
+
+def _bucket_ids(lengths: torch.Tensor, min_bucket_length: int) -> torch.Tensor:
+    """Bucket index per example: 0 for lengths <= min_bucket_length, then one per power of two."""
+    ratio = lengths.clamp(min=1).double() / float(min_bucket_length)
+    return torch.ceil(torch.log2(ratio.clamp(min=1.0))).long()
+
+
+def _gather_padded(x: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gather rows x[start:start+len] of each example into (n, heads, width, dim), zeros in padding.
+
+    Returns the padded tensor, the validity mask (n, width) and the flat source index (n, width).
+    """
+    position = torch.arange(width, device=x.device)
+    valid = position[None, :] < lengths[:, None]
+    index = torch.where(valid, starts[:, None] + position[None, :], torch.zeros_like(starts)[:, None])
+    if x.shape[0] == 0:
+        padded = x.new_zeros(lengths.shape[0], width, *x.shape[1:])
+    else:
+        padded = x[index] * valid[:, :, None, None].to(x.dtype)
+    return padded.transpose(1, 2), valid, index
+
+
+class JaggedAttention(nn.Module):
+    """Multi-head attention over packed jagged sequences; no parameters.
+
+    Attributes: ``policy`` (None = high precision; otherwise an object with attributes ``qk``
+    and ``pv``, the precisions handed to ``mxlab.nn.qmatmul.qmatmul`` for the two products),
+    ``backend`` ("auto": FlexAttention on CUDA when the policy is None and the activation is
+    softmax, else the reference; "reference"; "flex": FlexAttention wherever it runs, for
+    cross-checks), ``min_bucket_length`` and ``max_scores_per_chunk`` (bounds on padding and on
+    the size of one materialized score tensor in the reference).
+    """
+
+    def __init__(self, backend: str = "auto", min_bucket_length: int = 64, max_scores_per_chunk: int = 1 << 26) -> None:
+        super().__init__()
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; accepted: {', '.join(BACKENDS)}")
+        if min_bucket_length < 1 or max_scores_per_chunk < 1:
+            raise ValueError(f"min_bucket_length ({min_bucket_length}) and max_scores_per_chunk ({max_scores_per_chunk}) must be positive")
+        self.backend = backend
+        self.min_bucket_length = int(min_bucket_length)
+        self.max_scores_per_chunk = int(max_scores_per_chunk)
+        self.policy: Any = None
+
+    def extra_repr(self) -> str:
+        return f"backend={self.backend!r}, policy={self.policy!r}"
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_offsets: torch.Tensor,
+        k_offsets: torch.Tensor,
+        *,
+        causal: bool = False,
+        activation: str = "softmax",
+    ) -> torch.Tensor:
+        """Return the attention output, shape (total_q, heads, head_dim), dtype of q.
+
+        Refuses (ValueError) an unknown activation, mismatched shapes or offsets, and
+        ``causal=True`` when an example has a different number of queries and keys.
+        """
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}")
+        if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+            raise ValueError(f"q, k, v must be (tokens, heads, head_dim); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
+            raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree on heads/head_dim or k != v")
+        _check_offsets("q_offsets", q_offsets, q.shape[0])
+        _check_offsets("k_offsets", k_offsets, k.shape[0])
+        if q_offsets.numel() != k_offsets.numel():
+            raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
+        q_lengths = q_offsets[1:] - q_offsets[:-1]
+        k_lengths = k_offsets[1:] - k_offsets[:-1]
+        if causal and bool((q_lengths != k_lengths).any()):
+            raise ValueError("causal attention needs as many queries as keys in every example")
+
+        use_flex = activation == "softmax" and self.policy is None and (
+            self.backend == "flex" or (self.backend == "auto" and q.is_cuda and _flex_available())
+        )
+        out = q.new_zeros(q.shape)
+        if q.shape[0] == 0:
+            return out
+        lengths = torch.maximum(q_lengths, k_lengths)
+        buckets = _bucket_ids(lengths, self.min_bucket_length)
+        active = q_lengths > 0
+        destinations, results = [], []
+        for bucket in torch.unique(buckets[active]).tolist():
+            members = torch.nonzero(active & (buckets == bucket)).flatten()
+            q_width = int(q_lengths[members].max())
+            k_width = max(int(k_lengths[members].max()), 1)
+            per_example = q.shape[1] * q_width * k_width
+            chunk = max(1, self.max_scores_per_chunk // per_example)
+            for start in range(0, members.numel(), chunk):
+                index = members[start:start + chunk]
+                qp, q_valid, q_index = _gather_padded(q, q_offsets[index], q_lengths[index], q_width)
+                kp, k_valid, _ = _gather_padded(k, k_offsets[index], k_lengths[index], k_width)
+                vp, _, _ = _gather_padded(v, k_offsets[index], k_lengths[index], k_width)
+                if use_flex:
+                    op = self._flex_padded(qp, kp, vp, q_lengths[index], k_lengths[index], causal)
+                else:
+                    op = self._reference_padded(qp, kp, vp, k_valid, k_lengths[index], causal, activation)
+                results.append(op.transpose(1, 2)[q_valid])
+                destinations.append(q_index[q_valid])
+        if not results:
+            return out
+        return out.index_copy(0, torch.cat(destinations), torch.cat(results).to(q.dtype))
+
+    def _reference_padded(
+        self,
+        qp: torch.Tensor,
+        kp: torch.Tensor,
+        vp: torch.Tensor,
+        k_valid: torch.Tensor,
+        k_lengths: torch.Tensor,
+        causal: bool,
+        activation: str,
+    ) -> torch.Tensor:
+        """Padded (n, H, Lq, D) attention; padding queries are computed but discarded by the caller."""
+        qk_precision = self.policy.qk if self.policy is not None else None
+        pv_precision = self.policy.pv if self.policy is not None else None
+        scale = qp.shape[-1] ** -0.5
+        scores = self._product(qp, kp.transpose(-1, -2), qk_precision).float() * scale
+        allowed = k_valid[:, None, None, :]
+        if causal:
+            lq, lk = scores.shape[-2], scores.shape[-1]
+            allowed = allowed & torch.ones(lq, lk, dtype=torch.bool, device=scores.device).tril()
+        if activation == "softmax":
+            masked = scores.masked_fill(~allowed, torch.finfo(torch.float32).min)
+            row_max = masked.amax(dim=-1, keepdim=True).detach()
+            weights = torch.exp(masked - row_max) * allowed
+            denominator = weights.sum(dim=-1, keepdim=True)
+            probabilities = weights / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+        else:
+            n_keys = k_lengths.clamp(min=1).to(torch.float32)[:, None, None, None]
+            probabilities = torch.where(allowed, F.silu(scores), torch.zeros_like(scores)) / n_keys
+        if self.policy is None:
+            return torch.matmul(probabilities.to(vp.dtype), vp)
+        return self._product(probabilities, vp.to(probabilities.dtype), pv_precision)
+
+    def _product(self, a: torch.Tensor, b: torch.Tensor, precision: Any) -> torch.Tensor:
+        """a @ b: plain matmul without a policy, else through qmatmul at `precision`."""
+        if self.policy is None:
+            return torch.matmul(a, b)
+        from mxlab.nn.qmatmul import qmatmul
+
+        return qmatmul(a, b, precision)
+
+    def _flex_padded(
+        self,
+        qp: torch.Tensor,
+        kp: torch.Tensor,
+        vp: torch.Tensor,
+        q_lengths: torch.Tensor,
+        k_lengths: torch.Tensor,
+        causal: bool,
+    ) -> torch.Tensor:
+        """Padded softmax attention through FlexAttention with a per-example length mask."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+            keep = (kv_idx < k_lengths[b]) & (q_idx < q_lengths[b])
+            if causal:
+                keep = keep & (kv_idx <= q_idx)
+            return keep
+
+        n, _, lq, _ = qp.shape
+        lk = kp.shape[2]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
+            block_mask = create_block_mask(mask_mod, n, None, lq, lk, device=qp.device)
+            return _flex_attention_fn(qp.device)(qp, kp, vp, block_mask=block_mask, scale=qp.shape[-1] ** -0.5)
+
+
+def rotary_embedding(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Return x (tokens, heads, head_dim) rotated by rotary position embeddings at `positions` (tokens,).
+
+    Pairs (i, i + head_dim/2) are rotated by angle position * base**(-2i/head_dim), in float32.
+    Refuses an odd head_dim.
+    """
+    head_dim = x.shape[-1]
+    if head_dim % 2:
+        raise ValueError(f"rotary embeddings need an even head_dim; got {head_dim}")
+    half = head_dim // 2
+    inverse_frequency = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angle = positions.to(torch.float32)[:, None] * inverse_frequency[None, :]
+    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+
+
+def segment_positions(offsets: torch.Tensor) -> torch.Tensor:
+    """Return the position of each token inside its own sequence (0-based), shape (total,)."""
+    lengths = offsets[1:] - offsets[:-1]
+    total = int(offsets[-1])
+    starts = torch.repeat_interleave(offsets[:-1], lengths, output_size=total)
+    return torch.arange(total, device=offsets.device) - starts
+
+
+__all__ = ["JaggedAttention", "rotary_embedding", "segment_positions", "ACTIVATIONS", "BACKENDS"]

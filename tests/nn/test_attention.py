@@ -1,0 +1,148 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mxlab.nn.attention import JaggedAttention, rotary_embedding, segment_positions
+
+
+def _offsets(lengths):
+    return torch.tensor([0] + list(torch.tensor(lengths).cumsum(0).tolist()), dtype=torch.int64)
+
+
+def _naive(q, k, v, q_lengths, k_lengths, causal, activation):
+    """Loop over examples with torch's own attention; empty key sets give zeros."""
+    outputs, qs, ks = [], 0, 0
+    for lq, lk in zip(q_lengths, k_lengths):
+        qi, ki, vi = (t.transpose(0, 1) for t in (q[qs:qs + lq], k[ks:ks + lk], v[ks:ks + lk]))
+        if lq and not lk:
+            outputs.append(torch.zeros(lq, q.shape[1], q.shape[2], dtype=q.dtype))
+        elif lq:
+            if activation == "softmax":
+                o = F.scaled_dot_product_attention(qi[None], ki[None], vi[None], is_causal=causal)[0]
+            else:
+                s = qi @ ki.transpose(-1, -2) * q.shape[-1] ** -0.5
+                p = F.silu(s)
+                if causal:
+                    p = p.masked_fill(~torch.ones(lq, lk, dtype=torch.bool).tril(), 0.0)
+                o = p @ vi / lk
+            outputs.append(o.transpose(0, 1))
+        qs, ks = qs + lq, ks + lk
+    return torch.cat(outputs) if outputs else q.new_zeros(q.shape)
+
+
+CASES = [
+    # (q_lengths, k_lengths, causal)
+    ([3, 0, 5, 1, 7], [3, 0, 5, 1, 7], True),
+    ([4, 2, 6, 0], [4, 2, 6, 0], False),
+    ([2, 2, 2, 2], [9, 0, 1, 70], False),  # PMA-like: short queries, long keys, one empty history
+]
+
+
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
+@pytest.mark.parametrize("q_lengths,k_lengths,causal", CASES)
+def test_reference_matches_per_example_attention(q_lengths, k_lengths, causal, activation):
+    torch.manual_seed(0)
+    heads, dim = 2, 8
+    q = torch.randn(sum(q_lengths), heads, dim, dtype=torch.float64)
+    k = torch.randn(sum(k_lengths), heads, dim, dtype=torch.float64)
+    v = torch.randn(sum(k_lengths), heads, dim, dtype=torch.float64)
+    attention = JaggedAttention(backend="reference", min_bucket_length=2)  # several buckets
+    out = attention(q, k, v, _offsets(q_lengths), _offsets(k_lengths), causal=causal, activation=activation)
+    expected = _naive(q, k, v, q_lengths, k_lengths, causal, activation)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)  # statistics in float32
+
+
+def test_empty_histories_give_exact_zeros_and_chunking_does_not_change_results():
+    torch.manual_seed(1)
+    q_lengths, k_lengths = [1, 1, 1], [0, 5, 0]
+    q, k, v = torch.randn(3, 1, 4), torch.randn(5, 1, 4), torch.randn(5, 1, 4)
+    small_chunks = JaggedAttention(backend="reference", max_scores_per_chunk=1)
+    out = small_chunks(q, k, v, _offsets(q_lengths), _offsets(k_lengths))
+    assert torch.equal(out[0], torch.zeros(1, 4)) and torch.equal(out[2], torch.zeros(1, 4))
+    whole = JaggedAttention(backend="reference")(q, k, v, _offsets(q_lengths), _offsets(k_lengths))
+    torch.testing.assert_close(out, whole)
+    none_at_all = JaggedAttention()(q, k[:0], v[:0], _offsets(q_lengths), _offsets([0, 0, 0]))
+    assert torch.equal(none_at_all, torch.zeros_like(q))
+
+
+def test_no_leakage_between_sequences_or_from_padding():
+    torch.manual_seed(2)
+    lengths = [3, 6, 2]
+    q, k, v = (torch.randn(11, 2, 4) for _ in range(3))
+    attention = JaggedAttention(backend="reference")
+    base = attention(q, k, v, _offsets(lengths), _offsets(lengths))
+    k2, v2 = k.clone(), v.clone()
+    k2[3:9] += 10 * torch.randn(6, 2, 4)  # change only the second sequence
+    v2[3:9] += 10 * torch.randn(6, 2, 4)
+    changed = attention(q, k2, v2, _offsets(lengths), _offsets(lengths))
+    torch.testing.assert_close(changed[:3], base[:3], rtol=0, atol=0)
+    torch.testing.assert_close(changed[9:], base[9:], rtol=0, atol=0)
+    assert not torch.allclose(changed[3:9], base[3:9])
+    # gradients stay inside each example
+    k3 = k.clone().requires_grad_(True)
+    attention(q, k3, v, _offsets(lengths), _offsets(lengths))[:3].sum().backward()
+    assert k3.grad[3:].abs().max() == 0 and k3.grad[:3].abs().max() > 0
+
+
+def test_flex_backend_matches_reference_on_cpu():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    torch.manual_seed(3)
+    q_lengths, k_lengths = [2, 3, 1], [5, 0, 4]
+    q = torch.randn(6, 2, 16)
+    k, v = torch.randn(9, 2, 16), torch.randn(9, 2, 16)
+    flex = JaggedAttention(backend="flex")(q, k, v, _offsets(q_lengths), _offsets(k_lengths))
+    reference = JaggedAttention(backend="reference")(q, k, v, _offsets(q_lengths), _offsets(k_lengths))
+    torch.testing.assert_close(flex, reference, rtol=1e-5, atol=1e-5)
+
+
+class _RecordingPolicy:
+    qk = "precision-for-qk"
+    pv = "precision-for-pv"
+
+
+def test_policy_routes_both_products_through_qmatmul(monkeypatch):
+    import mxlab.nn.qmatmul as qmatmul_module
+
+    seen = []
+
+    def fake_qmatmul(a, b, precision):
+        seen.append((precision, a.shape, b.shape, a.clone()))
+        return torch.matmul(a, b)
+
+    monkeypatch.setattr(qmatmul_module, "qmatmul", fake_qmatmul)
+    torch.manual_seed(4)
+    lengths = [2, 3]
+    q, k, v = (torch.randn(5, 1, 4) for _ in range(3))
+    attention = JaggedAttention()
+    expected = attention(q, k, v, _offsets(lengths), _offsets(lengths))
+    attention.policy = _RecordingPolicy()
+    out = attention(q, k, v, _offsets(lengths), _offsets(lengths))
+    torch.testing.assert_close(out, expected)
+    assert [precision for precision, *_ in seen] == ["precision-for-qk", "precision-for-pv"]
+    p = seen[1][3]  # (n, heads, Lq, Lk): example 0 has 2 keys, its padded third key must be exactly 0
+    assert p.shape[-1] == 3 and torch.equal(p[0, :, :, 2], torch.zeros_like(p[0, :, :, 2]))
+
+
+def test_bad_arguments_are_refused():
+    q = torch.randn(3, 1, 4)
+    attention = JaggedAttention()
+    with pytest.raises(ValueError, match="activation 'relu'"):
+        attention(q, q, q, _offsets([3]), _offsets([3]), activation="relu")
+    with pytest.raises(ValueError, match="causal"):
+        attention(q, q[:2], q[:2], _offsets([3]), _offsets([2]), causal=True)
+    with pytest.raises(ValueError, match="k_offsets"):
+        attention(q, q, q, _offsets([3]), _offsets([2]))
+    with pytest.raises(ValueError, match="backend"):
+        JaggedAttention(backend="cudnn")
+
+
+def test_rotary_is_relative_and_positions_restart_per_sequence():
+    offsets = _offsets([2, 0, 3])
+    assert segment_positions(offsets).tolist() == [0, 1, 0, 1, 2]
+    torch.manual_seed(5)
+    q, k = torch.randn(1, 1, 8), torch.randn(1, 1, 8)
+    def score(pq, pk):
+        return (rotary_embedding(q, torch.tensor([pq])) * rotary_embedding(k, torch.tensor([pk]))).sum()
+    torch.testing.assert_close(score(3, 1), score(10, 8))
+    assert not torch.allclose(score(3, 1), score(3, 2))
