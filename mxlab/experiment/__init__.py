@@ -1,0 +1,29 @@
+"""Experiments: spec loading and validation, the runner (arms x seeds, devices, resume), training, evaluation.
+
+Public entry points: `load_spec`, `run_study`, `sweep_layers`.
+"""
+from __future__ import annotations
+
+from mxlab.experiment.spec import ExperimentSpec, ReportConfig, TrainConfig, load_spec, parse_override
+
+__all__ = [
+    "ExperimentSpec",
+    "ReportConfig",
+    "TrainConfig",
+    "load_spec",
+    "parse_override",
+    "run_study",
+    "sweep_layers",
+]
+
+
+def __getattr__(name: str):
+    if name == "run_study":
+        from mxlab.experiment.runner import run_study
+
+        return run_study
+    if name == "sweep_layers":
+        from mxlab.experiment.sweep import sweep_layers
+
+        return sweep_layers
+    raise AttributeError(f"module 'mxlab.experiment' has no attribute {name!r}")

@@ -1,0 +1,131 @@
+"""The bodies of `mxlab run`, `mxlab report`, `mxlab compare` and `mxlab sweep-layers`.
+
+Each returns the process exit code: 0 on success, 2 on bad input (the message names the value
+and the accepted ones), 1 when a run failed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import typer
+
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return code
+
+
+def _guarded(body: Callable[[], int]) -> int:
+    try:
+        return body()
+    except ValueError as error:
+        return _fail(str(error))
+    except RuntimeError as error:
+        return _fail(str(error), EXIT_FAILED)
+
+
+def _print_report_paths(paths: dict[str, Path]) -> None:
+    for key in ("report.md", "report.html", "md", "html", "markdown"):
+        if key in paths:
+            typer.echo(f"  {key}: {paths[key]}")
+    shown = {"report.md", "report.html", "md", "html", "markdown"}
+    for key, path in paths.items():
+        if key not in shown:
+            typer.echo(f"  {key}: {path}")
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    """'0,1,2' or '[0, 1, 2]' -> [0, 1, 2]; None stays None. Refuses anything that is not integers >= 0."""
+    if text is None:
+        return None
+    items = [item.strip() for item in text.strip().strip("[]").split(",") if item.strip()]
+    try:
+        seeds = [int(item) for item in items]
+    except ValueError:
+        raise ValueError(f"--seeds expects integers like 0,1,2; got {text!r}") from None
+    if not seeds or any(seed < 0 for seed in seeds):
+        raise ValueError(f"--seeds expects integers >= 0 like 0,1,2; got {text!r}")
+    return seeds
+
+
+def run(spec_path: Path, *, device: str, out: Path | None, resume: bool, overrides: Sequence[str]) -> int:
+    """`mxlab run`: load and validate the spec, run the study, render the report, print where it is."""
+
+    def body() -> int:
+        from mxlab.experiment.runner import run_study
+        from mxlab.experiment.spec import load_spec
+
+        spec = load_spec(spec_path, overrides)
+        result = run_study(spec, out, device=device, resume=resume, overrides=overrides)
+        typer.echo(
+            f"study {spec.name}: {len(result.trained)} runs trained, {len(result.skipped)} already done"
+            + (f", diverged: {', '.join(result.diverged)}" if result.diverged else "")
+        )
+        typer.echo(f"runs in {result.out_dir / 'runs'}")
+        if result.report_paths:
+            typer.echo("report:")
+            _print_report_paths(result.report_paths)
+        return 0
+
+    return _guarded(body)
+
+
+def report(study_dir: Path) -> int:
+    """`mxlab report`: re-render the report of a study folder from its run folders."""
+
+    def body() -> int:
+        if not (Path(study_dir) / "study.json").is_file():
+            raise ValueError(f"{study_dir} is not a study folder (no study.json); run `mxlab run SPEC.toml` first")
+        from mxlab.report import write_report
+
+        paths = write_report(Path(study_dir))
+        typer.echo("report:")
+        _print_report_paths(dict(paths))
+        return 0
+
+    return _guarded(body)
+
+
+def compare(study_a: Path, study_b: Path) -> int:
+    """`mxlab compare`: print how two study folders differ."""
+
+    def body() -> int:
+        for folder in (study_a, study_b):
+            if not (Path(folder) / "study.json").is_file():
+                raise ValueError(f"{folder} is not a study folder (no study.json)")
+        from mxlab.report import compare_studies
+
+        typer.echo(compare_studies(Path(study_a), Path(study_b)))
+        return 0
+
+    return _guarded(body)
+
+
+def sweep_layers(
+    spec_path: Path,
+    *,
+    recipe: str,
+    seeds: str | None,
+    steps: int | None,
+    device: str,
+    out: Path | None,
+    resume: bool,
+    overrides: Sequence[str],
+) -> int:
+    """`mxlab sweep-layers`: run the layer-sensitivity sweep and print the ranking."""
+
+    def body() -> int:
+        from mxlab.experiment.spec import load_spec
+        from mxlab.experiment.sweep import sweep_layers as run_sweep
+
+        spec = load_spec(spec_path, overrides)
+        result = run_sweep(spec, recipe, seeds=parse_seeds(seeds), steps=steps, out_dir=out, device=device, resume=resume)
+        typer.echo(result.table)
+        typer.echo(f"written: {result.markdown_path} and {result.json_path}")
+        return 0
+
+    return _guarded(body)

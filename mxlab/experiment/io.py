@@ -1,0 +1,98 @@
+"""Atomic file writes for run folders: write to a temporary name in the same folder, then os.replace.
+
+A reader (or a resumed run) therefore sees either the previous complete file or the new one.
+"""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+
+def _atomic_write_bytes(path: Path, payload: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating,)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serializable: {value!r}")
+
+
+def _finite_or_none(value: Any) -> Any:
+    """JSON has no NaN/Inf: write them as strings "nan", "inf", "-inf" so the file stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {key: _finite_or_none(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(item) for item in value]
+    return value
+
+
+def to_json(value: Any, *, indent: int | None = 2) -> str:
+    """Strict JSON text for `value` (non-finite floats written as the strings "nan"/"inf"/"-inf")."""
+    return json.dumps(_finite_or_none(value), indent=indent, default=_json_default, allow_nan=False)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` atomically."""
+    _atomic_write_bytes(path, text.encode())
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Write `value` as indented JSON to `path` atomically."""
+    write_text(path, to_json(value) + "\n")
+
+
+def write_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Write one JSON object per line to `path` atomically (the whole file is replaced)."""
+    write_text(path, "".join(to_json(dict(record), indent=None) + "\n" for record in records))
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file ([] when it does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write arrays to an uncompressed .npz at `path` atomically."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **{key: np.asarray(value) for key, value in arrays.items()})
+    _atomic_write_bytes(path, buffer.getvalue())
+
+
+def write_torch(path: Path, value: Any) -> None:
+    """torch.save `value` to `path` atomically."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    _atomic_write_bytes(path, buffer.getvalue())

@@ -1,0 +1,401 @@
+"""Experiment specs: TOML files (DESIGN.md, "An experiment") loaded into validated dataclasses.
+
+Everything that can be wrong with a spec is found here, before any training: an unknown key,
+a wrong type, an arm whose recipe file does not exist, an unknown data source.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
+OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
+TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report")
+REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The [train] table. `max_steps = 0` means no cap; `diagnostics_every = 0` means off."""
+
+    batch_size: int = 256
+    lr: float = 1e-3
+    epochs: int = 1
+    optimizer: str = "adam"
+    weight_decay: float = 0.0
+    eval_batch_size: int = 4096
+    checkpoint_every: int = 200
+    diagnostics_every: int = 0
+    max_steps: int = 0
+    log_every: int = 10
+    # Divergence: a non-finite forward loss on more than `nonfinite_patience` consecutive steps,
+    # or a loss scale below `min_loss_scale`, stops the run and records it as diverged.
+    nonfinite_patience: int = 0
+    min_loss_scale: float = 2.0**-24
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The [report] table: regression thresholds the analysis judges deltas against."""
+
+    ne_regression_pct: float = 0.02
+    auc_regression: float = 0.001
+    calibration_tolerance: float = 0.01
+    confidence: float = 0.95
+    bootstrap_samples: int = 1000
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """A validated experiment: arms x seeds over one data source and one model shape.
+
+    `recipe_paths` maps each arm to its recipe file (`<spec dir>/recipes/ARM.toml`).
+    """
+
+    name: str
+    seeds: tuple[int, ...]
+    baseline: str
+    arms: tuple[str, ...]
+    data: dict[str, Any]
+    model: dict[str, Any]
+    train: TrainConfig = field(default_factory=TrainConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+    description: str = ""
+    recipe_paths: dict[str, Path] = field(default_factory=dict)
+    spec_path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved spec as plain JSON-able data (what study.json records)."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "seeds": list(self.seeds),
+            "baseline": self.baseline,
+            "arms": list(self.arms),
+            "data": copy.deepcopy(self.data),
+            "model": copy.deepcopy(self.model),
+            "train": dataclasses.asdict(self.train),
+            "report": dataclasses.asdict(self.report),
+            "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
+            "spec_path": str(self.spec_path) if self.spec_path else None,
+        }
+
+    def with_train(self, **changes: Any) -> "ExperimentSpec":
+        """A copy with some [train] values replaced (validated like the file's)."""
+        merged = {**dataclasses.asdict(self.train), **changes}
+        return dataclasses.replace(self, train=_build_table(TrainConfig, merged, "train"))
+
+
+# ----------------------------------------------------------------------------------------------
+# type checking helpers
+
+
+def _type_name(expected: type) -> str:
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(expected, str(expected))
+
+
+def _check_type(value: Any, expected: type, where: str) -> Any:
+    """Return `value` converted to `expected` (int -> float allowed) or raise a ValueError naming `where`."""
+    if expected is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where} must be {_type_name(float)}, got {value!r} ({type(value).__name__})")
+        return float(value)
+    if expected is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where} must be {_type_name(int)}, got {value!r} ({type(value).__name__})")
+        return value
+    if not isinstance(value, expected):
+        raise ValueError(f"{where} must be {_type_name(expected)}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _check_keys(table: Mapping[str, Any], accepted: Sequence[str], where: str) -> None:
+    unknown = [key for key in table if key not in accepted]
+    if unknown:
+        raise ValueError(
+            f"unknown key {where + '.' if where else ''}{unknown[0]!r}; accepted keys"
+            f"{' in [' + where + ']' if where else ''}: {', '.join(accepted)}"
+        )
+
+
+def _build_table(cls: type, table: Mapping[str, Any], where: str) -> Any:
+    """Build the frozen dataclass `cls` from a TOML table, checking keys and types."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"[{where}] must be a table, got {table!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    _check_keys(table, list(fields), where)
+    values = {}
+    for key, value in table.items():
+        expected = {"int": int, "float": float, "str": str, "bool": bool}[str(fields[key].type)]
+        values[key] = _check_type(value, expected, f"{where}.{key}")
+    config = cls(**values)
+    _check_ranges(config, where)
+    return config
+
+
+def _check_ranges(config: Any, where: str) -> None:
+    if isinstance(config, TrainConfig):
+        for key in ("batch_size", "eval_batch_size", "epochs", "log_every"):
+            if getattr(config, key) < 1:
+                raise ValueError(f"{where}.{key} must be >= 1, got {getattr(config, key)}")
+        for key in ("checkpoint_every", "diagnostics_every", "max_steps", "nonfinite_patience"):
+            if getattr(config, key) < 0:
+                raise ValueError(f"{where}.{key} must be >= 0 (0 = off), got {getattr(config, key)}")
+        if not config.lr > 0:
+            raise ValueError(f"{where}.lr must be > 0, got {config.lr}")
+        for key in ("weight_decay", "min_loss_scale"):
+            if getattr(config, key) < 0:
+                raise ValueError(f"{where}.{key} must be >= 0, got {getattr(config, key)}")
+        if config.optimizer not in OPTIMIZERS:
+            raise ValueError(f"{where}.optimizer {config.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}")
+    if isinstance(config, ReportConfig):
+        if not 0 < config.confidence < 1:
+            raise ValueError(f"{where}.confidence must be in (0, 1), got {config.confidence}")
+        if config.bootstrap_samples < 1:
+            raise ValueError(f"{where}.bootstrap_samples must be >= 1, got {config.bootstrap_samples}")
+        for key in ("ne_regression_pct", "auc_regression", "calibration_tolerance"):
+            if getattr(config, key) < 0:
+                raise ValueError(f"{where}.{key} must be >= 0, got {getattr(config, key)}")
+
+
+# ----------------------------------------------------------------------------------------------
+# overrides
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Parse one `--set key=value` into (dotted key parts, value).
+
+    The value is read as a TOML value (`2`, `1e-3`, `[0, 1]`, `true`, `"x"`); a bare word that is
+    not valid TOML (`movielens-100k`) is taken as a string. Refuses text without `=` or an empty key.
+    """
+    if "=" not in text:
+        raise ValueError(f"--set expects key=value (e.g. train.epochs=2), got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    parts = key.split(".")
+    if not key or any(not part for part in parts):
+        raise ValueError(f"--set has an empty key in {text!r}; expected a dotted key like train.epochs")
+    raw = raw.strip()
+    try:
+        value = tomllib.loads(f"value = {raw}")["value"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of the raw spec table with each `key=value` override set (tables created as needed).
+
+    Refuses an override that descends into a value that is not a table.
+    """
+    result = copy.deepcopy(raw)
+    for text in overrides:
+        parts, value = parse_override(text)
+        table = result
+        for depth, part in enumerate(parts[:-1]):
+            child = table.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {text!r}: {'.'.join(parts[: depth + 1])} is not a table")
+            table = child
+        table[parts[-1]] = value
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# [data] and [model] (validated by their owners' modules when they offer a validator)
+
+
+def _validate_data(data: Any) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"[data] must be a table, got {data!r}")
+    source = data.get("source")
+    if source is None:
+        raise ValueError(f"[data] needs a source; accepted sources: {', '.join(DATA_SOURCES)}")
+    if source not in DATA_SOURCES:
+        raise ValueError(f"unknown data source {source!r}; accepted sources: {', '.join(DATA_SOURCES)}")
+    validator = _find_validator("mxlab.data", ("validate_data_config",))
+    if validator is not None:
+        validated = validator(dict(data))
+        if isinstance(validated, Mapping):
+            return dict(validated)
+    return dict(data)
+
+
+def _validate_model(model: Any) -> dict[str, Any]:
+    if not isinstance(model, Mapping):
+        raise ValueError(f"[model] must be a table, got {model!r}")
+    validator = _find_validator("mxlab.models", ("validate_model_config",))
+    if validator is not None:
+        validated = validator(dict(model))
+        if isinstance(validated, Mapping):
+            return dict(validated)
+    return dict(model)
+
+
+def _find_validator(module_name: str, names: Sequence[str]) -> Any:
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    for name in names:
+        function = getattr(module, name, None)
+        if callable(function):
+            return function
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# recipes
+
+
+def recipe_dir_for(spec_path: Path) -> Path:
+    """The folder where a spec's arms find their recipes: `<spec dir>/recipes`."""
+    return Path(spec_path).resolve().parent / "recipes"
+
+
+def available_recipes(recipe_dir: Path) -> list[str]:
+    """Names of the recipe files in `recipe_dir` (sorted; empty when the folder is missing)."""
+    return sorted(path.stem for path in Path(recipe_dir).glob("*.toml"))
+
+
+def resolve_recipe_path(name: str, recipe_dir: Path) -> Path:
+    """Return `recipe_dir/NAME.toml`; refuses a name without such a file, listing the ones there."""
+    path = Path(recipe_dir) / f"{name}.toml"
+    if not path.is_file():
+        names = available_recipes(recipe_dir)
+        raise ValueError(
+            f"unknown arm/recipe {name!r}: no file {path}; available recipes: "
+            f"{', '.join(names) if names else '(none in ' + str(recipe_dir) + ')'}"
+        )
+    return path
+
+
+def _check_recipe_loads(arm: str, path: Path) -> None:
+    try:
+        from mxlab.recipe import load_recipe
+    except ImportError:
+        return
+    try:
+        load_recipe(path)
+    except ValueError as error:
+        raise ValueError(f"arm {arm!r}: recipe {path} is invalid: {error}") from error
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def spec_from_dict(
+    raw: Mapping[str, Any], *, recipe_dir: Path, spec_path: Path | None = None, check_recipes: bool = True
+) -> ExperimentSpec:
+    """Validate a raw spec table into an ExperimentSpec.
+
+    Refuses (ValueError naming the value and the accepted ones): an unknown or missing key, a
+    wrong type, an empty or duplicated arm or seed list, a baseline that is not an arm, an arm
+    without a recipe file in `recipe_dir`, an unknown data source.
+    """
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"an experiment spec must be a table, got {raw!r}")
+    _check_keys(raw, TOP_LEVEL_KEYS, "")
+    missing = [key for key in REQUIRED_TOP_LEVEL_KEYS if key not in raw]
+    if missing:
+        raise ValueError(f"the spec is missing {missing[0]!r}; required keys: {', '.join(REQUIRED_TOP_LEVEL_KEYS)}")
+
+    name = _check_type(raw["name"], str, "name")
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"name {name!r} must be a non-empty folder name (no '/', not starting with '.')")
+    description = _check_type(raw.get("description", ""), str, "description")
+
+    seeds_raw = raw["seeds"]
+    if not isinstance(seeds_raw, list) or not seeds_raw:
+        raise ValueError(f"seeds must be a non-empty list of integers, got {seeds_raw!r}")
+    seeds = tuple(_check_type(seed, int, f"seeds[{index}]") for index, seed in enumerate(seeds_raw))
+    if any(seed < 0 for seed in seeds):
+        raise ValueError(f"seeds must be >= 0, got {list(seeds)}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct, got {list(seeds)}")
+
+    arms_raw = raw["arms"]
+    if not isinstance(arms_raw, list) or not arms_raw:
+        raise ValueError(f"arms must be a non-empty list of recipe names, got {arms_raw!r}")
+    arms = tuple(_check_type(arm, str, f"arms[{index}]") for index, arm in enumerate(arms_raw))
+    if len(set(arms)) != len(arms):
+        duplicated = sorted({arm for arm in arms if arms.count(arm) > 1})
+        raise ValueError(f"arms must be distinct; repeated: {', '.join(duplicated)}")
+    baseline = _check_type(raw["baseline"], str, "baseline")
+    if baseline not in arms:
+        raise ValueError(f"baseline {baseline!r} is not one of the arms: {', '.join(arms)}")
+
+    recipe_paths = {arm: resolve_recipe_path(arm, recipe_dir) for arm in arms}
+
+    data = _validate_data(raw["data"])
+    model = _validate_model(raw["model"])
+    train = _build_table(TrainConfig, raw.get("train", {}), "train")
+    report = _build_table(ReportConfig, raw.get("report", {}), "report")
+
+    if check_recipes:
+        for arm, path in recipe_paths.items():
+            _check_recipe_loads(arm, path)
+
+    return ExperimentSpec(
+        name=name,
+        seeds=seeds,
+        baseline=baseline,
+        arms=arms,
+        data=data,
+        model=model,
+        train=train,
+        report=report,
+        description=description,
+        recipe_paths=recipe_paths,
+        spec_path=Path(spec_path).resolve() if spec_path else None,
+    )
+
+
+def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec:
+    """Load, override (`key=value` strings, see `parse_override`) and validate the spec at `path`.
+
+    Returns the ExperimentSpec; refuses a missing file, malformed TOML and everything
+    `spec_from_dict` refuses.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no experiment spec at {path}")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"{path} is not valid TOML: {error}") from error
+    raw = apply_overrides(raw, overrides)
+    return spec_from_dict(raw, recipe_dir=recipe_dir_for(path), spec_path=path)
+
+
+def spec_from_study(study: Mapping[str, Any]) -> ExperimentSpec:
+    """Rebuild the ExperimentSpec recorded in a study.json (recipe files at their recorded paths)."""
+    recipes = {arm: Path(path) for arm, path in study.get("recipes", {}).items()}
+    for arm in study["arms"]:
+        if arm not in recipes or not recipes[arm].is_file():
+            raise ValueError(f"study.json names recipe file {recipes.get(arm)} for arm {arm!r}, which is missing")
+    return ExperimentSpec(
+        name=study["name"],
+        seeds=tuple(study["seeds"]),
+        baseline=study["baseline"],
+        arms=tuple(study["arms"]),
+        data=dict(study["data"]),
+        model=dict(study["model"]),
+        train=_build_table(TrainConfig, study["train"], "train"),
+        report=_build_table(ReportConfig, study["report"], "report"),
+        description=study.get("description", ""),
+        recipe_paths=recipes,
+        spec_path=Path(study["spec_path"]) if study.get("spec_path") else None,
+    )

@@ -1,0 +1,217 @@
+"""Layer sensitivity: quantize one layer at a time, and all layers but one, and rank the layers.
+
+For a recipe R and every quantizable module M of the spec's model, two short trainings per seed:
+`only:M` (M under R, every other module BF16) and `allbut:M` (every module under R except M),
+next to the spec's baseline arm and R on all layers, all through the study runner. Each run is
+compared with the baseline of its seed on NE (in %) and AUC; layers are ranked by the NE
+regression that quantizing them alone causes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from mxlab.experiment import io
+from mxlab.experiment.runner import check_out_dir, make_data_source, resolve_devices, run_jobs
+from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe_path
+from mxlab.experiment.train import RunJob, build_run_model, estimated_total_steps
+
+SWEEP_TASKS = ("ctr", "cvr", "ctcvr")
+DEFAULT_SWEEP_STEPS = 200
+
+
+@dataclass
+class LayerSensitivity:
+    """One module's effect: deltas against the baseline (mean over seeds) for only-this and all-but-this."""
+
+    module: str
+    only: dict[str, float]
+    allbut: dict[str, float]
+    only_diverged: int
+    allbut_diverged: int
+
+    @property
+    def score(self) -> float:
+        """NE regression (mean over tasks, in %) of quantizing this module alone; the ranking key."""
+        return self.only["ne_pct_mean"]
+
+
+@dataclass
+class SweepResult:
+    """The ranked layers, the full-recipe deltas, and the files written."""
+
+    recipe: str
+    layers: list[LayerSensitivity]
+    full_recipe: dict[str, float]
+    markdown_path: Path
+    json_path: Path
+    table: str
+
+
+def _recipe_for(name_or_path: str, spec: ExperimentSpec) -> tuple[Any, str, str]:
+    from mxlab.recipe import load_recipe
+
+    path = Path(name_or_path)
+    if path.suffix == ".toml" and path.is_file():
+        return load_recipe(path), path.stem, str(path)
+    recipe_dir = recipe_dir_for(spec.spec_path) if spec.spec_path else Path("experiments/recipes")
+    resolved = resolve_recipe_path(name_or_path, recipe_dir)
+    return load_recipe(resolved), name_or_path, str(resolved)
+
+
+def _run_deltas(run_dir: Path, baseline_dir: Path) -> dict[str, float] | None:
+    """{ne_pct_TASK, auc_TASK} of a run against its seed's baseline; None when the run diverged."""
+    from mxlab.metrics import evaluate_run
+
+    if not (run_dir / "eval.npz").exists():
+        return None
+    run, base = evaluate_run(run_dir / "eval.npz"), evaluate_run(baseline_dir / "eval.npz")
+    deltas = {}
+    for task in SWEEP_TASKS:
+        deltas[f"ne_pct_{task}"] = 100.0 * (run[task]["ne"] - base[task]["ne"]) / base[task]["ne"]
+        deltas[f"auc_{task}"] = run[task]["auc"] - base[task]["auc"]
+    return deltas
+
+
+def _mean_deltas(per_seed: Sequence[dict[str, float] | None]) -> tuple[dict[str, float], int]:
+    finished = [deltas for deltas in per_seed if deltas is not None]
+    diverged = len(per_seed) - len(finished)
+    keys = [f"ne_pct_{task}" for task in SWEEP_TASKS] + [f"auc_{task}" for task in SWEEP_TASKS]
+    mean = {key: float(np.mean([d[key] for d in finished])) if finished else math.inf for key in keys}
+    mean["ne_pct_mean"] = float(np.mean([mean[f"ne_pct_{task}"] for task in SWEEP_TASKS]))
+    mean["auc_mean"] = float(np.mean([mean[f"auc_{task}"] for task in SWEEP_TASKS]))
+    return mean, diverged
+
+
+def _format_table(recipe: str, layers: Sequence[LayerSensitivity], full: dict[str, float], seeds: Sequence[int], steps: int) -> str:
+    lines = [
+        f"# Layer sensitivity of `{recipe}`",
+        "",
+        f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}), {steps} training steps per run. Deltas against the "
+        "baseline arm of the same seed, mean over seeds: NE in % (positive = worse), AUC absolute (negative = worse). "
+        "`only` quantizes this module alone (every other module BF16); `all but` quantizes every module except this one. "
+        "`recovers` is the NE the full recipe loses minus what all-but-this loses: what keeping this module in BF16 wins back.",
+        "",
+        f"Full recipe (every module quantized): NE {full['ne_pct_mean']:+.3f}% (mean over tasks), "
+        f"CTR AUC {full['auc_ctr']:+.5f}.",
+        "",
+        "| rank | module | only: NE % | only: CTR AUC | all but: NE % | all but: CTR AUC | recovers NE % | diverged |",
+        "|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for rank, layer in enumerate(layers, 1):
+        recovers = full["ne_pct_mean"] - layer.allbut["ne_pct_mean"]
+        diverged = f"{layer.only_diverged} only, {layer.allbut_diverged} all-but" if layer.only_diverged or layer.allbut_diverged else ""
+        lines.append(
+            f"| {rank} | `{layer.module}` | {layer.only['ne_pct_mean']:+.3f} | {layer.only['auc_ctr']:+.5f} | "
+            f"{layer.allbut['ne_pct_mean']:+.3f} | {layer.allbut['auc_ctr']:+.5f} | {recovers:+.3f} | {diverged} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _arm_folder(kind: str, module: str) -> str:
+    return f"{kind}--{module.replace('/', '_')}"
+
+
+def sweep_layers(
+    spec: ExperimentSpec,
+    recipe: str,
+    *,
+    seeds: Sequence[int] | None = None,
+    steps: int | None = None,
+    out_dir: str | Path | None = None,
+    device: str = "auto",
+    resume: bool = False,
+    show_progress: bool = True,
+) -> SweepResult:
+    """Run the layer-sensitivity sweep of `recipe` (a name in the spec's recipes/ folder or a .toml path).
+
+    Returns the SweepResult, layers ranked by the NE regression of quantizing them alone (worst
+    first); writes DIR/sweep/sweep.md and DIR/sweep/sweep.json (DIR defaults to reports/NAME).
+    `steps` defaults to min(200, the spec's own length). Refuses an unknown recipe, seeds that are
+    not integers >= 0, steps < 1, and an existing sweep without `resume`.
+    """
+    from mxlab.recipe import quantizable_modules, single_layer_recipe
+
+    seeds = tuple(spec.seeds if seeds is None else seeds)
+    if not seeds or any(isinstance(seed, bool) or not isinstance(seed, int) or seed < 0 for seed in seeds):
+        raise ValueError(f"seeds must be a non-empty list of integers >= 0, got {list(seeds)}")
+    source = make_data_source(spec)
+    if steps is None:
+        steps = min(DEFAULT_SWEEP_STEPS, estimated_total_steps(spec.train, source.n_train))
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    quantized_recipe, recipe_name, recipe_source = _recipe_for(recipe, spec)
+    steps_per_epoch = max(1, math.ceil(source.n_train / spec.train.batch_size))
+    sweep_spec = dataclasses.replace(spec, seeds=seeds).with_train(max_steps=steps, epochs=math.ceil(steps / steps_per_epoch))
+
+    out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
+    sweep_dir = out_dir / "sweep"
+    runs_root = sweep_dir / "runs"
+    check_out_dir(sweep_spec, sweep_dir, resume, runs_root=runs_root)
+
+    from mxlab.recipe import load_recipe
+
+    probe = RunJob(spec.baseline, seeds[0], load_recipe(spec.recipe_paths[spec.baseline]), "", runs_root, sweep_spec)
+    probe_model, _ = build_run_model(probe, source.info)
+    modules = list(quantizable_modules(probe_model))
+    if not modules:
+        raise ValueError("the model has no quantizable modules to sweep")
+    del probe_model
+
+    arms: list[tuple[str, Any, str]] = [
+        (spec.baseline, probe.recipe, str(spec.recipe_paths[spec.baseline])),
+        (recipe_name, quantized_recipe, recipe_source),
+    ]
+    for module in modules:
+        arms.append((_arm_folder("only", module), single_layer_recipe(quantized_recipe, module, invert=False), f"{recipe_source} only {module}"))
+        arms.append((_arm_folder("allbut", module), single_layer_recipe(quantized_recipe, module, invert=True), f"{recipe_source} all but {module}"))
+    jobs = [
+        RunJob(arm=arm, seed=seed, recipe=arm_recipe, recipe_source=source_text, run_dir=runs_root / arm / f"seed{seed}",
+               spec=sweep_spec, extra_config={"sweep_recipe": recipe_name})
+        for seed in seeds
+        for arm, arm_recipe, source_text in arms
+    ]
+    devices = resolve_devices(device)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    io.write_json(sweep_dir / "sweep_spec.json", {**sweep_spec.to_dict(), "sweep_recipe": recipe_source, "modules": modules})
+    run_jobs(jobs, devices, source=source if len(devices) <= 1 else None, show_progress=show_progress, log_dir=sweep_dir / "logs")
+
+    def per_seed(arm: str) -> list[dict[str, float] | None]:
+        return [_run_deltas(runs_root / arm / f"seed{seed}", runs_root / spec.baseline / f"seed{seed}") for seed in seeds]
+
+    baseline_missing = [seed for seed in seeds if not (runs_root / spec.baseline / f"seed{seed}" / "eval.npz").exists()]
+    if baseline_missing:
+        raise RuntimeError(f"the baseline arm {spec.baseline!r} diverged for seeds {baseline_missing}; the sweep has nothing to compare against")
+    full, _ = _mean_deltas(per_seed(recipe_name))
+    layers = []
+    for module in modules:
+        only, only_diverged = _mean_deltas(per_seed(_arm_folder("only", module)))
+        allbut, allbut_diverged = _mean_deltas(per_seed(_arm_folder("allbut", module)))
+        layers.append(LayerSensitivity(module, only, allbut, only_diverged, allbut_diverged))
+    layers.sort(key=lambda layer: (-layer.score, layer.only["auc_mean"]))
+
+    table = _format_table(recipe_name, layers, full, seeds, steps)
+    markdown_path, json_path = sweep_dir / "sweep.md", sweep_dir / "sweep.json"
+    io.write_text(markdown_path, table)
+    io.write_json(
+        json_path,
+        {
+            "recipe": recipe_name,
+            "recipe_source": recipe_source,
+            "baseline": spec.baseline,
+            "seeds": list(seeds),
+            "steps": steps,
+            "full_recipe": full,
+            "ranking": [
+                {"rank": rank, "module": layer.module, "only": layer.only, "allbut": layer.allbut,
+                 "only_diverged": layer.only_diverged, "allbut_diverged": layer.allbut_diverged}
+                for rank, layer in enumerate(layers, 1)
+            ],
+        },
+    )
+    return SweepResult(recipe_name, layers, full, markdown_path, json_path, table)

@@ -1,0 +1,384 @@
+"""One run: build the model for a seed, apply the arm's recipe, train, evaluate, write the run folder.
+
+The run folder (docs/INTERFACES.md, "Study folder") is written atomically file by file;
+`done.json` comes last. A run with a checkpoint resumes from it and produces exactly what an
+uninterrupted run produces: the checkpoint holds the model, optimizer, loss scaler, every RNG
+state, the step, the data position (epoch, batches consumed in it) and the partial log interval.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from mxlab.experiment import io
+from mxlab.experiment.evaluate import evaluate_model
+from mxlab.experiment.spec import ExperimentSpec, TrainConfig
+
+CHECKPOINT = "checkpoint.pt"
+DONE = "done.json"
+METRICS = "metrics.jsonl"
+NUMERICS = "numerics.jsonl"
+EVAL = "eval.npz"
+
+StepHook = Callable[[int], None]
+
+
+class RunProgress(Protocol):
+    """What the training loop reports to (the runner shows it with rich)."""
+
+    def start(self, label: str, total_steps: int, start_step: int) -> None: ...
+
+    def advance(self, step: int, loss: float, examples_per_s: float) -> None: ...
+
+    def finish(self, status: str) -> None: ...
+
+
+class SilentProgress:
+    """A RunProgress that shows nothing."""
+
+    def start(self, label: str, total_steps: int, start_step: int) -> None:
+        pass
+
+    def advance(self, step: int, loss: float, examples_per_s: float) -> None:
+        pass
+
+    def finish(self, status: str) -> None:
+        pass
+
+
+@dataclass
+class RunJob:
+    """One arm x seed: what to train (`recipe` is a loaded mxlab.recipe.Recipe) and where to write it."""
+
+    arm: str
+    seed: int
+    recipe: Any
+    recipe_source: str
+    run_dir: Path
+    spec: ExperimentSpec
+    extra_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.arm}/seed{self.seed}"
+
+
+@dataclass
+class RunResult:
+    """The outcome recorded in done.json."""
+
+    status: str  # finished | diverged
+    steps: int
+    wall_s: float
+    diverged_at_step: int | None = None
+    reason: str | None = None
+    skipped_steps: int = 0
+    resumed_from_step: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "diverged_at_step": self.diverged_at_step,
+            "reason": self.reason,
+            "steps": self.steps,
+            "skipped_steps": self.skipped_steps,
+            "wall_s": self.wall_s,
+            "resumed_from_step": self.resumed_from_step,
+        }
+
+
+def run_is_done(run_dir: Path) -> bool:
+    """True when `run_dir` holds a done.json (the run finished or diverged)."""
+    return (Path(run_dir) / DONE).is_file()
+
+
+def make_optimizer(train: TrainConfig, parameters: Any) -> torch.optim.Optimizer:
+    """The optimizer named by train.optimizer (adam, adamw, sgd, adagrad) at train.lr / weight_decay."""
+    options = {"lr": train.lr, "weight_decay": train.weight_decay}
+    if train.optimizer == "adam":
+        return torch.optim.Adam(parameters, **options)
+    if train.optimizer == "adamw":
+        return torch.optim.AdamW(parameters, **options)
+    if train.optimizer == "sgd":
+        return torch.optim.SGD(parameters, **options)
+    if train.optimizer == "adagrad":
+        return torch.optim.Adagrad(parameters, **options)
+    raise ValueError(f"unknown optimizer {train.optimizer!r}")
+
+
+def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
+    """Build the model with torch.manual_seed(job.seed) (same init for every arm of a seed), then apply the recipe.
+
+    Returns (model on the CPU, plan).
+    """
+    from mxlab.models import build_model
+    from mxlab.recipe import apply_recipe
+
+    torch.manual_seed(job.seed)
+    model = build_model(job.spec.model, info)
+    plan = apply_recipe(model, job.recipe)
+    return model, plan
+
+
+def estimated_total_steps(train: TrainConfig, n_train: int) -> int:
+    """Steps the run will take: epochs x ceil(n_train / batch_size), capped by max_steps when set."""
+    total = train.epochs * max(1, math.ceil(n_train / train.batch_size))
+    return min(total, train.max_steps) if train.max_steps else total
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _plan_text(plan: Any) -> str:
+    table = getattr(plan, "table", None)
+    return table() if callable(table) else str(plan)
+
+
+def _plan_dict(plan: Any) -> Any:
+    to_dict = getattr(plan, "to_dict", None)
+    return to_dict() if callable(to_dict) else {"plan": str(plan)}
+
+
+def _scale_value(scaler: Any) -> float:
+    value = getattr(scaler, "scale_value", 1.0)
+    value = value() if callable(value) else value
+    return float(value) if value is not None else 1.0
+
+
+class _LogInterval:
+    """Loss sums and example counts since the last metrics record (part of the checkpoint)."""
+
+    def __init__(self) -> None:
+        self.losses: list[list[float]] = []
+        self.examples = 0
+        self.seconds = 0.0
+
+    def state(self) -> dict[str, Any]:
+        return {"losses": self.losses, "examples": self.examples, "seconds": self.seconds}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.losses, self.examples, self.seconds = state["losses"], state["examples"], state["seconds"]
+
+    def mean(self, index: int) -> float:
+        values = [entry[index] for entry in self.losses]
+        return float(sum(values) / len(values)) if values else float("nan")
+
+
+def train_run(
+    job: RunJob,
+    source: Any,
+    device: torch.device | str,
+    *,
+    progress: RunProgress | None = None,
+    on_step: StepHook | None = None,
+) -> RunResult:
+    """Train and evaluate one arm x seed, writing its run folder; continue from its checkpoint if there is one.
+
+    Returns the RunResult that done.json records. A non-finite loss on more than
+    train.nonfinite_patience consecutive steps, or a loss scale below train.min_loss_scale,
+    ends the run as diverged (no eval.npz). `on_step(step)` is called after every step (after its
+    checkpoint); an exception from it stops the run with its files as they were at the last
+    checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
+    """
+    from mxlab.models import esmm_loss
+    from mxlab.scaling import make_loss_scaler
+
+    run_dir = Path(job.run_dir)
+    if run_is_done(run_dir):
+        raise ValueError(f"{run_dir} already has {DONE}; remove it to run {job.label} again")
+    progress = progress or SilentProgress()
+    train = job.spec.train
+    device = torch.device(device)
+
+    model, plan = build_run_model(job, source.info)
+    model.to(device)
+    optimizer = make_optimizer(train, model.parameters())
+    scaler = make_loss_scaler(job.recipe.loss_scaling, model)
+    monitor = None
+    if train.diagnostics_every:
+        from mxlab.diagnostics import NumericsMonitor
+
+        monitor = NumericsMonitor(model, every=train.diagnostics_every)
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config = {
+        "arm": job.arm,
+        "seed": job.seed,
+        "recipe": job.recipe_source,
+        "device": str(device),
+        "data": job.spec.data,
+        "model": job.spec.model,
+        "train": job.spec.to_dict()["train"],
+        "study": job.spec.name,
+        **job.extra_config,
+    }
+    io.write_json(run_dir / "config.json", config)
+    io.write_json(run_dir / "plan.json", _plan_dict(plan))
+    io.write_text(run_dir / "plan.txt", _plan_text(plan) + "\n")
+
+    step, epoch, batches_in_epoch = 0, 0, 0
+    nonfinite_streak, elapsed_before = 0, 0.0
+    metrics: list[dict[str, Any]] = []
+    numerics: list[dict[str, Any]] = []
+    interval = _LogInterval()
+    resumed_from: int | None = None
+    checkpoint_path = run_dir / CHECKPOINT
+    if checkpoint_path.exists():
+        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        scaler.load_state_dict(checkpoint["scaler"])
+        step, epoch, batches_in_epoch = checkpoint["step"], checkpoint["epoch"], checkpoint["batches_in_epoch"]
+        nonfinite_streak, elapsed_before = checkpoint["nonfinite_streak"], checkpoint["elapsed_s"]
+        interval.load(checkpoint["interval"])
+        metrics = [record for record in io.read_jsonl(run_dir / METRICS) if record["step"] <= step]
+        numerics = [record for record in io.read_jsonl(run_dir / NUMERICS) if record["step"] <= step]
+        _set_rng_state(checkpoint["rng"])
+        resumed_from = step
+
+    def save_logs() -> None:
+        io.write_jsonl(run_dir / METRICS, metrics)
+        if monitor is not None:
+            io.write_jsonl(run_dir / NUMERICS, numerics)
+
+    def save_checkpoint() -> None:
+        save_logs()  # logs first: a crash in between leaves logs ahead of the checkpoint, trimmed on resume
+        io.write_torch(
+            checkpoint_path,
+            {
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict(),
+                "rng": _rng_state(),
+                "step": step,
+                "epoch": epoch,
+                "batches_in_epoch": batches_in_epoch,
+                "nonfinite_streak": nonfinite_streak,
+                "elapsed_s": elapsed_before + (time.perf_counter() - started),
+                "interval": interval.state(),
+            },
+        )
+
+    total_steps = estimated_total_steps(train, source.n_train)
+    progress.start(job.label, total_steps, step)
+    started = time.perf_counter()
+    diverged_at: int | None = None
+    reason: str | None = None
+    model.train()
+    status = "finished"
+    try:
+        while epoch < train.epochs and diverged_at is None and not (train.max_steps and step >= train.max_steps):
+            batches = source.train_batches(train.batch_size, job.seed, epoch)
+            for _ in range(batches_in_epoch):  # the data position of a resumed run
+                next(batches)
+            tick = time.perf_counter()
+            for batch in batches:
+                batch = batch.to(device)
+                optimizer.zero_grad(set_to_none=True)
+                sampling = monitor.sampling(step + 1) if monitor is not None else contextlib.nullcontext()
+                with sampling:
+                    output = model(batch)
+                    losses = esmm_loss(output, batch)
+                    scaler.scale(losses["loss"]).backward()
+                scaler.step(optimizer)
+                loss_values = torch.stack([losses["loss"], losses["ctr"], losses["ctcvr"]]).detach().float().cpu().tolist()
+                step += 1
+                batches_in_epoch += 1
+                if monitor is not None:
+                    numerics.extend(monitor.drain())
+                interval.losses.append(loss_values)
+                interval.examples += int(batch.click.shape[0])
+                interval.seconds += time.perf_counter() - tick
+                tick = time.perf_counter()
+
+                nonfinite_streak = 0 if math.isfinite(loss_values[0]) else nonfinite_streak + 1
+                scale = _scale_value(scaler)
+                if nonfinite_streak > train.nonfinite_patience:
+                    diverged_at, reason = step, f"non-finite loss ({loss_values[0]}) on {nonfinite_streak} consecutive steps"
+                elif scale < train.min_loss_scale:
+                    diverged_at, reason = step, f"loss scale {scale:g} fell below the floor {train.min_loss_scale:g}"
+
+                last_step = diverged_at is not None or (train.max_steps and step >= train.max_steps)
+                if step % train.log_every == 0 or last_step:
+                    examples_per_s = interval.examples / interval.seconds if interval.seconds > 0 else 0.0
+                    metrics.append(
+                        {
+                            "step": step,
+                            "epoch": epoch,
+                            "loss": interval.mean(0),
+                            "loss_ctr": interval.mean(1),
+                            "loss_ctcvr": interval.mean(2),
+                            "loss_scale": scale,
+                            "skipped": int(getattr(scaler, "skipped_steps", 0)),
+                            "examples_per_s": examples_per_s,
+                            "time_s": elapsed_before + (time.perf_counter() - started),
+                        }
+                    )
+                    progress.advance(step, metrics[-1]["loss"], examples_per_s)
+                    interval = _LogInterval()
+                if diverged_at is not None or last_step:
+                    break
+                if train.checkpoint_every and step % train.checkpoint_every == 0:
+                    save_checkpoint()
+                if on_step is not None:
+                    on_step(step)
+            else:
+                epoch += 1
+                batches_in_epoch = 0
+        if diverged_at is not None:
+            status = "diverged"
+        # a last record for a partial log interval at the end of training
+        if interval.losses:
+            metrics.append(
+                {
+                    "step": step,
+                    "epoch": min(epoch, train.epochs - 1),
+                    "loss": interval.mean(0),
+                    "loss_ctr": interval.mean(1),
+                    "loss_ctcvr": interval.mean(2),
+                    "loss_scale": _scale_value(scaler),
+                    "skipped": int(getattr(scaler, "skipped_steps", 0)),
+                    "examples_per_s": interval.examples / interval.seconds if interval.seconds > 0 else 0.0,
+                    "time_s": elapsed_before + (time.perf_counter() - started),
+                }
+            )
+            interval = _LogInterval()
+        if status == "finished":
+            save_checkpoint()
+            arrays = evaluate_model(model, source, train.eval_batch_size, device)
+            io.write_npz(run_dir / EVAL, arrays)
+        else:
+            save_logs()
+        result = RunResult(
+            status=status,
+            steps=step,
+            wall_s=elapsed_before + (time.perf_counter() - started),
+            diverged_at_step=diverged_at,
+            reason=reason,
+            skipped_steps=int(getattr(scaler, "skipped_steps", 0)),
+            resumed_from_step=resumed_from,
+        )
+        io.write_json(run_dir / DONE, result.to_dict())
+    finally:
+        progress.finish(status if run_is_done(run_dir) else "interrupted")
+    return result
