@@ -1,0 +1,99 @@
+"""QLinear: a drop-in for nn.Linear whose three GEMMs each run in their own emulated precision.
+
+With x (M, K) (leading dims of the input are flattened into M), W (N, K):
+
+| GEMM | product | operands quantized along |
+|---|---|---|
+| fwd | y = x W^T | x and W along K (in_features) |
+| dgrad | dx = dy W | dy and W along N (out_features) |
+| wgrad | dW = dy^T x | dy and x along M (tokens) |
+
+It is `qmatmul(x, W^T, precision)` plus the bias (added in high precision, its gradient is the
+plain sum of dy), so the semantics, padding and seeding are those of `mxlab.nn.qmatmul`:
+in_features or out_features that are not a multiple of 32 are zero-padded for quantization
+(`padded_dims` says which), accumulation is FP32 and the output has the input's dtype.
+
+Stochastic rounding seeds: the module's `precision.seed` (set by `apply_recipe` from the run
+seed and the module's qualified name) and its counter of forward calls, `precision.calls`
+(0 at construction; save and restore it with the run to resume the same random bits).
+
+QLinear subclasses nn.Linear and has the same parameters and state_dict keys, so checkpoints
+move between the plain and the quantized model. With `precision=None` it is nn.Linear exactly.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mxlab.nn.qmatmul import MatmulPrecision, qmatmul
+
+QUANT_BLOCK = 32
+
+
+class QLinear(nn.Linear):
+    """nn.Linear whose forward, dgrad and wgrad GEMMs follow `precision` (None: plain nn.Linear)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        precision: Optional[MatmulPrecision] = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.precision = precision
+
+    @property
+    def precision(self) -> Optional[MatmulPrecision]:
+        return self._precision
+
+    @precision.setter
+    def precision(self, precision: Optional[MatmulPrecision]) -> None:
+        if precision is not None and not isinstance(precision, MatmulPrecision):
+            raise ValueError(f"precision must be a MatmulPrecision or None, got {type(precision).__name__}")
+        self._precision = precision
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, precision: Optional[MatmulPrecision]) -> "QLinear":
+        """A QLinear sharing `linear`'s weight and bias Parameters (same objects, same device/dtype)."""
+        if not isinstance(linear, nn.Linear):
+            raise ValueError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")
+        module = cls.__new__(cls)
+        nn.Module.__init__(module)
+        module.in_features = linear.in_features
+        module.out_features = linear.out_features
+        module.weight = linear.weight
+        module.bias = linear.bias
+        module.training = linear.training
+        module.precision = precision
+        return module
+
+    @property
+    def padded_dims(self) -> list[str]:
+        """Which of in_features / out_features are zero-padded to a multiple of 32 for quantization."""
+        padded = []
+        if self.in_features % QUANT_BLOCK:
+            padded.append(f"in_features {self.in_features}->{self.in_features + (-self.in_features % QUANT_BLOCK)}")
+        if self.out_features % QUANT_BLOCK:
+            padded.append(f"out_features {self.out_features}->{self.out_features + (-self.out_features % QUANT_BLOCK)}")
+        return padded
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._precision is None:
+            return F.linear(x, self.weight, self.bias)
+        y = qmatmul(x.reshape(-1, self.in_features), self.weight.t(), self._precision)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        text = super().extra_repr()
+        if self._precision is None:
+            return text + ", precision=high"
+        gemms = ", ".join(f"{label}=[{q.a.describe()} x {q.b.describe()}]" for label, q in self._precision.gemms().items())
+        return f"{text}, {gemms}"

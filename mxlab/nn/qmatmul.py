@@ -1,0 +1,360 @@
+"""Quantized matrix products with their own precision for the forward and both backward GEMMs.
+
+`qmatmul(a, b, precision)` computes `a @ b` for a (..., M, K) and b (..., K, N) (or a 2-D b
+shared by every batch entry). Every GEMM is emulated exactly: each operand is quantized and
+dequantized with `mxlab.quant.fake_quantize` in float32 (blocks of 32 along the contraction
+dimension, zero-padded when that dimension is not a multiple of 32), the product is
+accumulated in float32, and the result is returned in a's dtype.
+
+| GEMM | product | operand blocks run along |
+|---|---|---|
+| forward | out = a @ b | a: K (its last dim), b: K (its dim -2) |
+| grad of a | ga = g @ b^T | g: N (its last dim), b: N (its last dim) |
+| grad of b | gb = a^T @ g | a: M (its dim -2), g: M (its dim -2) |
+
+Every operand is quantized from the high-precision tensor in its own layout (a, b or g), so a
+column-wise copy is never made by transposing a quantized tensor. Leading dims are batch
+dims and blocks never cross them: in a padded per-sequence attention layout (B, H, L, D) the
+key-axis blocks of P @ V and of the gradients start at each sequence's first key, and keys
+padded with zeros change neither the blocks of the real keys nor the product.
+
+A GEMM whose two operands are both high precision (`bf16` or `fp32`) is a plain
+`torch.matmul` of the unmodified operands in their own dtype: "bf16" means the precision
+the baseline model runs in (BF16 on a BF16 model, FP32 on an FP32 CPU model), so such a GEMM is
+bit-identical to the baseline's. A high-precision operand of a mixed GEMM is used as is.
+
+Stochastic rounding and the random Hadamard transform need seeds. Each `MatmulPrecision`
+carries a base `seed` and a counter of forward calls; the seed of operand slot s at call
+c is `derive_seed(seed, c, s)`, so a run that makes the same calls gets the same bits.
+`mxlab.recipe.apply_recipe` gives each module its own base seed (from the run seed and the
+module's qualified name).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import torch
+
+HIGH_PRECISION_FORMATS = ("bf16", "fp32")
+MX_FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8")
+TENSOR_FORMATS = ("fp8_tensor_e4m3", "fp8_tensor_e5m2")
+OPERAND_FORMATS = MX_FORMATS + TENSOR_FORMATS + HIGH_PRECISION_FORMATS
+SCALE_MODES = ("floor", "ceil", "rceil", "even")
+ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
+BLOCKS = (32, (32, 32))
+
+# Operand slots for seed derivation (one seed per operand per GEMM per call).
+_SLOT_FWD_A, _SLOT_FWD_B, _SLOT_GA_G, _SLOT_GA_B, _SLOT_GB_A, _SLOT_GB_G = range(6)
+_SLOT_HADAMARD = (6, 7, 8)  # one per GEMM: the two operands of a GEMM share it
+
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(z: int) -> int:
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def derive_seed(base_seed: int, call: int, slot: int) -> int:
+    """A 32-bit seed for operand `slot` of forward call `call` under `base_seed` (splitmix64 chain)."""
+    z = _splitmix64(base_seed & _MASK64)
+    z = _splitmix64(z ^ (call & _MASK64))
+    z = _splitmix64(z ^ (slot & _MASK64))
+    return z & 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class OperandQuant:
+    """How one GEMM operand is rounded: element format, block, scale mode and rounding.
+
+    `fmt` is an MX element format (blocks of `block` with an E8M0 scale), a per-tensor FP8
+    format (`fp8_tensor_e4m3`, `fp8_tensor_e5m2`: current scaling, block ignored), or
+    `bf16`/`fp32` (high precision: the operand is used unmodified).
+    """
+
+    fmt: str
+    block: int | tuple[int, int] = 32
+    scale_mode: str = "floor"
+    rounding: str = "nearest_even"
+
+    def __post_init__(self) -> None:
+        if self.fmt not in OPERAND_FORMATS:
+            raise ValueError(f"unknown operand format {self.fmt!r}; accepted: {', '.join(OPERAND_FORMATS)}")
+        block = tuple(self.block) if isinstance(self.block, (list, tuple)) else self.block
+        if block not in BLOCKS:
+            raise ValueError(f"unknown block {self.block!r}; accepted: 32 or (32, 32)")
+        object.__setattr__(self, "block", block)
+        if self.scale_mode not in SCALE_MODES:
+            raise ValueError(f"unknown scale_mode {self.scale_mode!r}; accepted: {', '.join(SCALE_MODES)}")
+        if self.rounding not in ROUNDINGS:
+            raise ValueError(f"unknown rounding {self.rounding!r}; accepted: {', '.join(ROUNDINGS)}")
+
+    @property
+    def high_precision(self) -> bool:
+        return self.fmt in HIGH_PRECISION_FORMATS
+
+    @property
+    def block_scaled(self) -> bool:
+        return self.fmt in MX_FORMATS
+
+    def describe(self) -> str:
+        """A short human-readable description, e.g. `e4m3 b32 rceil sr`."""
+        if not self.block_scaled:
+            rounding = "" if self.high_precision or self.rounding == "nearest_even" else f" {self.rounding}"
+            return f"{self.fmt}{rounding}"
+        block = "32x32" if self.block == (32, 32) else "b32"
+        rounding = "" if self.rounding == "nearest_even" else f" {self.rounding}"
+        return f"{self.fmt} {block} {self.scale_mode}{rounding}"
+
+
+@dataclass(frozen=True)
+class GemmQuant:
+    """Precision of one GEMM: its left operand `a`, right operand `b`, and an optional random
+    Hadamard transform of block size `hadamard` applied to both along the contraction dimension."""
+
+    a: OperandQuant
+    b: OperandQuant
+    hadamard: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.hadamard is not None and (
+            isinstance(self.hadamard, bool) or not isinstance(self.hadamard, int)
+            or self.hadamard < 2 or self.hadamard & (self.hadamard - 1)
+        ):
+            raise ValueError(f"hadamard block {self.hadamard!r} must be a power of two >= 2 (or None for off)")
+
+    @property
+    def high_precision(self) -> bool:
+        return self.a.high_precision and self.b.high_precision and self.hadamard is None
+
+    def uses_stochastic_rounding(self) -> bool:
+        return any(op.rounding == "stochastic" and not op.high_precision for op in (self.a, self.b))
+
+
+def _all_fp32() -> GemmQuant:
+    return GemmQuant(OperandQuant("fp32"), OperandQuant("fp32"))
+
+
+@dataclass
+class MatmulPrecision:
+    """Precision of a product a @ b and of its two gradients, plus the run-time state that the
+    product needs: seeds for stochastic rounding, the optional per-layer gradient scale, and its
+    statistics.
+
+    `fwd` has operands (a, b); `grad_a` has operands (g, b) and computes g @ b^T; `grad_b` has
+    operands (a, g) and computes a^T @ g. `labels` name the three GEMMs in diagnostics
+    (QLinear: fwd, dgrad, wgrad). `name` is the module's qualified name.
+    `grad_scale` (None: off) multiplies the incoming gradient before it is quantized and divides
+    both gradients after their GEMMs; the backward then accumulates `grad_stats`.
+    """
+
+    fwd: GemmQuant = field(default_factory=_all_fp32)
+    grad_a: GemmQuant = field(default_factory=_all_fp32)
+    grad_b: GemmQuant = field(default_factory=_all_fp32)
+    labels: tuple[str, str, str] = ("fwd", "grad_a", "grad_b")
+    name: str = ""
+    seed: int = 0
+    calls: int = 0
+    grad_scale: Optional[float] = None
+    grad_stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def high_precision(self) -> bool:
+        return self.fwd.high_precision and self.grad_a.high_precision and self.grad_b.high_precision
+
+    def gemms(self) -> dict[str, GemmQuant]:
+        """The three GEMMs keyed by their labels."""
+        return dict(zip(self.labels, (self.fwd, self.grad_a, self.grad_b)))
+
+    def next_call_seeds(self) -> tuple[int, ...]:
+        """Seeds for the 9 operand/Hadamard slots of the next call; advances the call counter."""
+        seeds = tuple(derive_seed(self.seed, self.calls, slot) for slot in range(9))
+        self.calls += 1
+        return seeds
+
+    def reset_grad_stats(self) -> dict[str, Any]:
+        """Return the gradient statistics gathered since the last reset and start new ones."""
+        stats, self.grad_stats = self.grad_stats, {}
+        return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Observers (diagnostics): called once per emulated GEMM while installed; None costs one check.
+
+GemmObserver = Callable[..., None]
+_observer: Optional[GemmObserver] = None
+
+
+def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver]:
+    """Install `observer(name=, gemm=, quant=, a=, b=, a_q=, b_q=, out=, a_axis=, b_axis=)` for
+    every quantized GEMM (None removes it); returns the previous observer."""
+    global _observer
+    previous, _observer = _observer, observer
+    return previous
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> torch.Tensor:
+    """x in float32, quantized and dequantized as `quant` says (unchanged if high precision)."""
+    x32 = x.float()
+    if quant.high_precision:
+        return x32
+    from mxlab.quant import fake_quantize
+
+    kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True}
+    if quant.block_scaled:
+        kwargs["block"] = quant.block
+        kwargs["axis"] = axis if quant.block == 32 else -1
+    if quant.rounding == "stochastic":
+        kwargs["seed"] = seed
+    return fake_quantize(x32, quant.fmt, **kwargs)
+
+
+def _pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
+    size = x.shape[axis]
+    extra = -size % multiple
+    if extra == 0:
+        return x
+    pad_shape = list(x.shape)
+    pad_shape[axis] = extra
+    return torch.cat([x, x.new_zeros(pad_shape)], dim=axis)
+
+
+def _hadamard_pair(
+    a: torch.Tensor, b: torch.Tensor, a_axis: int, b_axis: int, block: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands zero-padded along their contraction axes to a multiple of `block` and
+    transformed by the same random Hadamard matrix H there, so (a H^T)(H b) = a b."""
+    from mxlab.hadamard import random_hadamard
+
+    a = _pad_to_multiple(a.float(), a_axis, block)
+    b = _pad_to_multiple(b.float(), b_axis, block)
+    return random_hadamard(a, block, a_axis, seed), random_hadamard(b, block, b_axis, seed)
+
+
+def _gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    quant: GemmQuant,
+    *,
+    a_axis: int,
+    b_axis: int,
+    transpose_a: bool,
+    transpose_b: bool,
+    seeds: tuple[int, int, int],
+    out_dtype: torch.dtype,
+    name: str,
+    label: str,
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """op(a) @ op(b), op = transpose of the last two dims where asked, with a quantized along
+    `a_axis` and b along `b_axis` of their stored layouts. Returns (out, a_q, b_q); a_q, b_q are
+    the float32 operands actually multiplied (None for a high-precision GEMM)."""
+
+    def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        return x.transpose(-1, -2) if transpose else x
+
+    if quant.high_precision:
+        return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
+    a_in, b_in = a, b
+    if quant.hadamard is not None:
+        a_in, b_in = _hadamard_pair(a, b, a_axis, b_axis, quant.hadamard, seeds[2])
+    a_q = _fake_quantize_operand(a_in, quant.a, a_axis, seeds[0])
+    b_q = _fake_quantize_operand(b_in, quant.b, b_axis, seeds[1])
+    out = torch.matmul(op(a_q, transpose_a), op(b_q, transpose_b))
+    if _observer is not None:
+        _observer(
+            name=name, gemm=label, quant=quant, a=op(a, transpose_a), b=op(b, transpose_b),
+            a_q=op(a_q, transpose_a), b_q=op(b_q, transpose_b), out=out,
+        )
+    return out.to(out_dtype), a_q, b_q
+
+
+def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor, g_q: Optional[torch.Tensor]) -> None:
+    """Accumulate overflow / underflow counts of the (scaled) gradient entering the product."""
+    stats = precision.grad_stats
+    nonfinite = int((~torch.isfinite(g)).sum())
+    nonzero = int((g != 0).sum())
+    flushed = int(((g_q == 0) & (g != 0)).sum()) if g_q is not None else 0
+    stats["nonfinite"] = stats.get("nonfinite", 0) + nonfinite
+    stats["nonzero"] = stats.get("nonzero", 0) + nonzero
+    stats["flushed"] = stats.get("flushed", 0) + flushed
+    stats["backward_calls"] = stats.get("backward_calls", 0) + 1
+
+
+class _QMatmulFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, precision: MatmulPrecision) -> torch.Tensor:  # type: ignore[override]
+        seeds = precision.next_call_seeds()
+        out, _, _ = _gemm(
+            a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
+            seeds=(seeds[_SLOT_FWD_A], seeds[_SLOT_FWD_B], seeds[_SLOT_HADAMARD[0]]),
+            out_dtype=a.dtype, name=precision.name, label=precision.labels[0],
+        )
+        ctx.save_for_backward(a, b)
+        ctx.precision = precision
+        ctx.seeds = seeds
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], None]:  # type: ignore[override]
+        a, b = ctx.saved_tensors
+        precision: MatmulPrecision = ctx.precision
+        seeds = ctx.seeds
+        scale = precision.grad_scale
+        if scale is not None:
+            g = g * scale
+        grad_a = grad_b = None
+        g_q_seen: Optional[torch.Tensor] = None
+        if ctx.needs_input_grad[0]:
+            # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
+            grad_a, g_q_seen, _ = _gemm(
+                g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
+                seeds=(seeds[_SLOT_GA_G], seeds[_SLOT_GA_B], seeds[_SLOT_HADAMARD[1]]),
+                out_dtype=a.dtype, name=precision.name, label=precision.labels[1],
+            )
+        if ctx.needs_input_grad[1]:
+            # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).
+            grad_b, _, g_q = _gemm(
+                a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
+                seeds=(seeds[_SLOT_GB_A], seeds[_SLOT_GB_G], seeds[_SLOT_HADAMARD[2]]),
+                out_dtype=b.dtype, name=precision.name, label=precision.labels[2],
+            )
+            if g_q_seen is None and precision.grad_b.hadamard is None:
+                g_q_seen = g_q
+        if scale is not None:
+            _record_grad_stats(precision, g, g_q_seen)
+            grad_a = grad_a / scale if grad_a is not None else None
+            grad_b = grad_b / scale if grad_b is not None else None
+        return grad_a, grad_b, None
+
+
+def qmatmul(a: torch.Tensor, b: torch.Tensor, precision: Optional[MatmulPrecision]) -> torch.Tensor:
+    """a @ b with the forward and both gradient GEMMs emulated as `precision` says.
+
+    Returns `torch.matmul(a, b)` itself when `precision` is None. Otherwise a is (..., M, K) and
+    b is (..., K, N) with the same leading (batch) dims, or b is 2-D and shared (then a's
+    leading dims are flattened into M, so gradient blocks of b run across all rows of a).
+    Refuses other shapes with a ValueError.
+    """
+    if precision is None:
+        return torch.matmul(a, b)
+    if not isinstance(precision, MatmulPrecision):
+        raise ValueError(f"precision must be a MatmulPrecision or None, got {type(precision).__name__}")
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"qmatmul needs a (..., M, K) and b (..., K, N); got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"contraction sizes differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if b.dim() == 2 and a.dim() > 2:
+        out = _QMatmulFunction.apply(a.reshape(-1, a.shape[-1]), b, precision)
+        return out.reshape(*a.shape[:-1], b.shape[-1])
+    if a.shape[:-2] != b.shape[:-2]:
+        raise ValueError(
+            f"batch dims of a {tuple(a.shape[:-2])} and b {tuple(b.shape[:-2])} must be equal "
+            "(or b must be 2-D); broadcast them explicitly first"
+        )
+    return _QMatmulFunction.apply(a, b, precision)

@@ -1,0 +1,292 @@
+"""Loss-scaling policies: none, static, dynamic (torch GradScaler semantics) and per_layer.
+
+Every scaler has the same interface: `scale(loss)` multiplies the loss by the current scale;
+`step(optimizer)` unscales the gradients of the optimizer's parameters, skips the step if any
+gradient is non-finite, updates the scale and returns whether the optimizer stepped;
+`scale_value`, `skipped_steps`, `steps`, `scale_history` (list of (step, scale) at every change,
+starting with the initial scale) and `state_dict()` / `load_state_dict()`.
+
+- `none`: scale 1; every step is taken (a non-finite gradient is left for the caller to see).
+- `static`: a fixed scale; a step with a non-finite gradient is skipped, the scale never changes.
+- `dynamic`: as `torch.amp.GradScaler`: start at `init_scale`; a non-finite gradient skips the
+  step and multiplies the scale by `backoff_factor` (resetting the growth count); after
+  `growth_interval` consecutive finite steps the scale is multiplied by `growth_factor`.
+- `per_layer`: the dynamic loss scale above, plus one power-of-two scale s_l per quantized
+  product (each QLinear, each attention product). In backward, the gradient entering the
+  product is multiplied by s_l before it is quantized and both gradients are divided by s_l
+  after their GEMMs, so in exact arithmetic nothing changes and only the rounding does.
+  After every step, for each product: if its scaled incoming gradient held a non-finite value,
+  s_l *= backoff_factor; otherwise, if the fraction of its non-zero gradient elements that the
+  quantizer flushed to zero exceeds `underflow_threshold`, s_l *= growth_factor (capped at
+  `max_layer_scale`). This is a per-layer overflow/underflow controller in the spirit of
+  adaptive loss scaling (Zhao et al., "Adaptive Loss Scaling for Mixed Precision Training",
+  arXiv:1910.12385), which computes a loss scale per layer from that layer's gradient
+  statistics; the controller here is the GradScaler rule applied per layer, not their
+  analytic estimate. Note what it can and cannot do: an MX (or current-scaled FP8) quantizer
+  already absorbs a power-of-two factor into its block (tensor) scale, so s_l changes the MX
+  rounding only where a block scale would leave the E8M0 range [2^-127, 2^127]; it changes
+  results where the gradient itself under- or overflows the dtype it travels in.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+LOSS_SCALING_POLICIES = ("none", "static", "dynamic", "per_layer")
+
+
+@dataclass(frozen=True)
+class LossScalingConfig:
+    """The `[loss_scaling]` table of a recipe."""
+
+    policy: str = "none"
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    underflow_threshold: float = 0.001
+    max_layer_scale: float = 2.0 ** 24
+
+    def __post_init__(self) -> None:
+        if self.policy not in LOSS_SCALING_POLICIES:
+            raise ValueError(f"unknown loss_scaling policy {self.policy!r}; accepted: {', '.join(LOSS_SCALING_POLICIES)}")
+        checks = [
+            ("init_scale", self.init_scale > 0 and math.isfinite(self.init_scale), "a finite number > 0"),
+            ("growth_factor", self.growth_factor > 1, "a number > 1"),
+            ("backoff_factor", 0 < self.backoff_factor < 1, "a number in (0, 1)"),
+            ("growth_interval", isinstance(self.growth_interval, int) and self.growth_interval >= 1, "an integer >= 1"),
+            ("underflow_threshold", 0 <= self.underflow_threshold <= 1, "a fraction in [0, 1]"),
+            ("max_layer_scale", self.max_layer_scale >= 1, "a number >= 1"),
+        ]
+        for key, ok, accepted in checks:
+            if not ok:
+                raise ValueError(f"loss_scaling.{key} = {getattr(self, key)!r} is invalid; it must be {accepted}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def parse_loss_scaling(table: Optional[dict[str, Any]]) -> LossScalingConfig:
+    """A LossScalingConfig from a recipe's `[loss_scaling]` table (None: policy none).
+
+    Refuses unknown keys and invalid values with a ValueError naming them.
+    """
+    if table is None:
+        return LossScalingConfig()
+    if not isinstance(table, dict):
+        raise ValueError(f"[loss_scaling] must be a table, got {table!r}")
+    accepted = [f.name for f in fields(LossScalingConfig)]
+    unknown = sorted(set(table) - set(accepted))
+    if unknown:
+        raise ValueError(f"unknown key(s) {unknown} in [loss_scaling]; accepted: {', '.join(accepted)}")
+    values = dict(table)
+    for key in ("init_scale", "growth_factor", "backoff_factor", "underflow_threshold", "max_layer_scale"):
+        if key in values:
+            if isinstance(values[key], bool) or not isinstance(values[key], (int, float)):
+                raise ValueError(f"loss_scaling.{key} must be a number, got {values[key]!r}")
+            values[key] = float(values[key])
+    if "growth_interval" in values and (isinstance(values["growth_interval"], bool) or not isinstance(values["growth_interval"], int)):
+        raise ValueError(f"loss_scaling.growth_interval must be an integer, got {values['growth_interval']!r}")
+    return LossScalingConfig(**values)
+
+
+def _optimizer_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+
+
+class LossScaler:
+    """Base scaler (also the `none` policy): scale 1, never skips."""
+
+    policy = "none"
+
+    def __init__(self, config: LossScalingConfig) -> None:
+        self.config = config
+        self.scale_value = 1.0
+        self.skipped_steps = 0
+        self.steps = 0
+        self.scale_history: list[tuple[int, float]] = [(0, self.scale_value)]
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss multiplied by the current scale (the same tensor when the scale is 1)."""
+        return loss if self.scale_value == 1.0 else loss * self.scale_value
+
+    def _unscale(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Divide every gradient by the scale; return whether all of them are finite."""
+        grads = _optimizer_grads(optimizer)
+        if self.scale_value != 1.0:
+            inverse = 1.0 / self.scale_value
+            for grad in grads:
+                grad.mul_(inverse)
+        return all(bool(torch.isfinite(grad).all()) for grad in grads)
+
+    def _set_scale(self, value: float) -> None:
+        if value != self.scale_value:
+            self.scale_value = value
+            self.scale_history.append((self.steps, value))
+
+    def _after_step(self, finite: bool) -> None:
+        """Update the scale after a step (finite: whether all gradients were finite)."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Unscale the gradients, step the optimizer unless skipped, update the scale; return whether it stepped."""
+        finite = self._unscale(optimizer)
+        take_step = finite or self.policy == "none"
+        if take_step:
+            optimizer.step()
+        else:
+            self.skipped_steps += 1
+        self._after_step(finite)
+        self.steps += 1
+        return take_step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "policy": self.policy,
+            "scale_value": self.scale_value,
+            "skipped_steps": self.skipped_steps,
+            "steps": self.steps,
+            "scale_history": [list(item) for item in self.scale_history],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from `state_dict()`; refuses a state of another policy."""
+        if state.get("policy") != self.policy:
+            raise ValueError(f"loss scaler state is for policy {state.get('policy')!r}, this scaler is {self.policy!r}")
+        self.scale_value = float(state["scale_value"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.steps = int(state["steps"])
+        self.scale_history = [(int(step), float(value)) for step, value in state["scale_history"]]
+
+
+class StaticLossScaler(LossScaler):
+    """A fixed scale; steps with a non-finite gradient are skipped."""
+
+    policy = "static"
+
+    def __init__(self, config: LossScalingConfig) -> None:
+        super().__init__(config)
+        self.scale_value = config.init_scale
+        self.scale_history = [(0, self.scale_value)]
+
+
+class DynamicLossScaler(StaticLossScaler):
+    """torch GradScaler semantics: back off on a non-finite gradient, grow after `growth_interval` good steps."""
+
+    policy = "dynamic"
+
+    def __init__(self, config: LossScalingConfig) -> None:
+        super().__init__(config)
+        self.growth_tracker = 0
+
+    def _after_step(self, finite: bool) -> None:
+        if not finite:
+            self._set_scale(self.scale_value * self.config.backoff_factor)
+            self.growth_tracker = 0
+            return
+        self.growth_tracker += 1
+        if self.growth_tracker == self.config.growth_interval:
+            self._set_scale(self.scale_value * self.config.growth_factor)
+            self.growth_tracker = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "growth_tracker": self.growth_tracker}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.growth_tracker = int(state["growth_tracker"])
+
+
+def quantized_products(model: nn.Module) -> dict[str, Any]:
+    """Every MatmulPrecision reachable in `model`, keyed `module` (QLinear) or `module.qk` / `module.pv` (attention)."""
+    from mxlab.nn.qmatmul import MatmulPrecision
+
+    products: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        precision = getattr(module, "precision", None)
+        if isinstance(precision, MatmulPrecision):
+            products[name] = precision
+        policy = getattr(module, "policy", None)
+        for product in ("qk", "pv"):
+            precision = getattr(policy, product, None)
+            if isinstance(precision, MatmulPrecision):
+                products[f"{name}.{product}"] = precision
+    return products
+
+
+class PerLayerLossScaler(DynamicLossScaler):
+    """Dynamic loss scale plus a power-of-two scale per quantized product (see the module docstring)."""
+
+    policy = "per_layer"
+
+    def __init__(self, config: LossScalingConfig, model: nn.Module) -> None:
+        super().__init__(config)
+        self.products = quantized_products(model)
+        if not self.products:
+            raise ValueError("loss_scaling policy 'per_layer' found no quantized product in the model; apply the recipe first")
+        for precision in self.products.values():
+            precision.grad_scale = 1.0
+            precision.reset_grad_stats()
+        self.layer_scale_history: dict[str, list[tuple[int, float]]] = {name: [(0, 1.0)] for name in self.products}
+
+    @property
+    def layer_scales(self) -> dict[str, float]:
+        return {name: float(precision.grad_scale) for name, precision in self.products.items()}
+
+    def _after_step(self, finite: bool) -> None:
+        super()._after_step(finite)
+        for name, precision in self.products.items():
+            stats = precision.reset_grad_stats()
+            if not stats:
+                continue
+            current = float(precision.grad_scale)
+            if stats["nonfinite"] > 0:
+                new = current * self.config.backoff_factor
+            elif stats["nonzero"] and stats["flushed"] / stats["nonzero"] > self.config.underflow_threshold:
+                new = min(current * self.config.growth_factor, self.config.max_layer_scale)
+            else:
+                new = current
+            if new != current:
+                precision.grad_scale = new
+                self.layer_scale_history[name].append((self.steps, new))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            **super().state_dict(),
+            "layer_scales": self.layer_scales,
+            "layer_scale_history": {name: [list(item) for item in history] for name, history in self.layer_scale_history.items()},
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        missing = sorted(set(self.products) - set(state["layer_scales"]))
+        if missing:
+            raise ValueError(f"per-layer loss scaler state has no scale for {missing}")
+        for name, precision in self.products.items():
+            precision.grad_scale = float(state["layer_scales"][name])
+        self.layer_scale_history = {
+            name: [(int(step), float(value)) for step, value in history]
+            for name, history in state["layer_scale_history"].items()
+        }
+
+
+def make_loss_scaler(config: LossScalingConfig | dict[str, Any] | None, model: Optional[nn.Module] = None) -> LossScaler:
+    """The loss scaler for `config` (a LossScalingConfig, a `[loss_scaling]` table, or None for none).
+
+    `per_layer` needs the model after `apply_recipe` (it sets a scale on each quantized product)
+    and refuses to start without one.
+    """
+    if not isinstance(config, LossScalingConfig):
+        config = parse_loss_scaling(config)
+    if config.policy == "none":
+        return LossScaler(config)
+    if config.policy == "static":
+        return StaticLossScaler(config)
+    if config.policy == "dynamic":
+        return DynamicLossScaler(config)
+    if model is None:
+        raise ValueError("loss_scaling policy 'per_layer' needs the model: make_loss_scaler(config, model)")
+    return PerLayerLossScaler(config, model)
