@@ -1,0 +1,270 @@
+"""The quantization API: the one door to the MX numerics.
+
+`quantize`, `dequantize` and `fake_quantize` validate their arguments once, pad when asked,
+then run a backend: the PyTorch reference (mxlab.reference, the definition) or, where it is
+available and supported, the Triton kernels (mxlab.kernels), which match it bit for bit.
+
+Choices where the OCP MX v1.0 specification leaves freedom (see docs/numerics.md):
+- scale exponents are clamped to [-127, 127]; an all-zero block has scale byte 0x00;
+- a block holding a NaN or an Inf has scale byte 0xFF and element codes 0, and dequantizes to NaN;
+- finite values beyond the format's max normal saturate to it with their sign;
+- FP element formats keep the sign of zero (-0.0 is code 0x80 in e4m3); INT8 has no -0;
+- stochastic rounding draws 24 counter-based bits per element from (seed, linear index of the
+  element in x's row-major order), so the same seed gives the same codes on every backend and
+  in every blocking orientation.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from mxlab import reference
+from mxlab.formats import FORMATS, ElementFormat, decode_codes, decode_scales, get_format
+from mxlab.reference import BLOCK_SIZE, ROUNDING_MODES, SCALE_MODES
+
+HIGH_PRECISION = ("bf16", "fp32")
+PER_TENSOR_FP8 = {"fp8_tensor_e4m3": torch.float8_e4m3fn, "fp8_tensor_e5m2": torch.float8_e5m2}
+PRECISIONS = tuple(FORMATS) + HIGH_PRECISION + tuple(PER_TENSOR_FP8)
+INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SQUARE_BLOCK = (BLOCK_SIZE, BLOCK_SIZE)
+
+
+@dataclass
+class MXTensor:
+    """An MX-quantized tensor.
+
+    `codes`: uint8 element codes of the (padded) input shape. `scales`: uint8 E8M0 bytes, the
+    padded shape with the blocked dimension(s) divided by 32. `shape`: the original shape,
+    which `dequantize` restores.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    fmt: str
+    block: int | tuple[int, int]
+    axis: int
+    shape: tuple[int, ...]
+    scale_mode: str = "floor"
+    rounding: str = "nearest_even"
+
+    @property
+    def format(self) -> ElementFormat:
+        return get_format(self.fmt)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """How a validated input is blocked: the padded float32 tensor reshaped so that blocks span `reduce_dims`."""
+
+    blocked: torch.Tensor
+    reduce_dims: tuple[int, ...]
+    padded_shape: tuple[int, ...]
+    index: torch.Tensor | None  # linear element indices in the original tensor (stochastic rounding only)
+
+
+# ----------------------------------------------------------------------------- validation
+def _normalize_block(block: object) -> int | tuple[int, int]:
+    if isinstance(block, bool):
+        block = None
+    if isinstance(block, int) and block == BLOCK_SIZE:
+        return BLOCK_SIZE
+    if isinstance(block, (tuple, list)) and tuple(block) == SQUARE_BLOCK:
+        return SQUARE_BLOCK
+    raise ValueError(f"unsupported block {block!r}; accepted: 32 (1-D blocks along axis) or (32, 32) (square tiles of the last two dims)")
+
+
+def _check_options(x: object, block: object, axis: int, scale_mode: str, rounding: str, seed: int | None) -> tuple[int | tuple[int, int], int]:
+    """Validate the common options; return the normalized block and a non-negative axis."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in INPUT_DTYPES:
+        raise ValueError(f"unsupported input dtype {x.dtype}; accepted: float32, bfloat16, float16")
+    block = _normalize_block(block)
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(SCALE_MODES)}")
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
+    if rounding == "stochastic" and (seed is None or isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"rounding='stochastic' needs an integer seed, got seed={seed!r}")
+    if x.dim() == 0:
+        raise ValueError("cannot quantize a 0-d tensor: MX blocks need at least one dimension")
+    if block == SQUARE_BLOCK:
+        if x.dim() < 2:
+            raise ValueError(f"block=(32, 32) tiles the last two dims; x has shape {tuple(x.shape)}")
+        if axis not in (-1, x.dim() - 1):
+            raise ValueError(f"block=(32, 32) always tiles the last two dims; axis must be -1, got {axis}")
+        return block, x.dim() - 1
+    if not isinstance(axis, int) or not -x.dim() <= axis < x.dim():
+        raise ValueError(f"axis {axis!r} out of range for a tensor of {x.dim()} dims")
+    return block, axis % x.dim()
+
+
+def _blocked_dims(x: torch.Tensor, block: int | tuple[int, int], axis: int) -> tuple[int, ...]:
+    return (x.dim() - 2, x.dim() - 1) if block == SQUARE_BLOCK else (axis,)
+
+
+def _layout(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, need_index: bool) -> _Layout:
+    """Pad (if allowed) and reshape x so each block spans the returned reduce dims."""
+    dims = _blocked_dims(x, block, axis)
+    for dim in dims:
+        if x.shape[dim] % BLOCK_SIZE and not pad:
+            raise ValueError(
+                f"dimension {dim} of x has size {x.shape[dim]}, not a multiple of the block size {BLOCK_SIZE}; "
+                f"pass pad=True to pad it with zeros (dequantize returns the original shape)"
+            )
+    values = x.float()
+    index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).view(x.shape) if need_index else None
+    for dim in dims:
+        missing = -x.shape[dim] % BLOCK_SIZE
+        if missing:
+            padding = [0, 0] * (x.dim() - 1 - dim) + [0, missing]
+            values = F.pad(values, padding)
+            index = F.pad(index, padding) if index is not None else None
+    padded_shape = tuple(values.shape)
+    split_shape: list[int] = []
+    reduce_dims: list[int] = []
+    for dim, size in enumerate(padded_shape):
+        if dim in dims:
+            split_shape += [size // BLOCK_SIZE, BLOCK_SIZE]
+            reduce_dims.append(len(split_shape) - 1)
+        else:
+            split_shape.append(size)
+    reshape = lambda t: t.reshape(split_shape) if t is not None else None  # noqa: E731
+    return _Layout(reshape(values), tuple(reduce_dims), padded_shape, reshape(index))
+
+
+def _scale_shape(padded_shape: tuple[int, ...], dims: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(size // BLOCK_SIZE if dim in dims else size for dim, size in enumerate(padded_shape))
+
+
+def _crop(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    return t[tuple(slice(0, size) for size in shape)]
+
+
+# ----------------------------------------------------------------------------- backends
+def _random_bits(layout: _Layout, rounding: str, seed: int | None) -> torch.Tensor | None:
+    if rounding != "stochastic":
+        return None
+    return reference.random_bits24(layout.index, seed)
+
+
+def _reference_quantize(x, fmt, block, axis, scale_mode, rounding, seed, pad):
+    layout = _layout(x, block, axis, pad, need_index=rounding == "stochastic")
+    codes, scales = reference.quantize_blocks(
+        layout.blocked, layout.reduce_dims, fmt, scale_mode, rounding, _random_bits(layout, rounding, seed)
+    )
+    dims = _blocked_dims(x, block, axis)
+    return codes.reshape(layout.padded_shape), scales.reshape(_scale_shape(layout.padded_shape, dims))
+
+
+def _reference_fake_quantize(x, fmt, block, axis, scale_mode, rounding, seed, pad):
+    layout = _layout(x, block, axis, pad, need_index=rounding == "stochastic")
+    values = reference.fake_quantize_blocks(
+        layout.blocked, layout.reduce_dims, fmt, scale_mode, rounding, _random_bits(layout, rounding, seed)
+    )
+    return _crop(values.reshape(layout.padded_shape), tuple(x.shape))
+
+
+# ----------------------------------------------------------------------------- public API
+def quantize(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    block: int | tuple[int, int] = 32,
+    axis: int = -1,
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    pad: bool = False,
+) -> MXTensor:
+    """Quantize x to an MX format; returns an MXTensor (uint8 codes and E8M0 scale bytes).
+
+    Refuses (ValueError): an unknown format, block, scale mode or rounding; stochastic rounding
+    without an integer seed; an input dtype other than float32/bfloat16/float16; a blocked
+    dimension that is not a multiple of 32 unless pad=True.
+    """
+    element_format = get_format(fmt)
+    block, axis = _check_options(x, block, axis, scale_mode, rounding, seed)
+    codes, scales = _reference_quantize(x, element_format, block, axis, scale_mode, rounding, seed, pad)
+    return MXTensor(codes, scales, fmt, block, axis, tuple(x.shape), scale_mode, rounding)
+
+
+def dequantize(mxt: MXTensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values of an MXTensor in `dtype` (original, unpadded shape); scale byte 0xFF gives NaN."""
+    if not isinstance(mxt, MXTensor):
+        raise ValueError(f"dequantize takes an MXTensor, got {type(mxt).__name__}")
+    if dtype not in INPUT_DTYPES:
+        raise ValueError(f"unsupported output dtype {dtype}; accepted: float32, bfloat16, float16")
+    dims = _blocked_dims(mxt.codes, mxt.block, mxt.axis)
+    scales = decode_scales(mxt.scales)
+    for dim in dims:
+        scales = scales.repeat_interleave(BLOCK_SIZE, dim=dim)
+    values = decode_codes(mxt.codes, mxt.format) * scales
+    return _crop(values, mxt.shape).to(dtype)
+
+
+def fake_quantize(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    block: int | tuple[int, int] = 32,
+    axis: int = -1,
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    pad: bool = False,
+) -> torch.Tensor:
+    """dequantize(quantize(x, ...), x.dtype) in one pass; same shape and dtype as x.
+
+    `fmt` may also be "bf16" or "fp32" (a cast to that precision and back) or
+    "fp8_tensor_e4m3"/"fp8_tensor_e5m2" (per-tensor FP8 with current scaling, see
+    `fake_quantize_per_tensor_fp8`); MX options are ignored for those. Refuses what
+    `quantize` refuses.
+    """
+    if fmt in HIGH_PRECISION or fmt in PER_TENSOR_FP8:
+        if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
+            raise ValueError(f"x must be a float32/bfloat16/float16 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+        if fmt == "bf16":
+            return x.to(torch.bfloat16).to(x.dtype)
+        if fmt == "fp32":
+            return x.float().to(x.dtype)
+        return fake_quantize_per_tensor_fp8(x, fmt)
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown precision {fmt!r}; accepted: {', '.join(PRECISIONS)}")
+    element_format = FORMATS[fmt]
+    block, axis = _check_options(x, block, axis, scale_mode, rounding, seed)
+    values = _reference_fake_quantize(x, element_format, block, axis, scale_mode, rounding, seed, pad)
+    return values.to(x.dtype)
+
+
+def fake_quantize_rowcol(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fake-quantize a 2-D tensor along its last dim and along its first dim, both from x itself.
+
+    Returns (along_last, along_first). Options as for `fake_quantize` (block must be 32; axis
+    is set here). Refuses a tensor that is not 2-D.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 2:
+        raise ValueError(f"fake_quantize_rowcol takes a 2-D tensor, got shape {getattr(x, 'shape', None)}")
+    if "axis" in options:
+        raise ValueError("fake_quantize_rowcol sets axis itself; do not pass axis")
+    return fake_quantize(x, fmt, axis=-1, **options), fake_quantize(x, fmt, axis=0, **options)
+
+
+def fake_quantize_per_tensor_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """Per-tensor FP8 with current scaling, as Transformer Engine's Float8CurrentScaling.
+
+    scale = fp8_max / amax (float32; 1 when amax is 0), q = fp8(x * scale) with saturation,
+    result = q * (1 / scale) in x's dtype. A non-finite amax gives NaN everywhere.
+    """
+    dtype = PER_TENSOR_FP8[fmt]
+    fp8_max = torch.finfo(dtype).max
+    values = x.float()
+    amax = values.abs().amax() if values.numel() else torch.zeros((), device=x.device)
+    scale = torch.where(amax > 0, fp8_max / amax, torch.ones_like(amax))
+    scaled = (values * scale).clamp(-fp8_max, fp8_max)
+    quantized = scaled.to(dtype).float() * torch.reciprocal(scale)
+    if not torch.isfinite(amax):
+        quantized = torch.full_like(quantized, float("nan"))
+    return quantized.to(x.dtype)

@@ -1,0 +1,211 @@
+"""The numerics contract in pure PyTorch: the definition every other backend must match.
+
+`docs/numerics.md` states the algorithm. This module computes it with float64 arithmetic
+that is exact for every step it takes (float32 inputs have 24-bit significands, the scale
+is a power of two, and every quotient and product below fits a float64 significand), so it
+gives the same bits as the integer formulation the Triton kernels use:
+
+- The block scale exponent S comes from amax's exponent and 23-bit fraction
+  (`floor`, `ceil`, `rceil`, `even`), clamped to [-127, 127].
+- Each element is rounded at quantum 2^qe with qe = max(floor(log2|x|), S + emin) - mbits.
+  `v = |x| / 2^qe` is exact; `frac = v - floor(v)` is exact; the rounding modes compare
+  frac with 1/2 (nearest) or with u = (r + 0.5) / 2^24 (stochastic, r = 24 counter bits).
+- A magnitude beyond the format's max normal saturates to it, keeping its sign.
+
+Inputs here are already validated and padded (mxlab.quant does that): float32, blocked
+dimensions multiples of 32. Functions take a "blocked view" description: `reduce_dims`, the
+dims of a reshaped tensor that one block spans.
+"""
+from __future__ import annotations
+
+import struct
+
+import torch
+
+from mxlab.formats import E8M0_BIAS, E8M0_NAN, SCALE_EXP_MAX, SCALE_EXP_MIN, ElementFormat
+
+SCALE_MODES = ("floor", "ceil", "rceil", "even")
+ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
+BLOCK_SIZE = 32
+
+_MASK32 = 0xFFFFFFFF
+
+
+# ----------------------------------------------------------------------------- random bits
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """(x * constant) mod 2^32 for int64 x in [0, 2^32), without int64 overflow."""
+    low, high = constant & 0xFFFF, constant >> 16
+    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
+
+
+def mix32(z: torch.Tensor) -> torch.Tensor:
+    """The 32-bit integer mixer of docs/numerics.md (int64 tensors holding uint32 values)."""
+    z = z ^ (z >> 16)
+    z = _mul32(z, 0x7FEB352D)
+    z = z ^ (z >> 15)
+    z = _mul32(z, 0x846CA68B)
+    return z ^ (z >> 16)
+
+
+def random_bits24(index: torch.Tensor, seed: int) -> torch.Tensor:
+    """24 counter-based random bits (int64) for each linear element index and a seed."""
+    key = mix32(torch.tensor(seed & _MASK32, dtype=torch.int64, device=index.device))
+    hashed = mix32(mix32((index & _MASK32) ^ key) ^ (index >> 32))
+    return hashed >> 8
+
+
+# ----------------------------------------------------------------------------- scales
+def _fraction23(value: float) -> int:
+    """The 23-bit fraction field of a positive float32 normal value."""
+    return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
+
+
+def _log2_floor_and_fraction(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """floor(log2 amax) and the 23-bit fraction of amax normalized to [1, 2) (int64 each).
+
+    float32 subnormals are normalized; amax must be finite and positive where it matters.
+    """
+    mantissa, exponent = torch.frexp(amax.double())  # amax = mantissa * 2^exponent, mantissa in [0.5, 1)
+    fraction = ((mantissa * 2.0 - 1.0) * 2.0**23).to(torch.int64)
+    return exponent.to(torch.int64) - 1, fraction
+
+
+def _round_fraction_carries(fraction23: torch.Tensor, mbits: int) -> torch.Tensor:
+    """1 where rounding 1.fraction to `mbits` bits (nearest even) reaches 2, else 0."""
+    drop = 23 - mbits
+    keep = fraction23 >> drop
+    rest = fraction23 & ((1 << drop) - 1)
+    half = 1 << (drop - 1)
+    round_up = (rest > half) | ((rest == half) & ((keep & 1) == 1))
+    return (keep + round_up.to(torch.int64)) >> mbits
+
+
+def scale_exponents(amax: torch.Tensor, fmt: ElementFormat, scale_mode: str) -> torch.Tensor:
+    """Unbiased E8M0 exponents S (int64) of blocks with the given float32 amax (finite, >= 0).
+
+    An amax of zero gives -127 (byte 0x00). The caller handles non-finite blocks.
+    """
+    log2_floor, fraction = _log2_floor_and_fraction(amax)
+    exponent = log2_floor - fmt.emax
+    if scale_mode == "ceil":
+        exponent = exponent + (fraction != 0).to(torch.int64)
+    elif scale_mode == "rceil":
+        exponent = exponent + (fraction > _fraction23(fmt.max_normal)).to(torch.int64)
+    elif scale_mode == "even":
+        exponent = exponent + _round_fraction_carries(fraction, fmt.mbits)
+    elif scale_mode != "floor":
+        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(SCALE_MODES)}")
+    exponent = exponent.clamp(SCALE_EXP_MIN, SCALE_EXP_MAX)
+    return torch.where(amax == 0, torch.full_like(exponent, SCALE_EXP_MIN), exponent)
+
+
+# ----------------------------------------------------------------------------- elements
+def _rounded_magnitudes(
+    x: torch.Tensor,
+    scale_exp: torch.Tensor,
+    fmt: ElementFormat,
+    rounding: str,
+    random_bits: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rounded magnitudes n (float64 integers, before saturation) and quantum exponents qe.
+
+    |x| rounds to n * 2^qe; `scale_exp` broadcasts against x.
+    """
+    magnitude = x.abs().double()
+    _, exponent = torch.frexp(magnitude)
+    log2_floor = exponent.to(torch.int64) - 1
+    quantum_exp = torch.maximum(log2_floor, scale_exp + fmt.emin) - fmt.mbits
+    scaled = torch.ldexp(magnitude, -quantum_exp)  # exact: a power-of-two rescale in float64
+    whole = torch.floor(scaled)
+    frac = scaled - whole
+    if rounding == "nearest_even":
+        round_up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(whole, 2) == 1))
+    elif rounding == "nearest_away":
+        round_up = frac >= 0.5
+    elif rounding == "toward_zero":
+        round_up = torch.zeros_like(frac, dtype=torch.bool)
+    elif rounding == "stochastic":
+        if random_bits is None:
+            raise ValueError("stochastic rounding needs random bits (pass seed=...)")
+        threshold = (random_bits.double() + 0.5) * 2.0**-24
+        round_up = threshold < frac
+    else:
+        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
+    return whole + round_up.double(), quantum_exp
+
+
+def _fp_magnitude_codes(n: torch.Tensor, quantum_exp: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """Magnitude codes (int64) of FP elements n * 2^(qe - S), saturated to the max code."""
+    element_exp = quantum_exp - scale_exp  # exponent of the quantum in element units
+    exponent_field = element_exp + fmt.mbits + fmt.bias - 1
+    codes = (exponent_field << fmt.mbits) + n.to(torch.int64)
+    codes = torch.where(n == 0, torch.zeros_like(codes), codes)
+    return codes.clamp(max=fmt.max_code)
+
+
+def encode_elements(
+    x: torch.Tensor,
+    scale_exp: torch.Tensor | int,
+    fmt: ElementFormat,
+    rounding: str = "nearest_even",
+    random_bits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Element codes (uint8) of float32 x at the given unbiased scale exponent(s), rounded and saturated."""
+    scale_exp = torch.as_tensor(scale_exp, dtype=torch.int64, device=x.device)
+    n, quantum_exp = _rounded_magnitudes(x, scale_exp, fmt, rounding, random_bits)
+    negative = torch.signbit(x)
+    if fmt.is_int:
+        magnitude = n.clamp(max=fmt.max_code).to(torch.int64)
+        codes = torch.where(negative, (256 - magnitude) & 0xFF, magnitude)
+    else:
+        codes = _fp_magnitude_codes(n, quantum_exp, scale_exp, fmt)
+        codes = codes | (negative.to(torch.int64) * fmt.sign_bit)
+    return codes.to(torch.uint8)
+
+
+def _block_scales(x: torch.Tensor, reduce_dims: tuple[int, ...], fmt: ElementFormat, scale_mode: str):
+    """(scale exponents, non-finite mask), both with `reduce_dims` kept as size 1."""
+    amax = x.abs().amax(dim=reduce_dims, keepdim=True)
+    nonfinite_block = ~torch.isfinite(amax)
+    scale_exp = scale_exponents(torch.where(nonfinite_block, torch.zeros_like(amax), amax), fmt, scale_mode)
+    return scale_exp, nonfinite_block
+
+
+def quantize_blocks(
+    x: torch.Tensor,
+    reduce_dims: tuple[int, ...],
+    fmt: ElementFormat,
+    scale_mode: str,
+    rounding: str,
+    random_bits: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize a float32 tensor whose blocks span `reduce_dims`.
+
+    Returns (codes uint8 of x's shape, scale bytes uint8 with `reduce_dims` kept as size 1).
+    """
+    scale_exp, nonfinite_block = _block_scales(x, reduce_dims, fmt, scale_mode)
+    codes = encode_elements(x, scale_exp, fmt, rounding, random_bits)
+    codes = torch.where(nonfinite_block, torch.zeros_like(codes), codes)
+    scale_bytes = torch.where(nonfinite_block, torch.full_like(scale_exp, E8M0_NAN), scale_exp + E8M0_BIAS)
+    return codes, scale_bytes.to(torch.uint8)
+
+
+def fake_quantize_blocks(
+    x: torch.Tensor,
+    reduce_dims: tuple[int, ...],
+    fmt: ElementFormat,
+    scale_mode: str,
+    rounding: str,
+    random_bits: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """dequantize(quantize(x)) as float32, computed without materializing codes."""
+    scale_exp, nonfinite_block = _block_scales(x, reduce_dims, fmt, scale_mode)
+    n, quantum_exp = _rounded_magnitudes(x, scale_exp, fmt, rounding, random_bits)
+    max_magnitude = torch.ldexp(torch.full_like(n, fmt.max_normal), scale_exp)
+    magnitude = torch.minimum(torch.ldexp(n, quantum_exp), max_magnitude)
+    if fmt.is_int:
+        values = torch.where(torch.signbit(x) & (magnitude > 0), -magnitude, magnitude)  # int8 has no -0
+    else:
+        values = torch.copysign(magnitude, x.double())
+    values = values.float()
+    return torch.where(nonfinite_block, torch.full_like(values, float("nan")), values)
