@@ -156,6 +156,11 @@ class RichProgress:
         )
         self.study_task = self.progress.add_task("runs", total=total_runs, loss="-", speed="")
         self.run_task: Any = None
+        self.enabled = enabled
+
+    def log(self, message: str) -> None:
+        if self.enabled:
+            self.progress.console.log(message)
 
     def __enter__(self) -> "RichProgress":
         self.progress.start()
@@ -166,7 +171,7 @@ class RichProgress:
 
     def run_done(self, label: str, status: str) -> None:
         self.progress.advance(self.study_task)
-        self.progress.console.log(f"{label}: {status}")
+        self.log(f"{label}: {status}")
 
     # RunProgress
     def start(self, label: str, total_steps: int, start_step: int) -> None:
@@ -304,7 +309,7 @@ def _run_parallel(jobs: Sequence[RunJob], devices: Sequence[str], progress: Rich
             busy[device] = job
             workers[device].stdin.write(str(Path(job.run_dir) / "job.pt") + "\n")
             workers[device].stdin.flush()
-            progress.progress.console.log(f"{job.label}: started on {device}")
+            progress.log(f"{job.label}: started on {device}")
 
     try:
         for device in devices:

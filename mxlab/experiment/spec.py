@@ -121,10 +121,9 @@ def _check_type(value: Any, expected: type, where: str) -> Any:
 def _check_keys(table: Mapping[str, Any], accepted: Sequence[str], where: str) -> None:
     unknown = [key for key in table if key not in accepted]
     if unknown:
-        raise ValueError(
-            f"unknown key {where + '.' if where else ''}{unknown[0]!r}; accepted keys"
-            f"{' in [' + where + ']' if where else ''}: {', '.join(accepted)}"
-        )
+        full_key = f"{where}.{unknown[0]}" if where else unknown[0]
+        table = f" in [{where}]" if where else ""
+        raise ValueError(f"unknown key {full_key!r}; accepted keys{table}: {', '.join(accepted)}")
 
 
 def _build_table(cls: type, table: Mapping[str, Any], where: str) -> Any:

@@ -1,0 +1,181 @@
+"""The runner's own logic on small stand-in data/model/recipe modules: pairing, resume, divergence, refusal."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from mxlab.experiment import load_spec
+from mxlab.experiment.runner import run_study
+from tests.experiment import standins
+
+SPEC = """
+name = "logic"
+seeds = [0, 1]
+baseline = "base"
+arms = ["base", "noisy"]
+
+[data]
+source = "synthetic"
+
+[model]
+dim = 8
+max_history = 4
+
+[train]
+batch_size = 16
+lr = 0.05
+epochs = 2
+checkpoint_every = 4
+log_every = 3
+"""
+
+
+@pytest.fixture
+def source(monkeypatch: pytest.MonkeyPatch) -> standins.StandinSource:
+    source = standins.StandinSource()
+    standins.install(monkeypatch, source)
+    return source
+
+
+@pytest.fixture
+def spec_path(tmp_path: Path) -> Path:
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "base.toml").write_text('name = "base"\n')
+    (tmp_path / "recipes" / "noisy.toml").write_text('name = "noisy"\nnoise = 0.01\n')
+    (tmp_path / "recipes" / "poisoned.toml").write_text('name = "poisoned"\npoison_at_step = 5\n')
+    (tmp_path / "recipes" / "collapsing.toml").write_text(
+        'name = "collapsing"\noverflow_from_step = 3\n[loss_scaling]\npolicy = "dynamic"\ninit_scale = 4.0\nbackoff_factor = 0.5\n'
+    )
+    path = tmp_path / "logic.toml"
+    path.write_text(SPEC)
+    return path
+
+
+def _eval(run_dir: Path) -> dict[str, np.ndarray]:
+    with np.load(run_dir / "eval.npz") as npz:
+        return {key: npz[key] for key in npz.files}
+
+
+def test_pairing_same_data_order_and_init_within_a_seed(source, spec_path, tmp_path, monkeypatch):
+    initial_states: list[dict[str, torch.Tensor]] = []
+    build = standins.build_model
+
+    def recording_build(config, info):
+        model = build(config, info)
+        initial_states.append({k: v.clone() for k, v in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(standins, "build_model", recording_build)
+    import sys
+
+    monkeypatch.setattr(sys.modules["mxlab.models"], "build_model", recording_build)
+    spec = load_spec(spec_path)
+    run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
+
+    # seed-major order: (seed0, base), (seed0, noisy), (seed1, base), (seed1, noisy)
+    assert len(initial_states) == 4
+    for key in initial_states[0]:
+        assert torch.equal(initial_states[0][key], initial_states[1][key])
+        assert torch.equal(initial_states[2][key], initial_states[3][key])
+    assert not torch.equal(initial_states[0]["ctr.weight"], initial_states[2]["ctr.weight"])
+
+    steps_per_run = 2 * (96 // 16)
+    orders = [source.served[i * steps_per_run : (i + 1) * steps_per_run] for i in range(4)]
+    assert orders[0] == orders[1] and orders[2] == orders[3]
+    assert orders[0] != orders[2]
+    assert {seed for seed, _, _ in orders[2]} == {1}
+
+    out = tmp_path / "out"
+    base, noisy = _eval(out / "runs/base/seed0"), _eval(out / "runs/noisy/seed0")
+    np.testing.assert_array_equal(base["click"], noisy["click"])  # same eval examples, same order
+    assert not np.array_equal(base["p_ctr"], noisy["p_ctr"])  # the arms really differ
+    np.testing.assert_allclose(base["p_ctcvr"], base["p_ctr"] * base["p_cvr"], rtol=1e-6)
+    done = json.loads((out / "runs/base/seed0/done.json").read_text())
+    assert done["status"] == "finished" and done["steps"] == steps_per_run
+    metrics = [json.loads(line) for line in (out / "runs/base/seed0/metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in metrics] == [3, 6, 9, 12]
+    study = json.loads((out / "study.json").read_text())
+    assert study["arms"] == ["base", "noisy"] and study["environment"]["torch"] == torch.__version__
+    assert "mxlab run" in study["command"] and "--device cpu" in study["command"]
+
+
+class Kill(Exception):
+    pass
+
+
+def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(source, spec_path, tmp_path):
+    spec = load_spec(spec_path, ["seeds=[0]"])
+    reference = tmp_path / "reference"
+    run_study(spec, reference, device="cpu", report=False, show_progress=False)
+
+    interrupted = tmp_path / "interrupted"
+
+    def kill_second_run(job, step):
+        if job.arm == "noisy" and step == 7:  # after the checkpoint at step 4, before the one at 8
+            raise Kill()
+
+    with pytest.raises(Kill):
+        run_study(spec, interrupted, device="cpu", report=False, show_progress=False, on_step=kill_second_run)
+    finished = interrupted / "runs/base/seed0"
+    killed = interrupted / "runs/noisy/seed0"
+    assert (finished / "done.json").exists() and not (killed / "done.json").exists()
+    assert torch.load(killed / "checkpoint.pt", weights_only=False)["step"] == 4
+    stamps = {path.name: path.stat().st_mtime_ns for path in finished.iterdir()}
+
+    with pytest.raises(ValueError, match="--resume"):
+        run_study(spec, interrupted, device="cpu", report=False, show_progress=False)
+
+    steps_seen: list[tuple[str, int]] = []
+    result = run_study(spec, interrupted, device="cpu", resume=True, report=False, show_progress=False,
+                       on_step=lambda job, step: steps_seen.append((job.arm, step)))
+    assert result.skipped == ["base/seed0"] and result.trained == ["noisy/seed0"]
+    assert {path.name: path.stat().st_mtime_ns for path in finished.iterdir()} == stamps
+    assert steps_seen[0] == ("noisy", 5) and steps_seen[-1][1] == 12  # continued from step 4
+    assert json.loads((killed / "done.json").read_text())["resumed_from_step"] == 4
+
+    for arm in ("base", "noisy"):
+        a, b = _eval(reference / f"runs/{arm}/seed0"), _eval(interrupted / f"runs/{arm}/seed0")
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].tobytes() == b[key].tobytes(), (arm, key)
+    strip = lambda path: [{k: v for k, v in json.loads(line).items() if k not in ("time_s", "examples_per_s")}
+                          for line in path.read_text().splitlines()]
+    assert strip(reference / "runs/noisy/seed0/metrics.jsonl") == strip(killed / "metrics.jsonl")
+
+
+def test_divergence_is_recorded_and_the_study_goes_on(source, spec_path, tmp_path):
+    spec = load_spec(spec_path, ['arms=["base", "poisoned"]', "seeds=[0]"])
+    result = run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
+    runs = tmp_path / "out/runs"
+    poisoned = json.loads((runs / "poisoned/seed0/done.json").read_text())
+    assert poisoned["status"] == "diverged" and poisoned["diverged_at_step"] == 5
+    assert "non-finite loss" in poisoned["reason"]
+    assert not (runs / "poisoned/seed0/eval.npz").exists()
+    metrics = [json.loads(line) for line in (runs / "poisoned/seed0/metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 5 and metrics[-1]["loss"] == "nan"
+    assert json.loads((runs / "base/seed0/done.json").read_text())["status"] == "finished"
+    assert (runs / "base/seed0/eval.npz").exists()
+    assert result.diverged == ["poisoned/seed0"]
+
+
+def test_loss_scale_collapse_is_a_divergence_but_skipped_steps_are_not(source, spec_path, tmp_path):
+    # gradients overflow from step 3 on; the dynamic scaler skips and halves 4 -> 2 -> 1 -> 0.5 (< floor 1)
+    spec = load_spec(spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]", "train.min_loss_scale=1.0"])
+    run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
+    done = json.loads((tmp_path / "out/runs/collapsing/seed0/done.json").read_text())
+    assert done["status"] == "diverged" and "loss scale 0.5" in done["reason"]
+    assert done["diverged_at_step"] == 5 and done["skipped_steps"] == 3
+
+    # the same overflow with a floor low enough: steps are skipped, the run finishes
+    spec = load_spec(spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]"])
+    run_study(spec, tmp_path / "out2", device="cpu", report=False, show_progress=False)
+    done = json.loads((tmp_path / "out2/runs/collapsing/seed0/done.json").read_text())
+    assert done["status"] == "finished" and done["skipped_steps"] == 10
+
+
+def test_parallel_workers_write_the_same_runs_as_the_sequential_runner(source, spec_path, tmp_path):
+    pytest.skip("needs the real mxlab.data/models/recipe in the worker subprocess")
