@@ -19,18 +19,25 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
+PRECISIONS = ("bf16", "fp32")
 TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The [train] table. `max_steps = 0` means no cap; `diagnostics_every = 0` means off."""
+    """The [train] table. `max_steps = 0` means no cap; `diagnostics_every = 0` means off.
+
+    `precision` is what the model's high-precision GEMMs run in: "bf16" (torch.autocast to
+    bfloat16 around the forward pass; master weights, optimizer state and losses stay float32;
+    the baseline recipe's "bf16" policy then means real BF16 GEMMs) or "fp32" (no autocast).
+    """
 
     batch_size: int = 256
     lr: float = 1e-3
     epochs: int = 1
     optimizer: str = "adam"
+    precision: str = "bf16"
     weight_decay: float = 0.0
     eval_batch_size: int = 4096
     checkpoint_every: int = 200
@@ -154,6 +161,8 @@ def _check_ranges(config: Any, where: str) -> None:
         for key in ("weight_decay", "min_loss_scale"):
             if getattr(config, key) < 0:
                 raise ValueError(f"{where}.{key} must be >= 0, got {getattr(config, key)}")
+        if config.precision not in PRECISIONS:
+            raise ValueError(f"{where}.precision {config.precision!r} is not one of: {', '.join(PRECISIONS)}")
         if config.optimizer not in OPTIMIZERS:
             raise ValueError(f"{where}.optimizer {config.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}")
     if isinstance(config, ReportConfig):

@@ -158,7 +158,7 @@ def sweep_layers(
 
     probe = RunJob(spec.baseline, seeds[0], load_recipe(spec.recipe_paths[spec.baseline]), "", runs_root, sweep_spec)
     probe_model, _ = build_run_model(probe, source.info)
-    modules = list(quantizable_modules(probe_model))
+    modules = list(quantizable_modules(probe_model, quantized_recipe))
     if not modules:
         raise ValueError("the model has no quantizable modules to sweep")
     del probe_model

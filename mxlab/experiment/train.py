@@ -100,6 +100,15 @@ def run_is_done(run_dir: Path) -> bool:
     return (Path(run_dir) / DONE).is_file()
 
 
+def autocast(device: torch.device, precision: str) -> Any:
+    """The autocast context of train.precision: bfloat16 autocast on `device` for "bf16", nothing for "fp32"."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise ValueError(f"unknown precision {precision!r}; accepted: bf16, fp32")
+
+
 def make_optimizer(train: TrainConfig, parameters: Any) -> torch.optim.Optimizer:
     """The optimizer named by train.optimizer (adam, adamw, sgd, adagrad) at train.lr / weight_decay."""
     options = {"lr": train.lr, "weight_decay": train.weight_decay}
@@ -124,7 +133,7 @@ def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
 
     torch.manual_seed(job.seed)
     model = build_model(job.spec.model, info)
-    plan = apply_recipe(model, job.recipe)
+    plan = apply_recipe(model, job.recipe, seed=job.seed)
     return model, plan
 
 
@@ -147,6 +156,22 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _rounding_state(model: torch.nn.Module) -> dict[str, int]:
+    """The stochastic-rounding call counters of the quantized products (empty with stand-in recipes)."""
+    import mxlab.recipe as recipe_module
+
+    state = getattr(recipe_module, "rounding_state", None)
+    return state(model) if state is not None else {}
+
+
+def _load_rounding_state(model: torch.nn.Module, state: dict[str, int]) -> None:
+    import mxlab.recipe as recipe_module
+
+    load = getattr(recipe_module, "load_rounding_state", None)
+    if load is not None:
+        load(model, state)
 
 
 def _plan_text(plan: Any) -> str:
@@ -254,6 +279,7 @@ def train_run(
         metrics = [record for record in io.read_jsonl(run_dir / METRICS) if record["step"] <= step]
         numerics = [record for record in io.read_jsonl(run_dir / NUMERICS) if record["step"] <= step]
         _set_rng_state(checkpoint["rng"])
+        _load_rounding_state(model, checkpoint["rounding"])
         resumed_from = step
 
     def save_logs() -> None:
@@ -276,6 +302,7 @@ def train_run(
                 "nonfinite_streak": nonfinite_streak,
                 "elapsed_s": elapsed_before + (time.perf_counter() - started),
                 "interval": interval.state(),
+                "rounding": _rounding_state(model),
             },
         )
 
@@ -297,7 +324,8 @@ def train_run(
                 optimizer.zero_grad(set_to_none=True)
                 sampling = monitor.sampling(step + 1) if monitor is not None else contextlib.nullcontext()
                 with sampling:
-                    output = model(batch)
+                    with autocast(device, train.precision):
+                        output = model(batch)
                     losses = esmm_loss(output, batch)
                     scaler.scale(losses["loss"]).backward()
                 scaler.step(optimizer)
@@ -365,7 +393,8 @@ def train_run(
             interval = _LogInterval()
         if status == "finished":
             save_checkpoint()
-            arrays = evaluate_model(model, source, train.eval_batch_size, device)
+            with autocast(device, train.precision):
+                arrays = evaluate_model(model, source, train.eval_batch_size, device)
             io.write_npz(run_dir / EVAL, arrays)
         else:
             save_logs()

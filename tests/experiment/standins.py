@@ -144,7 +144,7 @@ def load_recipe(path: Any, search_dirs: Any = ()) -> StandinRecipe:
     return StandinRecipe(**raw)
 
 
-def apply_recipe(model: StandinModel, recipe: StandinRecipe) -> StandinPlan:
+def apply_recipe(model: StandinModel, recipe: StandinRecipe, seed: int = 0) -> StandinPlan:
     if recipe.noise:
         with torch.no_grad():  # an arm-specific perturbation so arms differ, deterministic
             for parameter in model.parameters():
@@ -154,7 +154,7 @@ def apply_recipe(model: StandinModel, recipe: StandinRecipe) -> StandinPlan:
     return StandinPlan(recipe.name)
 
 
-def quantizable_modules(model: nn.Module) -> list[str]:
+def quantizable_modules(model: nn.Module, recipe: Any = None) -> list[str]:
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
