@@ -1,0 +1,184 @@
+"""Jagged batches, data-source descriptions, and the small helpers every source shares."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Iterable, Iterator
+
+import torch
+
+
+@dataclass
+class JaggedBatch:
+    """One batch of examples with jagged user histories (see docs/INTERFACES.md).
+
+    The history of example ``i`` is ``history_items[history_offsets[i]:history_offsets[i+1]]``
+    (oldest first), with one action type per item. ``true_ctr``/``true_cvr`` are the true
+    probabilities where the source knows them (synthetic data), else None. ``has_conversion``
+    is False for sources without a conversion label (Criteo): ``conversion`` is then all zeros
+    and `mxlab.models.esmm_loss` leaves the CTCVR term out of the loss.
+    """
+
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    history_items: torch.Tensor
+    history_actions: torch.Tensor
+    history_offsets: torch.Tensor
+    click: torch.Tensor
+    conversion: torch.Tensor
+    user_id: torch.Tensor
+    true_ctr: torch.Tensor | None = None
+    true_cvr: torch.Tensor | None = None
+    has_conversion: bool = True
+
+    @property
+    def batch_size(self) -> int:
+        """Number of examples."""
+        return int(self.click.shape[0])
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    def history_lengths(self) -> torch.Tensor:
+        """Return the history length of each example, (B,) int64."""
+        return self.history_offsets[1:] - self.history_offsets[:-1]
+
+    def to(self, device: torch.device | str) -> "JaggedBatch":
+        """Return a copy with every tensor on `device`."""
+        moved = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            moved[field.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        return JaggedBatch(**moved)
+
+    def take(self, index: torch.Tensor) -> "JaggedBatch":
+        """Return the examples at `index` (1-D int64), in that order, histories included."""
+        index = index.to(torch.int64)
+        lengths = self.history_lengths()[index]
+        device = self.history_offsets.device
+        index = index.to(device)
+        offsets = torch.zeros(index.numel() + 1, dtype=torch.int64, device=device)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        total = int(offsets[-1])
+        source_start = self.history_offsets[:-1][index]
+        shift = torch.repeat_interleave(source_start - offsets[:-1], lengths, output_size=total)
+        history_index = torch.arange(total, dtype=torch.int64, device=device) + shift
+        return replace(
+            self,
+            dense=self.dense[index],
+            sparse=self.sparse[index],
+            history_items=self.history_items[history_index],
+            history_actions=self.history_actions[history_index],
+            history_offsets=offsets,
+            click=self.click[index],
+            conversion=self.conversion[index],
+            user_id=self.user_id[index],
+            true_ctr=None if self.true_ctr is None else self.true_ctr[index],
+            true_cvr=None if self.true_cvr is None else self.true_cvr[index],
+        )
+
+    @staticmethod
+    def concat(batches: list["JaggedBatch"]) -> "JaggedBatch":
+        """Return the examples of `batches` one after another. Refuses an empty list."""
+        if not batches:
+            raise ValueError("cannot concatenate an empty list of batches")
+        if len(batches) == 1:
+            return batches[0]
+        offsets = [batches[0].history_offsets]
+        for batch in batches[1:]:
+            offsets.append(batch.history_offsets[1:] + offsets[-1][-1])
+
+        def cat(name: str) -> torch.Tensor | None:
+            values = [getattr(batch, name) for batch in batches]
+            if any(value is None for value in values):
+                return None
+            return torch.cat(values)
+
+        return JaggedBatch(
+            dense=cat("dense"),
+            sparse=cat("sparse"),
+            history_items=cat("history_items"),
+            history_actions=cat("history_actions"),
+            history_offsets=torch.cat(offsets),
+            click=cat("click"),
+            conversion=cat("conversion"),
+            user_id=cat("user_id"),
+            true_ctr=cat("true_ctr"),
+            true_cvr=cat("true_cvr"),
+            has_conversion=batches[0].has_conversion,
+        )
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a model needs to know about a source.
+
+    ``field_cardinalities`` gives the table size of each sparse field; ``n_items`` and
+    ``n_actions`` the sizes of the history item and action vocabularies. Extensions to the
+    documented interface (with defaults): ``candidate_field`` is the index of the sparse field
+    whose ids live in the history item space (the candidate ad/movie), or None;
+    ``field_names``; ``has_conversion`` (False: conversion labels are absent, CVR metrics
+    meaningless); ``has_history`` (False: every history is empty).
+    """
+
+    n_dense: int
+    field_cardinalities: tuple[int, ...]
+    n_items: int
+    n_actions: int
+    has_truth: bool
+    name: str
+    candidate_field: int | None = None
+    field_names: tuple[str, ...] = ()
+    has_conversion: bool = True
+    has_history: bool = True
+
+
+class DataSource(ABC):
+    """A source of train and eval batches (see docs/INTERFACES.md)."""
+
+    info: DataInfo
+    n_train: int
+    n_eval: int
+
+    @abstractmethod
+    def train_batches(self, batch_size: int, seed: int, epoch: int) -> Iterator[JaggedBatch]:
+        """Yield the training examples of `epoch` in an order fixed by (seed, epoch)."""
+
+    @abstractmethod
+    def eval_batches(self, batch_size: int) -> Iterator[JaggedBatch]:
+        """Yield the evaluation examples, always in the same order."""
+
+    def describe(self) -> dict:
+        """Return a short JSON-able description (name, sizes, info)."""
+        return {"name": self.info.name, "n_train": self.n_train, "n_eval": self.n_eval, "info": asdict(self.info)}
+
+
+def check_batch_arguments(batch_size: int, seed: int = 0, epoch: int = 0) -> None:
+    """Refuse a non-positive batch size or a negative seed or epoch (ValueError)."""
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+    if not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
+    if not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"epoch must be a non-negative integer; got {epoch!r}")
+
+
+def rebatch(chunks: Iterable[JaggedBatch], batch_size: int) -> Iterator[JaggedBatch]:
+    """Cut a stream of chunks into batches of `batch_size` examples (the last may be smaller)."""
+    pending: list[JaggedBatch] = []
+    pending_examples = 0
+    for chunk in chunks:
+        pending.append(chunk)
+        pending_examples += chunk.batch_size
+        if pending_examples < batch_size:
+            continue
+        merged = JaggedBatch.concat(pending)
+        start = 0
+        while merged.batch_size - start >= batch_size:
+            yield merged.take(torch.arange(start, start + batch_size))
+            start += batch_size
+        rest = merged.batch_size - start
+        pending = [merged.take(torch.arange(start, merged.batch_size))] if rest else []
+        pending_examples = rest
+    if pending_examples:
+        yield JaggedBatch.concat(pending)
