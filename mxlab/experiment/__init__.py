@@ -4,11 +4,10 @@ Public entry points: `load_spec`, `run_study`, `sweep_layers`.
 """
 from __future__ import annotations
 
-from mxlab.experiment.spec import ExperimentSpec, ReportConfig, TrainConfig, load_spec, parse_override
+from mxlab.experiment.spec import ExperimentSpec, TrainConfig, load_spec, parse_override
 
 __all__ = [
     "ExperimentSpec",
-    "ReportConfig",
     "TrainConfig",
     "load_spec",
     "parse_override",

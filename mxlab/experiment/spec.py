@@ -51,17 +51,6 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class ReportConfig:
-    """The [report] table: regression thresholds the analysis judges deltas against."""
-
-    ne_regression_pct: float = 0.02
-    auc_regression: float = 0.001
-    calibration_tolerance: float = 0.01
-    confidence: float = 0.95
-    bootstrap_samples: int = 1000
-
-
-@dataclass(frozen=True)
 class ExperimentSpec:
     """A validated experiment: arms x seeds over one data source and one model shape.
 
@@ -75,7 +64,7 @@ class ExperimentSpec:
     data: dict[str, Any]
     model: dict[str, Any]
     train: TrainConfig = field(default_factory=TrainConfig)
-    report: ReportConfig = field(default_factory=ReportConfig)
+    report: Any = None  # mxlab.analysis.ReportSettings: the [report] thresholds, validated by the analysis
     description: str = ""
     recipe_paths: dict[str, Path] = field(default_factory=dict)
     spec_path: Path | None = None
@@ -91,7 +80,7 @@ class ExperimentSpec:
             "data": copy.deepcopy(self.data),
             "model": copy.deepcopy(self.model),
             "train": dataclasses.asdict(self.train),
-            "report": dataclasses.asdict(self.report),
+            "report": dataclasses.asdict(self.report) if self.report is not None else {},
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
         }
@@ -165,14 +154,6 @@ def _check_ranges(config: Any, where: str) -> None:
             raise ValueError(f"{where}.precision {config.precision!r} is not one of: {', '.join(PRECISIONS)}")
         if config.optimizer not in OPTIMIZERS:
             raise ValueError(f"{where}.optimizer {config.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}")
-    if isinstance(config, ReportConfig):
-        if not 0 < config.confidence < 1:
-            raise ValueError(f"{where}.confidence must be in (0, 1), got {config.confidence}")
-        if config.bootstrap_samples < 1:
-            raise ValueError(f"{where}.bootstrap_samples must be >= 1, got {config.bootstrap_samples}")
-        for key in ("ne_regression_pct", "auc_regression", "calibration_tolerance"):
-            if getattr(config, key) < 0:
-                raise ValueError(f"{where}.{key} must be >= 0, got {getattr(config, key)}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -231,22 +212,23 @@ def _validate_data(data: Any) -> dict[str, Any]:
     if source not in DATA_SOURCES:
         raise ValueError(f"unknown data source {source!r}; accepted sources: {', '.join(DATA_SOURCES)}")
     validator = _find_validator("mxlab.data", ("validate_data_config",))
-    if validator is not None:
-        validated = validator(dict(data))
-        if isinstance(validated, Mapping):
-            return dict(validated)
-    return dict(data)
+    return _resolved(validator(dict(data)) if validator is not None else None, data)
 
 
 def _validate_model(model: Any) -> dict[str, Any]:
     if not isinstance(model, Mapping):
         raise ValueError(f"[model] must be a table, got {model!r}")
     validator = _find_validator("mxlab.models", ("validate_model_config",))
-    if validator is not None:
-        validated = validator(dict(model))
-        if isinstance(validated, Mapping):
-            return dict(validated)
-    return dict(model)
+    return _resolved(validator(dict(model)) if validator is not None else None, model)
+
+
+def _resolved(validated: Any, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The table with its owner's defaults filled in (when the validator returns a dataclass or a mapping)."""
+    if dataclasses.is_dataclass(validated) and not isinstance(validated, type):
+        return {key: (list(value) if isinstance(value, tuple) else value) for key, value in dataclasses.asdict(validated).items()}
+    if isinstance(validated, Mapping):
+        return dict(validated)
+    return dict(given)
 
 
 def _find_validator(module_name: str, names: Sequence[str]) -> Any:
@@ -261,6 +243,22 @@ def _find_validator(module_name: str, names: Sequence[str]) -> Any:
         if callable(function):
             return function
     return None
+
+
+def report_settings(table: Any) -> Any:
+    """The [report] table as mxlab.analysis.ReportSettings (thresholds and uncertainty settings).
+
+    The analysis owns these keys; refuses what ReportSettings.from_dict refuses (unknown key,
+    wrong type, out of range), naming the [report] table.
+    """
+    from mxlab.analysis import ReportSettings
+
+    if not isinstance(table, Mapping):
+        raise ValueError(f"[report] must be a table, got {table!r}")
+    try:
+        return ReportSettings.from_dict(dict(table))
+    except ValueError as error:
+        raise ValueError(f"[report]: {error}") from error
 
 
 # ----------------------------------------------------------------------------------------------
@@ -350,7 +348,7 @@ def spec_from_dict(
     data = _validate_data(raw["data"])
     model = _validate_model(raw["model"])
     train = _build_table(TrainConfig, raw.get("train", {}), "train")
-    report = _build_table(ReportConfig, raw.get("report", {}), "report")
+    report = report_settings(raw.get("report", {}))
 
     if check_recipes:
         for arm, path in recipe_paths.items():
@@ -402,7 +400,7 @@ def spec_from_study(study: Mapping[str, Any]) -> ExperimentSpec:
         data=dict(study["data"]),
         model=dict(study["model"]),
         train=_build_table(TrainConfig, study["train"], "train"),
-        report=_build_table(ReportConfig, study["report"], "report"),
+        report=report_settings(study.get("report", {})),
         description=study.get("description", ""),
         recipe_paths=recipes,
         spec_path=Path(study["spec_path"]) if study.get("spec_path") else None,

@@ -68,8 +68,9 @@ def test_valid_spec_resolves_arms_defaults_and_recipe_paths(spec_dir):
         (lambda t: t.replace("seeds = [0, 1]", 'seeds = ["a"]'), r"seeds\[0\] must be an integer"),
         (lambda t: t.replace('arms = ["base", "other"]', 'arms = ["base", "base"]'), r"repeated: base"),
         (lambda t: t.replace('name = "tiny"\n', ""), r"missing 'name'"),
+        (lambda t: t + "[report]\nauc_threshold = 0.1\n", r"unknown report setting\(s\) \['auc_threshold'\]; accepted: .*auc_regression"),
         (lambda t: t.replace("lr = 1e-2", 'lr = 1e-2\noptimizer = "lion"'), r"optimizer 'lion' is not one of: adam, adamw, sgd, adagrad"),
-        (lambda t: t + "[report]\nauc_regression = -1\n", r"report\.auc_regression must be >= 0"),
+        (lambda t: t + "[report]\nauc_regression = -1\n", r"\[report\]: report setting auc_regression=-1.0 must be >= 0"),
     ],
 )
 def test_invalid_specs_are_refused_with_the_value_and_the_accepted_ones(spec_dir, edit, message):
