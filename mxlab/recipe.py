@@ -51,6 +51,7 @@ from typing import Any, Optional
 from torch import nn
 
 from mxlab.nn.qmatmul import (
+    HADAMARD_BLOCKS,
     OPERAND_FORMATS,
     ROUNDINGS,
     SCALE_MODES,
@@ -72,7 +73,6 @@ RULE_KEYS = ("match", "policy")
 GEMM_OPERANDS = {"fwd": ("input", "weight"), "dgrad": ("grad_output", "weight"), "wgrad": ("grad_output", "input")}
 OPERAND_NAMES = ("input", "weight", "grad_output")
 ROUNDING_KEYS = ("fwd", "grad")
-HADAMARD_BLOCKS = (16, 32, 64, 128, 256)
 LINEAR_LABELS = ("fwd", "dgrad", "wgrad")
 ATTENTION_PRODUCTS = ("qk", "pv")
 SWEEP_HIGH_PRECISION_POLICY = "bf16-sweep"
@@ -600,3 +600,23 @@ def single_layer_recipe(recipe: Recipe, module_name: str, invert: bool = False) 
         table["default"] = high_name
         table["name"] = f"{recipe.name}:only:{module_name}"
     return parse_recipe(table, source=f"single_layer_recipe({recipe.name!r}, {module_name!r}, invert={invert})")
+
+
+def rounding_state(model: nn.Module) -> dict[str, int]:
+    """The call counters of every quantized product (keyed as mxlab.scaling.quantized_products), which
+    with the module seeds fix the stochastic-rounding bits; save it with a checkpoint to resume them."""
+    from mxlab.scaling import quantized_products
+
+    return {name: int(precision.calls) for name, precision in quantized_products(model).items()}
+
+
+def load_rounding_state(model: nn.Module, state: dict[str, int]) -> None:
+    """Restore the counters saved by `rounding_state`; refuses a state that misses a product of the model."""
+    from mxlab.scaling import quantized_products
+
+    products = quantized_products(model)
+    missing = sorted(set(products) - set(state))
+    if missing:
+        raise ValueError(f"rounding state has no counter for {missing}; it was saved from another plan")
+    for name, precision in products.items():
+        precision.calls = int(state[name])

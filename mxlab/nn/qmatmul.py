@@ -43,10 +43,14 @@ OPERAND_FORMATS = MX_FORMATS + TENSOR_FORMATS + HIGH_PRECISION_FORMATS
 SCALE_MODES = ("floor", "ceil", "rceil", "even")
 ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
 BLOCKS = (32, (32, 32))
+HADAMARD_BLOCKS = (16, 32, 64, 128, 256)  # as mxlab.hadamard
 
-# Operand slots for seed derivation (one seed per operand per GEMM per call).
-_SLOT_FWD_A, _SLOT_FWD_B, _SLOT_GA_G, _SLOT_GA_B, _SLOT_GB_A, _SLOT_GB_G = range(6)
-_SLOT_HADAMARD = (6, 7, 8)  # one per GEMM: the two operands of a GEMM share it
+# Seed slots: one seed per operand per GEMM per call, and one per GEMM for its Hadamard signs
+# (shared by the GEMM's two operands). Seed of slot s at call c: derive_seed(seed, c, SEED_SLOTS[s]).
+SEED_SLOTS = {
+    "fwd.a": 0, "fwd.b": 1, "grad_a.g": 2, "grad_a.b": 3, "grad_b.a": 4, "grad_b.g": 5,
+    "fwd.hadamard": 6, "grad_a.hadamard": 7, "grad_b.hadamard": 8,
+}
 
 _MASK64 = (1 << 64) - 1
 
@@ -122,9 +126,9 @@ class GemmQuant:
     def __post_init__(self) -> None:
         if self.hadamard is not None and (
             isinstance(self.hadamard, bool) or not isinstance(self.hadamard, int)
-            or self.hadamard < 2 or self.hadamard & (self.hadamard - 1)
+            or self.hadamard not in HADAMARD_BLOCKS
         ):
-            raise ValueError(f"hadamard block {self.hadamard!r} must be a power of two >= 2 (or None for off)")
+            raise ValueError(f"hadamard block {self.hadamard!r} is not supported; accepted: None (off) or one of {HADAMARD_BLOCKS}")
 
     @property
     def high_precision(self) -> bool:
@@ -170,8 +174,8 @@ class MatmulPrecision:
         return dict(zip(self.labels, (self.fwd, self.grad_a, self.grad_b)))
 
     def next_call_seeds(self) -> tuple[int, ...]:
-        """Seeds for the 9 operand/Hadamard slots of the next call; advances the call counter."""
-        seeds = tuple(derive_seed(self.seed, self.calls, slot) for slot in range(9))
+        """Seeds of every SEED_SLOTS slot (indexed by slot number) for the next call; advances the call counter."""
+        seeds = tuple(derive_seed(self.seed, self.calls, slot) for slot in range(len(SEED_SLOTS)))
         self.calls += 1
         return seeds
 
@@ -189,8 +193,14 @@ _observer: Optional[GemmObserver] = None
 
 
 def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver]:
-    """Install `observer(name=, gemm=, quant=, a=, b=, a_q=, b_q=, out=, a_axis=, b_axis=)` for
-    every quantized GEMM (None removes it); returns the previous observer."""
+    """Install an observer called after every emulated (not high-precision) GEMM; None removes it.
+
+    It is called with keywords: `name` (module), `gemm` (label), `quant` (GemmQuant),
+    `shadow_a`, `shadow_b` (the unquantized operands as multiplied, for a shadow product), `out`
+    (the float32 product), `a`, `b` (the operands in their stored layouts as quantized, i.e. after
+    a Hadamard transform if any), `a_q`, `b_q` (their float32 fake-quantized values) and `a_axis`,
+    `b_axis` (the blocked axes). Returns the previous observer.
+    """
     global _observer
     previous, _observer = _observer, observer
     return previous
@@ -268,8 +278,8 @@ def _gemm(
     out = torch.matmul(op(a_q, transpose_a), op(b_q, transpose_b))
     if _observer is not None:
         _observer(
-            name=name, gemm=label, quant=quant, a=op(a, transpose_a), b=op(b, transpose_b),
-            a_q=op(a_q, transpose_a), b_q=op(b_q, transpose_b), out=out,
+            name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
+            a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_axis=a_axis, b_axis=b_axis,
         )
     return out.to(out_dtype), a_q, b_q
 
@@ -292,7 +302,7 @@ class _QMatmulFunction(torch.autograd.Function):
         seeds = precision.next_call_seeds()
         out, _, _ = _gemm(
             a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
-            seeds=(seeds[_SLOT_FWD_A], seeds[_SLOT_FWD_B], seeds[_SLOT_HADAMARD[0]]),
+            seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
             out_dtype=a.dtype, name=precision.name, label=precision.labels[0],
         )
         ctx.save_for_backward(a, b)
@@ -314,14 +324,14 @@ class _QMatmulFunction(torch.autograd.Function):
             # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
             grad_a, g_q_seen, _ = _gemm(
                 g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
-                seeds=(seeds[_SLOT_GA_G], seeds[_SLOT_GA_B], seeds[_SLOT_HADAMARD[1]]),
+                seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]], seeds[SEED_SLOTS["grad_a.hadamard"]]),
                 out_dtype=a.dtype, name=precision.name, label=precision.labels[1],
             )
         if ctx.needs_input_grad[1]:
             # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).
             grad_b, _, g_q = _gemm(
                 a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
-                seeds=(seeds[_SLOT_GB_A], seeds[_SLOT_GB_G], seeds[_SLOT_HADAMARD[2]]),
+                seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
                 out_dtype=b.dtype, name=precision.name, label=precision.labels[2],
             )
             if g_q_seen is None and precision.grad_b.hadamard is None:

@@ -1,0 +1,129 @@
+import pytest
+import torch
+from torch import nn
+
+from mxlab.nn.linear import QLinear
+from mxlab.nn.qmatmul import SEED_SLOTS, GemmQuant, MatmulPrecision, OperandQuant, derive_seed
+from mxlab.quant import fake_quantize
+
+
+def fq(x, quant, axis, seed=None):
+    return fake_quantize(x.float(), quant.fmt, block=quant.block, axis=axis if quant.block == 32 else -1,
+                         scale_mode=quant.scale_mode, rounding=quant.rounding, seed=seed, pad=True)
+
+
+def linear_precision(weight_block=32, grad_rounding="nearest_even", grad_fmt="e4m3", wgrad_fmt="e4m3", seed=3):
+    activation = OperandQuant("e4m3", 32, "floor", "nearest_even")
+    weight = OperandQuant("e4m3", weight_block, "floor", "nearest_even")
+    grad = OperandQuant(grad_fmt, 32, "floor", grad_rounding)
+    wgrad_input = OperandQuant(wgrad_fmt, 32, "floor", "nearest_even")
+    wgrad_grad = OperandQuant(wgrad_fmt if wgrad_fmt in ("bf16", "fp32") else grad_fmt, 32, "floor", grad_rounding)
+    return MatmulPrecision(
+        GemmQuant(activation, weight), GemmQuant(grad, weight), GemmQuant(wgrad_input, wgrad_grad),
+        labels=("fwd", "dgrad", "wgrad"), seed=seed,
+    )
+
+
+def run(layer, x, g):
+    x = x.clone().requires_grad_()
+    y = layer(x)
+    y.backward(g)
+    return y, x.grad, layer.weight.grad, layer.bias.grad
+
+
+@pytest.mark.parametrize("weight_block", [32, (32, 32)])
+@pytest.mark.parametrize("grad_rounding", ["nearest_even", "stochastic"])
+def test_output_and_three_gradients_equal_reference_composition(weight_block, grad_rounding):
+    torch.manual_seed(0)
+    layer = QLinear(40, 48, precision=linear_precision(weight_block, grad_rounding))  # K = 40: padded
+    x = torch.randn(2, 30, 40) * 2  # M = 60 tokens: padded along M for wgrad
+    g = torch.randn(2, 30, 48)
+    y, dx, dW, db = run(layer, x, g)
+
+    p = layer.precision
+    seed = lambda slot: derive_seed(3, 0, SEED_SLOTS[slot])  # noqa: E731
+    W, b = layer.weight.detach(), layer.bias.detach()
+    x2, g2 = x.reshape(60, 40), g.reshape(60, 48)
+    # forward y = x W^T (x, W along K); dgrad dx = dy W (dy, W along N); wgrad dW = dy^T x (dy, x along M)
+    expected_y = fq(x2, p.fwd.a, -1) @ fq(W, p.fwd.b, -1).T + b
+    expected_dx = fq(g2, p.grad_a.a, -1, seed("grad_a.g")) @ fq(W, p.grad_a.b, 0)
+    expected_dW = (fq(x2, p.grad_b.a, 0).T @ fq(g2, p.grad_b.b, 0, seed("grad_b.g"))).T
+    assert torch.equal(y, expected_y.reshape(2, 30, 48))
+    assert torch.equal(dx, expected_dx.reshape(2, 30, 40))
+    assert torch.equal(dW, expected_dW)
+    assert torch.equal(db, g2.sum(0))
+    assert not torch.equal(y, nn.functional.linear(x, W, b))
+
+
+def test_wgrad_left_high_precision_is_the_plain_product():
+    torch.manual_seed(1)
+    layer = QLinear(32, 32, precision=linear_precision(wgrad_fmt="bf16"))
+    x, g = torch.randn(64, 32), torch.randn(64, 32)
+    _, dx, dW, _ = run(layer, x, g)
+    assert torch.equal(dW, (x.T @ g).T)
+    assert not torch.equal(dx, g @ layer.weight.detach())  # dgrad still quantized
+
+
+def test_high_precision_policy_equals_nn_linear_exactly():
+    torch.manual_seed(2)
+    reference = nn.Linear(24, 40)
+    x, g = torch.randn(3, 7, 24), torch.randn(3, 7, 40)
+    expected = run(reference, x, g)
+    for precision in (None, MatmulPrecision(*(GemmQuant(OperandQuant("bf16"), OperandQuant("bf16")),) * 3)):
+        reference.zero_grad()
+        layer = QLinear.from_linear(reference, precision)
+        got = run(layer, x, g)
+        for value, want in zip(got, expected):
+            assert torch.equal(value, want)
+
+
+def test_gradcheck_with_quantization_off():
+    layer = QLinear(5, 3, precision=MatmulPrecision(), dtype=torch.float64)  # fp32 operands: no rounding
+    x = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    # the layer's own Parameters are among the checked inputs (gradcheck perturbs them in place)
+    assert torch.autograd.gradcheck(lambda inp, weight, bias: layer(inp), (x, layer.weight, layer.bias))
+
+
+def test_same_parameters_and_state_dict_as_nn_linear():
+    plain = nn.Linear(20, 33)
+    quantized = QLinear.from_linear(plain, linear_precision())
+    assert quantized.weight is plain.weight and quantized.bias is plain.bias
+    assert list(quantized.state_dict()) == list(plain.state_dict()) == ["weight", "bias"]
+    fresh = QLinear(20, 33, precision=linear_precision())
+    fresh.load_state_dict(plain.state_dict())
+    assert torch.equal(fresh.weight, plain.weight)
+    back = nn.Linear(20, 33)
+    back.load_state_dict(fresh.state_dict())
+    assert torch.equal(back.bias, plain.bias)
+    assert quantized.padded_dims == ["in_features 20->32", "out_features 33->64"]
+    assert QLinear(64, 32).padded_dims == []
+
+
+def test_stochastic_rounding_seeds_follow_the_call_counter():
+    torch.manual_seed(4)
+    x, g = torch.randn(64, 32), torch.randn(64, 32)
+    weight = torch.randn(32, 32)
+
+    def gradients(seed, calls):
+        layer = QLinear(32, 32, precision=linear_precision(grad_rounding="stochastic", seed=seed))
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+        results = [run(layer, x, g)[1] for _ in range(calls)]
+        return results, layer.precision.calls
+
+    (first, second), calls = gradients(7, 2)
+    (again,), _ = gradients(7, 1)
+    assert calls == 2
+    assert torch.equal(first, again)
+    assert not torch.equal(first, second)
+
+
+def test_bf16_input_gives_bf16_output():
+    layer = QLinear(32, 16, precision=linear_precision(), dtype=torch.bfloat16)
+    y = layer(torch.randn(8, 32, dtype=torch.bfloat16))
+    assert y.dtype == torch.bfloat16
+
+
+def test_refuses_a_precision_of_the_wrong_type():
+    with pytest.raises(ValueError, match="MatmulPrecision"):
+        QLinear(4, 4, precision="e4m3")
