@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -43,20 +42,9 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {value!r}")
 
 
-def _finite_or_none(value: Any) -> Any:
-    """JSON has no NaN/Inf: write them as strings "nan", "inf", "-inf" so the file stays valid JSON."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    if isinstance(value, dict):
-        return {key: _finite_or_none(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite_or_none(item) for item in value]
-    return value
-
-
 def to_json(value: Any, *, indent: int | None = 2) -> str:
-    """Strict JSON text for `value` (non-finite floats written as the strings "nan"/"inf"/"-inf")."""
-    return json.dumps(_finite_or_none(value), indent=indent, default=_json_default, allow_nan=False)
+    """JSON text for `value`; non-finite floats are written as NaN / Infinity, which Python's json reads back."""
+    return json.dumps(value, indent=indent, default=_json_default)
 
 
 def write_text(path: Path, text: str) -> None:

@@ -156,7 +156,7 @@ def test_divergence_is_recorded_and_the_study_goes_on(source, spec_path, tmp_pat
     assert "non-finite loss" in poisoned["reason"]
     assert not (runs / "poisoned/seed0/eval.npz").exists()
     metrics = [json.loads(line) for line in (runs / "poisoned/seed0/metrics.jsonl").read_text().splitlines()]
-    assert metrics[-1]["step"] == 5 and metrics[-1]["loss"] == "nan"
+    assert metrics[-1]["step"] == 5 and np.isnan(metrics[-1]["loss"])
     assert json.loads((runs / "base/seed0/done.json").read_text())["status"] == "finished"
     assert (runs / "base/seed0/eval.npz").exists()
     assert result.diverged == ["poisoned/seed0"]
