@@ -268,14 +268,15 @@ def _gemm(
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
         return x.transpose(-1, -2) if transpose else x
 
-    if quant.high_precision:
+    if quant.high_precision:  # the baseline's GEMM: follows torch.autocast like nn.Linear does
         return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
-    a_in, b_in = a, b
-    if quant.hadamard is not None:
-        a_in, b_in = _hadamard_pair(a, b, a_axis, b_axis, quant.hadamard, seeds[2])
-    a_q = _fake_quantize_operand(a_in, quant.a, a_axis, seeds[0])
-    b_q = _fake_quantize_operand(b_in, quant.b, b_axis, seeds[1])
-    out = torch.matmul(op(a_q, transpose_a), op(b_q, transpose_b))
+    with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
+        a_in, b_in = a, b
+        if quant.hadamard is not None:
+            a_in, b_in = _hadamard_pair(a, b, a_axis, b_axis, quant.hadamard, seeds[2])
+        a_q = _fake_quantize_operand(a_in, quant.a, a_axis, seeds[0])
+        b_q = _fake_quantize_operand(b_in, quant.b, b_axis, seeds[1])
+        out = torch.matmul(op(a_q, transpose_a), op(b_q, transpose_b))
     if _observer is not None:
         _observer(
             name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
@@ -308,10 +309,18 @@ class _QMatmulFunction(torch.autograd.Function):
         ctx.save_for_backward(a, b)
         ctx.precision = precision
         ctx.seeds = seeds
+        device_type = a.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         return out
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], None]:  # type: ignore[override]
+        device_type, enabled, dtype = ctx.autocast
+        with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
+            return _QMatmulFunction._backward(ctx, g)
+
+    @staticmethod
+    def _backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], None]:
         a, b = ctx.saved_tensors
         precision: MatmulPrecision = ctx.precision
         seeds = ctx.seeds
@@ -340,6 +349,8 @@ class _QMatmulFunction(torch.autograd.Function):
             _record_grad_stats(precision, g, g_q_seen)
             grad_a = grad_a / scale if grad_a is not None else None
             grad_b = grad_b / scale if grad_b is not None else None
+        grad_a = grad_a.to(a.dtype) if grad_a is not None else None
+        grad_b = grad_b.to(b.dtype) if grad_b is not None else None
         return grad_a, grad_b, None
 
 

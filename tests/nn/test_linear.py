@@ -127,3 +127,18 @@ def test_bf16_input_gives_bf16_output():
 def test_refuses_a_precision_of_the_wrong_type():
     with pytest.raises(ValueError, match="MatmulPrecision"):
         QLinear(4, 4, precision="e4m3")
+
+
+def test_autocast_leaves_emulated_gemms_in_fp32_and_reaches_high_precision_ones():
+    torch.manual_seed(5)
+    layer = QLinear(32, 32, precision=linear_precision(wgrad_fmt="bf16"))
+    x, g = torch.randn(64, 32), torch.randn(64, 32)
+    plain = run(layer, x, g)
+    layer.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        x_leaf = x.clone().requires_grad_()
+        y = layer(x_leaf)
+    y.backward(g)
+    assert torch.equal(y, plain[0]) and torch.equal(x_leaf.grad, plain[1])  # fwd, dgrad: emulated in FP32
+    bf16_wgrad = (x.T.bfloat16() @ g.bfloat16()).T.float()
+    assert torch.equal(layer.weight.grad, bf16_wgrad)  # wgrad "bf16": the autocast BF16 GEMM
