@@ -1,0 +1,110 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from mxlab.diagnostics import NumericsMonitor, append_jsonl, operand_stats, sqnr_db
+from mxlab.nn import qmatmul as qmatmul_module
+from mxlab.nn.linear import QLinear
+from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
+
+
+def mx_layer(in_features=32, out_features=32, scale_mode="floor", fmt="e4m3"):
+    operand = OperandQuant(fmt, scale_mode=scale_mode)
+    gemm = GemmQuant(operand, operand)
+    precision = MatmulPrecision(gemm, gemm, gemm, labels=("fwd", "dgrad", "wgrad"), name="layer")
+    return QLinear(in_features, out_features, bias=False, precision=precision)
+
+
+def test_exactly_representable_operands_give_infinite_sqnr_and_no_saturation():
+    layer = mx_layer()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # small integers times powers of two: exact in E4M3 with any block scale here
+        layer.weight.copy_(torch.randint(-8, 9, (32, 32), generator=generator).float() / 4)
+    x = (torch.randint(-8, 9, (64, 32), generator=generator).float() * 2).requires_grad_()
+    monitor = NumericsMonitor(layer, every=1)
+    with monitor.sampling(0):
+        layer(x).backward(torch.randint(-4, 5, (64, 32), generator=generator).float())
+    records = {record["gemm"]: record for record in monitor.drain()}
+    assert set(records) == {"fwd", "dgrad", "wgrad"}
+    for record in records.values():
+        assert record["sqnr_db"] == math.inf
+        assert record["saturated_frac"] == 0 and record["flushed_frac"] == 0
+        assert record["module"] == "layer" and record["step"] == 0
+    # 64x32 activations and 32x32 weights in blocks of 32 along K: 64 + 32 blocks in the forward
+    assert sum(records["fwd"]["scale_exp_hist"].values()) == 64 + 32
+
+
+def test_planted_overflow_is_counted_as_saturation_and_lowers_sqnr():
+    layer = mx_layer(scale_mode="floor")
+    with torch.no_grad():
+        layer.weight.copy_(torch.eye(32))
+    x = torch.ones(64, 32)
+    x[0, 0] = 500.0  # floor scale of its block: 2^(8 - 8) = 1, and 500 > 448: clipped to 448
+    x[1, 0] = 1e-9  # a non-zero far below the block's smallest subnormal: flushed
+    x[1, 1] = 256.0
+    monitor = NumericsMonitor(layer, every=5)
+    with monitor.sampling(10) as sampled:
+        assert sampled
+        out = layer(x)
+    record, = monitor.drain()
+    quantized_elements = 64 * 32 + 32 * 32
+    assert record["saturated_frac"] == pytest.approx(1 / quantized_elements)
+    assert record["flushed_frac"] == pytest.approx(1 / quantized_elements)
+    assert out[0, 0].item() == 448.0
+    reference = x @ torch.eye(32)
+    expected_sqnr = 10 * np.log10((reference.double() ** 2).sum().item() / ((out.double() - reference.double()) ** 2).sum().item())
+    assert record["sqnr_db"] == pytest.approx(expected_sqnr)
+    assert record["amax_a"] == 500.0
+    # rceil picks a scale with no saturation for the same block
+    rceil = mx_layer(scale_mode="rceil")
+    with torch.no_grad():
+        rceil.weight.copy_(torch.eye(32))
+    with monitor.sampling(15):
+        rceil(x)
+    assert monitor.drain()[0]["saturated_frac"] == 0
+
+
+def test_subnormals_and_scale_exponents_of_one_operand():
+    quant = OperandQuant("e4m3", scale_mode="floor")
+    x = torch.zeros(1, 32)
+    x[0, 0] = 448.0  # amax in [256, 512): scale exponent 8 - 8 = 0
+    x[0, 1] = 2.0 ** -8  # below E4M3's min normal 2^-6 at scale 1: a subnormal element
+    x_q = qmatmul_module._fake_quantize_operand(x, quant, -1, 0)
+    stats = operand_stats(x, x_q, quant, -1)
+    assert stats.subnormal == 1 and stats.saturated == 0 and stats.flushed == 0
+    assert stats.scale_exponents == {0: 1}
+    with pytest.raises(ValueError, match="high precision"):
+        operand_stats(x, x, OperandQuant("bf16"), -1)
+
+
+def test_monitor_is_off_between_samples_and_records_attention_products():
+    monitor = NumericsMonitor(None, every=4)
+    layer = mx_layer()
+    x = torch.randn(8, 32)
+    with monitor.sampling(3) as sampled:
+        assert not sampled and qmatmul_module._observer is None
+        layer(x)
+    assert monitor.drain() == []
+    operand = OperandQuant("e4m3")
+    gemm = GemmQuant(operand, operand)
+    qk = MatmulPrecision(gemm, gemm, gemm, labels=("qk", "qk_grad_a", "qk_grad_b"), name="attn")
+    q = torch.randn(2, 2, 8, 16)
+    with monitor.sampling(4):
+        qmatmul_module.qmatmul(q, q.transpose(-1, -2), qk)
+        qmatmul_module.qmatmul(q, q.transpose(-1, -2), qk)  # a second bucket folds into the same record
+    record, = monitor.drain()
+    assert (record["module"], record["gemm"], record["calls"]) == ("attn", "qk", 2)
+    assert qmatmul_module._observer is None
+
+
+def test_records_survive_a_json_lines_round_trip(tmp_path):
+    path = tmp_path / "numerics.jsonl"
+    append_jsonl([{"step": 0, "sqnr_db": math.inf}, {"step": 1, "sqnr_db": 31.5}], path)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert lines[0]["sqnr_db"] == math.inf and lines[1]["sqnr_db"] == 31.5
+    assert sqnr_db(0.0, 0.0) == math.inf and math.isnan(sqnr_db(math.inf, 1.0))
+    with pytest.raises(ValueError, match="every"):
+        NumericsMonitor(None, every=0)
