@@ -1,0 +1,606 @@
+"""Triton kernels for MX quantization and fake quantization, bit-identical to mxlab.reference.
+
+Every step is the integer algorithm of docs/numerics.md on float32 bit patterns: the block amax
+is an integer max of `bits & 0x7FFFFFFF`, the scale exponent comes from the exponent and
+fraction fields, elements are rounded by integer shift and remainder, and stochastic rounding
+draws its 24 bits from the counter-based mixer. Nothing depends on the GPU's float
+flush-to-zero behaviour, with one exception that is proven safe below (the fast path).
+
+One kernel, `_mx_kernel`, covers every layout. A program loads a 4-D tile of a 3-D view
+(A, L, B) of x: (RB, RS, CB, 32), rows `(pid_l * RB + rb) * RS + rs` of L and columns
+`(pid_b * CB + cb) * 32 + c` of B, and emits
+
+- LAYOUT_ROW:  blocks of 32 along B (reduce the tile's last axis);
+- LAYOUT_COL:  blocks of 32 along L (RS == 32; reduce axis 1);
+- LAYOUT_BOTH: both of the above from the one load;
+- LAYOUT_TILE: (32, 32) tiles (RS == 32; reduce axes 1 and 3).
+
+Outputs are element codes (uint8, padded shape), scale bytes, and/or fake-quantized values in
+the input dtype (unpadded shape), each contiguous in (A, L, B) order.
+
+The fast path (round to nearest even, every block of the tile with a scale in the range where
+it is valid) rounds element-normal values by adding a rounding bias to the float32 bit
+pattern, and element-subnormal values with one float32 addition of the power of two
+2^(qe + 23), whose last bits then hold n. That addition is exact RNE of |x| to the quantum
+2^qe; both operands and the sum are normal floats when qe >= -125, and an input that is a
+float32 subnormal is below half the quantum, so it rounds to 0 whether or not the hardware
+flushes it. Any other tile takes the exact integer path.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LAYOUT_ROW = 0
+LAYOUT_COL = 1
+LAYOUT_BOTH = 2
+LAYOUT_TILE = 3
+
+KIND_FP32 = 0  # pointer to int32 bit patterns
+KIND_BF16 = 1  # pointer to int16 bit patterns
+KIND_FP16 = 2  # pointer to int16 bit patterns
+
+SCALE_FLOOR, SCALE_CEIL, SCALE_RCEIL, SCALE_EVEN = 0, 1, 2, 3
+ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_TOWARD_ZERO, ROUND_STOCHASTIC = 0, 1, 2, 3
+
+F32_NAN_BITS = 0x7FC00000
+
+
+# ----------------------------------------------------------------------------- helpers
+@triton.jit
+def _floor_log2(v):
+    """floor(log2 v) for int32 v in [1, 2^24) (exact int-to-float conversion); -127 for v == 0."""
+    return (v.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+
+
+@triton.jit
+def _mix32(z):
+    """The 32-bit mixer of docs/numerics.md on uint32 values (multiplications wrap mod 2^32)."""
+    z ^= z >> 16
+    z *= 0x7FEB352D
+    z ^= z >> 15
+    z *= 0x846CA68B
+    z ^= z >> 16
+    return z
+
+
+@triton.jit
+def _random_bits24(linear_index, seed_key, WIDE_INDEX: tl.constexpr):
+    """24 counter bits (int32) for each linear element index; seed_key = mix32(seed)."""
+    if WIDE_INDEX:
+        low = (linear_index & 0xFFFFFFFF).to(tl.uint32)
+        high = (linear_index >> 32).to(tl.uint32)
+    else:
+        low = linear_index.to(tl.uint32)
+        high = tl.zeros_like(low)
+    hashed = _mix32(_mix32(low ^ seed_key.to(tl.uint32)) ^ high)
+    return (hashed >> 8).to(tl.int32)
+
+
+@triton.jit
+def _load_bits(pointers, mask, IN_KIND: tl.constexpr):
+    """float32 bit patterns (int32) of the input; 0 where masked."""
+    if IN_KIND == 0:
+        bits = tl.load(pointers, mask=mask, other=0)
+    elif IN_KIND == 1:
+        bits = tl.load(pointers, mask=mask, other=0).to(tl.int32) << 16
+    else:
+        half = tl.load(pointers, mask=mask, other=0).to(tl.float16, bitcast=True)
+        bits = half.to(tl.float32).to(tl.int32, bitcast=True)  # exact widening
+    return bits
+
+
+@triton.jit
+def _rne_shift(value, shift):
+    """value >> shift rounded to nearest even, for int32 value >= 0 and shift in [0, 30]."""
+    quotient = value >> shift
+    remainder = value & ((1 << shift) - 1)
+    half = (1 << shift) >> 1
+    up = (remainder > half) | ((remainder == half) & ((quotient & 1) == 1) & (shift > 0))
+    return quotient + up.to(tl.int32)
+
+
+@triton.jit
+def _encode_f32(n, e):
+    """float32 bits of n * 2^e (int32 n in [0, 2^24)), correctly rounded in the subnormal range, Inf past max."""
+    p = tl.maximum(_floor_log2(n), 0)
+    value_exp = e + p
+    normal = ((value_exp + 127) << 23) | ((n << (23 - p)) & 0x7FFFFF)
+    k = e + 149  # n * 2^e = (n * 2^k) * 2^-149
+    subnormal = tl.where(k >= 0, n << tl.minimum(tl.maximum(k, 0), 31), _rne_shift(n, tl.minimum(tl.maximum(-k, 0), 30)))
+    bits = tl.where(value_exp >= -126, normal, subnormal)
+    bits = tl.where(value_exp > 127, 0x7F800000, bits)
+    return tl.where(n == 0, 0, bits)
+
+
+@triton.jit
+def _f32_bits_to_output(bits, OUT_KIND: tl.constexpr):
+    """float32 bits rounded (nearest even) to the output dtype's bit pattern (int32/int16)."""
+    if OUT_KIND == 0:
+        out = bits
+    elif OUT_KIND == 1:
+        is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        out = tl.where(is_nan, 0x7FC0, rounded & 0xFFFF).to(tl.int16)
+    else:
+        magnitude = bits & 0x7FFFFFFF
+        exponent = magnitude >> 23
+        significand = (magnitude & 0x7FFFFF) | 0x800000
+        normal = (magnitude - 0x38000000 + 0xFFF + ((magnitude >> 13) & 1)) >> 13
+        subnormal = _rne_shift(significand, tl.minimum(tl.maximum(126 - exponent, 0), 30))
+        half = tl.where(magnitude >= 0x38800000, normal, subnormal)
+        half = tl.where(magnitude >= 0x477FF000, 0x7C00, half)
+        half = tl.where(magnitude > 0x7F800000, 0x7E00, half)
+        out = (half | ((bits >> 16) & 0x8000)).to(tl.int16)
+    return out
+
+
+# ----------------------------------------------------------------------------- scales
+@triton.jit
+def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
+    """(S, special) for block amax bit patterns: the clamped unbiased scale exponent, and NaN/Inf blocks."""
+    exponent = amax >> 23
+    fraction = amax & 0x7FFFFF
+    p = tl.maximum(_floor_log2(fraction), 0)
+    is_normal = exponent > 0
+    log2_floor = tl.where(is_normal, exponent - 127, p - 149)
+    m = tl.where(is_normal, fraction, (fraction << (23 - p)) & 0x7FFFFF)
+    s = log2_floor - EMAX
+    if SCALE_MODE == 1:
+        s += (m != 0).to(tl.int32)
+    elif SCALE_MODE == 2:
+        s += (m > MMAX).to(tl.int32)
+    elif SCALE_MODE == 3:
+        keep = m >> (23 - MBITS)
+        rest = m & ((1 << (23 - MBITS)) - 1)
+        half = 1 << (22 - MBITS)
+        up = (rest > half) | ((rest == half) & ((keep & 1) == 1))
+        s += (keep + up.to(tl.int32)) >> MBITS
+    s = tl.minimum(tl.maximum(s, -127), 127)
+    s = tl.where(amax == 0, -127, s)
+    return s, amax >= 0x7F800000
+
+
+@triton.jit
+def _fast_path_ok(s, inert, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr):
+    """Per block: the fast path is exact for this scale (inert blocks, all-zero or NaN/Inf, always are)."""
+    qe = s + EMIN - MBITS
+    ok = (qe >= -125) & (qe <= 104) & (s + EMAX <= 126)
+    return ok | inert
+
+
+# ----------------------------------------------------------------------------- elements
+@triton.jit
+def _quantize_exact(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                    MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
+                    ROUNDING: tl.constexpr):
+    """(codes, float32 bits of the dequantized value) by the integer algorithm, for finite blocks."""
+    negative = bits < 0
+    magnitude = bits & 0x7FFFFFFF
+    exponent = magnitude >> 23
+    fraction = magnitude & 0x7FFFFF
+    is_normal = exponent > 0
+    significand = tl.where(is_normal, fraction | 0x800000, fraction)
+    significand_exp = tl.where(is_normal, exponent - 150, -149)
+    log2_floor = tl.where(is_normal, exponent - 127, _floor_log2(fraction) - 149)
+    if IS_INT:
+        quantum_exp = s - MBITS
+    else:
+        quantum_exp = tl.maximum(log2_floor, s + EMIN) - MBITS
+    # shift >= 5 for every input and format (docs/numerics.md), so no left shift is needed
+    shift = quantum_exp - significand_exp
+    sh = tl.minimum(shift, 25)
+    quotient = significand >> sh
+    remainder = significand & ((1 << sh) - 1)
+    half = 1 << (sh - 1)
+    if ROUNDING == 0:
+        up = (remainder > half) | ((remainder == half) & ((quotient & 1) == 1))
+    elif ROUNDING == 1:
+        up = remainder >= half
+    elif ROUNDING == 2:
+        up = remainder < 0
+    else:
+        odd = 2 * r24 + 1  # u = odd / 2^25
+        near = odd < (remainder << (25 - sh))
+        far = odd <= ((significand - 1) >> tl.minimum(shift - 25, 31))
+        up = tl.where(shift <= 25, near, far)
+    n = quotient + up.to(tl.int32)
+    if IS_INT:
+        n_out = tl.minimum(n, NMAX)
+        code = tl.where(negative, (0 - n_out) & 0xFF, n_out)
+        value = _encode_f32(n_out, quantum_exp) | ((negative & (n_out > 0)).to(tl.int32) << 31)
+    else:
+        magnitude_code = ((quantum_exp - s + MBITS - EMIN) << MBITS) + n
+        saturated = magnitude_code > MAXCODE
+        code = tl.minimum(magnitude_code, MAXCODE) | (negative.to(tl.int32) << (BITS - 1))
+        n_out = tl.where(saturated, NMAX, n)
+        e_out = tl.where(saturated, s + EMAX - MBITS, quantum_exp)
+        value = _encode_f32(n_out, e_out) | (negative.to(tl.int32) << 31)
+    return code, value
+
+
+@triton.jit
+def _quantize_fast(bits, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                   MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
+    """(codes, float32 value bits) with round to nearest even, for blocks where `_fast_path_ok` holds."""
+    magnitude = bits & 0x7FFFFFFF
+    magic = (s + EMIN - MBITS + 150) << 23  # bits of 2^(qe + 23), qe the quantum of the lowest binade
+    magic_f = magic.to(tl.float32, bitcast=True)
+    sum_f = magnitude.to(tl.float32, bitcast=True) + magic_f
+    n_low = sum_f.to(tl.int32, bitcast=True) - magic
+    value_low = (sum_f - magic_f).to(tl.int32, bitcast=True)
+    max_bits = ((s + EMAX + 127) << 23) | ((NMAX << (23 - MBITS)) & 0x7FFFFF)
+    if IS_INT:
+        n_out = tl.minimum(n_low, NMAX)
+        code = tl.where(bits < 0, (0 - n_out) & 0xFF, n_out)
+        value = tl.minimum(value_low, max_bits) | ((bits < 0) & (n_out > 0)).to(tl.int32) << 31
+    else:
+        K: tl.constexpr = 23 - MBITS
+        rounded = magnitude + ((1 << (K - 1)) - 1) + ((magnitude >> K) & 1)
+        is_element_normal = magnitude >= ((s + EMIN + 127) << 23)
+        code_normal = (rounded >> K) - ((s + EMIN + 126) << MBITS)
+        code = tl.minimum(tl.where(is_element_normal, code_normal, n_low), MAXCODE)
+        code = code | ((bits >> (32 - BITS)) & (1 << (BITS - 1)))
+        value_normal = tl.minimum(rounded & ~((1 << K) - 1), max_bits)
+        value = tl.where(is_element_normal, value_normal, value_low) | (bits & -2147483648)
+    return code, value
+
+
+@triton.jit
+def _quantize_elements(bits, s, special, inert, ok, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                       MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
+                       ROUNDING: tl.constexpr, FAST: tl.constexpr):
+    """(codes, float32 value bits) of a tile; s, special, inert broadcast against bits; ok: take the fast path."""
+    if FAST and ROUNDING == 0:
+        if ok:
+            code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX,
+                                         MAXCODE, NMAX, BITS, IS_INT)
+        else:
+            code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+    else:
+        code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+    code = tl.where(special, 0, code)
+    value = tl.where(special, F32_NAN_BITS, value)
+    return code, value
+
+
+@triton.jit
+def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+          WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr,
+          MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
+          NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
+          FAST: tl.constexpr):
+    code, value = _quantize_elements(bits, s, special, inert, ok, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
+                                     ROUNDING, FAST)
+    if WANT_CODES:
+        tl.store(codes_ptr + out_offsets, code.to(tl.uint8), mask=out_mask)
+    if WANT_VALUES:
+        tl.store(values_ptr + values_offsets, _f32_bits_to_output(value, OUT_KIND), mask=values_mask)
+
+
+# ----------------------------------------------------------------------------- the kernel
+@triton.jit
+def _mx_kernel(
+    x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
+    L, B, LP, BP, stride_a, stride_l, stride_b, seed_key,
+    IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr,
+    WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
+    MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    RB: tl.constexpr, RS: tl.constexpr, CB: tl.constexpr,
+):
+    """Quantize one (RB, RS, CB, 32) tile of the (A, L, B) view of x; see the module docstring.
+
+    L, B: the view's sizes; LP, BP: the padded sizes of the codes (multiples of 32 along blocked
+    dims). Codes and scales cover the padded shape, values the unpadded one.
+    """
+    pid_l = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_a = tl.program_id(2)
+    if WIDE_INDEX:
+        pid_l = pid_l.to(tl.int64)
+        pid_b = pid_b.to(tl.int64)
+        pid_a = pid_a.to(tl.int64)
+    rb = tl.arange(0, RB)[:, None, None, None]
+    rs = tl.arange(0, RS)[None, :, None, None]
+    cb = tl.arange(0, CB)[None, None, :, None]
+    ce = tl.arange(0, 32)[None, None, None, :]
+    row = (pid_l * RB + rb) * RS + rs
+    col = (pid_b * CB + cb) * 32 + ce
+    in_mask = (row < L) & (col < B)
+    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND)
+    magnitude = bits & 0x7FFFFFFF
+    if ROUNDING == 3:
+        r24 = _random_bits24((pid_a * L + row) * B + col, seed_key, WIDE_INDEX)
+    else:
+        r24 = 0
+    values_offsets = (pid_a * L + row) * B + col
+
+    if LAYOUT == 0 or LAYOUT == 2:
+        amax = tl.max(magnitude, axis=3)
+        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+        inert = special | (amax == 0)
+        ok = tl.min(_fast_path_ok(s, inert, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+        nbp = BP // 32
+        srow = (pid_l * RB + tl.arange(0, RB)[:, None, None]) * RS + tl.arange(0, RS)[None, :, None]
+        sblk = pid_b * CB + tl.arange(0, CB)[None, None, :]
+        tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk, (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
+                 mask=(srow < L) & (sblk < nbp))
+        _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], ok, r24, (pid_a * L + row) * BP + col,
+              (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST)
+    if LAYOUT == 1 or LAYOUT == 2:
+        amax = tl.max(magnitude, axis=1)
+        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+        inert = special | (amax == 0)
+        ok = tl.min(_fast_path_ok(s, inert, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+        sblk = pid_l * RB + tl.arange(0, RB)[:, None, None]
+        scol = (pid_b * CB + tl.arange(0, CB)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
+        tl.store(col_scales_ptr + (pid_a * (LP // 32) + sblk) * B + scol,
+                 (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=(sblk < LP // 32) & (scol < B))
+        _emit(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], ok, r24, (pid_a * LP + row) * B + col,
+              (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST)
+    if LAYOUT == 3:
+        amax = tl.max(tl.max(magnitude, axis=3), axis=1)
+        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+        inert = special | (amax == 0)
+        ok = tl.min(_fast_path_ok(s, inert, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+        sblk = pid_l * RB + tl.arange(0, RB)[:, None]
+        sbcol = pid_b * CB + tl.arange(0, CB)[None, :]
+        tl.store(row_scales_ptr + (pid_a * (LP // 32) + sblk) * (BP // 32) + sbcol,
+                 (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
+                 mask=(sblk < LP // 32) & (sbcol < BP // 32))
+        _emit(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], ok, r24, (pid_a * LP + row) * BP + col,
+              (row < LP) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST)
+
+
+# ----------------------------------------------------------------------------- launchers
+import math  # noqa: E402
+import os  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+import torch  # noqa: E402
+
+from mxlab.formats import ElementFormat  # noqa: E402
+
+BLOCK = 32
+SCALE_MODE_IDS = {"floor": SCALE_FLOOR, "ceil": SCALE_CEIL, "rceil": SCALE_RCEIL, "even": SCALE_EVEN}
+ROUNDING_IDS = {
+    "nearest_even": ROUND_NEAREST_EVEN,
+    "nearest_away": ROUND_NEAREST_AWAY,
+    "toward_zero": ROUND_TOWARD_ZERO,
+    "stochastic": ROUND_STOCHASTIC,
+}
+DTYPE_KINDS = {torch.float32: KIND_FP32, torch.bfloat16: KIND_BF16, torch.float16: KIND_FP16}
+_BITS_DTYPES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+_MAX_GRID_YZ = 65535
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Elements per program and warps: a tile is (rows, columns) of the (L, B) view."""
+
+    rows: int = 16
+    col_blocks: int = 8
+    num_warps: int = 4
+
+
+ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)
+COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)
+
+
+def _mix32_host(z: int) -> int:
+    mask = 0xFFFFFFFF
+    z ^= z >> 16
+    z = (z * 0x7FEB352D) & mask
+    z ^= z >> 15
+    z = (z * 0x846CA68B) & mask
+    return z ^ (z >> 16)
+
+
+def _fraction23(value: float) -> int:
+    import struct
+
+    return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
+
+
+def _format_constants(fmt: ElementFormat) -> dict:
+    nmax = fmt.max_normal / 2.0 ** (fmt.emax - fmt.mbits)
+    if nmax != int(nmax):
+        raise ValueError(f"format {fmt.name}: max normal {fmt.max_normal} is not an integer multiple of its top quantum")
+    return dict(
+        MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, MAXCODE=fmt.max_code, NMAX=int(nmax),
+        MMAX=_fraction23(fmt.max_normal), BITS=fmt.bits, IS_INT=fmt.is_int,
+    )
+
+
+def _ceil_to_block(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+def _pow2_at_most(value: int, cap: int) -> int:
+    return max(1, min(cap, 1 << max(0, math.ceil(math.log2(max(value, 1))))))
+
+
+@dataclass(frozen=True)
+class _View:
+    """x as an (A, L, B) view whose blocks run along B (LAYOUT_ROW) or L (the others)."""
+
+    x3: torch.Tensor
+    layout: int
+    lp: int  # padded L (codes)
+    bp: int  # padded B (codes)
+    padded_shape: tuple[int, ...]
+    scale_shape: tuple[int, ...]
+
+
+def _make_view(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, layout: int | None = None) -> _View:
+    shape = tuple(x.shape)
+    axis %= x.dim()
+    if block == (BLOCK, BLOCK):
+        lead = math.prod(shape[:-2])
+        dims = (x.dim() - 2, x.dim() - 1)
+        x3 = x.reshape(lead, shape[-2], shape[-1])
+        layout = LAYOUT_TILE
+    elif axis == x.dim() - 1 and layout != LAYOUT_BOTH:
+        dims = (axis,)
+        x3 = x.reshape(1, math.prod(shape[:-1]), shape[-1])
+        layout = LAYOUT_ROW
+    else:
+        dims = (axis,) if layout != LAYOUT_BOTH else (0, 1)
+        x3 = x.reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+        layout = LAYOUT_COL if layout is None else layout
+    for dim in dims:
+        if shape[dim] % BLOCK and not pad:
+            raise ValueError(
+                f"dimension {dim} of x has size {shape[dim]}, not a multiple of the block size {BLOCK}; pass pad=True"
+            )
+    padded_shape = tuple(_ceil_to_block(size) if dim in dims else size for dim, size in enumerate(shape))
+    scale_shape = tuple(size // BLOCK if dim in dims else size for dim, size in enumerate(padded_shape))
+    _, length, width = x3.shape
+    lp = _ceil_to_block(length) if layout != LAYOUT_ROW else length
+    bp = _ceil_to_block(width) if layout in (LAYOUT_ROW, LAYOUT_TILE, LAYOUT_BOTH) else width
+    return _View(x3, layout, lp, bp, padded_shape, scale_shape)
+
+
+def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int) -> str | None:
+    """Why the Triton kernels cannot run this call (None when they can).
+
+    They need a float32/bfloat16/float16 tensor on a CUDA device (or any device under
+    TRITON_INTERPRET=1) with a grid that fits the launch limits.
+    """
+    if x.dtype not in DTYPE_KINDS:
+        return f"dtype {x.dtype} (the kernels take float32, bfloat16, float16)"
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"device {x.device} (the kernels run on CUDA, or anywhere under TRITON_INTERPRET=1)"
+    if x.numel() == 0:
+        return "an empty tensor"
+    view = _make_view(x, block, axis, pad=True)
+    tile = ROW_TILE if view.layout == LAYOUT_ROW else COL_TILE
+    if view.x3.shape[0] > _MAX_GRID_YZ or triton.cdiv(view.bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
+        return f"shape {tuple(x.shape)} needs a grid beyond the launch limit"
+    return None
+
+
+def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None,
+            want_codes: bool, want_values: bool, fast: bool = True, tile: TileConfig | None = None):
+    x3 = view.x3
+    count, length, width = x3.shape
+    layout = view.layout
+    device = x3.device
+    tile = tile or (ROW_TILE if layout == LAYOUT_ROW else COL_TILE)
+    col_blocks = _pow2_at_most(triton.cdiv(view.bp, BLOCK), tile.col_blocks)
+    if layout == LAYOUT_ROW:
+        rb, rs = _pow2_at_most(length, tile.rows), 1
+    else:
+        rb, rs = 1, BLOCK
+    spans = [(size - 1) * abs(stride) for size, stride in zip(x3.shape, x3.stride())]
+    wide = max(sum(spans) + 1, count * view.lp * view.bp) >= 2**31 - 1
+    empty = torch.empty(0, dtype=torch.uint8, device=device)
+    outputs: dict[str, torch.Tensor] = {}
+
+    def codes_and_scales(scale_shape):
+        codes = torch.empty((count, view.lp, view.bp), dtype=torch.uint8, device=device) if want_codes else empty
+        return codes, torch.empty(scale_shape, dtype=torch.uint8, device=device)
+
+    def values():
+        if not want_values:
+            return empty, empty
+        out = torch.empty((count, length, width), dtype=x3.dtype, device=device)
+        return out, out.view(_BITS_DTYPES[x3.dtype])
+
+    row_codes = row_scales = row_values = row_bits = empty
+    col_codes = col_scales = col_values = col_bits = empty
+    if layout in (LAYOUT_ROW, LAYOUT_BOTH):
+        row_codes, row_scales = codes_and_scales((count, length, view.bp // BLOCK))
+        row_values, row_bits = values()
+    if layout in (LAYOUT_COL, LAYOUT_BOTH):
+        col_codes, col_scales = codes_and_scales((count, view.lp // BLOCK, width))
+        col_values, col_bits = values()
+    if layout == LAYOUT_TILE:
+        row_codes, row_scales = codes_and_scales((count, view.lp // BLOCK, view.bp // BLOCK))
+        row_values, row_bits = values()
+    grid = (triton.cdiv(view.lp, rb * rs), triton.cdiv(view.bp, col_blocks * BLOCK), count)
+    seed_key = _mix32_host(seed & 0xFFFFFFFF) if rounding == "stochastic" else 0
+    _mx_kernel[grid](
+        x3.view(_BITS_DTYPES[x3.dtype]), row_codes, row_scales, row_bits, col_codes, col_scales, col_bits,
+        length, width, view.lp, view.bp, x3.stride(0), x3.stride(1), x3.stride(2), seed_key,
+        IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=DTYPE_KINDS[x3.dtype], LAYOUT=layout,
+        WANT_CODES=want_codes, WANT_VALUES=want_values, **_format_constants(fmt),
+        SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast, WIDE_INDEX=wide,
+        RB=rb, RS=rs, CB=col_blocks, num_warps=tile.num_warps,
+    )
+    outputs.update(row_codes=row_codes, row_scales=row_scales, row_values=row_values,
+                   col_codes=col_codes, col_scales=col_scales, col_values=col_values)
+    return outputs
+
+
+def _check_call(x: torch.Tensor, rounding: str, seed: int | None) -> None:
+    if x.dtype not in DTYPE_KINDS:
+        raise ValueError(f"unsupported dtype {x.dtype}; accepted: float32, bfloat16, float16")
+    if rounding not in ROUNDING_IDS:
+        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(ROUNDING_IDS)}")
+    if rounding == "stochastic" and not isinstance(seed, int):
+        raise ValueError(f"rounding='stochastic' needs an integer seed, got seed={seed!r}")
+
+
+def quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int] = 32, axis: int = -1,
+             scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None, pad: bool = False,
+             fast: bool = True, tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) as mxlab.reference computes them: codes uint8 of the padded shape, scale bytes
+    uint8 of the padded shape with the blocked dims divided by 32.
+
+    Refuses (ValueError) an unsupported dtype, an unknown rounding, stochastic rounding without a
+    seed, and a blocked dim that is not a multiple of 32 unless pad=True. `fast=False` forces the
+    exact integer path everywhere (for tests); `tile` overrides the launch shape (for benchmarks).
+    """
+    _check_call(x, rounding, seed)
+    view = _make_view(x, block, axis, pad)
+    out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=True, want_values=False, fast=fast, tile=tile)
+    prefix = "col" if view.layout == LAYOUT_COL else "row"
+    return out[f"{prefix}_codes"].reshape(view.padded_shape), out[f"{prefix}_scales"].reshape(view.scale_shape)
+
+
+def fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int] = 32, axis: int = -1,
+                  scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
+                  pad: bool = False, fast: bool = True, tile: TileConfig | None = None) -> torch.Tensor:
+    """dequantize(quantize(x)) in x's dtype and shape, one read and one write. Refuses what `quantize` refuses."""
+    _check_call(x, rounding, seed)
+    view = _make_view(x, block, axis, pad)
+    out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=False, want_values=True, fast=fast, tile=tile)
+    prefix = "col" if view.layout == LAYOUT_COL else "row"
+    return out[f"{prefix}_values"].reshape(x.shape)
+
+
+def _rowcol(x: torch.Tensor, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None, pad: bool,
+            want_codes: bool, want_values: bool, fast: bool, tile: TileConfig | None) -> tuple[_View, dict]:
+    _check_call(x, rounding, seed)
+    if x.dim() != 2:
+        raise ValueError(f"row-and-column quantization takes a 2-D tensor, got shape {tuple(x.shape)}")
+    view = _make_view(x, 32, 0, pad, layout=LAYOUT_BOTH)
+    return view, _launch(view, fmt, scale_mode, rounding, seed, want_codes, want_values, fast=fast, tile=tile)
+
+
+def quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "floor", rounding: str = "nearest_even",
+                    seed: int | None = None, pad: bool = False, fast: bool = True, tile: TileConfig | None = None):
+    """((row codes, row scales), (column codes, column scales)) of a 2-D x from one read.
+
+    The row-wise pair equals quantize(x, axis=-1), the column-wise pair quantize(x, axis=0), both
+    from x itself (padded shapes as `quantize`). Refuses a tensor that is not 2-D.
+    """
+    view, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, True, False, fast, tile)
+    rows, cols = x.shape
+    row_pair = (out["row_codes"][0, :, :].reshape(rows, view.bp), out["row_scales"].reshape(rows, view.bp // BLOCK))
+    col_pair = (out["col_codes"][0, :, :cols].reshape(view.lp, cols), out["col_scales"].reshape(view.lp // BLOCK, cols))
+    return row_pair, col_pair
+
+
+def fake_quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "floor",
+                         rounding: str = "nearest_even", seed: int | None = None, pad: bool = False,
+                         fast: bool = True, tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(along_last, along_first): fake_quantize(x, axis=-1) and fake_quantize(x, axis=0) of a 2-D x, one read."""
+    _, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, False, True, fast, tile)
+    return out["row_values"].reshape(x.shape), out["col_values"].reshape(x.shape)
