@@ -83,5 +83,22 @@ def sweep_layers_command(
     )
 
 
+@app.command("recipe")
+def recipe_command(
+    name: "Optional[str]" = typer.Argument(None, help="Recipe name (experiments/recipes/NAME.toml) or .toml path; omit to list the shipped ones."),
+) -> None:
+    """Validate a recipe and print its policies, rules, attention and loss scaling (or list the recipes)."""
+    from mxlab.recipe import available_recipes, describe_recipe, load_recipe
+
+    if name is None:
+        typer.echo("\n".join(available_recipes()))
+        return
+    try:
+        typer.echo(describe_recipe(load_recipe(name)))
+    except ValueError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+
+
 if __name__ == "__main__":
     app()

@@ -620,3 +620,26 @@ def load_rounding_state(model: nn.Module, state: dict[str, int]) -> None:
         raise ValueError(f"rounding state has no counter for {missing}; it was saved from another plan")
     for name, precision in products.items():
         precision.calls = int(state[name])
+
+
+def describe_recipe(recipe: Recipe) -> str:
+    """A plain-text summary of a recipe: its policies (each GEMM's operands), rules, attention and loss scaling."""
+    lines = [f"recipe {recipe.name}" + (f": {recipe.description}" if recipe.description else "")]
+    if recipe.source:
+        lines.append(f"  from {recipe.source}")
+    for name, policy in recipe.policies.items():
+        marker = " (default)" if name == recipe.default else ""
+        if policy.high_precision:
+            lines.append(f"  policy {name}{marker}: high precision (modules left unchanged)")
+            continue
+        lines.append(f"  policy {name}{marker}:")
+        lines.extend(f"    {gemm:6} {text}" for gemm, text in policy.describe().items())
+    for rule in recipe.rules:
+        lines.append(f"  rule   {rule.match!r} -> {rule.policy}")
+    if recipe.attention is None:
+        lines.append("  attention: high precision (no [attention] table)")
+    else:
+        lines.extend(f"  attention {product}: {text}" for product, text in recipe.attention.describe().items())
+    scaling = recipe.loss_scaling
+    lines.append(f"  loss scaling: {scaling.policy}" + (f" (init {scaling.init_scale:g})" if scaling.policy != "none" else ""))
+    return "\n".join(lines)

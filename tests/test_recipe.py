@@ -13,6 +13,7 @@ from mxlab.recipe import (
     Recipe,
     apply_recipe,
     available_recipes,
+    describe_recipe,
     load_recipe,
     load_rounding_state,
     parse_recipe,
@@ -267,3 +268,10 @@ def test_stochastic_rounding_is_reproducible_per_run_seed_and_resumable():
     assert not torch.equal(first, gradients(seed=2, steps=1)[0])
     assert torch.equal(second, resumed)
     assert state_after_one["history.blocks.0.attn.qkv"] == 1
+
+
+def test_describe_recipe_lists_policies_rules_and_attention():
+    text = describe_recipe(load_recipe("mxfp8-tail-bf16"))
+    assert "policy mx (default):" in text and "policy hp: high precision" in text
+    assert "rule   'towers.*' -> hp" in text and "attention qk: fwd e4m3 b32 rceil" in text
+    assert "high precision (no [attention] table)" in describe_recipe(load_recipe("bf16"))
