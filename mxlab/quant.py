@@ -167,6 +167,96 @@ def _reference_fake_quantize(x, fmt, block, axis, scale_mode, rounding, seed, pa
     return _crop(values.reshape(layout.padded_shape), tuple(x.shape))
 
 
+# ----------------------------------------------------------------------------- backend dispatch
+# CUDA tensors take the Triton kernels (mxlab.kernels) where they support the call, everything
+# else the reference. MXLAB_BACKEND=reference|triton forces one; a forced "triton" also runs on
+# CPU tensors under TRITON_INTERPRET=1 (how CI checks the kernels). `last_backend()` says which ran.
+BACKENDS = ("reference", "triton")
+_last_backend: str | None = None
+
+
+def last_backend() -> str | None:
+    """The backend ("reference" or "triton") of the latest quantize/fake_quantize call; None before any."""
+    return _last_backend
+
+
+def _import_kernels():
+    """mxlab.kernels, or None when Triton is missing (also from a source tree installed before kernels/ existed)."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    try:
+        return importlib.import_module("mxlab.kernels")
+    except ModuleNotFoundError as error:
+        if error.name != "mxlab.kernels":
+            return None
+    root = Path(__file__).resolve().parent.parent / "kernels"
+    if not (root / "__init__.py").exists():
+        return None
+    spec = importlib.util.spec_from_file_location("mxlab.kernels", root / "__init__.py", submodule_search_locations=[str(root)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mxlab.kernels"] = module
+    try:
+        spec.loader.exec_module(module)
+    except ModuleNotFoundError:
+        del sys.modules["mxlab.kernels"]
+        return None
+    return module
+
+
+def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int):
+    """("triton", kernels module) or ("reference", None) for this call; refuses an unknown or impossible MXLAB_BACKEND."""
+    import os
+
+    forced = os.environ.get("MXLAB_BACKEND", "")
+    if forced not in ("", *BACKENDS):
+        raise ValueError(f"unknown MXLAB_BACKEND {forced!r}; accepted: {', '.join(BACKENDS)} (or unset for automatic)")
+    if forced == "reference" or (not forced and x.device.type != "cuda"):
+        return "reference", None
+    kernels = _import_kernels()
+    reason = "Triton is not installed" if kernels is None else kernels.unsupported_reason(x, block, axis)
+    if reason is None:
+        return "triton", kernels
+    if forced == "triton":
+        raise ValueError(f"MXLAB_BACKEND=triton cannot run this call: {reason}")
+    return "reference", None
+
+
+def _dispatch(kind: str, x, fmt: ElementFormat, block, axis, scale_mode, rounding, seed, pad):
+    """Run `kind` ("quantize" or "fake_quantize") on the chosen backend; records it for last_backend()."""
+    global _last_backend
+    backend, kernels = _choose_backend(x, block, axis)
+    _last_backend = backend
+    if backend == "triton":
+        run = kernels.quantize if kind == "quantize" else kernels.fake_quantize
+        return run(x, fmt, block=block, axis=axis, scale_mode=scale_mode, rounding=rounding, seed=seed, pad=pad)
+    run = _reference_quantize if kind == "quantize" else _reference_fake_quantize
+    return run(x, fmt, block, axis, scale_mode, rounding, seed, pad)
+
+
+def _fused_rowcol(x: torch.Tensor, fmt: str, options: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Both outputs of fake_quantize_rowcol from one kernel read, or None where the Triton backend does not run it."""
+    global _last_backend
+    if fmt not in FORMATS or options.get("block", BLOCK_SIZE) != BLOCK_SIZE:
+        return None
+    unknown = set(options) - {"block", "scale_mode", "rounding", "seed", "pad"}
+    if unknown:
+        return None  # fake_quantize reports the unexpected keyword
+    scale_mode = options.get("scale_mode", "floor")
+    rounding = options.get("rounding", "nearest_even")
+    seed = options.get("seed")
+    _check_options(x, BLOCK_SIZE, 0, scale_mode, rounding, seed)
+    backend, kernels = _choose_backend(x, BLOCK_SIZE, 0)
+    if backend != "triton":
+        return None
+    _last_backend = backend
+    return kernels.fake_quantize_rowcol(
+        x, FORMATS[fmt], scale_mode=scale_mode, rounding=rounding, seed=seed, pad=options.get("pad", False)
+    )
+
+
 # ----------------------------------------------------------------------------- public API
 def quantize(
     x: torch.Tensor,
@@ -187,7 +277,7 @@ def quantize(
     """
     element_format = get_format(fmt)
     block, axis = _check_options(x, block, axis, scale_mode, rounding, seed)
-    codes, scales = _reference_quantize(x, element_format, block, axis, scale_mode, rounding, seed, pad)
+    codes, scales = _dispatch("quantize", x, element_format, block, axis, scale_mode, rounding, seed, pad)
     return MXTensor(codes, scales, fmt, block, axis, tuple(x.shape), scale_mode, rounding)
 
 
@@ -235,7 +325,7 @@ def fake_quantize(
         raise ValueError(f"unknown precision {fmt!r}; accepted: {', '.join(PRECISIONS)}")
     element_format = FORMATS[fmt]
     block, axis = _check_options(x, block, axis, scale_mode, rounding, seed)
-    values = _reference_fake_quantize(x, element_format, block, axis, scale_mode, rounding, seed, pad)
+    values = _dispatch("fake_quantize", x, element_format, block, axis, scale_mode, rounding, seed, pad)
     return values.to(x.dtype)
 
 
@@ -249,6 +339,9 @@ def fake_quantize_rowcol(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Te
         raise ValueError(f"fake_quantize_rowcol takes a 2-D tensor, got shape {getattr(x, 'shape', None)}")
     if "axis" in options:
         raise ValueError("fake_quantize_rowcol sets axis itself; do not pass axis")
+    fused = _fused_rowcol(x, fmt, options)
+    if fused is not None:
+        return fused
     return fake_quantize(x, fmt, axis=-1, **options), fake_quantize(x, fmt, axis=0, **options)
 
 
