@@ -621,13 +621,17 @@ def _arm_conclusion(arm: str, comps: list[MetricComparison], diverged: dict[int,
         aa = noise_by_key.get((c.task, c.metric))
         return aa is not None and abs(c.delta) <= max(abs(v) for v in aa.per_seed.values())
 
+    def listed(items: list[MetricComparison], limit: int = 3) -> str:
+        ranked = sorted(items, key=lambda c: -abs(c.delta) / (c.threshold or 1.0))
+        text = ", ".join(_format_delta(c) + (" (within the A/A noise floor)" if within_noise(c) else "") for c in ranked[:limit])
+        return text + (f" and {len(ranked) - limit} more" if len(ranked) > limit else "")
+
     if regressions:
-        worst = ", ".join(_format_delta(c) + (" (within the A/A noise floor)" if within_noise(c) else "") for c in regressions)
-        parts.append(f"REGRESSION in {len(regressions)} of {len(judged)} checks: {worst}")
+        parts.append(f"REGRESSION in {len(regressions)} of {len(judged)} checks: {listed(regressions)}")
     if improvements:
-        parts.append("improves " + ", ".join(_format_delta(c) for c in improvements))
+        parts.append(f"improves {len(improvements)} of {len(judged)} checks: {listed(improvements)}")
     if not regressions and not improvements:
-        parts.append(f"neutral: no metric moved beyond its threshold with confidence (largest NE change: "
+        parts.append(f"neutral, no metric moved beyond its threshold with confidence (largest NE change: "
                      + _format_delta(max((c for c in judged if c.metric == "ne_pct"), key=lambda c: abs(c.delta))) + ")")
     verdict = "diverged" if diverged else "regression" if regressions else "improvement" if improvements else "neutral"
     if missing:

@@ -35,6 +35,11 @@ import numpy as np
 from scipy.stats import rankdata
 
 TASKS: tuple[str, ...] = ("ctr", "cvr", "ctcvr")
+TASK_DESCRIPTIONS: dict[str, str] = {
+    "ctr": "click given impression, on all impressions (p_ctr against click)",
+    "cvr": "conversion given click, on clicked impressions only (p_cvr against conversion)",
+    "ctcvr": "click and conversion given impression, on all impressions (p_ctcvr = p_ctr * p_cvr against conversion)",
+}
 PROBABILITY_CLIP = 1e-7
 ECE_BINS = 10
 EVAL_REQUIRED_KEYS: tuple[str, ...] = ("click", "conversion", "p_ctr", "p_cvr", "p_ctcvr", "user_id")
