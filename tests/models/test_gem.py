@@ -1,0 +1,161 @@
+import pytest
+import torch
+from torch import nn
+
+from mxlab.data import DataInfo, JaggedBatch, make_source
+from mxlab.data.synthetic import rank_auc
+from mxlab.models import MODEL_CONFIG_KEYS, PRESETS, ModelOutput, build_model, esmm_loss, validate_model_config
+from mxlab.nn.attention import JaggedAttention
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(_fixed_torch_threads):
+    """These small GEMMs run fastest on one thread (and far faster on a shared, busy CPU)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def source():
+    return make_source({"source": "synthetic", "train_examples": 3072, "eval_examples": 2048, "n_users": 300, "base_ctr": 0.2}, 64)
+
+
+def _model(info, seed=0, **overrides):
+    torch.manual_seed(seed)
+    return build_model({"size": "tiny", **overrides}, info).eval()
+
+
+def test_shapes_dtypes_and_loss(source):
+    batch = next(source.eval_batches(64))
+    output = _model(source.info)(batch)
+    assert isinstance(output, ModelOutput)
+    assert output.ctr_logit.shape == (64,) and output.cvr_logit.shape == (64,)
+    assert output.ctr_logit.dtype == torch.float32 and torch.isfinite(output.cvr_logit).all()
+    losses = esmm_loss(output, batch)
+    assert set(losses) == {"loss", "ctr", "ctcvr"} and all(v.dtype == torch.float32 and v.dim() == 0 for v in losses.values())
+    # the ESMM terms against a direct float64 computation
+    p_ctr = torch.sigmoid(output.ctr_logit.double())
+    p_ctcvr = p_ctr * torch.sigmoid(output.cvr_logit.double())
+    y, z = batch.click.double(), (batch.click * batch.conversion).double()
+    bce = lambda p, t: -(t * p.log() + (1 - t) * (1 - p).log()).mean()
+    assert losses["ctr"].item() == pytest.approx(bce(p_ctr, y).item(), rel=1e-5)
+    assert losses["ctcvr"].item() == pytest.approx(bce(p_ctcvr, z).item(), rel=1e-5)
+    assert losses["loss"].item() == pytest.approx(losses["ctr"].item() + losses["ctcvr"].item(), rel=1e-6)
+    batch.has_conversion = False
+    assert esmm_loss(output, batch)["loss"].item() == pytest.approx(losses["ctr"].item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("activation,causal", [("softmax", False), ("silu", True)])
+def test_no_leakage_between_examples_or_from_padding(source, activation, causal):
+    batch = next(source.eval_batches(16))
+    model = _model(source.info, activation=activation, causal=causal)
+    with torch.no_grad():
+        base = model(batch)
+        # give example 3 a different and much longer history; nobody else may notice
+        lengths = batch.history_lengths().tolist()
+        items = [batch.history_items[batch.history_offsets[i]:batch.history_offsets[i + 1]] for i in range(16)]
+        items[3] = torch.randint(0, source.info.n_items, (64,))
+        lengths[3] = 64
+        offsets = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+        changed = JaggedBatch(**{**batch.__dict__, "history_items": torch.cat(items),
+                                 "history_actions": torch.zeros(int(offsets[-1]), dtype=torch.int64), "history_offsets": offsets})
+        changed.history_actions = torch.cat([batch.history_actions[batch.history_offsets[i]:batch.history_offsets[i + 1]]
+                                             if i != 3 else torch.zeros(64, dtype=torch.int64) for i in range(16)])
+        after = model(changed)
+        others = torch.arange(16) != 3
+        torch.testing.assert_close(after.ctr_logit[others], base.ctr_logit[others], rtol=0, atol=2e-5)
+        torch.testing.assert_close(after.cvr_logit[others], base.cvr_logit[others], rtol=0, atol=2e-5)
+        assert (after.ctr_logit[3] - base.ctr_logit[3]).abs() > 1e-4
+        # one example alone (no padding around it) gives the same output as inside the batch
+        for index in (0, 5):
+            alone = model(batch.take(torch.tensor([index])))
+            torch.testing.assert_close(alone.ctr_logit, base.ctr_logit[index:index + 1], rtol=0, atol=2e-5)
+
+
+def test_gradients_reach_every_parameter(source):
+    batch = next(source.train_batches(128, 0, 0))
+    model = _model(source.info).train()
+    esmm_loss(model(batch), batch)["loss"].backward()
+    missing = [name for name, parameter in model.named_parameters() if parameter.grad is None or parameter.grad.abs().sum() == 0]
+    assert missing == []
+
+
+def test_every_gemm_is_a_named_linear_or_jagged_attention(source):
+    model = _model(source.info, layers=2)
+    modules = dict(model.named_modules())
+    for name in ["history.blocks.0.attn.qkv", "history.blocks.1.attn.out", "history.blocks.0.mlp.fc1", "history.blocks.1.mlp.fc2",
+                 "pma.attn.q", "pma.attn.kv", "pma.attn.out", "cross.attn.q", "cross.attn.kv", "cross.attn.out",
+                 "interaction.input", "interaction.layers.0.down", "interaction.layers.0.up",
+                 "towers.ctr.fc0", "towers.ctr.out", "towers.cvr.fc0", "towers.cvr.out", "dense_proj"]:
+        assert isinstance(modules[name], nn.Linear), name
+    for name in ["history.blocks.0.attn.core", "pma.attn.core", "cross.attn.core"]:
+        assert isinstance(modules[name], JaggedAttention) and modules[name].policy is None
+    allowed = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
+    for name, module in modules.items():
+        own = [p for p_name, p in module.named_parameters(recurse=False)]
+        if own and not isinstance(module, allowed):
+            assert name == "pma" and [n for n, _ in module.named_parameters(recurse=False)] == ["seeds"]
+
+
+def test_same_seed_same_model_and_outputs(source):
+    batch = next(source.eval_batches(32))
+    first, second, other = _model(source.info, seed=7), _model(source.info, seed=7), _model(source.info, seed=8)
+    assert torch.equal(first(batch).ctr_logit, second(batch).ctr_logit)
+    assert not torch.equal(first(batch).ctr_logit, other(batch).ctr_logit)
+
+
+def test_empty_histories_and_sources_without_candidate_or_dense():
+    info = DataInfo(n_dense=0, field_cardinalities=(5, 7), n_items=1, n_actions=1, has_truth=False, name="criteo",
+                    candidate_field=None, has_conversion=False, has_history=False)
+    batch = JaggedBatch(dense=torch.zeros(4, 0), sparse=torch.tensor([[1, 2], [0, 6], [4, 0], [2, 2]]),
+                        history_items=torch.zeros(0, dtype=torch.int64), history_actions=torch.zeros(0, dtype=torch.int64),
+                        history_offsets=torch.zeros(5, dtype=torch.int64), click=torch.tensor([1.0, 0, 0, 1]),
+                        conversion=torch.zeros(4), user_id=torch.arange(4), has_conversion=False)
+    model = _model(info).train()
+    output = model(batch)
+    assert torch.isfinite(output.ctr_logit).all() and output.ctr_logit[0] != output.ctr_logit[1]
+    esmm_loss(output, batch)["loss"].backward()
+    assert model.embeddings.fields.weight.grad.abs().sum() > 0
+
+
+def test_bf16_autocast_keeps_float32_logits(source):
+    batch = next(source.eval_batches(16))
+    model = _model(source.info)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = model(batch)
+    assert output.ctr_logit.dtype == torch.float32 and torch.isfinite(output.ctr_logit).all()
+    torch.testing.assert_close(output.ctr_logit, model(batch).ctr_logit, rtol=0, atol=0.15)
+
+
+def test_tiny_model_learns_the_synthetic_signal(source):
+    model = _model(source.info).train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for batch in source.train_batches(256, seed=0, epoch=0):
+        loss = esmm_loss(model(batch), batch)["loss"]
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    with torch.no_grad():
+        scores, labels = zip(*[(model(b).ctr_logit, b.click) for b in source.eval_batches(1024)])
+    auc = rank_auc(torch.cat(labels).numpy(), torch.cat(scores).numpy())
+    assert auc > 0.62
+
+
+def test_config_validation_and_presets():
+    assert validate_model_config({}).dim == PRESETS["tiny"]["dim"]
+    big = validate_model_config({"size": "h200"})
+    assert big.dim >= 128 and big.layers >= 2 and big.max_history == 1024
+    assert validate_model_config({"size": "h200", "dim": 128, "tower_dims": [64]}).tower_dims == (64,)
+    with pytest.raises(ValueError, match=r"unknown key 'depth' in \[model\]; accepted keys:.*dim.*layers"):
+        validate_model_config({"depth": 3})
+    with pytest.raises(ValueError, match="multiple of heads"):
+        validate_model_config({"dim": 30, "heads": 4})
+    with pytest.raises(ValueError, match="unknown model size 'huge'"):
+        validate_model_config({"size": "huge"})
+    with pytest.raises(ValueError, match="activation 'relu'"):
+        validate_model_config({"activation": "relu"})
+    assert {"dim", "layers", "heads", "max_history", "activation", "rotary", "causal", "pma_seeds", "cross_layers",
+            "tower_dims", "dropout", "size"} <= set(MODEL_CONFIG_KEYS)
