@@ -16,16 +16,23 @@ starting with the initial scale) and `state_dict()` / `load_state_dict()`.
   product is multiplied by s_l before it is quantized and both gradients are divided by s_l
   after their GEMMs, so in exact arithmetic nothing changes and only the rounding does.
   After every step, for each product: if its scaled incoming gradient held a non-finite value,
-  s_l *= backoff_factor; otherwise, if the fraction of its non-zero gradient elements that the
-  quantizer flushed to zero exceeds `underflow_threshold`, s_l *= growth_factor (capped at
-  `max_layer_scale`). This is a per-layer overflow/underflow controller in the spirit of
-  adaptive loss scaling (Zhao et al., "Adaptive Loss Scaling for Mixed Precision Training",
+  s_l *= backoff_factor; otherwise, if the fraction of its non-zero gradient elements below
+  float32's smallest normal (`mxlab.nn.qmatmul.UNDERFLOW_LINE`, 2^-126) exceeds
+  `underflow_threshold`, s_l *= growth_factor (capped at `max_layer_scale`). This is a
+  per-layer overflow/underflow controller in the spirit of adaptive loss scaling (Zhao et al.,
+  "Adaptive Loss Scaling for Mixed Precision Training",
   arXiv:1910.12385), which computes a loss scale per layer from that layer's gradient
   statistics; the controller here is the GradScaler rule applied per layer, not their
-  analytic estimate. Note what it can and cannot do: an MX (or current-scaled FP8) quantizer
-  already absorbs a power-of-two factor into its block (tensor) scale, so s_l changes the MX
-  rounding only where a block scale would leave the E8M0 range [2^-127, 2^127]; it changes
-  results where the gradient itself under- or overflows the dtype it travels in.
+  analytic estimate. What it can and cannot change: s_l acts only inside the product (the
+  gradients leave it unscaled), and an MX quantizer absorbs a power-of-two factor into its E8M0
+  block scale exactly, except in blocks whose scale clamps at 2^-127 (amax < 2^(emax - 127)).
+  In such a block a float32-normal element is still >= 2 in element units, a normal of every
+  element format, so it keeps all its bits; the clamped scale only differs in that, with the
+  floor scale mode, it cannot saturate. A current-scaled FP8 tensor absorbs the factor likewise.
+  So s_l can recover bits only for gradient elements below 2^-126 (tests/test_scaling.py checks
+  that rceil results are otherwise bit-exact). In this toolkit's FP32/BF16 emulation loss
+  scaling of any kind is therefore expected to matter little for MX formats; the policy exists
+  to measure that on real runs, per layer.
 """
 from __future__ import annotations
 
@@ -245,7 +252,7 @@ class PerLayerLossScaler(DynamicLossScaler):
             current = float(precision.grad_scale)
             if stats["nonfinite"] > 0:
                 new = current * self.config.backoff_factor
-            elif stats["nonzero"] and stats["flushed"] / stats["nonzero"] > self.config.underflow_threshold:
+            elif stats["nonzero"] and stats["underflow"] / stats["nonzero"] > self.config.underflow_threshold:
                 new = min(current * self.config.growth_factor, self.config.max_layer_scale)
             else:
                 new = current

@@ -89,26 +89,32 @@ def test_config_validation_names_the_bad_key():
         make_loss_scaler({"policy": "per_layer"})
 
 
-def mx_layer():
-    e4m3 = OperandQuant("e4m3", scale_mode="floor")
+def mx_layer(scale_mode="floor"):
+    e4m3 = OperandQuant("e4m3", scale_mode=scale_mode)
     gemm = GemmQuant(e4m3, e4m3)
     return QLinear(32, 32, bias=False, precision=MatmulPrecision(gemm, gemm, gemm, labels=("fwd", "dgrad", "wgrad"), name="layer"))
 
 
 def test_per_layer_scale_is_absorbed_by_mx_block_scales():
-    """A power-of-two gradient scale changes nothing in MX (away from the E8M0 range limits)."""
+    """A power-of-two gradient scale changes nothing in MX (rceil) for float32-normal gradients, even
+    in blocks whose E8M0 scale clamps at 2^-127 (amax < 2^-119 for E4M3). Positive operands keep
+    every FP32 product and partial sum normal, so only the quantization could differ. (With the
+    floor scale, a clamped block cannot saturate while its scaled copy can: see mxlab.scaling.)"""
     torch.manual_seed(0)
-    x, g = torch.randn(64, 32), torch.randn(64, 32)
+    x = 1 + torch.rand(64, 32)
+    g = torch.ldexp(1 + torch.rand(64, 32), torch.randint(-20, 4, (64, 32)))
+    g[:32] = torch.ldexp(1 + torch.rand(32, 32), torch.randint(-124, -121, (32, 32)))  # clamped blocks
     grads = []
     for scale in (None, 1024.0):
-        layer = mx_layer()
+        layer = mx_layer("rceil")
         with torch.no_grad():
-            layer.weight.copy_(torch.eye(32) + 0.1)
+            layer.weight.copy_(torch.eye(32) + 1)
         layer.precision.grad_scale = scale
         x_leaf = x.clone().requires_grad_()
         layer(x_leaf).backward(g)
         grads.append((x_leaf.grad, layer.weight.grad))
-    assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1])
+    for dx, dW in grads[1:]:
+        assert torch.equal(dx, grads[0][0]) and torch.equal(dW, grads[0][1])
 
 
 def test_per_layer_grows_on_underflow_backs_off_on_overflow_and_restores():
@@ -116,10 +122,8 @@ def test_per_layer_grows_on_underflow_backs_off_on_overflow_and_restores():
     config = {"policy": "per_layer", "init_scale": 1, "underflow_threshold": 0.1, "growth_interval": 1000}
     scaler = make_loss_scaler(config, model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    x = torch.randn(64, 32, requires_grad=True)  # dgrad runs: the gradient is quantized along N (rows)
-    underflowing = torch.full((64, 32), 1e-7)
-    underflowing[:, 0] = 1.0  # every row block: amax 1, the rest far below E4M3's smallest subnormal (2^-17)
-    model(x).backward(underflowing)
+    x = torch.randn(64, 32, requires_grad=True)
+    model(x).backward(torch.randn(64, 32) * 1e-39)  # below float32's smallest normal, 2^-126
     assert scaler.step(optimizer)
     assert scaler.layer_scales == {"0": 2.0}
     model(x).backward(torch.full((64, 32), float("inf")))
@@ -127,7 +131,9 @@ def test_per_layer_grows_on_underflow_backs_off_on_overflow_and_restores():
     assert scaler.layer_scales == {"0": 1.0}
     assert scaler.layer_scale_history["0"] == [(0, 1.0), (0, 2.0), (1, 1.0)]
     model.zero_grad()
-    model(x).backward(torch.randn(64, 32))  # no underflow: the scale stays
+    flushed_not_underflowing = torch.full((64, 32), 1e-7)
+    flushed_not_underflowing[:, 0] = 1.0  # flushed within their blocks, which no scale cures
+    model(x).backward(flushed_not_underflowing)
     scaler.step(optimizer)
     assert scaler.layer_scales == {"0": 1.0}
     state = scaler.state_dict()

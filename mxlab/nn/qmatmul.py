@@ -285,15 +285,21 @@ def _gemm(
     return out.to(out_dtype), a_q, b_q
 
 
-def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor, g_q: Optional[torch.Tensor]) -> None:
+# A power-of-two scale can recover bits of an MX-quantized element only if the element is below
+# float32's smallest normal: a block's E8M0 scale clamps at 2^-127 only when its amax < 2^(emax -
+# 127), and then a float32-normal element is still >= 2 in element units, a normal of every element
+# format, so it keeps all its bits. Gradient elements under this line are what a per-layer scale helps.
+UNDERFLOW_LINE = float(torch.finfo(torch.float32).tiny)
+
+
+def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
     """Accumulate overflow / underflow counts of the (scaled) gradient entering the product."""
     stats = precision.grad_stats
-    nonfinite = int((~torch.isfinite(g)).sum())
-    nonzero = int((g != 0).sum())
-    flushed = int(((g_q == 0) & (g != 0)).sum()) if g_q is not None else 0
-    stats["nonfinite"] = stats.get("nonfinite", 0) + nonfinite
-    stats["nonzero"] = stats.get("nonzero", 0) + nonzero
-    stats["flushed"] = stats.get("flushed", 0) + flushed
+    magnitude = g.detach().abs()
+    nonzero = magnitude != 0
+    stats["nonfinite"] = stats.get("nonfinite", 0) + int((~torch.isfinite(magnitude)).sum())
+    stats["nonzero"] = stats.get("nonzero", 0) + int(nonzero.sum())
+    stats["underflow"] = stats.get("underflow", 0) + int((nonzero & (magnitude < UNDERFLOW_LINE)).sum())
     stats["backward_calls"] = stats.get("backward_calls", 0) + 1
 
 
@@ -328,25 +334,22 @@ class _QMatmulFunction(torch.autograd.Function):
         if scale is not None:
             g = g * scale
         grad_a = grad_b = None
-        g_q_seen: Optional[torch.Tensor] = None
         if ctx.needs_input_grad[0]:
             # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
-            grad_a, g_q_seen, _ = _gemm(
+            grad_a, _, _ = _gemm(
                 g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
                 seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]], seeds[SEED_SLOTS["grad_a.hadamard"]]),
                 out_dtype=a.dtype, name=precision.name, label=precision.labels[1],
             )
         if ctx.needs_input_grad[1]:
             # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).
-            grad_b, _, g_q = _gemm(
+            grad_b, _, _ = _gemm(
                 a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
                 seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
                 out_dtype=b.dtype, name=precision.name, label=precision.labels[2],
             )
-            if g_q_seen is None and precision.grad_b.hadamard is None:
-                g_q_seen = g_q
         if scale is not None:
-            _record_grad_stats(precision, g, g_q_seen)
+            _record_grad_stats(precision, g)
             grad_a = grad_a / scale if grad_a is not None else None
             grad_b = grad_b / scale if grad_b is not None else None
         grad_a = grad_a.to(a.dtype) if grad_a is not None else None
