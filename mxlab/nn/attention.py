@@ -107,7 +107,7 @@ class JaggedAttention(nn.Module):
     the size of one materialized score tensor in the reference).
     """
 
-    def __init__(self, backend: str = "auto", min_bucket_length: int = 64, max_scores_per_chunk: int = 1 << 26) -> None:
+    def __init__(self, backend: str = "auto", min_bucket_length: int = 16, max_scores_per_chunk: int = 1 << 26) -> None:
         super().__init__()
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; accepted: {', '.join(BACKENDS)}")
