@@ -1,0 +1,35 @@
+"""Kernel tests run the Triton kernels on CUDA when there is a device, else on the CPU under
+TRITON_INTERPRET=1 (set here before Triton decorates the kernels)."""
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+if not HAS_CUDA:
+    _had_interpret = "TRITON_INTERPRET" in os.environ
+    os.environ["TRITON_INTERPRET"] = "1"
+    from mxlab.quant import _import_kernels
+
+    _import_kernels()  # decorate the kernels as interpreted functions
+    if not _had_interpret:
+        del os.environ["TRITON_INTERPRET"]
+
+
+@pytest.fixture
+def kernels(monkeypatch):
+    """mxlab.kernels, runnable on this machine's test device."""
+    from mxlab.quant import _import_kernels
+
+    module = _import_kernels()
+    if module is None:
+        pytest.skip("Triton is not installed")
+    if not HAS_CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return module
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"

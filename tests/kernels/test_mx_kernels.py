@@ -1,0 +1,320 @@
+"""The Triton MX kernels against the PyTorch reference, bit for bit.
+
+CPU runs use the Triton interpreter at small sizes; `-m gpu` runs large and awkward sizes on CUDA.
+Every comparison is on bit patterns (codes, scale bytes, value bits), with NaN where NaN.
+"""
+import os
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from mxlab import quant
+from mxlab.formats import FORMATS
+
+FMTS = list(FORMATS)
+SCALE_MODES = ["floor", "ceil", "rceil", "even"]
+ROUNDINGS = ["nearest_even", "nearest_away", "toward_zero", "stochastic"]
+BITS_DTYPES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+@contextmanager
+def backend(name: str | None):
+    previous = os.environ.get("MXLAB_BACKEND")
+    if name is None:
+        os.environ.pop("MXLAB_BACKEND", None)
+    else:
+        os.environ["MXLAB_BACKEND"] = name
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("MXLAB_BACKEND", None)
+        else:
+            os.environ["MXLAB_BACKEND"] = previous
+
+
+def reference_quantize(x, fmt, **options):
+    with backend("reference"):
+        mxt = quant.quantize(x, fmt, **options)
+        assert quant.last_backend() == "reference"
+    return mxt.codes, mxt.scales
+
+
+def reference_fake_quantize(x, fmt, **options):
+    with backend("reference"):
+        return quant.fake_quantize(x, fmt, **options)
+
+
+def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    if actual.dtype.is_floating_point:
+        nan_a, nan_e = actual.isnan(), expected.isnan()
+        assert torch.equal(nan_a, nan_e), f"{what}: NaN at different places"
+        bits = BITS_DTYPES[actual.dtype]
+        actual, expected = actual.view(bits)[~nan_a], expected.view(bits)[~nan_e]
+    mismatch = (actual != expected).nonzero()
+    assert mismatch.numel() == 0, f"{what}: {mismatch.shape[0]} elements differ, first at {mismatch[0].tolist()}"
+
+
+def awkward_rows(rows: int, width: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Rows in groups of 8: ordinary values over a wide range of block magnitudes; specials (NaN,
+    Inf, zeros, -0, values beyond every format's max, float32 subnormals); blocks of tiny
+    values (scale exponents clamped at -127); blocks near the dtype's max."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=g) * torch.exp2(torch.randint(-30, 30, (rows, width // 32), generator=g).float()).repeat_interleave(32, 1)
+    x[:, ::7] *= 1.0 / 1024
+    x = x.double()
+    for start in range(8, rows, 32):
+        block = x[start : start + 8]
+        block.view(-1)[::37] = 0.0
+        block.view(-1)[3::41] = -0.0
+        block.view(-1)[5::97] = 1e6  # beyond max of every format at small scales
+        block[0, 1] = float("nan")
+        block[1, 33] = float("inf")
+        block[2, 2] = -float("inf")
+        block[3, :32] = 0.0
+        block[4, :32] = -0.0
+        block[5, 40] = 1e-40  # float32 subnormal in an ordinary block
+    tiny = {torch.float32: 1e-42, torch.bfloat16: 1e-39, torch.float16: 1e-7}[dtype]
+    big = {torch.float32: 3e38, torch.bfloat16: 3e38, torch.float16: 6e4}[dtype]
+    for start in range(16, rows, 32):
+        x[start : start + 8] = torch.randn(x[start : start + 8].shape, generator=g).double() * tiny
+    for start in range(24, rows, 32):
+        x[start : start + 8] = (torch.rand(x[start : start + 8].shape, generator=g).double() * 0.2 + 0.8) * big
+        x[start, 0] = {torch.float32: 3.4028234e38, torch.bfloat16: 3.3895e38, torch.float16: 65504.0}[dtype]
+    return x.to(dtype)
+
+
+def row_tile(kernels):
+    """8 rows per program, so one launch mixes tiles on the fast path and on the exact path."""
+    return kernels.TileConfig(rows=8, col_blocks=2, num_warps=4)
+
+
+def check_quantize(kernels, x, fmt, tile=None, fast=True, **options):
+    codes, scales = kernels.quantize(x, FORMATS[fmt], fast=fast, tile=tile, **options)
+    ref_codes, ref_scales = reference_quantize(x, fmt, **options)
+    assert_same_bits(scales, ref_scales, "scales")
+    assert_same_bits(codes, ref_codes, "codes")
+
+
+def check_fake_quantize(kernels, x, fmt, tile=None, fast=True, **options):
+    values = kernels.fake_quantize(x, FORMATS[fmt], fast=fast, tile=tile, **options)
+    assert_same_bits(values, reference_fake_quantize(x, fmt, **options), "values")
+
+
+# ----------------------------------------------------------------------------- CPU (interpreter) / any device
+# every (format, rounding) and every (format, scale mode) pair; the GPU tests run the full product
+ROWWISE_CASES = [
+    (fmt, SCALE_MODES[(i + j) % len(SCALE_MODES)], rounding)
+    for i, fmt in enumerate(FMTS)
+    for j, rounding in enumerate(ROUNDINGS)
+]
+
+
+@pytest.mark.parametrize("fmt, scale_mode, rounding", ROWWISE_CASES)
+def test_rowwise_every_format_scale_and_rounding(kernels, device, fmt, scale_mode, rounding):
+    x = awkward_rows(32, 64, torch.float32).to(device)
+    options = dict(scale_mode=scale_mode, rounding=rounding, seed=1234 if rounding == "stochastic" else None)
+    check_quantize(kernels, x, fmt, tile=row_tile(kernels), **options)
+    check_fake_quantize(kernels, x, fmt, tile=row_tile(kernels), **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("scale_mode, rounding", [("floor", "nearest_even"), ("rceil", "stochastic")])
+def test_rowwise_half_precision_inputs(kernels, device, dtype, fmt, scale_mode, rounding):
+    x = awkward_rows(32, 64, dtype, seed=1).to(device)
+    options = dict(scale_mode=scale_mode, rounding=rounding, seed=2**40 + 5 if rounding == "stochastic" else None)
+    check_quantize(kernels, x, fmt, tile=row_tile(kernels), **options)
+    check_fake_quantize(kernels, x, fmt, tile=row_tile(kernels), **options)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_exact_path_equals_fast_path_on_ordinary_blocks(kernels, device, fmt):
+    x = (torch.randn(16, 64, generator=torch.Generator().manual_seed(3)) * 10).to(device)
+    fast = kernels.fake_quantize(x, FORMATS[fmt])
+    exact = kernels.fake_quantize(x, FORMATS[fmt], fast=False)
+    assert_same_bits(fast, exact, "fast vs exact")
+    check_quantize(kernels, x, fmt, fast=False)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("scale_mode, rounding", [("floor", "nearest_even"), ("even", "stochastic")])
+def test_columnwise(kernels, device, fmt, scale_mode, rounding):
+    x = awkward_rows(32, 64, torch.float32, seed=4).t().contiguous().to(device)  # specials now in columns
+    options = dict(axis=0, scale_mode=scale_mode, rounding=rounding, seed=99 if rounding == "stochastic" else None)
+    check_quantize(kernels, x, fmt, **options)
+    check_fake_quantize(kernels, x, fmt, **options)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rounding):
+    x = awkward_rows(64, 64, torch.bfloat16, seed=5).to(device)
+    options = dict(scale_mode="rceil", rounding=rounding, seed=7 if rounding == "stochastic" else None)
+    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], **options)
+    expected_row = reference_quantize(x.cpu(), fmt, axis=-1, **options)
+    expected_col = reference_quantize(x.cpu(), fmt, axis=0, **options)
+    assert_same_bits(row_codes.cpu(), expected_row[0], "row codes")
+    assert_same_bits(row_scales.cpu(), expected_row[1], "row scales")
+    assert_same_bits(col_codes.cpu(), expected_col[0], "column codes")
+    assert_same_bits(col_scales.cpu(), expected_col[1], "column scales")
+    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS[fmt], **options)
+    assert_same_bits(along_last.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=-1, **options), "along last")
+    assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=0, **options), "along first")
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_square_tiles_batched_and_padded(kernels, device, fmt, rounding):
+    x = awkward_rows(64, 64, torch.float32, seed=6).reshape(2, 32, 64)[:, :, :45].to(device)  # non-contiguous
+    options = dict(block=(32, 32), scale_mode="floor", rounding=rounding, pad=True, seed=11 if rounding == "stochastic" else None)
+    check_quantize(kernels, x, fmt, **options)
+    check_fake_quantize(kernels, x, fmt, **options)
+
+
+@pytest.mark.parametrize(
+    "shape, axis, pad",
+    [((45, 70), -1, True), ((45, 70), 0, True), ((3, 32, 5), 1, False), ((2, 3, 64), -1, False), ((96,), 0, False)],
+)
+def test_padding_and_other_axes(kernels, device, shape, axis, pad):
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(8)) * 3).to(device)
+    for rounding in ("nearest_even", "stochastic"):
+        options = dict(axis=axis, pad=pad, rounding=rounding, seed=5)
+        check_quantize(kernels, x, "e4m3", **options)
+        check_fake_quantize(kernels, x, "e2m1", **options)
+
+
+def test_non_contiguous_rows(kernels, device):
+    base = (torch.randn(64, 96, generator=torch.Generator().manual_seed(9)) * 5).to(device)
+    transposed = base.t()  # (96, 64), strides (1, 96)
+    check_quantize(kernels, transposed, "e4m3", rounding="stochastic", seed=3)
+    check_fake_quantize(kernels, base[::2, 32:], "e5m2")
+
+
+def test_stochastic_rounding_depends_on_seed_only(kernels, device):
+    x = (torch.randn(8, 64, generator=torch.Generator().manual_seed(10))).to(device)
+    first = kernels.quantize(x, FORMATS["e2m1"], rounding="stochastic", seed=1)[0]
+    again = kernels.quantize(x, FORMATS["e2m1"], rounding="stochastic", seed=1)[0]
+    other = kernels.quantize(x, FORMATS["e2m1"], rounding="stochastic", seed=2)[0]
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+def test_kernels_refuse_bad_input(kernels, device):
+    with pytest.raises(ValueError, match="multiple of the block"):
+        kernels.quantize(torch.randn(4, 40, device=device), FORMATS["e4m3"])
+    with pytest.raises(ValueError, match="seed"):
+        kernels.quantize(torch.randn(4, 32, device=device), FORMATS["e4m3"], rounding="stochastic")
+    with pytest.raises(ValueError, match="dtype"):
+        kernels.quantize(torch.randn(4, 32, device=device, dtype=torch.float64), FORMATS["e4m3"])
+
+
+# ----------------------------------------------------------------------------- dispatch in mxlab.quant
+def test_dispatch_forced_triton_runs_the_kernels(kernels, device):
+    x = torch.randn(32, 64, device=device)
+    with backend("triton"):
+        mxt = quant.quantize(x, "e4m3", scale_mode="rceil")
+        assert quant.last_backend() == "triton"
+        values = quant.fake_quantize(x, "e2m3", axis=0)
+        assert quant.last_backend() == "triton"
+        along_last, along_first = quant.fake_quantize_rowcol(x, "e4m3", rounding="stochastic", seed=4)
+        assert quant.last_backend() == "triton"
+    assert_same_bits(mxt.codes.cpu(), reference_quantize(x.cpu(), "e4m3", scale_mode="rceil")[0])
+    assert_same_bits(values.cpu(), reference_fake_quantize(x.cpu(), "e2m3", axis=0))
+    assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), "e4m3", axis=0, rounding="stochastic", seed=4))
+
+
+def test_dispatch_default_and_forced_reference(kernels, device):
+    x = torch.randn(4, 32, device=device)
+    with backend(None):
+        quant.quantize(x, "e4m3")
+        assert quant.last_backend() == ("triton" if device == "cuda" else "reference")
+    with backend("reference"):
+        quant.fake_quantize(x, "e4m3")
+        assert quant.last_backend() == "reference"
+
+
+def test_dispatch_refuses_unknown_backend(kernels, device):
+    with backend("cuda-magic"), pytest.raises(ValueError, match="MXLAB_BACKEND"):
+        quant.quantize(torch.randn(4, 32, device=device), "e4m3")
+
+
+def test_forced_triton_on_cpu_without_interpreter_is_an_error(kernels, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with backend("triton"), pytest.raises(ValueError, match="cannot run"):
+        quant.quantize(torch.randn(4, 32), "e4m3")
+
+
+# ----------------------------------------------------------------------------- GPU: large and awkward
+def sprinkle_specials(x: torch.Tensor, seed: int) -> torch.Tensor:
+    """NaN, Inf, zeros, subnormals and beyond-max values at random places of a float32 tensor."""
+    g = torch.Generator().manual_seed(seed)
+    flat = x.view(-1)
+    for value, count in [(float("nan"), 5), (float("inf"), 5), (-float("inf"), 5), (0.0, 5000), (-0.0, 5000), (1e-40, 500), (-3e-39, 500), (1e30, 50)]:
+        flat[torch.randint(0, flat.numel(), (count,), generator=g)] = value
+    return x
+
+
+def big_input(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, cols, generator=g) * torch.exp2(torch.randint(-40, 40, (rows, 1), generator=g).float())
+    x[: rows // 16] *= 1e-38  # tiny blocks: scale exponents clamped at -127
+    return sprinkle_specials(x, seed).to(dtype).cuda()
+
+
+GPU_ROWWISE_CASES = [
+    (fmt, scale_mode, rounding, torch.bfloat16) for fmt in FMTS for scale_mode in SCALE_MODES for rounding in ROUNDINGS
+] + [
+    (fmt, scale_mode, rounding, dtype)
+    for fmt in FMTS
+    for scale_mode, rounding in (("floor", "nearest_even"), ("rceil", "stochastic"))
+    for dtype in (torch.float32, torch.float16)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, scale_mode, rounding, dtype", GPU_ROWWISE_CASES)
+def test_gpu_rowwise_large(fmt, scale_mode, rounding, dtype):
+    from mxlab.quant import _import_kernels
+
+    kernels = _import_kernels()
+    x = big_input(3001, 1024, dtype, seed=FMTS.index(fmt))  # 3001 rows: not a multiple of any tile
+    options = dict(scale_mode=scale_mode, rounding=rounding, seed=2**33 + 1 if rounding == "stochastic" else None)
+    check_quantize(kernels, x, fmt, **options)
+    check_fake_quantize(kernels, x, fmt, **options)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_gpu_columnwise_rowcol_and_tiles_large(fmt, rounding):
+    from mxlab.quant import _import_kernels
+
+    kernels = _import_kernels()
+    x = big_input(2016, 2050, torch.bfloat16, seed=7)[:, 1:2049]  # non-contiguous, 4M elements
+    options = dict(scale_mode="rceil", rounding=rounding, seed=77 if rounding == "stochastic" else None)
+    check_quantize(kernels, x, fmt, axis=0, **options)
+    check_fake_quantize(kernels, x, fmt, axis=0, **options)
+    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS[fmt], **options)
+    assert_same_bits(along_last, reference_fake_quantize(x, fmt, axis=-1, **options), "along last")
+    assert_same_bits(along_first, reference_fake_quantize(x, fmt, axis=0, **options), "along first")
+    tiles = big_input(3000, 700, torch.float32, seed=8).reshape(3, 1000, 700)
+    check_quantize(kernels, tiles, fmt, block=(32, 32), pad=True, **options)
+    check_fake_quantize(kernels, tiles, fmt, block=(32, 32), pad=True, **options)
+
+
+@pytest.mark.gpu
+def test_gpu_transposed_input_and_dispatch():
+    x = big_input(4096, 1024, torch.bfloat16, seed=9).t()  # (1024, 4096), strides (1, 1024)
+    with backend(None):
+        mxt = quant.quantize(x, "e4m3", rounding="stochastic", seed=5)
+        assert quant.last_backend() == "triton"
+        along_last, along_first = quant.fake_quantize_rowcol(x, "e4m3")
+        assert quant.last_backend() == "triton"
+    codes, scales = reference_quantize(x, "e4m3", rounding="stochastic", seed=5)
+    assert_same_bits(mxt.codes, codes)
+    assert_same_bits(mxt.scales, scales)
+    assert_same_bits(along_first, reference_fake_quantize(x, "e4m3", axis=0))
