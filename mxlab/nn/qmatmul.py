@@ -260,10 +260,12 @@ def _gemm(
     out_dtype: torch.dtype,
     name: str,
     label: str,
+    b_quantized: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """op(a) @ op(b), op = transpose of the last two dims where asked, with a quantized along
-    `a_axis` and b along `b_axis` of their stored layouts. Returns (out, a_q, b_q); a_q, b_q are
-    the float32 operands actually multiplied (None for a high-precision GEMM)."""
+    `a_axis` and b along `b_axis` of their stored layouts (or b's quantized values given as
+    `b_quantized`). Returns (out, a_q, b_q); a_q, b_q are the float32 operands actually
+    multiplied (None for a high-precision GEMM)."""
 
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
         return x.transpose(-1, -2) if transpose else x
@@ -275,7 +277,7 @@ def _gemm(
         if quant.hadamard is not None:
             a_in, b_in = _hadamard_pair(a, b, a_axis, b_axis, quant.hadamard, seeds[2])
         a_q = _fake_quantize_operand(a_in, quant.a, a_axis, seeds[0])
-        b_q = _fake_quantize_operand(b_in, quant.b, b_axis, seeds[1])
+        b_q = b_quantized if b_quantized is not None else _fake_quantize_operand(b_in, quant.b, b_axis, seeds[1])
         out = torch.matmul(op(a_q, transpose_a), op(b_q, transpose_b))
     if _observer is not None:
         _observer(
@@ -303,15 +305,26 @@ def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
     stats["backward_calls"] = stats.get("backward_calls", 0) + 1
 
 
+def _same_square_quantization(fwd: GemmQuant, grad_a: GemmQuant) -> bool:
+    b = fwd.b
+    return (
+        b == grad_a.b and b.block == (32, 32) and b.block_scaled and b.rounding != "stochastic"
+        and fwd.hadamard is None and grad_a.hadamard is None
+    )
+
+
 class _QMatmulFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, precision: MatmulPrecision) -> torch.Tensor:  # type: ignore[override]
         seeds = precision.next_call_seeds()
-        out, _, _ = _gemm(
+        out, _, b_q = _gemm(
             a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
             out_dtype=a.dtype, name=precision.name, label=precision.labels[0],
         )
+        # A (32, 32) tile is transpose-invariant: when grad_a quantizes b exactly as the forward did
+        # (same spec, deterministic rounding, no Hadamard), the forward's quantized b is reused.
+        ctx.b_quantized = b_q if _same_square_quantization(precision.fwd, precision.grad_a) else None
         ctx.save_for_backward(a, b)
         ctx.precision = precision
         ctx.seeds = seeds
@@ -339,7 +352,7 @@ class _QMatmulFunction(torch.autograd.Function):
             grad_a, _, _ = _gemm(
                 g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
                 seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]], seeds[SEED_SLOTS["grad_a.hadamard"]]),
-                out_dtype=a.dtype, name=precision.name, label=precision.labels[1],
+                out_dtype=a.dtype, name=precision.name, label=precision.labels[1], b_quantized=ctx.b_quantized,
             )
         if ctx.needs_input_grad[1]:
             # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).

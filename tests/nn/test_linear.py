@@ -142,3 +142,19 @@ def test_autocast_leaves_emulated_gemms_in_fp32_and_reaches_high_precision_ones(
     assert torch.equal(y, plain[0]) and torch.equal(x_leaf.grad, plain[1])  # fwd, dgrad: emulated in FP32
     bf16_wgrad = (x.T.bfloat16() @ g.bfloat16()).T.float()
     assert torch.equal(layer.weight.grad, bf16_wgrad)  # wgrad "bf16": the autocast BF16 GEMM
+
+
+@pytest.mark.parametrize("weight_block, grad_rounding, expected_calls", [
+    ((32, 32), "nearest_even", 5),  # the forward's 32x32 weight tiles serve dgrad too
+    (32, "nearest_even", 6),
+    ((32, 32), "stochastic", 5),  # stochastic gradients; the weight still rounds to nearest
+])
+def test_square_weight_tiles_are_quantized_once_per_step(monkeypatch, weight_block, grad_rounding, expected_calls):
+    import mxlab.quant
+
+    calls = []
+    original = mxlab.quant.fake_quantize
+    monkeypatch.setattr(mxlab.quant, "fake_quantize", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    layer = QLinear(32, 32, precision=linear_precision(weight_block, grad_rounding))
+    run(layer, torch.randn(64, 32), torch.randn(64, 32))
+    assert len(calls) == expected_calls
