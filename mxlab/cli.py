@@ -18,6 +18,17 @@ bench_app = typer.Typer(help="Speed benchmarks (CUDA): ratios against baselines 
 app.add_typer(bench_app, name="bench")
 
 
+@bench_app.command("attention")
+def bench_attention_command(
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    sweep_tiles: bool = typer.Option(False, "--sweep-tiles", help="Also time a few kernel tile sizes on the self-attention shapes."),
+) -> None:
+    """Jagged attention kernel (BF16, MXFP8) against padded SDPA and FlexAttention: forward + backward, useful TFLOP/s."""
+    from mxlab.bench.attention import run_attention_bench
+
+    run_attention_bench(json_path, sweep_tiles=sweep_tiles)
+
+
 @app.command("formats")
 def formats_command() -> None:
     """Print the table of MX element formats and the E8M0 scale."""
@@ -98,6 +109,35 @@ def recipe_command(
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2)
+
+
+# ---- data: fetch and describe the data sources (bodies in mxlab/data/commands.py)
+
+data_app = typer.Typer(help="Data sources: fetch datasets, describe a source.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+
+
+@data_app.command("fetch")
+def data_fetch_command(
+    dataset: str = typer.Argument(..., help="Dataset to fetch: movielens-100k."),
+    cache_dir: "Optional[Path]" = typer.Option(None, "--cache-dir", help="Target folder (default $MXLAB_CACHE/movielens-100k or ~/.cache/mxlab/movielens-100k)."),
+) -> None:
+    """Download a dataset (MovieLens-100K from the recbole==1.2.1 wheel), extract and verify it."""
+    from mxlab.data import commands
+
+    raise typer.Exit(commands.fetch(dataset, cache_dir))
+
+
+@data_app.command("describe")
+def data_describe_command(
+    source: str = typer.Argument(..., help="synthetic | movielens-100k | criteo."),
+    max_history: int = typer.Option(64, "--max-history", min=1, help="History cap (the model's max_history)."),
+    assignments: "List[str]" = typer.Option([], "--set", help="A [data] key, e.g. eval_examples=20000 or path=\"train.txt\". Repeatable."),
+) -> None:
+    """Print a source's sizes, features, eval label rates and (synthetic) the metrics of the true probabilities."""
+    from mxlab.data import commands
+
+    raise typer.Exit(commands.describe(source, max_history, assignments))
 
 
 if __name__ == "__main__":

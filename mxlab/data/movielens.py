@@ -11,7 +11,7 @@ atomic format under ``recbole/dataset_example/ml-100k/``: tab-separated, one hea
 
 `fetch_movielens` (``mxlab data fetch movielens-100k``) downloads the wheel without its
 dependencies (``pip download --no-deps``), extracts the three files into the cache folder,
-checks their row counts and writes their sha256 to ``manifest.json``.
+checks their row counts and sha256 (against the known ones) and writes ``manifest.json``.
 
 Examples. One example per rating. click = rating >= 4; conversion = rating == 5 (so it
 implies a click). Ratings are ordered by (timestamp, user, item); the earliest
@@ -53,6 +53,11 @@ HEADERS = {
     "ml-100k.inter": ("user_id:token", "item_id:token", "rating:float", "timestamp:float"),
     "ml-100k.user": ("user_id:token", "age:token", "gender:token", "occupation:token", "zip_code:token"),
     "ml-100k.item": ("item_id:token", "movie_title:token_seq", "release_year:token", "class:token_seq"),
+}
+KNOWN_SHA256 = {  # the files of the recbole 1.2.1 wheel
+    "ml-100k.inter": "4edb74e2a81178c2ba9ff381495f754f996c4aea351b1272ca36b43da0935eff",
+    "ml-100k.user": "4f670007d9cfbeb9807e757209af1555b9bcc186bde25e767f67cb67c6dd5972",
+    "ml-100k.item": "51d7cdf777ce5c0f5b32c1d947a4a81fe07d75e78abbe761e0cd4d0756064532",
 }
 FETCH_COMMAND = "mxlab data fetch movielens-100k"
 FIELD_NAMES = ("movie_id", "age_bucket", "gender", "occupation", "release_year_bucket", "genre")
@@ -131,9 +136,12 @@ def verify_movielens(cache_dir: Path, expected_rows: dict[str, int] | None = Non
     return summary
 
 
-def extract_movielens(wheel: Path, cache_dir: Path, expected_rows: dict[str, int] | None = None) -> dict[str, dict]:
-    """Extract the three ml-100k files from a recbole wheel into `cache_dir`, verify them and
-    write manifest.json; return the manifest's file table. Refuses a wheel without them."""
+def extract_movielens(
+    wheel: Path, cache_dir: Path, expected_rows: dict[str, int] | None = None, expected_sha256: dict[str, str] | None = None
+) -> dict[str, dict]:
+    """Extract the three ml-100k files from a recbole wheel into `cache_dir`, verify them (row
+    counts; sha256 when `expected_sha256` is given) and write manifest.json; return the
+    manifest's file table. Refuses (ValueError) a wheel without them or a file that differs."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel) as archive:
@@ -147,6 +155,9 @@ def extract_movielens(wheel: Path, cache_dir: Path, expected_rows: dict[str, int
                 shutil.copyfileobj(source, target)
             temporary.replace(cache_dir / name)
     summary = verify_movielens(cache_dir, expected_rows)
+    for name, digest in (expected_sha256 or {}).items():
+        if summary[name]["sha256"] != digest:
+            raise ValueError(f"{cache_dir / name}: sha256 {summary[name]['sha256']} differs from the known {digest}")
     manifest = {"source": RECBOLE_REQUIREMENT, "wheel": Path(wheel).name, "files": summary}
     temporary = cache_dir / "manifest.json.partial"
     temporary.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -164,7 +175,7 @@ def fetch_movielens(cache_dir: str | Path | None = None) -> Path:
         wheels = sorted(Path(download_dir).glob("recbole-*.whl"))
         if completed.returncode != 0 or not wheels:
             raise RuntimeError(f"`{' '.join(command)}` failed:\n{completed.stderr.strip() or completed.stdout.strip()}")
-        extract_movielens(wheels[0], cache_dir)
+        extract_movielens(wheels[0], cache_dir, expected_sha256=KNOWN_SHA256)
     return cache_dir
 
 

@@ -329,6 +329,8 @@ def probability_metrics(click: np.ndarray, conversion: np.ndarray, p_ctr: np.nda
     """Return AUC, log loss and NE (log loss / entropy of the label rate) for CTR, CVR (clicked
     examples) and CTCVR, plus the observed label rates."""
     result: dict[str, float] = {}
+    click, conversion = np.asarray(click, dtype=np.float64), np.asarray(conversion, dtype=np.float64)
+    p_ctr, p_cvr = np.asarray(p_ctr, dtype=np.float64), np.asarray(p_cvr, dtype=np.float64)
     clicked = click > 0.5
     tasks = {
         "ctr": (click, p_ctr),
