@@ -48,7 +48,7 @@ class CriteoConfig:
     eval_path: str | None = None
     train_examples: int | None = None
     eval_examples: int = 0
-    hash_size: int | tuple[int, ...] = 100_003
+    hash_size: int | tuple[int, ...] = 20_011
     shuffle_buffer: int = 65_536
 
     def __post_init__(self) -> None:
