@@ -239,6 +239,10 @@ def _hadamard(value: Any, where: str) -> Optional[int]:
 
 def _parse_policy(name: str, table: Any) -> LinearPolicy:
     where = f"[policies.{name}]"
+    if isinstance(table, dict) and "backend" in table:  # a policy of another backend (Transformer Engine)
+        from mxlab.te_backend import parse_backend_policy
+
+        return parse_backend_policy(name, table)
     _check_keys(table, POLICY_KEYS, where)
     scale_mode = _check_choice(table.get("scale_mode", "floor"), SCALE_MODES, "scale_mode", f"{where}.scale_mode")
     rounding_fwd, rounding_grad = _roundings(table.get("rounding", "nearest_even"), where)
@@ -320,7 +324,7 @@ def parse_recipe(table: dict[str, Any], source: Optional[str] = None, name: Opti
     try:
         policies = {policy_name: _parse_policy(policy_name, policy) for policy_name, policy in policies_table.items()}
         default = table.get("default")
-        if default not in policies:
+        if not isinstance(default, str) or default not in policies:
             raise _fail("default", f"names unknown policy {default!r}; policies: {', '.join(policies)}")
         rules_table = table.get("rules", [])
         if not isinstance(rules_table, list):
@@ -331,7 +335,7 @@ def parse_recipe(table: dict[str, Any], source: Optional[str] = None, name: Opti
             _check_keys(rule, RULE_KEYS, rule_where)
             if not isinstance(rule.get("match"), str) or not rule["match"]:
                 raise _fail(rule_where, f"needs match = \"PATTERN\" (fnmatch on module names), got {rule.get('match')!r}")
-            if rule.get("policy") not in policies:
+            if not isinstance(rule.get("policy"), str) or rule["policy"] not in policies:
                 raise _fail(rule_where, f"names unknown policy {rule.get('policy')!r}; policies: {', '.join(policies)}")
             rules.append(Rule(rule["match"], rule["policy"]))
         attention = _parse_attention(table["attention"], policies[default]) if "attention" in table else None
@@ -441,11 +445,14 @@ class PlanEntry:
     quantized: bool
     gemms: dict[str, str]  # GEMM (fwd/dgrad/wgrad or qk/pv) -> precision in words
     padded: list[str] = field(default_factory=list)
+    backend: str = "mxlab"  # mxlab (emulation) | te (the module became a Transformer Engine te.Linear)
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "module": self.module, "kind": self.kind, "policy": self.policy, "rule": self.rule,
             "quantized": self.quantized, "gemms": dict(self.gemms), "padded": list(self.padded),
+            "backend": self.backend, "note": self.note,
         }
 
 
@@ -479,6 +486,7 @@ class Plan:
             "quantized": self.quantized_modules,
             "high_precision": self.high_precision_modules,
             "padded": self.padded_modules,
+            "backends": {entry.module: entry.backend for entry in self.entries if entry.backend != "mxlab"},
             "loss_scaling": dict(self.loss_scaling),
         }
 
@@ -492,6 +500,7 @@ class Plan:
             else:
                 precision = "high precision (unchanged)"
             notes = "padded " + ", ".join(entry.padded) if entry.padded and entry.quantized else ""
+            notes = "; ".join(text for text in (f"backend {entry.backend}" if entry.backend != "mxlab" else "", notes, entry.note) if text)
             rows.append([entry.module, entry.kind, entry.policy, entry.rule, precision, notes])
         widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
         lines = [f"recipe {self.recipe} (seed {self.seed}): {len(self.quantized_modules)} quantized, "
@@ -517,7 +526,9 @@ def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
     nn.Linear); every JaggedAttention gets `policy` = AttentionPolicy or None. `seed` (the run seed)
     seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
     Refuses (ValueError) a rule that matches no reachable module, listing the reachable names, and
-    a model with no reachable module at all.
+    a model with no reachable module at all. A linear module whose policy has backend = "te" becomes
+    a Transformer Engine te.Linear (see mxlab.te_backend, which refuses, before any swap, with
+    BackendUnavailableError when TE cannot run here).
     """
     from mxlab.nn.linear import QLinear
 
@@ -535,9 +546,18 @@ def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
                 f"(recipes name modules of one model; the shipped ones use the GEM model's names). "
                 f"Reachable modules: {shown}"
             )
+    te_linears = [(name, module, recipe.policy_for(name)[0]) for name, module, kind in reachable
+                  if kind == "linear" and getattr(recipe.policy_for(name)[0], "backend", "mxlab") == "te"]
+    if te_linears:  # refuses (TE missing, no CUDA, unsupported recipe, unaligned module) before any swap
+        from mxlab import te_backend
+
+        te_handle = te_backend.check_te_linears(te_linears)
     entries = []
     for name, module, kind in reachable:
         policy, rule = recipe.policy_for(name)
+        if kind == "linear" and getattr(policy, "backend", "mxlab") == "te":
+            entries.append(te_backend.apply_te_policy(model, name, module, policy, rule, te_handle))
+            continue
         if kind == "linear":
             precision = policy.to_precision(name, module_seed(seed, name))
             if isinstance(module, QLinear):

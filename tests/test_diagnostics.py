@@ -18,7 +18,8 @@ def mx_layer(in_features=32, out_features=32, scale_mode="floor", fmt="e4m3"):
     return QLinear(in_features, out_features, bias=False, precision=precision)
 
 
-def test_exactly_representable_operands_give_infinite_sqnr_and_no_saturation():
+@pytest.mark.parametrize("autocast", [False, True])
+def test_exactly_representable_operands_give_infinite_sqnr_and_no_saturation(autocast):
     layer = mx_layer()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():  # small integers times powers of two: exact in E4M3 with any block scale here
@@ -26,7 +27,9 @@ def test_exactly_representable_operands_give_infinite_sqnr_and_no_saturation():
     x = (torch.randint(-8, 9, (64, 32), generator=generator).float() * 2).requires_grad_()
     monitor = NumericsMonitor(layer, every=1)
     with monitor.sampling(0):
-        layer(x).backward(torch.randint(-4, 5, (64, 32), generator=generator).float())
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):  # the shadow stays FP32 too
+            out = layer(x)
+        out.backward(torch.randint(-4, 5, (64, 32), generator=generator).float())
     records = {record["gemm"]: record for record in monitor.drain()}
     assert set(records) == {"fwd", "dgrad", "wgrad"}
     for record in records.values():

@@ -4,7 +4,8 @@
 shared by every batch entry). Every GEMM is emulated exactly: each operand is quantized and
 dequantized with `mxlab.quant.fake_quantize` in float32 (blocks of 32 along the contraction
 dimension, zero-padded when that dimension is not a multiple of 32), the product is
-accumulated in float32, and the result is returned in a's dtype.
+accumulated in float32, and the result is returned in a's dtype. Per-tensor FP8 operands
+(`fp8_tensor_e4m3`, `fp8_tensor_e5m2`) use one current scale for the whole tensor.
 
 | GEMM | product | operand blocks run along |
 |---|---|---|
@@ -19,9 +20,16 @@ key-axis blocks of P @ V and of the gradients start at each sequence's first key
 padded with zeros change neither the blocks of the real keys nor the product.
 
 A GEMM whose two operands are both high precision (`bf16` or `fp32`) is a plain
-`torch.matmul` of the unmodified operands in their own dtype: "bf16" means the precision
-the baseline model runs in (BF16 on a BF16 model, FP32 on an FP32 CPU model), so such a GEMM is
-bit-identical to the baseline's. A high-precision operand of a mixed GEMM is used as is.
+`torch.matmul` of the unmodified operands: "bf16" means the precision the baseline model runs
+in (under `torch.autocast(dtype=bfloat16)` such a GEMM follows autocast exactly as nn.Linear
+does, the backward included; without autocast it runs in the operands' dtype), so it is
+bit-identical to the baseline's. A high-precision operand of a mixed GEMM is used as is, in
+float32. Emulated GEMMs always run with autocast off: FP32 accumulation, result cast to the
+dtype of a (forward and grad of a) or of b (grad of b).
+
+A (32, 32) tile is transpose-invariant, so when the grad-of-a GEMM quantizes b exactly as the
+forward did (same spec, deterministic rounding, no Hadamard) the forward's quantized b is
+reused, as hardware would (QLinear: one quantized weight per step for fwd and dgrad).
 
 Stochastic rounding and the random Hadamard transform need seeds. Each `MatmulPrecision`
 carries a base `seed` and a counter of forward calls; the seed of operand slot s at call
@@ -105,7 +113,7 @@ class OperandQuant:
         return self.fmt in MX_FORMATS
 
     def describe(self) -> str:
-        """A short human-readable description, e.g. `e4m3 b32 rceil sr`."""
+        """A short description, e.g. `e4m3 b32 rceil stochastic` or `fp8_tensor_e5m2`."""
         if not self.block_scaled:
             rounding = "" if self.high_precision or self.rounding == "nearest_even" else f" {self.rounding}"
             return f"{self.fmt}{rounding}"
@@ -133,9 +141,6 @@ class GemmQuant:
     @property
     def high_precision(self) -> bool:
         return self.a.high_precision and self.b.high_precision and self.hadamard is None
-
-    def uses_stochastic_rounding(self) -> bool:
-        return any(op.rounding == "stochastic" and not op.high_precision for op in (self.a, self.b))
 
 
 def _all_fp32() -> GemmQuant:
@@ -279,11 +284,11 @@ def _gemm(
         a_q = _fake_quantize_operand(a_in, quant.a, a_axis, seeds[0])
         b_q = b_quantized if b_quantized is not None else _fake_quantize_operand(b_in, quant.b, b_axis, seeds[1])
         out = torch.matmul(op(a_q, transpose_a), op(b_q, transpose_b))
-    if _observer is not None:
-        _observer(
-            name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
-            a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_axis=a_axis, b_axis=b_axis,
-        )
+        if _observer is not None:
+            _observer(
+                name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
+                a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_axis=a_axis, b_axis=b_axis,
+            )
     return out.to(out_dtype), a_q, b_q
 
 
