@@ -428,5 +428,11 @@ def run_study(
     if report:
         from mxlab.report import write_report
 
-        outcome.report_paths = dict(write_report(out_dir))
+        try:
+            outcome.report_paths = dict(write_report(out_dir))
+        except Exception as error:
+            raise RuntimeError(
+                f"every run is finished and saved under {out_dir / 'runs'}, but writing the report failed: "
+                f"{type(error).__name__}: {error}. Re-render it with `mxlab report {out_dir}`."
+            ) from error
     return outcome

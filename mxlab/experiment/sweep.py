@@ -64,13 +64,19 @@ def _recipe_for(name_or_path: str, spec: ExperimentSpec) -> tuple[Any, str, str]
     return load_recipe(resolved), name_or_path, str(resolved)
 
 
+def _ne_and_auc(eval_npz: Path) -> dict[str, dict[str, float]]:
+    """{task: {ne, auc}} of one eval.npz (no per-user metrics: a short run's eval set may not support them)."""
+    from mxlab.metrics import load_eval, task_metrics, task_views
+
+    views = task_views(load_eval(eval_npz))
+    return {task: task_metrics(views[task].labels, views[task].probs) for task in SWEEP_TASKS}
+
+
 def _run_deltas(run_dir: Path, baseline_dir: Path) -> dict[str, float] | None:
     """{ne_pct_TASK, auc_TASK} of a run against its seed's baseline; None when the run diverged."""
-    from mxlab.metrics import evaluate_run
-
     if not (run_dir / "eval.npz").exists():
         return None
-    run, base = evaluate_run(run_dir / "eval.npz"), evaluate_run(baseline_dir / "eval.npz")
+    run, base = _ne_and_auc(run_dir / "eval.npz"), _ne_and_auc(baseline_dir / "eval.npz")
     deltas = {}
     for task in SWEEP_TASKS:
         deltas[f"ne_pct_{task}"] = 100.0 * (run[task]["ne"] - base[task]["ne"]) / base[task]["ne"]

@@ -177,5 +177,46 @@ def test_loss_scale_collapse_is_a_divergence_but_skipped_steps_are_not(source, s
     assert done["status"] == "finished" and done["skipped_steps"] == 10
 
 
-def test_parallel_workers_write_the_same_runs_as_the_sequential_runner(source, spec_path, tmp_path):
-    pytest.skip("needs the real mxlab.data/models/recipe in the worker subprocess")
+def test_sweep_layers_command_ranks_every_module(source, spec_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from mxlab.cli import app
+
+    out = tmp_path / "study"
+    result = CliRunner().invoke(
+        app, ["sweep-layers", str(spec_path), "--recipe", "noisy", "--seeds", "0", "--steps", "2", "--device", "cpu", "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Layer sensitivity of `noisy`" in result.output
+    ranking = json.loads((out / "sweep/sweep.json").read_text())["ranking"]
+    modules = ["tower.0", "tower.2", "ctr", "cvr"]
+    assert sorted(entry["module"] for entry in ranking) == sorted(modules)
+    scores = [entry["only"]["ne_pct_mean"] for entry in ranking]
+    assert scores == sorted(scores, reverse=True) and all(np.isfinite(scores))
+    for module in modules:  # every run was trained for 2 steps, only-this and all-but-this
+        for kind in ("only", "allbut"):
+            done = json.loads((out / f"sweep/runs/{kind}--{module}/seed0/done.json").read_text())
+            assert done["steps"] == 2 and done["status"] == "finished"
+    table = (out / "sweep/sweep.md").read_text()
+    assert all(f"`{module}`" in table for module in modules)
+
+    again = CliRunner().invoke(app, ["sweep-layers", str(spec_path), "--recipe", "noisy", "--seeds", "0", "--steps", "2",
+                                     "--device", "cpu", "--out", str(out)])
+    assert again.exit_code == 2 and "--resume" in again.output
+    bad = CliRunner().invoke(app, ["sweep-layers", str(spec_path), "--recipe", "nope", "--device", "cpu", "--out", str(out)])
+    assert bad.exit_code == 2 and "unknown arm/recipe 'nope'" in bad.output
+
+
+def test_run_command_refuses_bad_input_before_training(source, spec_path, tmp_path):
+    from typer.testing import CliRunner
+
+    from mxlab.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", str(spec_path), "--device", "cpu", "--out", str(tmp_path / "o"), "--set", 'arms=["base", "missing"]'])
+    assert result.exit_code == 2 and "unknown arm/recipe 'missing'" in result.output and "available recipes" in result.output
+    assert not (tmp_path / "o").exists() and source.served == []
+    result = runner.invoke(app, ["run", str(spec_path), "--device", "tpu"])
+    assert result.exit_code == 2 and "unknown device 'tpu'" in result.output
+    result = runner.invoke(app, ["run", str(spec_path), "--set", "train.lr"])
+    assert result.exit_code == 2 and "key=value" in result.output
