@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
 from os import PathLike
 from pathlib import Path
@@ -172,7 +174,8 @@ def judge(delta: float, low: float, high: float, metric: DeltaMetric, threshold:
 
 @dataclass(frozen=True)
 class RunStatus:
-    """One run's state from its done.json: finished, diverged (with the step) or missing (no done.json)."""
+    """One run's state from its done.json: finished, diverged (with the step), skipped (its backend could
+    not run there; `reason` says why) or missing (no done.json)."""
 
     arm: str
     seed: int
@@ -181,6 +184,7 @@ class RunStatus:
     diverged_at_step: int | None = None
     steps: int | None = None
     wall_s: float | None = None
+    reason: str | None = None
 
 
 @dataclass
@@ -226,11 +230,12 @@ def load_study(study_dir: str | PathLike) -> StudyData:
                 continue
             done = json.loads(done_path.read_text())
             status = done.get("status")
-            if status not in ("finished", "diverged"):
-                raise ValueError(f"{done_path}: status {status!r}; accepted: 'finished', 'diverged'")
+            if status not in ("finished", "diverged", "skipped"):
+                raise ValueError(f"{done_path}: status {status!r}; accepted: 'finished', 'diverged', 'skipped'")
             if status == "finished" and not (path / "eval.npz").is_file():
                 raise ValueError(f"{path} is finished but has no eval.npz")
-            runs[(arm, seed)] = RunStatus(arm, seed, status, path, done.get("diverged_at_step"), done.get("steps"), done.get("wall_s"))
+            runs[(arm, seed)] = RunStatus(arm, seed, status, path, done.get("diverged_at_step"), done.get("steps"), done.get("wall_s"),
+                                          done.get("reason") if status == "skipped" else None)
     return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs)
 
 
@@ -251,36 +256,44 @@ class DeLongResult:
     high: float
 
 
-def _midranks(x: np.ndarray) -> np.ndarray:
-    return scipy_stats.rankdata(x, method="average")
+def delong_components(labels: np.ndarray, scores: np.ndarray) -> tuple[float, np.ndarray]:
+    """(AUC, structural component of every example in eval order), from one sort (Sun and Xu 2014).
+
+    A positive's component is the fraction of negatives it outranks (ties half); a negative's is the
+    fraction of positives that outrank it. Refuses fewer than two examples of either class."""
+    y = np.asarray(labels, dtype=np.float64)
+    positive = y == 1
+    m, n = int(positive.sum()), int(y.size - positive.sum())
+    if m < 2 or n < 2:
+        raise ValueError(f"DeLong needs at least two positives and two negatives, got {m} and {n}")
+    s = np.asarray(scores, dtype=np.float64)
+    order = np.argsort(s, kind="stable")
+    s_sorted, pos_sorted = s[order], positive[order]
+    rank_all = metrics.midranks_of_sorted(s_sorted)
+    component = np.empty(y.size)
+    # midrank among all minus midrank within the own class = how many of the other class rank below (ties half)
+    component[order[pos_sorted]] = (rank_all[pos_sorted] - metrics.midranks_of_sorted(s_sorted[pos_sorted])) / n
+    component[order[~pos_sorted]] = 1.0 - (rank_all[~pos_sorted] - metrics.midranks_of_sorted(s_sorted[~pos_sorted])) / m
+    auc = float(component[positive].mean())
+    return auc, component
+
+
+def _delong_from_components(labels: np.ndarray, aucs: list[float], components: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    positive = np.asarray(labels) == 1
+    stacked = np.array(components)
+    cov = (np.atleast_2d(np.cov(stacked[:, positive])) / positive.sum()
+           + np.atleast_2d(np.cov(stacked[:, ~positive])) / (~positive).sum())
+    return np.array(aucs), cov
 
 
 def delong_covariance(labels: np.ndarray, scores: Iterable[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """Fast DeLong (Sun and Xu 2014): (AUCs (k,), covariance matrix (k, k)) of k score vectors on the
-    same labelled examples, O(k n log n). Refuses a single label class."""
-    y = np.asarray(labels, dtype=np.float64)
-    positive = y == 1
-    m, n = int(positive.sum()), int((~positive).sum())
-    if m < 2 or n < 2:
-        raise ValueError(f"DeLong needs at least two positives and two negatives, got {m} and {n}")
-    aucs, v_pos, v_neg = [], [], []
-    for s in scores:
-        s = np.asarray(s, dtype=np.float64)
-        x, z = s[positive], s[~positive]
-        rank_all = _midranks(np.concatenate([x, z]))
-        rank_x, rank_z = _midranks(x), _midranks(z)
-        # structural components: for each positive, the fraction of negatives it beats (ties half), and
-        # for each negative, the fraction of positives that beat it
-        v_pos.append((rank_all[:m] - rank_x) / n)
-        v_neg.append(1.0 - (rank_all[m:] - rank_z) / m)
-        aucs.append((rank_all[:m].sum() - m * (m + 1) / 2) / (m * n))
-    cov = np.atleast_2d(np.cov(np.array(v_pos))) / m + np.atleast_2d(np.cov(np.array(v_neg))) / n
-    return np.array(aucs), cov
+    same labelled examples, O(k n log n). Refuses fewer than two examples of either class."""
+    parts = [delong_components(labels, s) for s in scores]
+    return _delong_from_components(labels, [a for a, _ in parts], [c for _, c in parts])
 
 
-def delong_test(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, confidence: float = 0.95) -> DeLongResult:
-    """DeLong test of AUC(scores_a) - AUC(scores_b) on the same examples (see :func:`delong_covariance`)."""
-    aucs, cov = delong_covariance(labels, [scores_a, scores_b])
+def _delong_result(aucs: np.ndarray, cov: np.ndarray, confidence: float) -> DeLongResult:
     delta = float(aucs[0] - aucs[1])
     var = float(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1])
     se = math.sqrt(max(var, 0.0))
@@ -291,6 +304,11 @@ def delong_test(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, 
         p = float(2 * scipy_stats.norm.sf(abs(z)))
     q = float(scipy_stats.norm.ppf(0.5 + confidence / 2))
     return DeLongResult(float(aucs[0]), float(aucs[1]), delta, se, z, p, delta - q * se, delta + q * se)
+
+
+def delong_test(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, confidence: float = 0.95) -> DeLongResult:
+    """DeLong test of AUC(scores_a) - AUC(scores_b) on the same examples (see :func:`delong_covariance`)."""
+    return _delong_result(*delong_covariance(labels, [scores_a, scores_b]), confidence)
 
 
 # ----------------------------------------------------------------------------- bootstrap
@@ -333,7 +351,7 @@ class _SortedRun:
             np.bincount(user_index, weights=log_loss, minlength=n_users),
             np.bincount(user_index, weights=probs, minlength=n_users),
         ], axis=1)
-        bin_index = metrics.equal_mass_bin_index(probs, n_bins)
+        bin_index = metrics.equal_mass_bin_index(probs, n_bins, order)
         bin_gap = np.bincount(user_index * n_bins + bin_index, weights=probs - labels, minlength=n_users * n_bins)
         return cls(users_sorted[negative_positions], users_sorted[positive_positions], before,
                    None if np.array_equal(before, through) else through, per_user, bin_gap.reshape(n_users, n_bins))
@@ -356,6 +374,15 @@ class _SortedRun:
             pair_weight = (counts_auc[:, self.positive_users] * earned).sum(axis=1, dtype=np.float64)
             auc = pair_weight / (positives * (total - positives))
             return {"auc": auc, "ne": (log_loss / total) / entropy, "calibration": predicted / positives, "ece": ece}
+
+
+def _thread_map(function: Any, items: list[Any]) -> list[Any]:
+    """function over items on a thread pool (numpy releases the GIL in sorts, gathers and cumulative sums)."""
+    workers = min(len(items), os.cpu_count() or 1)
+    if workers <= 1:
+        return [function(item) for item in items]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(function, items))
 
 
 def user_resample_counts(n_users: int, n_resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -388,12 +415,13 @@ def bootstrap_run_metrics(
     if n_resamples < 1:
         raise ValueError(f"n_resamples must be >= 1, got {n_resamples}")
     rng = np.random.default_rng(seed)
-    prepared = {
-        run: {task: _SortedRun.build(np.asarray(labels[task], dtype=np.float64), np.asarray(p, dtype=np.float64),
-                                     user_index[task], n_users, n_bins)
-              for task, p in tasks.items()}
-        for run, tasks in predictions.items()
-    }
+    keys = [(run, task) for run, tasks in predictions.items() for task in tasks]
+    built = _thread_map(lambda key: _SortedRun.build(np.asarray(labels[key[1]], dtype=np.float64),
+                                                     np.asarray(predictions[key[0]][key[1]], dtype=np.float64),
+                                                     user_index[key[1]], n_users, n_bins), keys)
+    prepared: dict[Any, dict[str, _SortedRun]] = {run: {} for run in predictions}
+    for (run, task), item in zip(keys, built):
+        prepared[run][task] = item
     n_max = max(v.size for v in labels.values())
     chunk = max(1, min(n_resamples, chunk_elements // max(n_max, 1)))
     out: dict[Any, dict[str, dict[str, list[np.ndarray]]]] = {
@@ -405,11 +433,10 @@ def bootstrap_run_metrics(
         counts = user_resample_counts(n_users, size, rng)
         # float32 cumulative weights stay exact integers below 2^24; larger eval sets use float64
         counts64, counts_auc = counts.astype(np.float64), counts.astype(np.float32 if n_max < 2**23 else np.float64)
-        for task in labels:
-            for run, tasks in prepared.items():
-                if task in tasks:
-                    for name, values in tasks[task].weighted_metrics(counts64, counts_auc).items():
-                        out[run][task].setdefault(name, []).append(values)
+        results = _thread_map(lambda key: prepared[key[0]][key[1]].weighted_metrics(counts64, counts_auc), keys)
+        for (run, task), result in zip(keys, results):
+            for name, values in result.items():
+                out[run][task].setdefault(name, []).append(values)
         done += size
     return {run: {task: {k: np.concatenate(v) for k, v in t.items()} for task, t in tasks.items()} for run, tasks in out.items()}
 
@@ -668,12 +695,15 @@ def analyze_study(study_dir: str | PathLike | StudyData, *, n_resamples: int | N
                                      f"{reference_key[0]}/seed{reference_key[1]}: runs must share the eval set, in the same order")
         arrays[key] = loaded
 
-    run_metrics: dict[str, dict[int, dict[str, dict[str, float]]]] = {arm: {} for arm in study.arms}
-    for (arm, seed), loaded in arrays.items():
+    def evaluate(key: tuple[str, int]) -> dict[str, dict[str, float]]:
         try:
-            run_metrics[arm][seed] = metrics.evaluate_run(loaded)
+            return metrics.evaluate_run(arrays[key])
         except ValueError as error:
-            raise ValueError(f"{arm}/seed{seed}: {error}") from error
+            raise ValueError(f"{key[0]}/seed{key[1]}: {error}") from error
+
+    run_metrics: dict[str, dict[int, dict[str, dict[str, float]]]] = {arm: {} for arm in study.arms}
+    for (arm, seed), result in zip(arrays, _thread_map(evaluate, list(arrays))):
+        run_metrics[arm][seed] = result
 
     base = study.baseline
     base_seeds = [s for s in study.seeds if (base, s) in arrays]
@@ -698,6 +728,9 @@ def analyze_study(study_dir: str | PathLike | StudyData, *, n_resamples: int | N
         boot = bootstrap_run_metrics(labels, task_users, n_users, {k: predictions[k] for k in compared_keys},
                                      n_resamples=settings.bootstrap_resamples, seed=settings.bootstrap_seed)
         point = {(arm, s): run_metrics[arm][s] for arm, s in compared_keys}
+        component_keys = [(key, task) for key in compared_keys for task in metrics.TASKS]
+        components = dict(zip(component_keys, _thread_map(
+            lambda item: delong_components(labels[item[1]], predictions[item[0]][item[1]]), component_keys)))
         for arm in study.arms:
             if arm == base:
                 continue
@@ -707,8 +740,9 @@ def analyze_study(study_dir: str | PathLike | StudyData, *, n_resamples: int | N
                 comparisons += _compare_pairs(arm, pairs, point, boot, settings, n_examples, n_users)
                 for s in paired:
                     for task, y in labels.items():
-                        delong[(arm, task, s)] = delong_test(y, predictions[(arm, s)][task], predictions[(base, s)][task],
-                                                             settings.interval_confidence)
+                        (auc_arm, comp_arm), (auc_base, comp_base) = components[((arm, s), task)], components[((base, s), task)]
+                        delong[(arm, task, s)] = _delong_result(
+                            *_delong_from_components(y, [auc_arm, auc_base], [comp_arm, comp_base]), settings.interval_confidence)
         if len(base_seeds) >= 2:
             first = base_seeds[0]
             pairs = {s: ((base, s), (base, first)) for s in base_seeds[1:]}

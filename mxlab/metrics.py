@@ -32,7 +32,6 @@ from os import PathLike
 from typing import Mapping
 
 import numpy as np
-from scipy.stats import rankdata
 
 TASKS: tuple[str, ...] = ("ctr", "cvr", "ctcvr")
 TASK_DESCRIPTIONS: dict[str, str] = {
@@ -87,6 +86,23 @@ def _require_both_classes(labels: np.ndarray, what: str) -> None:
         raise ValueError(f"{what} is undefined with a single label class (n={labels.size}, positives={n_pos})")
 
 
+def midranks_of_sorted(sorted_values: np.ndarray) -> np.ndarray:
+    """1-based average ranks of an already sorted array (tied values share the mean of their ranks), O(n)."""
+    n = sorted_values.size
+    new_value = np.ones(n, dtype=bool)
+    new_value[1:] = sorted_values[1:] != sorted_values[:-1]
+    starts = np.flatnonzero(new_value)
+    ends = np.append(starts[1:], n)
+    return ((starts + ends + 1) / 2.0)[np.cumsum(new_value) - 1]
+
+
+def _auc_of_sorted(labels_sorted: np.ndarray, scores_sorted: np.ndarray) -> float:
+    ranks = midranks_of_sorted(scores_sorted)
+    n_pos = labels_sorted.sum()
+    n_neg = labels_sorted.size - n_pos
+    return float((ranks[labels_sorted == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Exact ROC AUC with ties counted one half (mid-ranks), O(n log n).
 
@@ -97,10 +113,8 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     if s.shape != y.shape or not np.isfinite(s).all():
         raise ValueError(f"scores must be finite with shape {y.shape}, got shape {s.shape}")
     _require_both_classes(y, "AUC")
-    ranks = rankdata(s, method="average")
-    n_pos = y.sum()
-    n_neg = y.size - n_pos
-    return float((ranks[y == 1].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    order = np.argsort(s, kind="stable")
+    return _auc_of_sorted(y[order], s[order])
 
 
 def per_example_log_loss(labels: np.ndarray, probs: np.ndarray, clip: float = PROBABILITY_CLIP) -> np.ndarray:
@@ -149,39 +163,51 @@ class ReliabilityBins:
     count: np.ndarray
 
 
-def equal_mass_bin_index(probs: np.ndarray, n_bins: int = ECE_BINS) -> np.ndarray:
+def equal_mass_bin_index(probs: np.ndarray, n_bins: int = ECE_BINS, order: np.ndarray | None = None) -> np.ndarray:
     """Bin index (0..n_bins-1) of each prediction for equal-count bins of the sorted predictions.
 
-    Ties across a bin border are split by eval order (a stable sort). Refuses n_bins < 1 or
-    more bins than predictions.
+    Ties across a bin border are split by eval order (a stable sort; pass ``order``, the stable
+    argsort of ``probs``, when it is already known). Refuses n_bins < 1 or more bins than predictions.
     """
     probs = np.asarray(probs)
     if not 1 <= n_bins <= probs.size:
         raise ValueError(f"n_bins must be in [1, {probs.size}] (the number of predictions), got {n_bins!r}")
-    order = np.argsort(probs, kind="stable")
+    if order is None:
+        order = np.argsort(probs, kind="stable")
     index = np.empty(probs.size, dtype=np.int64)
     # position k of the sorted order goes to bin floor(k * n_bins / n): sizes differ by at most one
     index[order] = (np.arange(probs.size, dtype=np.int64) * n_bins) // probs.size
     return index
 
 
-def reliability_bins(labels: np.ndarray, probs: np.ndarray, n_bins: int = ECE_BINS) -> ReliabilityBins:
-    """Equal-count reliability bins (see :func:`equal_mass_bin_index`)."""
-    y = _as_labels(labels)
-    p = _as_probabilities(probs, y.size)
-    index = equal_mass_bin_index(p, n_bins)
+def _reliability_of_sorted(labels_sorted: np.ndarray, probs_sorted: np.ndarray, n_bins: int) -> ReliabilityBins:
+    n = probs_sorted.size
+    if not 1 <= n_bins <= n:
+        raise ValueError(f"n_bins must be in [1, {n}] (the number of predictions), got {n_bins!r}")
+    index = (np.arange(n, dtype=np.int64) * n_bins) // n
     count = np.bincount(index, minlength=n_bins).astype(np.float64)
     return ReliabilityBins(
-        mean_prediction=np.bincount(index, weights=p, minlength=n_bins) / count,
-        mean_label=np.bincount(index, weights=y, minlength=n_bins) / count,
+        mean_prediction=np.bincount(index, weights=probs_sorted, minlength=n_bins) / count,
+        mean_label=np.bincount(index, weights=labels_sorted, minlength=n_bins) / count,
         count=count,
     )
 
 
+def _ece_of_bins(bins: ReliabilityBins) -> float:
+    return float(np.sum(bins.count / bins.count.sum() * np.abs(bins.mean_prediction - bins.mean_label)))
+
+
+def reliability_bins(labels: np.ndarray, probs: np.ndarray, n_bins: int = ECE_BINS) -> ReliabilityBins:
+    """Equal-count reliability bins (see :func:`equal_mass_bin_index`)."""
+    y = _as_labels(labels)
+    p = _as_probabilities(probs, y.size)
+    order = np.argsort(p, kind="stable")
+    return _reliability_of_sorted(y[order], p[order], n_bins)
+
+
 def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, n_bins: int = ECE_BINS) -> float:
     """ECE over equal-count bins: sum_b (n_b / n) |mean prediction_b - mean label_b|."""
-    bins = reliability_bins(labels, probs, n_bins)
-    return float(np.sum(bins.count / bins.count.sum() * np.abs(bins.mean_prediction - bins.mean_label)))
+    return _ece_of_bins(reliability_bins(labels, probs, n_bins))
 
 
 def group_auc(labels: np.ndarray, scores: np.ndarray, user_id: np.ndarray) -> tuple[float, int]:
@@ -195,7 +221,8 @@ def group_auc(labels: np.ndarray, scores: np.ndarray, user_id: np.ndarray) -> tu
     users = np.asarray(user_id)
     if s.shape != y.shape or users.shape != y.shape:
         raise ValueError(f"labels, scores and user_id must have the same shape; got {y.shape}, {s.shape}, {users.shape}")
-    order = np.lexsort((s, users))
+    by_score = np.argsort(s, kind="stable")
+    order = by_score[np.argsort(users[by_score], kind="stable")]  # by user, then by score
     s_sorted, y_sorted, u_sorted = s[order], y[order], users[order]
     n = y.size
     new_user = np.ones(n, dtype=bool)
@@ -241,15 +268,18 @@ def task_metrics(
     y = _as_labels(labels)
     p = _as_probabilities(probs, y.size)
     _require_both_classes(y, "task metrics (AUC, NE)")
+    order = np.argsort(p, kind="stable")
+    y_sorted, p_sorted = y[order], p[order]
+    mean_log_loss = log_loss(y, p, clip)
     out: dict[str, float] = {
         "n": float(y.size),
         "positives": float(y.sum()),
         "base_rate": float(y.mean()),
-        "auc": auc(y, p),
-        "log_loss": log_loss(y, p, clip),
-        "ne": normalized_entropy(y, p, clip),
+        "auc": _auc_of_sorted(y_sorted, p_sorted),
+        "log_loss": mean_log_loss,
+        "ne": mean_log_loss / base_rate_entropy(float(y.mean())),
         "calibration": calibration(y, p),
-        "ece": expected_calibration_error(y, p, n_bins),
+        "ece": _ece_of_bins(_reliability_of_sorted(y_sorted, p_sorted, n_bins)),
     }
     if user_id is not None:
         out["gauc"], users = group_auc(y, p, user_id)

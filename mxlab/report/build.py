@@ -128,6 +128,9 @@ def _conclusions(analysis: StudyAnalysis) -> list[Block]:
         status += "; diverged (left out of every delta): " + ", ".join(diverged)
     if missing:
         status += "; not run or not finished (left out): " + ", ".join(missing)
+    skipped = [f"{r.arm}/seed{r.seed} ({r.reason})" for r in runs if r.status == "skipped"]
+    if skipped:
+        status += "; skipped before training, the backend cannot run here (left out): " + ", ".join(skipped)
     return [Heading("Conclusions", 2), BulletList(items or ["The study has no arm besides the baseline."]),
             Paragraph(status + ".")]
 
@@ -431,7 +434,7 @@ def compare_studies(dir_a: str | os.PathLike, dir_b: str | os.PathLike) -> str:
     flat_a, flat_b = _flatten(study_a.spec), _flatten(study_b.spec)
     lines = [f"# Comparing studies A = `{a_dir}` ({study_a.name}) and B = `{b_dir}` ({study_b.name})", ""]
     differing = [k for k in sorted(set(flat_a) | set(flat_b)) if flat_a.get(k, "(absent)") != flat_b.get(k, "(absent)")
-                 and not k.startswith("truth.")]
+                 and not k.startswith("truth.") and k != "created"]
     lines += ["## Spec differences", ""]
     if differing:
         lines += ["| key | A | B |", "|---|---|---|"]
