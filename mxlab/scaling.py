@@ -140,15 +140,14 @@ class LossScaler:
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Unscale the gradients, step the optimizer unless skipped, update the scale; return whether it stepped."""
-        finite = self._unscale(optimizer)
-        take_step = finite or self.policy == "none"
-        if take_step:
+        finite = self.policy == "none" or self._unscale(optimizer)  # `none` neither unscales nor checks
+        if finite:
             optimizer.step()
         else:
             self.skipped_steps += 1
         self._after_step(finite)
         self.steps += 1
-        return take_step
+        return finite
 
     def state_dict(self) -> dict[str, Any]:
         return {
