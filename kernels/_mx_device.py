@@ -1,0 +1,167 @@
+"""In-kernel MX fake quantization (quantize then dequantize) of register tiles, for fused kernels.
+
+These Triton device functions follow docs/numerics.md step by step with integer operations on
+float32 bit patterns, so a tile quantized here equals `mxlab.reference.fake_quantize_blocks` bit
+for bit (deterministic roundings: nearest_even, nearest_away, toward_zero; stochastic rounding
+is not offered here because its counter is the element's index in the quantized tensor, which a
+fused kernel does not have).
+
+An operand's format, scale mode and rounding travel as one packed integer constexpr
+(`operand_code`), so a kernel with many quantized operands keeps a short signature.
+"""
+from __future__ import annotations
+
+import struct
+
+import triton
+import triton.language as tl
+
+from mxlab.formats import ElementFormat, get_format
+
+DEVICE_SCALE_MODES = ("floor", "ceil", "rceil", "even")
+DEVICE_ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero")
+BLOCK = 32
+
+
+def _fraction23(value: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
+
+
+def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str) -> int:
+    """Pack an MX element format, scale mode and rounding into one int for `fake_quant_tile`.
+
+    Layout (bits): MBITS 0-2, EMIN + 16 at 3-7, EMAX 8-11, IS_INT 12, SCALE_MODE 13-14,
+    ROUNDING 15-16, MMAX >> 16 at 17-23 (the top 7 bits of the max normal's 23-bit fraction;
+    its lower 16 bits are zero in every format). Refuses stochastic rounding and unknown names.
+    """
+    element = get_format(fmt) if isinstance(fmt, str) else fmt
+    if scale_mode not in DEVICE_SCALE_MODES:
+        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(DEVICE_SCALE_MODES)}")
+    if rounding not in DEVICE_ROUNDINGS:
+        raise ValueError(f"rounding {rounding!r} is not available inside fused kernels; accepted: {', '.join(DEVICE_ROUNDINGS)}")
+    mmax = _fraction23(element.max_normal)
+    if mmax & 0xFFFF or not 0 <= element.mbits <= 7 or not -16 <= element.emin <= 15 or not 0 <= element.emax <= 15:
+        raise ValueError(f"format {element.name} does not fit the packed operand code")
+    return (
+        element.mbits
+        | ((element.emin + 16) << 3)
+        | (element.emax << 8)
+        | (int(element.is_int) << 12)
+        | (DEVICE_SCALE_MODES.index(scale_mode) << 13)
+        | (DEVICE_ROUNDINGS.index(rounding) << 15)
+        | ((mmax >> 16) << 17)
+    )
+
+
+@triton.jit
+def _floor_log2_small(v):
+    """floor(log2 v) for int32 v in [1, 2^24) (the int-to-float conversion is exact)."""
+    return (v.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+
+
+@triton.jit
+def _pow2(e):
+    """float32 2^e for int32 e in [-149, 127] (subnormal powers included)."""
+    normal = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)
+    subnormal = (1 << tl.minimum(tl.maximum(e + 149, 0), 22)).to(tl.float32, bitcast=True)
+    return tl.where(e >= -126, normal, subnormal)
+
+
+@triton.jit
+def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
+    """Clamped unbiased E8M0 exponent S of blocks with amax bit patterns `amax` (finite, >= 0)."""
+    exponent = amax >> 23
+    fraction = amax & 0x7FFFFF
+    p = tl.maximum(_floor_log2_small(tl.maximum(fraction, 1)), 0)
+    is_normal = exponent > 0
+    log2_floor = tl.where(is_normal, exponent - 127, p - 149)
+    m = tl.where(is_normal, fraction, (fraction << (23 - p)) & 0x7FFFFF)
+    s = log2_floor - EMAX
+    if SCALE_MODE == 1:
+        s += (m != 0).to(tl.int32)
+    elif SCALE_MODE == 2:
+        s += (m > MMAX).to(tl.int32)
+    elif SCALE_MODE == 3:
+        keep = m >> (23 - MBITS)
+        rest = m & ((1 << (23 - MBITS)) - 1)
+        half = 1 << (22 - MBITS)
+        up = (rest > half) | ((rest == half) & ((keep & 1) == 1))
+        s += (keep + up.to(tl.int32)) >> MBITS
+    s = tl.minimum(tl.maximum(s, -127), 127)
+    return tl.where(amax == 0, -127, s)
+
+
+@triton.jit
+def _fake_quant_elements(x, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
+                         MMAX: tl.constexpr, ROUNDING: tl.constexpr):
+    """dequantize(quantize(x)) in float32 for float32 x at unbiased scale exponents s (broadcast)."""
+    bits = x.to(tl.int32, bitcast=True)
+    magnitude = bits & 0x7FFFFFFF
+    exponent = magnitude >> 23
+    fraction = magnitude & 0x7FFFFF
+    is_normal = exponent > 0
+    significand = tl.where(is_normal, fraction | 0x800000, fraction)
+    value_exp = tl.where(is_normal, exponent - 150, -149)  # |x| = significand * 2^value_exp
+    log2_floor = tl.where(is_normal, exponent - 127, _floor_log2_small(tl.maximum(fraction, 1)) - 149)
+    if IS_INT:
+        quantum_exp = s - MBITS + log2_floor * 0
+    else:
+        quantum_exp = tl.maximum(log2_floor, s + EMIN) - MBITS
+    shift = quantum_exp - value_exp
+    # shift >= 25 rounds every mode used here to 0 (significand < 2^24 <= half); clamping keeps that.
+    clamped = tl.minimum(tl.maximum(shift, 1), 25)
+    quotient = significand >> clamped
+    remainder = significand & ((1 << clamped) - 1)
+    half = 1 << (clamped - 1)
+    if ROUNDING == 0:
+        up = (remainder > half) | ((remainder == half) & ((quotient & 1) == 1))
+        n = quotient + up.to(tl.int32)
+    elif ROUNDING == 1:
+        n = quotient + (remainder >= half).to(tl.int32)
+    else:
+        n = quotient
+    max_in_element_units = (((EMAX + 127) << 23) | MMAX + s * 0).to(tl.float32, bitcast=True)
+    element = tl.minimum(n.to(tl.float32) * _pow2(quantum_exp - s), max_in_element_units)
+    rounded = element * _pow2(s)
+    exact = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    result = tl.where(shift <= 0, exact.to(tl.float32, bitcast=True), rounded).to(tl.int32, bitcast=True)
+    if IS_INT:
+        sign = tl.where(result != 0, bits & -2147483648, 0)  # int8 has no -0
+    else:
+        sign = bits & -2147483648
+    return (result | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fake_quant_blocks(x3, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
+    """Fake-quantize a float32 3-D view whose blocks of 32 run along BLOCK_AXIS (1 or 2)."""
+    MBITS: tl.constexpr = CODE & 7
+    EMIN: tl.constexpr = ((CODE >> 3) & 31) - 16
+    EMAX: tl.constexpr = (CODE >> 8) & 15
+    IS_INT: tl.constexpr = (CODE >> 12) & 1
+    SCALE_MODE: tl.constexpr = (CODE >> 13) & 3
+    ROUNDING: tl.constexpr = (CODE >> 15) & 3
+    MMAX: tl.constexpr = ((CODE >> 17) & 127) << 16
+    magnitude = x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    amax = tl.max(magnitude, axis=BLOCK_AXIS)
+    special = amax >= 0x7F800000
+    s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
+    s = tl.expand_dims(s, BLOCK_AXIS)
+    values = _fake_quant_elements(x3, s, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+    return tl.where(tl.expand_dims(special, BLOCK_AXIS), float("nan"), values)
+
+
+@triton.jit
+def fake_quant_tile(x, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr):
+    """Fake-quantize a float32 (ROWS, COLS) tile in blocks of 32 along AXIS (0: down the rows,
+    1: along each row); the blocks start at the tile's first row/column. Returns float32."""
+    if AXIS == 1:
+        x3 = tl.reshape(x, (ROWS, COLS // 32, 32))
+        y3 = _fake_quant_blocks(x3, 2, CODE)
+    else:
+        x3 = tl.reshape(x, (ROWS // 32, 32, COLS))
+        y3 = _fake_quant_blocks(x3, 1, CODE)
+    return tl.reshape(y3, (ROWS, COLS))
+
+
+__all__ = ["operand_code", "fake_quant_tile", "DEVICE_SCALE_MODES", "DEVICE_ROUNDINGS", "BLOCK"]

@@ -1,0 +1,686 @@
+"""Jagged flash attention in Triton, forward and backward, with exact MX emulation of QK^T and PV.
+
+`jagged_attention(q, k, v, q_offsets, k_offsets, causal=..., activation=..., policy=...)`
+computes what `mxlab.nn.attention.JaggedAttention` computes (same layout, same masks, same
+normalisation, same quantized operands) without padding and without a materialized score
+matrix. Queries are ``(total_q, heads, head_dim)``, keys and values ``(total_k, heads,
+head_dim)``, example ``i`` owns ``q[q_offsets[i]:q_offsets[i+1]]`` and
+``k[k_offsets[i]:k_offsets[i+1]]``; self-attention passes the same offsets twice,
+cross-attention and pooled (PMA) attention pass short query runs against long key runs.
+
+Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"``):
+
+- ``S = Q K^T`` accumulated in float32 and rounded to the input dtype, then ``s = S * head_dim**-0.5``
+  in float32; softmax over the example's own (and, causal, earlier) keys with float32 statistics,
+  or ``silu(s) / n_keys`` with ``n_keys`` the example's number of keys (masked entries are 0).
+- An example without keys gets exact zeros; an example without queries contributes nothing
+  (its keys and values get zero gradients).
+- MX mode (``policy`` with ``qk`` and ``pv`` MatmulPrecisions, as `mxlab.recipe` builds them):
+  every operand of the six products is fake-quantized inside the kernel, in blocks of 32 that
+  restart at each example's first key / first query, exactly as `qmatmul` quantizes them in the
+  reference's padded layout:
+
+  | product | operand blocks run along |
+  |---|---|
+  | S = Q K^T | Q: head dim (qk.fwd.a), K: head dim (qk.fwd.b) |
+  | O = P V | P (normalized probabilities): keys (pv.fwd.a), V: keys (pv.fwd.b) |
+  | dP = dO V^T | dO: head dim (pv.grad_a.a), V: head dim (pv.grad_a.b) |
+  | dV = P^T dO | P: queries (pv.grad_b.a), dO: queries (pv.grad_b.b) |
+  | dQ = dS K | dS: keys (qk.grad_a.a), K: keys (qk.grad_a.b) |
+  | dK = dS^T Q | Q: queries (qk.grad_b.a), dS: queries (qk.grad_b.b) |
+
+  dS is the gradient of the rounded S, i.e. rounded to the input dtype after the scale. The
+  softmax P that is quantized is the normalized one, so the MX softmax forward takes two passes
+  over the keys (statistics, then P and PV); the backward's row term ``sum_j P dP`` is computed
+  from the quantized dP operands (through ``P @ quant(V along head dim)``, kept from the forward),
+  not from the output. Quantized values are exact in bfloat16, so every product is an exact
+  bfloat16 tensor-core product with float32 accumulation: the kernel and the reference differ
+  only in the order of float32 accumulation (and of the softmax denominator's sum).
+- Inputs are bfloat16 or float16; float32 too in MX mode (then S and the gradients are not rounded,
+  as in the reference).
+- BF16 mode (``policy=None``): the usual flash-attention algorithm: softmax P is rounded to the
+  input dtype before normalisation (the reference rounds it after), and the backward's row
+  term is ``rowsum(dO * O)``; SiLU is exact as above.
+
+Refused (`unsupported_reason` says why; the caller falls back to the reference): stochastic
+rounding (its counter is an element's index in the reference's padded tensor), (32, 32) blocks,
+per-tensor FP8 or high-precision operands inside an MX policy, per-layer gradient scaling,
+installed GEMM observers, head dims that are not a power of two in [16, 256] (MX: >= 32).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from mxlab.kernels._mx_device import fake_quant_tile, operand_code
+
+ACTIVATIONS = ("softmax", "silu")
+
+
+def _interpreter_loop_bounds() -> None:
+    """Let the Triton interpreter use loaded scalars as `range` bounds.
+
+    The interpreter keeps scalars as one-element arrays and converts them with `int(array)`,
+    which NumPy >= 2.4 refuses for arrays with ndim > 0; the kernels' loops end at lengths
+    loaded from the offsets. Only runs under TRITON_INTERPRET=1; compiled kernels are unaffected.
+    """
+    from triton.runtime import interpreter
+
+    original = interpreter._patch_lang_tensor
+    if getattr(original, "_accepts_one_element_bounds", False):
+        return
+
+    def patch(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patch._accepts_one_element_bounds = True  # type: ignore[attr-defined]
+    interpreter._patch_lang_tensor = patch
+
+
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
+    _interpreter_loop_bounds()
+
+_F32_LOWEST = -3.4028234663852886e38
+
+
+# ----------------------------------------------------------------------------- device code
+@triton.jit
+def _maybe_quant(x, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr, QUANT: tl.constexpr):
+    """x (float32) fake-quantized along AXIS when QUANT, else x."""
+    if QUANT:
+        return fake_quant_tile(x, ROWS, COLS, AXIS, CODE)
+    else:
+        return x
+
+
+@triton.jit
+def _rne_bfloat16(x):
+    """float32 x rounded to the nearest bfloat16 (ties to even) by integer ops, as float32."""
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_to(x, DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
+    """float32 x rounded to DTYPE (nearest even), as float32. BY_BITS rounds bfloat16 with integer
+    ops: the interpreter's float32 -> bfloat16 conversion truncates."""
+    if BY_BITS and DTYPE == tl.bfloat16:
+        return _rne_bfloat16(x)
+    else:
+        return x.to(DTYPE).to(tl.float32)
+
+
+@triton.jit
+def _dot_operand(x, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
+    """float32 x rounded to OP_DTYPE, held in DOT_DTYPE (see `_scores`)."""
+    if BY_BITS:
+        return _round_to(x, OP_DTYPE, True).to(DOT_DTYPE)
+    else:
+        return _dot_operand(x, OP_DTYPE, DOT_DTYPE, BY_BITS)
+
+
+@triton.jit
+def _scores(q_dot, k_dot, sm_scale, S_DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
+    """s = float32(round_to_input_dtype(Q K^T)) * scale, as the reference rounds the product.
+
+    Dot operands are rounded to OP_DTYPE (bfloat16 in MX mode, where quantized values are exact
+    in it) and held in DOT_DTYPE: OP_DTYPE on the GPU, float32 under the interpreter (whose
+    bfloat16 dot is unreliable; the products are the same exact values)."""
+    raw = tl.dot(q_dot, tl.trans(k_dot))
+    return _round_to(raw, S_DTYPE, BY_BITS) * sm_scale
+
+
+@triton.jit
+def _allowed(offs_m, offs_n, q_len, k_len, CAUSAL: tl.constexpr):
+    allowed = (offs_m[:, None] < q_len) & (offs_n[None, :] < k_len)
+    if CAUSAL:
+        allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+    return allowed
+
+
+@triton.jit
+def _probabilities(s, allowed, m_row, l_row, n_keys, SILU: tl.constexpr):
+    """Normalized P of the reference: exp(s - m) / l, or silu(s) / n_keys; 0 where not allowed."""
+    if SILU:
+        p = s / (1.0 + tl.exp(-s)) / n_keys
+    else:
+        p = tl.exp(s - m_row[:, None]) / l_row[:, None]
+    return tl.where(allowed, p, 0.0)
+
+
+@triton.jit
+def _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE: tl.constexpr, SILU: tl.constexpr, BY_BITS: tl.constexpr):
+    """dS as the reference's autograd gives it: d(s) * scale rounded to the input dtype."""
+    if SILU:
+        sig = 1.0 / (1.0 + tl.exp(-s))
+        ds = dp / n_keys * (sig * (1.0 + s * (1.0 - sig)))
+    else:
+        ds = p * (dp - delta_row[:, None])
+    ds = tl.where(allowed, ds * sm_scale, 0.0)
+    return _round_to(ds, S_DTYPE, BY_BITS)
+
+
+@triton.jit
+def _jagged_attention_fwd(
+    Q, K, V, O, OU, M, L,
+    q_offsets, k_offsets, tile_seq, tile_start,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    total_q, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr, WRITE_OU: tl.constexpr,
+    S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
+    Q_CODE: tl.constexpr, K_CODE: tl.constexpr, P_CODE: tl.constexpr, V_CODE: tl.constexpr, VD_CODE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    seq = tl.load(tile_seq + pid)
+    start_m = tl.load(tile_start + pid)
+    q_begin = tl.load(q_offsets + seq)
+    q_len = (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32)
+    k_begin = tl.load(k_offsets + seq)
+    k_len = (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32)
+    n_keys = tl.maximum(k_len, 1).to(tl.float32)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < q_len
+    q_ptrs = Q + (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+    q_dot = _dot_operand(_maybe_quant(q.to(tl.float32), BLOCK_M, HEAD_DIM, 1, Q_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+    k_base = K + k_begin * stride_kt + head * stride_kh
+    v_base = V + k_begin * stride_vt + head * stride_vh
+
+    hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(k_len, start_m + BLOCK_M)
+
+    m_i = tl.full([BLOCK_M], _F32_LOWEST, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc_u = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    if SILU or not QUANT:
+        # One pass: silu needs no statistics; BF16 softmax rescales the running sum (flash style).
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + offs_n0
+            key_ok = offs_n < k_len
+            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            k_dot = _dot_operand(_maybe_quant(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+            allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+            if SILU:
+                p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
+                p_dot = _dot_operand(_maybe_quant(p, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                v_dot = _dot_operand(_maybe_quant(v.to(tl.float32), BLOCK_N, HEAD_DIM, 0, V_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                acc += tl.dot(p_dot, v_dot)
+            else:
+                s = tl.where(allowed, s, _F32_LOWEST)
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
+                alpha = tl.exp(m_i - m_new)
+                l_i = l_i * alpha + tl.sum(p, 1)
+                acc = acc * alpha[:, None] + tl.dot(_dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS), _dot_operand(v, OP_DTYPE, DOT_DTYPE, BY_BITS))
+                m_i = m_new
+        if not SILU:
+            acc = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+    else:
+        # MX softmax: the reference quantizes normalized P, so take the statistics first.
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + offs_n0
+            key_ok = offs_n < k_len
+            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            k_dot = _dot_operand(fake_quant_tile(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+            allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+            s = tl.where(allowed, s, _F32_LOWEST)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
+            l_i = l_i * tl.exp(m_i - m_new) + tl.sum(p, 1)
+            m_i = m_new
+        l_safe = tl.where(l_i > 0, l_i, 1.0)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + offs_n0
+            key_ok = offs_n < k_len
+            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+            k_dot = _dot_operand(fake_quant_tile(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+            allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+            p = _probabilities(s, allowed, m_i, l_safe, n_keys, False)
+            p_dot = _dot_operand(fake_quant_tile(p, BLOCK_M, BLOCK_N, 1, P_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            v32 = v.to(tl.float32)
+            acc += tl.dot(p_dot, _dot_operand(fake_quant_tile(v32, BLOCK_N, HEAD_DIM, 0, V_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS))
+            if WRITE_OU:
+                # P @ quant(V along head dim), P split in two bfloat16 parts (relative error < 2^-16).
+                vd_dot = _dot_operand(fake_quant_tile(v32, BLOCK_N, HEAD_DIM, 1, VD_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                p_high = _dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS)
+                p_low = _dot_operand(p - _round_to(p, OP_DTYPE, BY_BITS), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                acc_u += tl.dot(p_high, vd_dot) + tl.dot(p_low, vd_dot)
+
+    o_ptrs = O + (q_begin + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+    tl.store(o_ptrs, _round_to(acc, O.dtype.element_ty, BY_BITS).to(O.dtype.element_ty), mask=row_ok[:, None])
+    stat_index = head * total_q + q_begin + offs_m
+    tl.store(M + stat_index, m_i, mask=row_ok)
+    tl.store(L + stat_index, l_i, mask=row_ok)
+    if WRITE_OU:
+        ou_ptrs = OU + (q_begin + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
+        tl.store(ou_ptrs, acc_u, mask=row_ok[:, None])
+
+
+@triton.jit
+def _jagged_attention_bwd_dkdv(
+    Q, K, V, DO, M, L, DELTA, DK, DV,
+    q_offsets, k_offsets, tile_seq, tile_start,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    total_q, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
+    S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
+    Q_CODE: tl.constexpr, K_CODE: tl.constexpr, DOD_CODE: tl.constexpr, VD_CODE: tl.constexpr,
+    PM_CODE: tl.constexpr, DOM_CODE: tl.constexpr, QM_CODE: tl.constexpr, DSM_CODE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    seq = tl.load(tile_seq + pid)
+    start_n = tl.load(tile_start + pid)
+    q_begin = tl.load(q_offsets + seq)
+    q_len = (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32)
+    k_begin = tl.load(k_offsets + seq)
+    k_len = (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32)
+    n_keys = tl.maximum(k_len, 1).to(tl.float32)
+
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_ok = offs_n < k_len
+    k = tl.load(K + (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    v = tl.load(V + (k_begin + offs_n)[:, None] * stride_vt + head * stride_vh + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+    k_dot = _dot_operand(_maybe_quant(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+    vd_dot = _dot_operand(_maybe_quant(v.to(tl.float32), BLOCK_N, HEAD_DIM, 1, VD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+    q_base = Q + q_begin * stride_qt + head * stride_qh
+    do_base = DO + q_begin * stride_ot + head * stride_oh
+    stat_base = head * total_q + q_begin
+
+    lo = 0
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    for start_m in range(lo, q_len, BLOCK_M):
+        offs_m = start_m + offs_m0
+        row_ok = offs_m < q_len
+        q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * stride_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        m_row = tl.load(M + stat_base + offs_m, mask=row_ok, other=0.0)
+        l_row = tl.load(L + stat_base + offs_m, mask=row_ok, other=1.0)
+        delta_row = tl.load(DELTA + stat_base + offs_m, mask=row_ok, other=0.0)
+        q32 = q.to(tl.float32)
+        do32 = do.to(tl.float32)
+        q_dot = _dot_operand(_maybe_quant(q32, BLOCK_M, HEAD_DIM, 1, Q_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+        allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+        l_safe = tl.where(l_row > 0, l_row, 1.0)
+        p = _probabilities(s, allowed, m_row, l_safe, n_keys, SILU)
+        p_dot = _dot_operand(_maybe_quant(p, BLOCK_M, BLOCK_N, 0, PM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        dom_dot = _dot_operand(_maybe_quant(do32, BLOCK_M, HEAD_DIM, 0, DOM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        dv += tl.dot(tl.trans(p_dot), dom_dot)
+        dod_dot = _dot_operand(_maybe_quant(do32, BLOCK_M, HEAD_DIM, 1, DOD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        dp = tl.dot(dod_dot, tl.trans(vd_dot))
+        if not QUANT:
+            dp = _round_to(dp, S_DTYPE, BY_BITS)
+        ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
+        ds_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        qm_dot = _dot_operand(_maybe_quant(q32, BLOCK_M, HEAD_DIM, 0, QM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        dk += tl.dot(tl.trans(ds_dot), qm_dot)
+
+    dk_ptrs = DK + (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :]
+    dv_ptrs = DV + (k_begin + offs_n)[:, None] * stride_vt + head * stride_vh + offs_d[None, :]
+    tl.store(dk_ptrs, _round_to(dk, DK.dtype.element_ty, BY_BITS).to(DK.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(dv_ptrs, _round_to(dv, DV.dtype.element_ty, BY_BITS).to(DV.dtype.element_ty), mask=key_ok[:, None])
+
+
+@triton.jit
+def _jagged_attention_bwd_dq(
+    Q, K, V, DO, M, L, DELTA, DQ,
+    q_offsets, k_offsets, tile_seq, tile_start,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    total_q, sm_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
+    S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
+    Q_CODE: tl.constexpr, K_CODE: tl.constexpr, DOD_CODE: tl.constexpr, VD_CODE: tl.constexpr,
+    DSN_CODE: tl.constexpr, KN_CODE: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    seq = tl.load(tile_seq + pid)
+    start_m = tl.load(tile_start + pid)
+    q_begin = tl.load(q_offsets + seq)
+    q_len = (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32)
+    k_begin = tl.load(k_offsets + seq)
+    k_len = (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32)
+    n_keys = tl.maximum(k_len, 1).to(tl.float32)
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < q_len
+    q = tl.load(Q + (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + (q_begin + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    stat_index = head * total_q + q_begin + offs_m
+    m_row = tl.load(M + stat_index, mask=row_ok, other=0.0)
+    l_row = tl.load(L + stat_index, mask=row_ok, other=1.0)
+    l_safe = tl.where(l_row > 0, l_row, 1.0)
+    delta_row = tl.load(DELTA + stat_index, mask=row_ok, other=0.0)
+    q_dot = _dot_operand(_maybe_quant(q.to(tl.float32), BLOCK_M, HEAD_DIM, 1, Q_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+    dod_dot = _dot_operand(_maybe_quant(do.to(tl.float32), BLOCK_M, HEAD_DIM, 1, DOD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+    k_base = K + k_begin * stride_kt + head * stride_kh
+    v_base = V + k_begin * stride_vt + head * stride_vh
+
+    hi = k_len
+    if CAUSAL:
+        hi = tl.minimum(k_len, start_m + BLOCK_M)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        key_ok = offs_n < k_len
+        k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
+        k32 = k.to(tl.float32)
+        k_dot = _dot_operand(_maybe_quant(k32, BLOCK_N, HEAD_DIM, 1, K_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        vd_dot = _dot_operand(_maybe_quant(v.to(tl.float32), BLOCK_N, HEAD_DIM, 1, VD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+        allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+        p = _probabilities(s, allowed, m_row, l_safe, n_keys, SILU)
+        dp = tl.dot(dod_dot, tl.trans(vd_dot))
+        if not QUANT:
+            dp = _round_to(dp, S_DTYPE, BY_BITS)
+        ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
+        ds_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        kn_dot = _dot_operand(_maybe_quant(k32, BLOCK_N, HEAD_DIM, 0, KN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        dq += tl.dot(ds_dot, kn_dot)
+    tl.store(DQ + (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :], _round_to(dq, DQ.dtype.element_ty, BY_BITS).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------- host code
+@dataclass(frozen=True)
+class TileSizes:
+    """Tile sizes (multiples of 32 for MX; powers of two >= 16) and launch options of the three kernels."""
+
+    fwd_m: int = 128
+    fwd_n: int = 64
+    dkdv_m: int = 64
+    dkdv_n: int = 64
+    dq_m: int = 64
+    dq_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"tile size {name}={value} must be a power of two >= 16")
+
+
+DEFAULT_TILES = TileSizes()
+DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq_n=64)
+INTERPRETER_TILES = TileSizes(fwd_m=32, fwd_n=32, dkdv_m=32, dkdv_n=32, dq_m=32, dq_n=32, num_warps=1, num_stages=1)
+
+
+@dataclass(frozen=True)
+class _OperandCodes:
+    """Packed operand codes of the 12 quantized operands (None: BF16 mode)."""
+
+    q_d: int
+    k_d: int
+    p_n: int
+    v_n: int
+    do_d: int
+    v_d: int
+    p_m: int
+    do_m: int
+    ds_n: int
+    k_n: int
+    q_m: int
+    ds_m: int
+
+
+def _operand(quant: Any, where: str) -> int:
+    if quant.fmt not in ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8"):
+        raise ValueError(f"{where}: operand format {quant.fmt!r} is not an MX format; the kernel quantizes every operand in MX mode")
+    if quant.block != 32:
+        raise ValueError(f"{where}: block {quant.block!r} is not supported by the kernel; accepted: 32")
+    return operand_code(quant.fmt, quant.scale_mode, quant.rounding)
+
+
+def _codes(policy: Any) -> Optional[_OperandCodes]:
+    """Operand codes of an attention policy; None for policy None. ValueError if unsupported."""
+    if policy is None:
+        return None
+    qk, pv = getattr(policy, "qk", None), getattr(policy, "pv", None)
+    if qk is None or pv is None:
+        raise ValueError("the kernel needs both attention products quantized (policy.qk and policy.pv set) or policy None")
+    for name, precision in (("qk", qk), ("pv", pv)):
+        if getattr(precision, "grad_scale", None) is not None:
+            raise ValueError(f"policy.{name}.grad_scale is set; per-layer gradient scaling is not supported by the kernel")
+        for gemm_name, gemm in (("fwd", precision.fwd), ("grad_a", precision.grad_a), ("grad_b", precision.grad_b)):
+            if gemm.hadamard is not None:
+                raise ValueError(f"policy.{name}.{gemm_name} uses a Hadamard transform; not supported by the kernel")
+    return _OperandCodes(
+        q_d=_operand(qk.fwd.a, "qk.fwd.a"), k_d=_operand(qk.fwd.b, "qk.fwd.b"),
+        p_n=_operand(pv.fwd.a, "pv.fwd.a"), v_n=_operand(pv.fwd.b, "pv.fwd.b"),
+        do_d=_operand(pv.grad_a.a, "pv.grad_a.a"), v_d=_operand(pv.grad_a.b, "pv.grad_a.b"),
+        p_m=_operand(pv.grad_b.a, "pv.grad_b.a"), do_m=_operand(pv.grad_b.b, "pv.grad_b.b"),
+        ds_n=_operand(qk.grad_a.a, "qk.grad_a.a"), k_n=_operand(qk.grad_a.b, "qk.grad_a.b"),
+        q_m=_operand(qk.grad_b.a, "qk.grad_b.a"), ds_m=_operand(qk.grad_b.b, "qk.grad_b.b"),
+    )
+
+
+def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax") -> Optional[str]:
+    """Why `jagged_attention` cannot run these inputs (a sentence), or None when it can."""
+    if activation not in ACTIVATIONS:
+        return f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}"
+    accepted = (torch.bfloat16, torch.float16) if policy is None else (torch.bfloat16, torch.float16, torch.float32)
+    if q.dtype not in accepted:
+        return f"dtype {q.dtype} is not supported {'without' if policy is None else 'with'} a policy; accepted: {', '.join(map(str, accepted))}"
+    head_dim = q.shape[-1] if q.dim() == 3 else 0
+    minimum = 32 if policy is not None else 16
+    if head_dim < minimum or head_dim > 256 or head_dim & (head_dim - 1):
+        return f"head_dim {head_dim} is not supported; accepted: powers of two from {minimum} to 256"
+    try:
+        _codes(policy)
+    except ValueError as error:
+        return str(error)
+    try:
+        from mxlab.nn import qmatmul as qmatmul_module
+
+        if policy is not None and getattr(qmatmul_module, "_observer", None) is not None:
+            return "a GEMM observer is installed (diagnostics need the reference's operands)"
+    except ImportError:
+        pass
+    return None
+
+
+def _tiles(offsets: torch.Tensor, lengths_for_work: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence index, start) of every `block`-row tile of every non-empty run, longest work first."""
+    lengths = offsets[1:] - offsets[:-1]
+    counts = (lengths + block - 1) // block
+    total = int(counts.sum())
+    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), counts, output_size=total)
+    first = torch.cumsum(counts, 0) - counts
+    start = (torch.arange(total, device=offsets.device) - first[seq]) * block
+    order = torch.argsort(lengths_for_work[seq], descending=True, stable=True)
+    return seq[order].to(torch.int32).contiguous(), start[order].to(torch.int32).contiguous()
+
+
+def _dtype_constexpr(dtype: torch.dtype) -> Any:
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def default_tiles(quantized: bool, device: torch.device) -> TileSizes:
+    """The tile sizes used when none are given: small ones under the interpreter."""
+    if _interpreting() or device.type != "cuda":
+        return INTERPRETER_TILES
+    return DEFAULT_MX_TILES if quantized else DEFAULT_TILES
+
+
+class _JaggedAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
+                causal: bool, silu: bool, codes: Optional[_OperandCodes], tiles: TileSizes, do_quant: Any) -> torch.Tensor:  # type: ignore[override]
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        total_q, heads, head_dim = q.shape
+        quant = codes is not None
+        out = torch.zeros_like(q)
+        m = torch.empty(heads, total_q, device=q.device, dtype=torch.float32)
+        l = torch.empty_like(m)
+        write_ou = quant and not silu
+        out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
+        q_lengths = q_offsets[1:] - q_offsets[:-1]
+        k_lengths = k_offsets[1:] - k_offsets[:-1]
+        tile_seq, tile_start = _tiles(q_offsets, k_lengths, tiles.fwd_m)
+        scale = head_dim ** -0.5
+        dtype = _dtype_constexpr(q.dtype)
+        common = dict(
+            HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=dtype,
+            OP_DTYPE=tl.bfloat16 if quant else dtype, DOT_DTYPE=tl.float32 if _interpreting() else (tl.bfloat16 if quant else dtype), BY_BITS=_interpreting(), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )
+        c = codes if codes is not None else _OperandCodes(*([0] * 12))
+        if tile_seq.numel() and heads:
+            _jagged_attention_fwd[(tile_seq.numel(), heads)](
+                q, k, v, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+                total_q, scale, BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou,
+                Q_CODE=c.q_d, K_CODE=c.k_d, P_CODE=c.p_n, V_CODE=c.v_n, VD_CODE=c.v_d, **common,
+            )
+        ctx.save_for_backward(q, k, v, out, out_u, m, l, q_offsets, k_offsets, q_lengths, k_lengths)
+        ctx.settings = (causal, silu, codes, tiles, write_ou, do_quant)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        q, k, v, out, out_u, m, l, q_offsets, k_offsets, q_lengths, k_lengths = ctx.saved_tensors
+        causal, silu, codes, tiles, write_ou, do_quant = ctx.settings
+        grad_out = grad_out.contiguous()
+        total_q, heads, head_dim = q.shape
+        quant = codes is not None
+        if silu:
+            delta = m  # unused
+        elif write_ou:
+            delta = _row_term_mx(grad_out, out_u, do_quant)
+        else:
+            delta = (grad_out.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        scale = head_dim ** -0.5
+        dtype = _dtype_constexpr(q.dtype)
+        common = dict(
+            HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=dtype,
+            OP_DTYPE=tl.bfloat16 if quant else dtype, DOT_DTYPE=tl.float32 if _interpreting() else (tl.bfloat16 if quant else dtype), BY_BITS=_interpreting(), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        )
+        c = codes if codes is not None else _OperandCodes(*([0] * 12))
+        strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), grad_out.stride(0), grad_out.stride(1))
+        work_q = torch.where(q_lengths > 0, q_lengths, torch.zeros_like(q_lengths))
+        kv_seq, kv_start = _tiles(k_offsets, work_q, tiles.dkdv_n)
+        keep = q_lengths[kv_seq.long()] > 0
+        kv_seq, kv_start = kv_seq[keep].contiguous(), kv_start[keep].contiguous()
+        if kv_seq.numel() and heads:
+            _jagged_attention_bwd_dkdv[(kv_seq.numel(), heads)](
+                q, k, v, grad_out, m, l, delta, dk, dv, q_offsets, k_offsets, kv_seq, kv_start, *strides,
+                total_q, scale, BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n,
+                Q_CODE=c.q_d, K_CODE=c.k_d, DOD_CODE=c.do_d, VD_CODE=c.v_d,
+                PM_CODE=c.p_m, DOM_CODE=c.do_m, QM_CODE=c.q_m, DSM_CODE=c.ds_m, **common,
+            )
+        q_seq, q_start = _tiles(q_offsets, k_lengths, tiles.dq_m)
+        if q_seq.numel() and heads:
+            _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
+                q, k, v, grad_out, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides,
+                total_q, scale, BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n,
+                Q_CODE=c.q_d, K_CODE=c.k_d, DOD_CODE=c.do_d, VD_CODE=c.v_d, DSN_CODE=c.ds_n, KN_CODE=c.k_n, **common,
+            )
+        return dq, dk, dv, None, None, None, None, None, None, None
+
+
+def _row_term_mx(grad_out: torch.Tensor, out_u: torch.Tensor, do_quant: Any) -> torch.Tensor:
+    """sum_j P_ij dP_ij = sum_d quant(dO along head dim)_id (P @ quant(V along head dim))_id, (heads, total_q)."""
+    from mxlab.quant import fake_quantize
+
+    do_q = fake_quantize(grad_out.float(), do_quant.fmt, block=32, axis=-1, scale_mode=do_quant.scale_mode, rounding=do_quant.rounding)
+    return (do_q * out_u).sum(-1).transpose(0, 1).contiguous()
+
+
+def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.device) -> None:
+    if offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() < 1:
+        raise ValueError(f"{name} must be a 1-D int64 tensor of batch+1 offsets; got dtype {offsets.dtype}, shape {tuple(offsets.shape)}")
+    if offsets.device != device:
+        raise ValueError(f"{name} is on {offsets.device}, the tensors on {device}; put them on one device")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
+        raise ValueError(f"{name} must start at 0 and end at the number of tokens ({total}); got {int(offsets[0])}..{int(offsets[-1])}")
+    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"{name} must be non-decreasing")
+
+
+def jagged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    k_offsets: torch.Tensor,
+    *,
+    causal: bool = False,
+    activation: str = "softmax",
+    policy: Any = None,
+    tiles: Optional[TileSizes] = None,
+) -> torch.Tensor:
+    """Attention over packed jagged sequences in Triton; returns (total_q, heads, head_dim) in q's dtype.
+
+    Differentiable with respect to q, k, v. ``policy`` is None (BF16 mode) or an attention policy
+    with ``qk`` and ``pv`` MatmulPrecisions (MX mode, see the module docstring). Refuses
+    (ValueError) what `unsupported_reason` names, mismatched shapes, devices or offsets, and
+    ``causal=True`` when an example has a different number of queries and keys.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}")
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        raise ValueError(f"q, k, v must be (tokens, heads, head_dim); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree on heads/head_dim or k != v")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    reason = unsupported_reason(q, policy, activation)
+    if reason is not None:
+        raise ValueError(reason)
+    _check_offsets("q_offsets", q_offsets, q.shape[0], q.device)
+    _check_offsets("k_offsets", k_offsets, k.shape[0], q.device)
+    if q_offsets.numel() != k_offsets.numel():
+        raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
+    if causal and not torch.equal(q_offsets, k_offsets):
+        raise ValueError("causal attention needs as many queries as keys in every example")
+    codes = _codes(policy)
+    if tiles is None:
+        tiles = default_tiles(codes is not None, q.device)
+    if codes is not None:
+        for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
+            if getattr(tiles, name) % 32:
+                raise ValueError(f"MX mode needs tile sizes that are multiples of 32; got {name}={getattr(tiles, name)}")
+    do_quant = policy.pv.grad_a.a if codes is not None else None
+    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles, do_quant)
+
+
+__all__ = ["jagged_attention", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]

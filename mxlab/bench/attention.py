@@ -1,0 +1,324 @@
+"""`mxlab bench attention`: the jagged attention kernel against padded SDPA and FlexAttention.
+
+Shapes (the H200 GEM model: 4 heads of 64): 512 sequences with log-normal lengths (mu 5.5,
+sigma 0.8, rounded and clipped to [8, 1024]); self-attention over the history (softmax, causal
+and not; SiLU), cross-attention (5 tokens per example attend to its history) and pooled
+attention (4 seed queries per example attend to its history). Everything runs forward +
+backward in BF16, timed with CUDA events after warm-up; the baselines run in the same process.
+
+Useful FLOPs count only pairs inside a sequence: 4 * Lq * Lk * D per head forward (causal: the
+pairs j <= i), x 3.5 for forward + backward. The kernel's MX mode (MXFP8 e4m3 operands, floor
+scales, nearest-even) is timed on the same shapes; its useful FLOPs are the same.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+N_SEQUENCES = 512
+HEADS = 4
+HEAD_DIM = 64
+LENGTH_MU, LENGTH_SIGMA, LENGTH_MIN, LENGTH_MAX = 5.5, 0.8, 8, 1024
+CROSS_TOKENS = 5  # candidate + 3 other fields + dense token of the synthetic source
+PMA_SEEDS = 4
+
+
+@dataclass
+class Shape:
+    """One benchmarked attention shape over the same jagged histories."""
+
+    name: str
+    kind: str  # self | cross
+    causal: bool
+    activation: str
+    queries_per_example: int = 0  # cross shapes only
+
+
+@dataclass
+class Measurement:
+    """Timing of one method on one shape (ms for forward + backward; None when it did not run)."""
+
+    shape: str
+    method: str
+    ms: Optional[float]
+    useful_tflops: Optional[float]
+    note: str = ""
+
+
+@dataclass
+class AttentionBenchResult:
+    """Everything `mxlab bench attention` prints, for --json."""
+
+    environment: dict[str, Any]
+    lengths: dict[str, float]
+    measurements: list[Measurement] = field(default_factory=list)
+    ratios: dict[str, float] = field(default_factory=dict)
+    checks: dict[str, float] = field(default_factory=dict)
+
+
+def sample_lengths(n: int = N_SEQUENCES, seed: int = 0) -> torch.Tensor:
+    """Log-normal history lengths (mu 5.5, sigma 0.8) rounded and clipped to [8, 1024], int64."""
+    generator = torch.Generator().manual_seed(seed)
+    normal = torch.randn(n, generator=generator, dtype=torch.float64)
+    lengths = torch.exp(LENGTH_MU + LENGTH_SIGMA * normal).round().clamp(LENGTH_MIN, LENGTH_MAX)
+    return lengths.to(torch.int64)
+
+
+def useful_flops(q_lengths: torch.Tensor, k_lengths: torch.Tensor, causal: bool, heads: int, head_dim: int) -> float:
+    """Forward + backward FLOPs of the (query, key) pairs inside each sequence: 3.5 x 4 x pairs x D x heads."""
+    if causal:
+        pairs = float((q_lengths * (q_lengths + 1) // 2).sum())
+    else:
+        pairs = float((q_lengths * k_lengths).sum())
+    return 3.5 * 4.0 * pairs * head_dim * heads
+
+
+def _offsets(lengths: torch.Tensor) -> torch.Tensor:
+    return torch.cat([lengths.new_zeros(1), torch.cumsum(lengths, 0)])
+
+
+def _time_ms(step: Callable[[], None], warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeat):
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _fwd_bwd(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], grad: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        for tensor in inputs:
+            tensor.grad = None
+        out = fn()
+        out.backward(grad)
+
+    return step
+
+
+def _mx_policy(fmt: str = "e4m3", scale_mode: str = "floor") -> Any:
+    from mxlab.nn.qmatmul import OperandQuant
+    from mxlab.recipe import AttentionPolicy, AttentionRecipe
+
+    operand = OperandQuant(fmt, 32, scale_mode, "nearest_even")
+    recipe = AttentionRecipe(operand, operand, operand, operand)
+    return AttentionPolicy(qk=recipe.product_precision("qk", "bench", 0), pv=recipe.product_precision("pv", "bench", 0))
+
+
+def _padded(x: torch.Tensor, lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """(total, H, D) packed -> (B, H, width, D) zero padded (differentiable)."""
+    batch = lengths.numel()
+    offsets = _offsets(lengths)
+    position = torch.arange(width, device=x.device)
+    valid = position[None, :] < lengths[:, None]
+    index = torch.where(valid, offsets[:-1, None] + position[None, :], torch.zeros_like(position)[None, :])
+    return (x[index] * valid[:, :, None, None].to(x.dtype)).transpose(1, 2)
+
+
+def run_attention_bench(
+    json_path: Optional[Path] = None,
+    *,
+    seed: int = 0,
+    warmup: int = 3,
+    repeat: int = 10,
+    sweep_tiles: bool = False,
+    print_fn: Callable[[str], None] = print,
+) -> AttentionBenchResult:
+    """Time the kernel (BF16 and MX) and the baselines on every shape; return (and optionally
+    write as JSON) the measurements. Refuses to run without CUDA (RuntimeError)."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("mxlab bench attention needs a CUDA device")
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from mxlab.kernels.jagged_attention import TileSizes, jagged_attention
+
+    device = torch.device("cuda")
+    dtype = torch.bfloat16
+    lengths = sample_lengths(seed=seed).to(device)
+    offsets = _offsets(lengths)
+    total = int(offsets[-1])
+    max_length = int(lengths.max())
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=dtype, generator=generator).requires_grad_()
+
+    history_q, history_k, history_v = randn(total, HEADS, HEAD_DIM), randn(total, HEADS, HEAD_DIM), randn(total, HEADS, HEAD_DIM)
+    compiled_flex = torch.compile(flex_attention)
+    mx_policy = _mx_policy()
+    result = AttentionBenchResult(
+        environment={
+            "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+            "triton": __import__("triton").__version__, "python": platform.python_version(),
+            "warmup": warmup, "repeat": repeat, "seed": seed,
+        },
+        lengths={
+            "n": float(lengths.numel()), "mean": float(lengths.double().mean()), "max": float(max_length),
+            "min": float(lengths.min()), "total_tokens": float(total),
+            "padded_fraction_useful": float((lengths.double() ** 2).sum() / (lengths.numel() * max_length**2)),
+        },
+    )
+    print_fn(
+        f"jagged attention bench: {lengths.numel()} sequences, lengths mean {result.lengths['mean']:.1f} max {max_length}, "
+        f"{HEADS} heads x {HEAD_DIM}, BF16, forward + backward ({result.environment['device']})"
+    )
+
+    shapes = [
+        Shape("self", "self", False, "softmax"),
+        Shape("self-causal", "self", True, "softmax"),
+        Shape("self-silu", "self", False, "silu"),
+        Shape(f"cross-{CROSS_TOKENS}", "cross", False, "softmax", CROSS_TOKENS),
+        Shape(f"pma-{PMA_SEEDS}", "cross", False, "softmax", PMA_SEEDS),
+    ]
+
+    def record(shape: Shape, method: str, ms: Optional[float], flops: float, note: str = "") -> None:
+        tflops = flops / (ms * 1e-3) / 1e12 if ms else None
+        result.measurements.append(Measurement(shape.name, method, ms, tflops, note))
+        shown = f"{ms:9.3f} ms {tflops:7.1f} useful TFLOP/s" if ms else f"{'-':>9}    {'':>7}"
+        print_fn(f"  {shape.name:<12} {method:<24} {shown} {note}")
+
+    for shape in shapes:
+        if shape.kind == "self":
+            q, k, v = history_q, history_k, history_v
+            q_lengths, q_offsets = lengths, offsets
+        else:
+            q_lengths = torch.full_like(lengths, shape.queries_per_example)
+            q_offsets = _offsets(q_lengths)
+            q = randn(int(q_offsets[-1]), HEADS, HEAD_DIM)
+            k, v = history_k, history_v
+        flops = useful_flops(q_lengths, lengths, shape.causal, HEADS, HEAD_DIM)
+        grad = torch.randn(q.shape, device=device, dtype=dtype, generator=generator)
+        inputs = [q, k, v]
+
+        def kernel(policy: Any = None, tiles: Optional[TileSizes] = None) -> torch.Tensor:
+            return jagged_attention(q, k, v, q_offsets, offsets, causal=shape.causal, activation=shape.activation, policy=policy, tiles=tiles)
+
+        kernel_out = kernel()
+        record(shape, "kernel bf16", _time_ms(_fwd_bwd(kernel, inputs, grad), warmup, repeat), flops)
+        record(shape, "kernel mxfp8", _time_ms(_fwd_bwd(lambda: kernel(mx_policy), inputs, grad), warmup, repeat), flops)
+        if sweep_tiles and shape.name in ("self", "self-causal"):
+            for tiles in _sweep_candidates():
+                for mode, policy in (("bf16", None), ("mxfp8", mx_policy)):
+                    if policy is not None and any(getattr(tiles, n) % 32 for n in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n")):
+                        continue
+                    try:
+                        ms = _time_ms(_fwd_bwd(lambda: kernel(policy, tiles), inputs, grad), 1, 5)
+                        fwd_ms = _time_ms(lambda: kernel(policy, tiles), 1, 5)
+                    except Exception as error:  # a tile that does not fit shared memory: report it, go on
+                        record(shape, f"  sweep {mode}", None, flops, f"{_tiles_text(tiles)} failed: {type(error).__name__}")
+                        continue
+                    record(shape, f"  sweep {mode}", ms, flops, f"{_tiles_text(tiles)} fwd {fwd_ms:.3f} ms")
+
+        # FlexAttention with a document mask over the packed tokens (one batch entry).
+        if shape.activation == "softmax":
+            q_doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), q_lengths)
+            k_doc = torch.repeat_interleave(torch.arange(lengths.numel(), device=device), lengths)
+            k_pos = torch.arange(total, device=device) - offsets[:-1][k_doc]
+            q_pos = torch.arange(q.shape[0], device=device) - q_offsets[:-1][q_doc]
+            causal = shape.causal
+
+            def document_mask(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+                same = q_doc[q_idx] == k_doc[kv_idx]
+                if causal:
+                    same = same & (k_pos[kv_idx] <= q_pos[q_idx])
+                return same
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                block_mask = create_block_mask(document_mask, None, None, q.shape[0], total, device=device)
+
+            def flex() -> torch.Tensor:
+                out = compiled_flex(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask)
+                return out[0].transpose(0, 1)
+
+            try:
+                flex_out = flex()
+                record(shape, "flex document mask", _time_ms(_fwd_bwd(flex, inputs, grad), warmup, repeat), flops)
+                difference = float((flex_out.float() - kernel_out.float()).abs().max())
+                result.checks[f"{shape.name}: max |kernel bf16 - flex|"] = difference
+            except Exception as error:  # report, keep the other numbers
+                record(shape, "flex document mask", None, flops, f"failed: {type(error).__name__}: {error}"[:200])
+
+            # Padded SDPA with a key mask.
+            q_width = int(q_lengths.max())
+            key_mask = (torch.arange(max_length, device=device)[None, :] < lengths[:, None])[:, None, None, :]
+            if causal:
+                key_mask = key_mask & torch.ones(q_width, max_length, dtype=torch.bool, device=device).tril()[None, None]
+
+            def padded_sdpa() -> torch.Tensor:
+                qp, kp, vp = _padded(q, q_lengths, q_width), _padded(k, lengths, max_length), _padded(v, lengths, max_length)
+                out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask)
+                valid = torch.arange(q_width, device=device)[None, :] < q_lengths[:, None]
+                return out.transpose(1, 2)[valid]
+
+            try:
+                record(shape, "padded sdpa key mask", _time_ms(_fwd_bwd(padded_sdpa, inputs, grad), warmup, repeat), flops)
+            except Exception as error:
+                record(shape, "padded sdpa key mask", None, flops, f"failed: {type(error).__name__}: {error}"[:200])
+        del kernel_out
+        torch.cuda.empty_cache()
+
+    by_key = {(m.shape, m.method): m.ms for m in result.measurements}
+    for shape in shapes:
+        flex_ms = by_key.get((shape.name, "flex document mask"))
+        sdpa_ms = by_key.get((shape.name, "padded sdpa key mask"))
+        for method in ("kernel bf16", "kernel mxfp8"):
+            ms = by_key.get((shape.name, method))
+            if ms and flex_ms:
+                result.ratios[f"{shape.name}: {method} / flex speed-up"] = flex_ms / ms
+            if ms and sdpa_ms:
+                result.ratios[f"{shape.name}: {method} / padded sdpa speed-up"] = sdpa_ms / ms
+    print_fn("speed-ups (time of the baseline / time of the kernel, same run):")
+    for name, ratio in result.ratios.items():
+        print_fn(f"  {name:<48} {ratio:6.2f}x")
+    for name, value in result.checks.items():
+        print_fn(f"  check {name}: {value:.3e}")
+    if json_path is not None:
+        _write_json_atomically(Path(json_path), asdict(result))
+        print_fn(f"wrote {json_path}")
+    return result
+
+
+def _tiles_text(tiles: Any) -> str:
+    return (f"fwd {tiles.fwd_m}x{tiles.fwd_n} dkdv {tiles.dkdv_m}x{tiles.dkdv_n} dq {tiles.dq_m}x{tiles.dq_n} "
+            f"w{tiles.num_warps} s{tiles.num_stages}")
+
+
+def _sweep_candidates() -> list[Any]:
+    from mxlab.kernels.jagged_attention import TileSizes
+
+    return [
+        TileSizes(128, 64, 64, 64, 64, 64, 4, 2),
+        TileSizes(128, 64, 64, 128, 128, 64, 8, 2),
+        TileSizes(128, 128, 32, 128, 128, 32, 8, 3),
+        TileSizes(64, 64, 64, 64, 64, 64, 4, 3),
+        TileSizes(64, 32, 32, 64, 64, 32, 4, 2),
+        TileSizes(128, 32, 32, 128, 128, 32, 4, 3),
+    ]
+
+
+def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        json.dump(payload, stream, indent=2)
+    os.replace(temporary, path)
+
+
+__all__ = ["run_attention_bench", "sample_lengths", "useful_flops", "AttentionBenchResult", "Measurement", "Shape"]

@@ -1,0 +1,266 @@
+"""The jagged attention kernel against the reference `JaggedAttention(backend="reference")`.
+
+CPU: the kernels run under TRITON_INTERPRET=1 (set here when there is no GPU) at tiny sizes.
+GPU (`-m gpu`): the benchmark's shape (512 sequences, log-normal lengths, 4 heads x 64).
+
+Tolerances, derived from what differs between the two implementations:
+
+- MX mode and SiLU: the kernel computes the reference's operands with the reference's roundings;
+  only the order of float32 accumulation differs (tiles versus one matmul, the softmax sum,
+  the backward's row term). A float32 result that is not near a rounding boundary then rounds
+  to the same output value, or to a neighbour: at most one unit in the last place (ulp) of the
+  output dtype. Near a boundary (a float32 value within a few float32 ulps of a tie of a later
+  rounding: S or dS to BF16, P or dS to the MX grid) one rounding may flip by one step, which
+  moves one quantized element by one quantum and perturbs the outputs along one row or column
+  by at most 2^-mbits of their terms. Flips are rare (about 2^-12 per rounded value for random
+  data) but at these sizes one flip touches a visible share of the elements. The test asserts:
+  at most FLIP_SHARE of the elements differ by more than one output ulp, and the whole
+  difference has a norm below 2^-mbits x the reference's norm (mbits of the coarsest operand
+  format used). A wrong block axis, block start or scale changes most elements by a few percent
+  and fails both.
+- BF16 mode with softmax: the kernel follows flash attention, which rounds the unnormalized P to
+  BF16 (the reference rounds the normalized P) and takes the backward's row term from the BF16
+  output. Each term of each sum then carries up to two extra BF16 roundings (2 x 2^-9 relative)
+  in a different place, so |difference| <= 2^-8 x sum |terms| + 1 ulp; with sums whose terms
+  cancel (softmax gradients) sum |terms| stays within a few times max |reference|, so the test
+  asserts |difference| <= 2^-6 max |reference| elementwise and a norm below 2^-7 of the reference's.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import types
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _import_kernels() -> types.ModuleType:
+    """mxlab.kernels.jagged_attention; an editable install made before kernels/ existed lacks the
+    package mapping, so fall back to the repository's kernels/ folder."""
+    try:
+        return importlib.import_module("mxlab.kernels.jagged_attention")
+    except ModuleNotFoundError as error:
+        if error.name not in ("mxlab.kernels", "mxlab.kernels.jagged_attention"):
+            raise
+        import mxlab
+
+        package = types.ModuleType("mxlab.kernels")
+        package.__path__ = [os.path.join(os.path.dirname(os.path.dirname(mxlab.__file__)), "kernels")]
+        sys.modules["mxlab.kernels"] = package
+        return importlib.import_module("mxlab.kernels.jagged_attention")
+
+
+jagged_attention_module = _import_kernels()
+jagged_attention = jagged_attention_module.jagged_attention
+unsupported_reason = jagged_attention_module.unsupported_reason
+
+from mxlab.formats import get_format  # noqa: E402
+from mxlab.nn.attention import JaggedAttention  # noqa: E402
+from mxlab.nn.qmatmul import OperandQuant  # noqa: E402
+from mxlab.recipe import AttentionPolicy, AttentionRecipe  # noqa: E402
+
+# Masked lanes compute exp of -inf-like arguments; NumPy (the interpreter) warns, the GPU does not.
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp:RuntimeWarning")
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+DEVICE = torch.device("cuda" if torch.cuda.is_available() and not INTERPRETED else "cpu")
+FLIP_SHARE = 0.10
+
+
+def _policy(fwd: str = "e4m3", grad: str = "e4m3", scale_mode: str = "floor", rounding: str = "nearest_even") -> AttentionPolicy:
+    fwd_quant = OperandQuant(fwd, 32, scale_mode, rounding)
+    grad_quant = OperandQuant(grad, 32, scale_mode, rounding)
+    recipe = AttentionRecipe(fwd_quant, grad_quant, fwd_quant, grad_quant)
+    return AttentionPolicy(qk=recipe.product_precision("qk", "test", 1), pv=recipe.product_precision("pv", "test", 2))
+
+
+def _offsets(lengths: list[int]) -> torch.Tensor:
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int64, device=DEVICE)
+
+
+def _inputs(q_lengths: list[int], k_lengths: list[int], heads: int, head_dim: int, seed: int, dtype=torch.bfloat16):
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(tokens: int) -> torch.Tensor:
+        return torch.randn(tokens, heads, head_dim, generator=generator).to(dtype).to(DEVICE).requires_grad_()
+
+    q, k, v = randn(sum(q_lengths)), randn(sum(k_lengths)), randn(sum(k_lengths))
+    grad = torch.randn(sum(q_lengths), heads, head_dim, generator=generator).to(dtype).to(DEVICE)
+    return q, k, v, grad
+
+
+def _run_both(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy):
+    out = jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy)
+    kernel = (out, *torch.autograd.grad(out, (q, k, v), grad))
+    reference_module = JaggedAttention(backend="reference")
+    reference_module.policy = policy
+    expected = reference_module(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation)
+    reference = (expected, *torch.autograd.grad(expected, (q, k, v), grad))
+    return kernel, reference
+
+
+def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """One unit in the last place of `dtype` at |x| (float32 result; normal range)."""
+    mantissa_bits = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[dtype]
+    exponent = torch.floor(torch.log2(x.abs().clamp(min=torch.finfo(dtype).tiny)))
+    return torch.exp2(exponent - mantissa_bits)
+
+
+def _assert_exact_up_to_accumulation(name: str, actual: torch.Tensor, expected: torch.Tensor, mbits: int) -> None:
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, name
+    a, e = actual.float(), expected.float()
+    assert torch.isfinite(a).all(), f"{name}: non-finite values"
+    difference = (a - e).abs()
+    beyond_ulp = difference > _ulp(torch.maximum(a.abs(), e.abs()), expected.dtype)
+    share = beyond_ulp.float().mean().item() if beyond_ulp.numel() else 0.0
+    assert share <= FLIP_SHARE, f"{name}: {share:.1%} of elements differ by more than one ulp (max {difference.max().item():.3e})"
+    norm_ratio = (difference.norm() / e.norm().clamp(min=1e-30)).item()
+    assert norm_ratio <= 2.0**-mbits, f"{name}: relative norm of the difference {norm_ratio:.3e} > 2^-{mbits}"
+
+
+def _assert_bf16_flash_close(name: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, name
+    a, e = actual.float(), expected.float()
+    assert torch.isfinite(a).all(), f"{name}: non-finite values"
+    scale = e.abs().max().clamp(min=1e-30)
+    worst = ((a - e).abs().max() / scale).item() if e.numel() else 0.0
+    assert worst <= 2.0**-6, f"{name}: max difference {worst:.3e} x max |reference| > 2^-6"
+    norm_ratio = ((a - e).norm() / e.norm().clamp(min=1e-30)).item()
+    assert norm_ratio <= 2.0**-7, f"{name}: relative norm of the difference {norm_ratio:.3e} > 2^-7"
+
+
+SELF_LENGTHS = [31, 0, 1, 33, 65]  # 65: the largest here, three 32-row tiles
+CROSS_Q, CROSS_K = [2, 5, 0, 3, 1], [40, 0, 7, 1, 65]
+PMA_Q, PMA_K = [2, 2, 2, 2, 2], [31, 0, 33, 1, 64]
+
+MX_CASES = [
+    # id, q lengths, k lengths, causal, activation, heads, policy arguments
+    ("self-causal-softmax-e4m3-floor", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict()),
+    ("self-silu-e4m3-even-away", SELF_LENGTHS, SELF_LENGTHS, False, "silu", 1, dict(scale_mode="even", rounding="nearest_away")),
+    ("cross-softmax-e4m3-e5m2grad-rceil", CROSS_Q, CROSS_K, False, "softmax", 1, dict(grad="e5m2", scale_mode="rceil")),
+    ("pma-silu-e3m2-e2m3grad-ceil-tz", PMA_Q, PMA_K, False, "silu", 1, dict(fwd="e3m2", grad="e2m3", scale_mode="ceil", rounding="toward_zero")),
+]
+
+
+@pytest.mark.parametrize("case", MX_CASES, ids=[case[0] for case in MX_CASES])
+def test_mx_mode_matches_reference(case):
+    _, q_lengths, k_lengths, causal, activation, heads, policy_arguments = case
+    policy = _policy(**policy_arguments)
+    q, k, v, grad = _inputs(q_lengths, k_lengths, heads, 32, seed=len(case[0]))
+    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, policy)
+    mbits = min(get_format(policy_arguments.get(key, "e4m3")).mbits for key in ("fwd", "grad"))
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        _assert_exact_up_to_accumulation(name, actual, expected, mbits)
+
+
+BF16_CASES = [
+    ("self-causal-softmax", SELF_LENGTHS, SELF_LENGTHS, True, "softmax"),
+    ("self-silu", SELF_LENGTHS, SELF_LENGTHS, False, "silu"),
+    ("self-causal-silu", SELF_LENGTHS, SELF_LENGTHS, True, "silu"),
+    ("cross-softmax", CROSS_Q, CROSS_K, False, "softmax"),
+    ("pma-softmax", PMA_Q, PMA_K, False, "softmax"),
+]
+
+
+@pytest.mark.parametrize("case", BF16_CASES, ids=[case[0] for case in BF16_CASES])
+def test_bf16_mode_matches_reference(case):
+    _, q_lengths, k_lengths, causal, activation = case
+    q, k, v, grad = _inputs(q_lengths, k_lengths, 2, 32, seed=len(case[0]))
+    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, None)
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        if activation == "silu":  # exact semantics: only the accumulation order differs
+            _assert_exact_up_to_accumulation(name, actual, expected, 7)
+        else:
+            _assert_bf16_flash_close(name, actual, expected)
+
+
+def test_empty_histories_and_empty_query_sets_give_zeros():
+    q_lengths, k_lengths = [3, 0, 2], [0, 5, 4]
+    q, k, v, grad = _inputs(q_lengths, k_lengths, 1, 32, seed=3)
+    for policy in (None, _policy()):
+        for activation in ("softmax", "silu"):
+            kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), False, activation, policy)
+            out, dq, dk, dv = kernel
+            assert torch.equal(out[:3].float(), torch.zeros(3, 1, 32)), "queries without keys must get exact zeros"
+            assert torch.equal(dq[:3].float(), torch.zeros(3, 1, 32))
+            assert torch.equal(dk[:5].float(), torch.zeros(5, 1, 32)) and torch.equal(dv[:5].float(), torch.zeros(5, 1, 32)), \
+                "keys of an example without queries must get zero gradients"
+            assert out[3:].abs().sum() > 0 and dk[5:].abs().sum() > 0
+            reference_out, reference_dq, reference_dk, reference_dv = reference
+            assert torch.equal(reference_out[:3], out[:3]) and torch.equal(reference_dq[:3], dq[:3]), "the reference agrees"
+            assert torch.equal(reference_dk[:5], dk[:5]) and torch.equal(reference_dv[:5], dv[:5])
+
+
+def test_all_empty_batch():
+    offsets = _offsets([0, 0])
+    q = torch.zeros(0, 2, 32, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
+    out = jagged_attention(q, q, q, offsets, offsets, causal=True)
+    assert out.shape == (0, 2, 32)
+
+
+def test_refusals_name_the_problem():
+    q, k, v, _ = _inputs([4], [4], 1, 32, seed=0)
+    offsets = _offsets([4])
+    with pytest.raises(ValueError, match="stochastic"):
+        jagged_attention(q, k, v, offsets, offsets, policy=_policy(rounding="stochastic"))
+    with pytest.raises(ValueError, match="causal attention needs as many queries as keys"):
+        jagged_attention(q[:2], k, v, _offsets([2]), offsets, causal=True)
+    with pytest.raises(ValueError, match="unknown attention activation 'relu'"):
+        jagged_attention(q, k, v, offsets, offsets, activation="relu")
+    with pytest.raises(ValueError, match="head_dim 48"):
+        x = torch.zeros(4, 1, 48, dtype=torch.bfloat16, device=DEVICE)
+        jagged_attention(x, x, x, offsets, offsets)
+    with pytest.raises(ValueError, match="float32 is not supported without a policy"):
+        x = torch.zeros(4, 1, 32, device=DEVICE)
+        jagged_attention(x, x, x, offsets, offsets)
+    with pytest.raises(ValueError, match="must start at 0 and end at the number of tokens"):
+        jagged_attention(q, k, v, _offsets([3]), offsets)
+    block_policy = _policy()
+    block_policy.qk.fwd = type(block_policy.qk.fwd)(OperandQuant("e4m3", (32, 32)), OperandQuant("e4m3", (32, 32)))
+    assert "block" in unsupported_reason(q, block_policy)
+    assert unsupported_reason(q, _policy()) is None and unsupported_reason(q, None) is None
+
+
+# ----------------------------------------------------------------------------- GPU, benchmark size
+def _benchmark_inputs(n: int = 512, seed: int = 0):
+    from mxlab.bench.attention import sample_lengths
+
+    lengths = sample_lengths(n, seed).tolist()
+    q, k, v, grad = _inputs(lengths, lengths, 4, 64, seed=seed)
+    return lengths, q, k, v, grad
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", ["softmax", "silu"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+def test_benchmark_size_matches_reference_on_gpu(mode, causal, activation):
+    lengths, q, k, v, grad = _benchmark_inputs()
+    policy = _policy() if mode == "mxfp8" else None
+    offsets = _offsets(lengths)
+    kernel, reference = _run_both(q, k, v, grad, offsets, offsets, causal, activation, policy)
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        if policy is not None or activation == "silu":
+            _assert_exact_up_to_accumulation(name, actual, expected, 3 if policy is not None else 7)
+        else:
+            _assert_bf16_flash_close(name, actual, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("queries", [4, 5])
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+def test_benchmark_cross_and_pma_shapes_match_reference_on_gpu(mode, queries):
+    lengths, _, k, v, _ = _benchmark_inputs()
+    q, _, _, grad = _inputs([queries] * len(lengths), [0] * len(lengths), 4, 64, seed=1)
+    policy = _policy() if mode == "mxfp8" else None
+    kernel, reference = _run_both(q, k, v, grad, _offsets([queries] * len(lengths)), _offsets(lengths), False, "softmax", policy)
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        if policy is not None:
+            _assert_exact_up_to_accumulation(name, actual, expected, 3)
+        else:
+            _assert_bf16_flash_close(name, actual, expected)
