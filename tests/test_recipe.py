@@ -111,6 +111,11 @@ def test_each_shipped_recipe_applies_to_a_small_model_and_trains_a_step(name):
         assert not any(isinstance(m, QLinear) for m in model.modules())
     else:
         assert "history.blocks.1.mlp.0" in plan.quantized_modules
+        for module in model.modules():  # the attention products went through qmatmul
+            if isinstance(module, JaggedAttention):
+                assert module.policy.qk.calls >= 1 and module.policy.pv.calls >= 1
+            if isinstance(module, QLinear) and module.precision is not None:
+                assert module.precision.calls == 1
 
 
 def test_apply_recipe_hits_exactly_the_expected_modules():
