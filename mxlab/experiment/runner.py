@@ -277,6 +277,8 @@ def run_jobs(
 
 
 def _describe(result: RunResult) -> str:
+    if result.status == "skipped":
+        return f"skipped: {result.reason}"
     if result.status == "diverged":
         return f"diverged at step {result.diverged_at_step} ({result.reason})"
     return f"{result.status}, {result.steps} steps in {result.wall_s:.1f} s"

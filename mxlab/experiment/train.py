@@ -75,7 +75,7 @@ class RunJob:
 class RunResult:
     """The outcome recorded in done.json."""
 
-    status: str  # finished | diverged
+    status: str  # finished | diverged | skipped (its backend cannot run here; `reason` says why)
     steps: int
     wall_s: float
     diverged_at_step: int | None = None
@@ -96,8 +96,13 @@ class RunResult:
 
 
 def run_is_done(run_dir: Path) -> bool:
-    """True when `run_dir` holds a done.json (the run finished or diverged)."""
-    return (Path(run_dir) / DONE).is_file()
+    """True when `run_dir` holds a done.json of a finished or diverged run (a skipped run is tried again)."""
+    path = Path(run_dir) / DONE
+    if not path.is_file():
+        return False
+    import json
+
+    return json.loads(path.read_text()).get("status") != "skipped"
 
 
 def autocast(device: torch.device, precision: str) -> Any:
@@ -224,6 +229,8 @@ def train_run(
     ends the run as diverged (no eval.npz). `on_step(step)` is called after every step (after its
     checkpoint); an exception from it stops the run with its files as they were at the last
     checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
+    A recipe that Transformer Engine cannot run on `device` (mxlab.te_backend) is recorded as
+    skipped, with the reason, before the model is built (done.json status "skipped").
     """
     from mxlab.models import esmm_loss
     from mxlab.scaling import make_loss_scaler
@@ -234,6 +241,15 @@ def train_run(
     progress = progress or SilentProgress()
     train = job.spec.train
     device = torch.device(device)
+    from mxlab.te_backend import recipe_unavailable_reason
+
+    skip_reason = recipe_unavailable_reason(job.recipe, device)
+    if skip_reason is not None:  # the arm's backend (Transformer Engine) cannot run here: record why, train nothing
+        result = RunResult(status="skipped", steps=0, wall_s=0.0, reason=skip_reason)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        io.write_json(run_dir / DONE, result.to_dict())
+        progress.finish("skipped")
+        return result
 
     model, plan = build_run_model(job, source.info)
     model.to(device)
