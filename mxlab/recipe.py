@@ -584,10 +584,10 @@ def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
 
 
 def describe_gemm(gemm: GemmQuant) -> str:
-    """One GEMM's precision in words, e.g. `e4m3 b32 rceil x e4m3 32x32 rceil` or `bf16`."""
-    if gemm.high_precision:
-        return gemm.a.fmt if gemm.a.fmt == gemm.b.fmt else f"{gemm.a.fmt} x {gemm.b.fmt}"
-    text = f"{gemm.a.describe()} x {gemm.b.describe()}"
+    """One GEMM's precision in words: the operands' precisions joined by ` x ` (one of them when
+    both are the same), e.g. `e4m3 b32 rceil`, `e4m3 b32 rceil x e4m3 32x32 rceil`, `bf16`."""
+    a, b = gemm.a.describe(), gemm.b.describe()
+    text = a if a == b else f"{a} x {b}"
     return text + (f" +hadamard{gemm.hadamard}" if gemm.hadamard else "")
 
 
@@ -647,6 +647,7 @@ def describe_recipe(recipe: Recipe) -> str:
     lines = [f"recipe {recipe.name}" + (f": {recipe.description}" if recipe.description else "")]
     if recipe.source:
         lines.append(f"  from {recipe.source}")
+    lines.append("  (operand order: fwd input x weight, dgrad grad_output x weight, wgrad input x grad_output)")
     for name, policy in recipe.policies.items():
         marker = " (default)" if name == recipe.default else ""
         if policy.high_precision:
