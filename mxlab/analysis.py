@@ -48,7 +48,7 @@ from scipy import stats as scipy_stats
 from mxlab import metrics
 
 VERDICTS = ("regression", "neutral", "improvement")
-RUN_STATUSES = ("finished", "diverged", "missing")
+RUN_STATUSES = ("finished", "diverged", "skipped", "missing")
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,7 @@ class RunStatus:
     steps: int | None = None
     wall_s: float | None = None
     reason: str | None = None
+    skipped_steps: int | None = None
 
 
 @dataclass
@@ -235,7 +236,7 @@ def load_study(study_dir: str | PathLike) -> StudyData:
             if status == "finished" and not (path / "eval.npz").is_file():
                 raise ValueError(f"{path} is finished but has no eval.npz")
             runs[(arm, seed)] = RunStatus(arm, seed, status, path, done.get("diverged_at_step"), done.get("steps"), done.get("wall_s"),
-                                          done.get("reason") if status == "skipped" else None)
+                                          done.get("reason") if status == "skipped" else None, done.get("skipped_steps"))
     return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs)
 
 
@@ -484,11 +485,12 @@ class ArmResult:
     """An arm's overall verdict, its runs' states and a one-line conclusion."""
 
     arm: str
-    verdict: str  # regression | neutral | improvement | diverged | not compared
+    verdict: str  # regression | neutral | improvement | diverged | skipped | not compared
     paired_seeds: list[int]
     diverged: dict[int, int | None]  # seed -> step
     missing: list[int]
     conclusion: str
+    skipped: dict[int, str | None] = field(default_factory=dict)  # seed -> reason the backend could not run it
 
 
 @dataclass
@@ -533,7 +535,7 @@ class StudyAnalysis:
             "n_eval_users": self.n_users,
             "runs": [
                 {"arm": r.arm, "seed": r.seed, "status": r.status, "diverged_at_step": r.diverged_at_step,
-                 "steps": r.steps, "wall_s": r.wall_s}
+                 "steps": r.steps, "wall_s": r.wall_s, "reason": r.reason, "skipped_steps": r.skipped_steps}
                 for r in self.study.runs.values()
             ],
             "verdicts": {arm: asdict(result) for arm, result in self.arms.items()},
@@ -626,20 +628,27 @@ def _format_delta(c: MetricComparison) -> str:
 
 
 def _arm_conclusion(arm: str, comps: list[MetricComparison], diverged: dict[int, int | None], paired: list[int],
-                    missing: list[int], noise: list[MetricComparison]) -> tuple[str, str]:
+                    missing: list[int], skipped: dict[int, str | None], unpaired_baseline: list[int],
+                    noise: list[MetricComparison]) -> tuple[str, str]:
     judged = [c for c in comps if c.verdict is not None]
     regressions = [c for c in judged if c.verdict == "regression"]
     improvements = [c for c in judged if c.verdict == "improvement"]
     basis = judged[0].basis if judged else "bootstrap"
     basis_text = (f"{len(paired)} paired seed(s), t-interval over seeds" if basis == "t over seeds"
                   else f"{len(paired)} paired seed(s); verdicts rest on the user bootstrap over eval examples only "
-                       "(too few seeds for a t-interval): compare with the noise floor")
+                       "(too few seeds for a t-interval): " + ("compare with the noise floor" if noise else
+                                                                "no A/A noise floor was measured either, so treat them as provisional"))
     parts = []
     if diverged:
         steps = ", ".join(f"seed {s} at step {step}" for s, step in diverged.items())
         parts.append(f"DIVERGED ({steps})")
+    if skipped:
+        reasons = sorted({reason or "no reason recorded" for reason in skipped.values()})
+        parts.append(f"SKIPPED on seeds {sorted(skipped)} ({'; '.join(reasons)})")
+    if unpaired_baseline:
+        parts.append(f"baseline not finished on seeds {unpaired_baseline}, so those seeds are not compared")
     if not paired:
-        verdict = "diverged" if diverged else "not compared"
+        verdict = "diverged" if diverged else "skipped" if skipped else "not compared"
         parts.append("no finished run paired with a finished baseline run; no deltas")
         return verdict, f"{arm}: " + "; ".join(parts) + "."
     noise_by_key = {(c.task, c.metric): c for c in noise}
@@ -762,8 +771,11 @@ def analyze_study(study_dir: str | PathLike | StudyData, *, n_resamples: int | N
             continue
         diverged = {s: study.runs[(arm, s)].diverged_at_step for s in study.seeds if study.runs[(arm, s)].status == "diverged"}
         missing = [s for s in study.seeds if study.runs[(arm, s)].status == "missing"]
+        skipped = {s: study.runs[(arm, s)].reason for s in study.seeds if study.runs[(arm, s)].status == "skipped"}
         paired = [s for s in base_seeds if (arm, s) in arrays]
-        verdict, conclusion = _arm_conclusion(arm, [c for c in comparisons if c.arm == arm], diverged, paired, missing, noise)
-        arms[arm] = ArmResult(arm, verdict, paired, diverged, missing, conclusion)
+        unpaired_baseline = [s for s in study.seeds if (arm, s) in arrays and s not in base_seeds]
+        verdict, conclusion = _arm_conclusion(arm, [c for c in comparisons if c.arm == arm], diverged, paired, missing,
+                                              skipped, unpaired_baseline, noise)
+        arms[arm] = ArmResult(arm, verdict, paired, diverged, missing, conclusion, skipped)
     return StudyAnalysis(study, settings, run_metrics, comparisons, delong, arms, noise, noise_note, truth,
                          n_examples, n_users)

@@ -27,6 +27,7 @@ Conventions (the report prints :data:`METRIC_CONVENTIONS`):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from os import PathLike
 from typing import Mapping
@@ -53,7 +54,7 @@ METRIC_CONVENTIONS: dict[str, str] = {
     "(the log loss of always predicting the base rate); lower is better, 1 = no better than the base rate",
     "calibration": "sum(prediction) / sum(label); 1 is perfect, above 1 over-predicts",
     "ece": f"expected calibration error over {ECE_BINS} equal-count bins of sorted predictions, weighted by bin size",
-    "gauc": "per-user AUC weighted by the user's impressions; single-class users skipped",
+    "gauc": "per-user AUC weighted by the user's impressions; single-class users skipped (n/a when no user has both classes)",
     "mae_truth": "mean |prediction - true probability| (synthetic data only)",
     "calibration_truth": "sum(prediction) / sum(true probability) (synthetic data only)",
 }
@@ -260,7 +261,8 @@ def task_metrics(
     clip: float = PROBABILITY_CLIP,
 ) -> dict[str, float]:
     """All metrics of one task: {n, positives, base_rate, auc, log_loss, ne, calibration, ece
-    [, gauc, gauc_users] [, mae_truth, calibration_truth]}.
+    [, gauc, gauc_users] [, mae_truth, calibration_truth]}. gauc is NaN (gauc_users 0) when no
+    user has both classes.
 
     Refuses non-binary labels, predictions outside [0, 1] or non-finite, mismatched shapes
     and a single label class (ValueError).
@@ -282,8 +284,14 @@ def task_metrics(
         "ece": _ece_of_bins(_reliability_of_sorted(y_sorted, p_sorted, n_bins)),
     }
     if user_id is not None:
-        out["gauc"], users = group_auc(y, p, user_id)
-        out["gauc_users"] = float(users)
+        users = np.asarray(user_id)
+        if users.shape != y.shape:
+            raise ValueError(f"user_id must have shape {y.shape} like the labels, got {users.shape}")
+        try:
+            out["gauc"], used = group_auc(y, p, users)
+        except ValueError:  # no user has both classes (few impressions per user): gAUC is undefined
+            out["gauc"], used = math.nan, 0
+        out["gauc_users"] = float(used)
     if true_probs is not None:
         truth = _as_probabilities(true_probs, y.size, "true probabilities")
         out["mae_truth"] = float(np.abs(p - truth).mean())

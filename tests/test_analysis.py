@@ -249,3 +249,17 @@ def test_summary_is_json_ready(study):
     assert "NaN" not in text
     assert summary["settings"] == asdict(study.settings)
     assert summary["n_eval_examples"]["ctr"] == 20_000
+
+
+def test_skipped_arm_is_listed_with_its_reason(tmp_path):
+    directory = make_fake_study(tmp_path / "skip", arms={"bf16": "same", "mx-cuda": "same"}, seeds=(0, 1),
+                                n_examples=2000, n_users=300, report={"bootstrap_resamples": 10})
+    for seed in (0, 1):
+        run = directory / "runs" / "mx-cuda" / f"seed{seed}"
+        (run / "eval.npz").unlink()
+        (run / "done.json").write_text(json.dumps({"status": "skipped", "reason": "needs a CUDA device"}))
+    result = analysis.analyze_study(directory)
+    arm = result.arms["mx-cuda"]
+    assert arm.verdict == "skipped" and arm.skipped == {0: "needs a CUDA device", 1: "needs a CUDA device"}
+    assert "SKIPPED on seeds [0, 1] (needs a CUDA device)" in arm.conclusion
+    assert result.comparisons == [] and len(result.noise_floor) > 0

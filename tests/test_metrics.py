@@ -126,3 +126,12 @@ def test_bad_inputs_are_refused_with_names():
         metrics.auc(np.array([0, 2]), np.array([0.1, 0.2]))
     with pytest.raises(ValueError, match="without a click"):
         metrics.evaluate_run(dict(arrays, conversion=np.ones_like(arrays["click"])))
+
+
+def test_gauc_is_nan_when_no_user_has_both_classes():
+    arrays = _eval_arrays(n=500, truth=False)
+    arrays["user_id"] = np.arange(500)  # one impression per user
+    result = metrics.evaluate_run(arrays)
+    assert np.isnan(result["ctr"]["gauc"]) and result["ctr"]["gauc_users"] == 0
+    with pytest.raises(ValueError, match="none of the 500 users"):
+        metrics.group_auc(arrays["click"], arrays["p_ctr"], arrays["user_id"])

@@ -22,7 +22,7 @@ from mxlab.report.document import (Block, BulletList, CodeBlock, Details, Figure
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
 
 VERDICT_MARKS = {"regression": "**▼ REGRESSION**", "improvement": "▲ improvement", "neutral": "neutral",
-                 "diverged": "**✖ DIVERGED**", "not compared": "not compared", None: ""}
+                 "diverged": "**✖ DIVERGED**", "skipped": "skipped (not run)", "not compared": "not compared", None: ""}
 RELIABILITY_BINS = 20
 
 
@@ -123,9 +123,12 @@ def _conclusions(analysis: StudyAnalysis) -> list[Block]:
     finished = sum(r.status == "finished" for r in runs)
     diverged = [f"{r.arm}/seed{r.seed} (step {r.diverged_at_step})" for r in runs if r.status == "diverged"]
     missing = [f"{r.arm}/seed{r.seed}" for r in runs if r.status == "missing"]
+    skipped = [f"{r.arm}/seed{r.seed} ({r.reason or 'no reason recorded'})" for r in runs if r.status == "skipped"]
     status = f"{finished} of {len(analysis.study.runs)} runs finished"
     if diverged:
         status += "; diverged (left out of every delta): " + ", ".join(diverged)
+    if skipped:
+        status += "; skipped because their backend could not run here (left out): " + ", ".join(skipped)
     if missing:
         status += "; not run or not finished (left out): " + ", ".join(missing)
     skipped = [f"{r.arm}/seed{r.seed} ({r.reason})" for r in runs if r.status == "skipped"]
@@ -210,7 +213,8 @@ def _noise_floor(analysis: StudyAnalysis) -> list[Block]:
 
 def _absolute_metrics(analysis: StudyAnalysis) -> list[Block]:
     blocks: list[Block] = [Heading("Metrics per arm (mean ± sd over finished seeds)", 2)]
-    names = ["auc", "gauc", "log_loss", "ne", "calibration", "ece", "mae_truth", "calibration_truth"]
+    names = ["auc", "gauc", "gauc_users", "log_loss", "ne", "calibration", "ece", "mae_truth", "calibration_truth"]
+    digits = {"gauc_users": 0}
     for task in metrics.TASKS:
         present = [n for n in names if any(n in m[task] for seeds in analysis.run_metrics.values() for m in seeds.values())]
         header = ["arm", "seeds"] + present
@@ -218,9 +222,10 @@ def _absolute_metrics(analysis: StudyAnalysis) -> list[Block]:
         for arm in analysis.study.arms:
             seeds = analysis.run_metrics.get(arm, {})
             rows.append([arm + (" (baseline)" if arm == analysis.study.baseline else ""), str(len(seeds))]
-                        + [_mean_sd([m[task].get(n, math.nan) for m in seeds.values()]) for n in present])
+                        + [_mean_sd([m[task].get(n, math.nan) for m in seeds.values()], digits.get(n, 4)) for n in present])
         if analysis.truth and task in analysis.truth:
-            rows.append(["truth (ceiling)", "-"] + [_mean_sd([analysis.truth[task].get(n, math.nan)]) for n in present])
+            rows.append(["truth (ceiling)", "-"] + [_mean_sd([analysis.truth[task].get(n, math.nan)], digits.get(n, 4))
+                                                    for n in present])
         blocks += [Heading(task.upper(), 3), Table(header, rows)]
     if analysis.truth:
         blocks.append(Paragraph("The truth row scores the data's true probabilities as predictions: the best any model "
@@ -247,7 +252,8 @@ def _runs_table(analysis: StudyAnalysis, logs: dict[str, dict[int, list[dict[str
         records = logs.get(arm, {}).get(seed, [])
         last = records[-1] if records else {}
         skipped = sum(bool(r.get("skipped")) for r in records)
-        rows.append([arm, str(seed), run.status + (f" at step {run.diverged_at_step}" if run.status == "diverged" else ""),
+        rows.append([arm, str(seed), run.status + (f" at step {run.diverged_at_step}" if run.status == "diverged" else "")
+                     + (f" ({run.reason})" if run.status == "skipped" and run.reason else ""),
                      "-" if run.steps is None else str(run.steps), "-" if run.wall_s is None else f"{run.wall_s:.1f}",
                      "-" if last.get("loss") is None else f"{last['loss']:.4f}",
                      "-" if last.get("loss_scale") is None else f"{last['loss_scale']:g}", str(skipped)])
