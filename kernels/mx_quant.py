@@ -247,21 +247,26 @@ def _quantize_fast(bits, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.co
 
 
 @triton.jit
-def _quantize_elements(bits, s, special, inert, ok, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                       MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
-                       ROUNDING: tl.constexpr, FAST: tl.constexpr):
-    """(codes, float32 value bits) of a tile; s, special, inert broadcast against bits; ok: take the fast path."""
+def _quantize_elements(bits, s, special, inert, ok, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
+                       EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
+                       BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr):
+    """(codes, dequantized values as bits of the output dtype) of a tile; s, special, inert broadcast
+    against bits; ok: the tile may take the fast path."""
     if FAST and ROUNDING == 0:
         if ok:
-            code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX,
-                                         MAXCODE, NMAX, BITS, IS_INT)
+            code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT)
+            value = tl.where(special, F32_NAN_BITS, value)
+            if OUT_KIND == 1:
+                out = (value >> 16).to(tl.int16)  # exact: at most 8 significant bits, normal or zero
+            else:
+                out = _f32_bits_to_output(value, OUT_KIND)
         else:
             code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+            out = _f32_bits_to_output(tl.where(special, F32_NAN_BITS, value), OUT_KIND)
     else:
         code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
-    code = tl.where(special, 0, code)
-    value = tl.where(special, F32_NAN_BITS, value)
-    return code, value
+        out = _f32_bits_to_output(tl.where(special, F32_NAN_BITS, value), OUT_KIND)
+    return tl.where(special, 0, code), out
 
 
 @triton.jit
@@ -269,13 +274,17 @@ def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, va
           WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr,
           MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
           NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
-          FAST: tl.constexpr):
-    code, value = _quantize_elements(bits, s, special, inert, ok, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
-                                     ROUNDING, FAST)
+          FAST: tl.constexpr, PROBE: tl.constexpr):
+    if PROBE:  # benchmark probe: same loads, reductions and stores, no element arithmetic
+        code = (bits >> 24) + s
+        out = _f32_bits_to_output(bits, 0) if OUT_KIND == 0 else (bits >> 16).to(tl.int16)
+    else:
+        code, out = _quantize_elements(bits, s, special, inert, ok, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
+                                       BITS, IS_INT, ROUNDING, FAST)
     if WANT_CODES:
         tl.store(codes_ptr + out_offsets, code.to(tl.uint8), mask=out_mask)
     if WANT_VALUES:
-        tl.store(values_ptr + values_offsets, _f32_bits_to_output(value, OUT_KIND), mask=values_mask)
+        tl.store(values_ptr + values_offsets, out, mask=values_mask)
 
 
 # ----------------------------------------------------------------------------- the kernel
@@ -288,7 +297,7 @@ def _mx_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
     MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    RB: tl.constexpr, RS: tl.constexpr, CB: tl.constexpr,
+    PROBE: tl.constexpr, RB: tl.constexpr, RS: tl.constexpr, CB: tl.constexpr,
 ):
     """Quantize one (RB, RS, CB, 32) tile of the (A, L, B) view of x; see the module docstring.
 
@@ -329,7 +338,7 @@ def _mx_kernel(
                  mask=(srow < L) & (sblk < nbp))
         _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], ok, r24, (pid_a * L + row) * BP + col,
               (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST)
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
     if LAYOUT == 1 or LAYOUT == 2:
         amax = tl.max(magnitude, axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
@@ -341,7 +350,7 @@ def _mx_kernel(
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=(sblk < LP // 32) & (scol < B))
         _emit(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], ok, r24, (pid_a * LP + row) * B + col,
               (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST)
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
     if LAYOUT == 3:
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
@@ -354,7 +363,7 @@ def _mx_kernel(
                  mask=(sblk < LP // 32) & (sbcol < BP // 32))
         _emit(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], ok, r24, (pid_a * LP + row) * BP + col,
               (row < LP) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST)
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -486,7 +495,8 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int)
 
 
 def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None,
-            want_codes: bool, want_values: bool, fast: bool = True, tile: TileConfig | None = None):
+            want_codes: bool, want_values: bool, fast: bool = True, tile: TileConfig | None = None,
+            probe: bool = False):
     x3 = view.x3
     count, length, width = x3.shape
     layout = view.layout
@@ -530,7 +540,7 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
         length, width, view.lp, view.bp, x3.stride(0), x3.stride(1), x3.stride(2), seed_key,
         IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=DTYPE_KINDS[x3.dtype], LAYOUT=layout,
         WANT_CODES=want_codes, WANT_VALUES=want_values, **_format_constants(fmt),
-        SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast, WIDE_INDEX=wide,
+        SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast, WIDE_INDEX=wide, PROBE=probe,
         RB=rb, RS=rs, CB=col_blocks, num_warps=tile.num_warps,
     )
     outputs.update(row_codes=row_codes, row_scales=row_scales, row_values=row_values,

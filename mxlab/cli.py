@@ -29,6 +29,18 @@ def bench_attention_command(
     run_attention_bench(json_path, sweep_tiles=sweep_tiles)
 
 
+@bench_app.command("quant")
+def bench_quant_command(
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    sweep_tiles: bool = typer.Option(False, "--sweep-tiles", help="Also time a few launch shapes at the headline size."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Skip torch.compile of the reference."),
+) -> None:
+    """MX casts (row, column, both, tiles, fake-quantize, stochastic) of BF16 tensors: bandwidth as a fraction of copy."""
+    from mxlab.bench.quant import run_quant_bench
+
+    run_quant_bench(json_path, compile_reference=not no_compile, sweep_tiles=sweep_tiles)
+
+
 @app.command("formats")
 def formats_command() -> None:
     """Print the table of MX element formats and the E8M0 scale."""

@@ -1,0 +1,1 @@
+"""Speed benchmarks behind `mxlab bench ...` (CUDA): ratios against baselines measured in the same run."""

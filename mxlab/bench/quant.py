@@ -1,0 +1,235 @@
+"""`mxlab bench quant`: effective bandwidth of the Triton MX casts against a device-to-device copy.
+
+Effective bandwidth = (bytes of the input read + bytes of codes, scales or values written) / time.
+Each figure is divided by the bandwidth of `dst.copy_(x)` measured in the same process on the same
+tensor, next to `torch.compile` of the PyTorch reference. Kernels are timed by replaying a CUDA
+graph (Python launch overhead excluded), the compiled reference with CUDA events.
+
+Diagnostic rows ("probe ...") run the same kernel with the element arithmetic removed (same loads,
+block reductions and stores): when a cast is slower than its probe, the element arithmetic bounds it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((16384, 8192), (8192, 4096), (4096, 4096), (2048, 2048), (1024, 1024))
+FORMAT = "e4m3"
+
+
+@dataclass
+class Measurement:
+    """One timed operation on one input size."""
+
+    rows: int
+    cols: int
+    op: str
+    ms: float
+    bytes_moved: int
+    gb_per_s: float
+    ratio_to_copy: float
+    note: str = ""
+
+
+def _time_graph(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    fn()  # compile outside the graph
+    torch.cuda.synchronize()
+    try:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
+    except Exception:  # noqa: BLE001 - some callables cannot be captured; time them with events instead
+        return _time_events(fn)
+
+
+def _time_events(fn: Callable[[], object]) -> float:
+    import triton.testing
+
+    fn()
+    torch.cuda.synchronize()
+    return float(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median"))
+
+
+def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], object], int]]:
+    """name -> (callable, bytes moved) for the Triton casts of x (2-D BF16)."""
+    from mxlab.kernels import mx_quant
+
+    n = x.numel()
+    size_in = n * x.element_size()
+    codes, scales, tile_scales = n, n // 32, n // 1024
+    values = n * x.element_size()
+
+    def probe(layout: int, want_codes: bool, want_values: bool, rounding: str = "nearest_even"):
+        view = mx_quant._make_view(x, 32, -1 if layout == mx_quant.LAYOUT_ROW else 0, False,
+                                   layout=None if layout != mx_quant.LAYOUT_BOTH else layout)
+        return lambda: mx_quant._launch(view, fmt, "floor", rounding, 0, want_codes, want_values, probe=True)
+
+    return {
+        "row cast": (lambda: kernels.quantize(x, fmt), size_in + codes + scales),
+        "column cast": (lambda: kernels.quantize(x, fmt, axis=0), size_in + codes + scales),
+        "both cast (one read)": (lambda: kernels.quantize_rowcol(x, fmt), size_in + 2 * (codes + scales)),
+        "(32,32) tile cast": (lambda: kernels.quantize(x, fmt, block=(32, 32)), size_in + codes + tile_scales),
+        "row fake-quantize": (lambda: kernels.fake_quantize(x, fmt), size_in + values),
+        "column fake-quantize": (lambda: kernels.fake_quantize(x, fmt, axis=0), size_in + values),
+        "both fake-quantize (one read)": (lambda: kernels.fake_quantize_rowcol(x, fmt), size_in + 2 * values),
+        "row stochastic cast": (lambda: kernels.quantize(x, fmt, rounding="stochastic", seed=1), size_in + codes + scales),
+        "row stochastic fake-quantize": (
+            lambda: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1), size_in + values),
+        "probe row cast": (probe(mx_quant.LAYOUT_ROW, True, False), size_in + codes + scales),
+        "probe column cast": (probe(mx_quant.LAYOUT_COL, True, False), size_in + codes + scales),
+        "probe both cast": (probe(mx_quant.LAYOUT_BOTH, True, False), size_in + 2 * (codes + scales)),
+        "probe row fake-quantize": (probe(mx_quant.LAYOUT_ROW, False, True), size_in + values),
+    }
+
+
+def _compiled_reference(x: torch.Tensor, fmt_name: str) -> dict[str, tuple[Callable[[], object], int]]:
+    """torch.compile of the reference cast and fake-quantize (row-wise), as in mxlab.quant's reference path."""
+    from mxlab import reference
+    from mxlab.formats import get_format
+
+    fmt = get_format(fmt_name)
+    rows, cols = x.shape
+
+    def cast(t):
+        return reference.quantize_blocks(t.float().reshape(rows, cols // 32, 32), (2,), fmt, "floor", "nearest_even")
+
+    def fake(t):
+        values = reference.fake_quantize_blocks(t.float().reshape(rows, cols // 32, 32), (2,), fmt, "floor", "nearest_even")
+        return values.reshape(rows, cols).to(t.dtype)
+
+    n = x.numel()
+    compiled_cast, compiled_fake = torch.compile(cast), torch.compile(fake)
+    return {
+        "torch.compile reference row cast": (lambda: compiled_cast(x), n * x.element_size() + n + n // 32),
+        "torch.compile reference row fake-quantize": (lambda: compiled_fake(x), 2 * n * x.element_size()),
+    }
+
+
+def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
+    """Time row cast, row fake-quantize and both cast over a few launch shapes (rows x column blocks, warps)."""
+    from mxlab.kernels.mx_quant import TileConfig
+
+    n = x.numel()
+    results = []
+    row_configs = [TileConfig(r, c, w) for r, c, w in [(8, 8, 4), (16, 8, 4), (16, 8, 8), (32, 8, 8), (16, 16, 8), (64, 4, 8), (32, 16, 16)]]
+    col_configs = [TileConfig(32, c, w) for c, w in [(2, 4), (4, 4), (4, 8), (8, 8), (8, 16)]]
+    for config in row_configs:
+        for op, fn, moved in [
+            ("row cast", lambda c=config: kernels.quantize(x, fmt, tile=c), n * 3 + n // 32),
+            ("row fake-quantize", lambda c=config: kernels.fake_quantize(x, fmt, tile=c), n * 4),
+        ]:
+            ms = _time_graph(fn)
+            results.append(dict(op=op, tile=asdict(config), ms=ms, gb_per_s=moved / ms / 1e6))
+    for config in col_configs:
+        for op, fn, moved in [
+            ("column cast", lambda c=config: kernels.quantize(x, fmt, axis=0, tile=c), n * 3 + n // 32),
+            ("both cast (one read)", lambda c=config: kernels.quantize_rowcol(x, fmt, tile=c), n * 4 + n // 16),
+        ]:
+            ms = _time_graph(fn)
+            results.append(dict(op=op, tile=asdict(config), ms=ms, gb_per_s=moved / ms / 1e6))
+    return results
+
+
+def run_quant_bench(
+    json_path: Path | str | None = None,
+    sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES,
+    fmt: str = FORMAT,
+    compile_reference: bool = True,
+    sweep_tiles: bool = False,
+) -> dict:
+    """Time the Triton MX casts on BF16 inputs of `sizes` and print a table; returns the results dict
+    (also written atomically to `json_path` when given).
+
+    Refuses (RuntimeError) to run without a CUDA device or without Triton.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("mxlab bench quant needs a CUDA device")
+    from rich.console import Console
+    from rich.table import Table
+
+    from mxlab.formats import get_format
+    from mxlab.quant import _import_kernels
+
+    kernels = _import_kernels()
+    if kernels is None:
+        raise RuntimeError("mxlab bench quant needs Triton")
+    element_format = get_format(fmt)
+    console = Console()
+    measurements: list[Measurement] = []
+    sweep: list[dict] = []
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    for rows, cols in sizes:
+        x = torch.randn(rows, cols, device="cuda", dtype=torch.float32, generator=generator).to(torch.bfloat16)
+        destination = torch.empty_like(x)
+        copy_bytes = 2 * x.numel() * x.element_size()
+        copy_ms = _time_graph(lambda: destination.copy_(x))
+        copy_rate = copy_bytes / copy_ms / 1e6
+        measurements.append(Measurement(rows, cols, "copy (device to device)", copy_ms, copy_bytes, copy_rate, 1.0))
+        operations = _operations(x, kernels, element_format)
+        headline = (rows, cols) == tuple(sizes[0])
+        for name, (fn, moved) in operations.items():
+            if name.startswith("probe") and not headline:
+                continue
+            ms = _time_graph(fn)
+            rate = moved / ms / 1e6
+            measurements.append(Measurement(rows, cols, name, ms, moved, rate, rate / copy_rate))
+        if headline and compile_reference:
+            try:
+                for name, (fn, moved) in _compiled_reference(x, fmt).items():
+                    ms = _time_events(fn)
+                    rate = moved / ms / 1e6
+                    measurements.append(Measurement(rows, cols, name, ms, moved, rate, rate / copy_rate, "CUDA events"))
+            except Exception as error:  # noqa: BLE001 - report, do not hide, a failed compile
+                measurements.append(Measurement(rows, cols, "torch.compile reference", float("nan"), 0, float("nan"),
+                                                float("nan"), f"failed: {type(error).__name__}: {error}"[:200]))
+        if headline and sweep_tiles:
+            sweep = _tile_sweep(x, kernels, element_format)
+            for entry in sweep:
+                entry["ratio_to_copy"] = entry["gb_per_s"] / copy_rate
+        del x, destination
+        torch.cuda.empty_cache()
+
+    table = Table(title=f"MX {fmt} casts of BF16 tensors on {torch.cuda.get_device_name()}")
+    for column in ("size", "operation", "ms", "GB/s", "x copy", "note"):
+        table.add_column(column, justify="left" if column in ("size", "operation", "note") else "right")
+    for m in measurements:
+        table.add_row(f"{m.rows}x{m.cols}", m.op, f"{m.ms:.4f}", f"{m.gb_per_s:.0f}", f"{m.ratio_to_copy:.3f}", m.note)
+    console.print(table)
+    if sweep:
+        sweep_table = Table(title="launch shapes (headline size)")
+        for column in ("operation", "rows", "col blocks", "warps", "ms", "x copy"):
+            sweep_table.add_column(column)
+        for entry in sweep:
+            tile = entry["tile"]
+            sweep_table.add_row(entry["op"], str(tile["rows"]), str(tile["col_blocks"]), str(tile["num_warps"]),
+                                f"{entry['ms']:.4f}", f"{entry['ratio_to_copy']:.3f}")
+        console.print(sweep_table)
+    import triton
+
+    results = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "format": fmt,
+        "input_dtype": "bfloat16",
+        "measurements": [asdict(m) for m in measurements],
+        "tile_sweep": sweep,
+    }
+    if json_path is not None:
+        _write_json_atomically(Path(json_path), results)
+        console.print(f"wrote {json_path}")
+    return results
+
+
+def _write_json_atomically(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        json.dump(payload, stream, indent=2, default=float)
+    os.replace(temporary, path)
