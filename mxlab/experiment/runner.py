@@ -291,56 +291,55 @@ def _run_parallel(jobs: Sequence[RunJob], devices: Sequence[str], progress: Rich
     for job in jobs:
         io.write_torch(Path(job.run_dir) / "job.pt", job)
     selector = selectors.DefaultSelector()
-    workers: dict[str, subprocess.Popen] = {}
-    busy: dict[str, RunJob] = {}
+    workers: list[subprocess.Popen] = []
+    busy: dict[int, RunJob] = {}
     results: dict[str, RunResult] = {}
     failures: list[str] = []
-    for device in devices:
-        log = open(log_dir / f"worker-{device.replace(':', '')}.log", "a")
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "mxlab.experiment.worker", "--device", device],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
-        )
-        log.close()
-        workers[device] = worker
-        selector.register(worker.stdout, selectors.EVENT_READ, device)
+    for index, device in enumerate(devices):
+        with open(log_dir / f"worker{index}-{device.replace(':', '')}.log", "a") as log:
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "mxlab.experiment.worker", "--device", device],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
+            )
+        workers.append(worker)
+        selector.register(worker.stdout, selectors.EVENT_READ, index)
 
-    def dispatch(device: str) -> None:
+    def dispatch(index: int) -> None:
         if queue:
             job = queue.popleft()
-            busy[device] = job
-            workers[device].stdin.write(str(Path(job.run_dir) / "job.pt") + "\n")
-            workers[device].stdin.flush()
-            progress.log(f"{job.label}: started on {device}")
+            busy[index] = job
+            workers[index].stdin.write(str(Path(job.run_dir) / "job.pt") + "\n")
+            workers[index].stdin.flush()
+            progress.log(f"{job.label}: started on {devices[index]}")
 
     try:
-        for device in devices:
-            dispatch(device)
+        for index in range(len(workers)):
+            dispatch(index)
         while busy:
             for key, _ in selector.select():
-                device = key.data
+                index = key.data
                 line = key.fileobj.readline()
-                job = busy.pop(device, None)
-                if not line:  # the worker died
+                job = busy.pop(index, None)
+                if not line:  # the worker exited
                     selector.unregister(key.fileobj)
                     if job is not None:
-                        failures.append(f"{job.label}: worker on {device} exited (see {log_dir})")
+                        failures.append(f"{job.label}: the worker on {devices[index]} exited (log in {log_dir})")
                     continue
-                status, _, message = line.strip().partition(" ")
                 if job is None:
                     continue
+                status, _, message = line.strip().partition(" ")
                 if status == "ok":
                     results[job.label] = _read_result(job.run_dir)
                     progress.run_done(job.label, _describe(results[job.label]))
                 else:
                     failures.append(f"{job.label}: {message}")
                     progress.run_done(job.label, f"failed: {message}")
-                dispatch(device)
+                dispatch(index)
     finally:
-        for worker in workers.values():
+        for worker in workers:
             if worker.poll() is None:
                 worker.stdin.close()
-        for worker in workers.values():
+        for worker in workers:
             worker.wait()
         for job in jobs:
             (Path(job.run_dir) / "job.pt").unlink(missing_ok=True)

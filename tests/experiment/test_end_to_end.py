@@ -1,0 +1,131 @@
+"""The runner with the real data, model, recipes and report, on a micro configuration of the quickstart."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from mxlab.experiment import load_spec
+from mxlab.experiment.runner import run_study
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.toml"
+MICRO = [
+    "seeds=[0]",
+    'arms=["bf16", "mxfp8-rceil-sr"]',
+    "data.train_examples=384",
+    "data.eval_examples=512",
+    "data.n_users=40",
+    "data.base_ctr=0.2",
+    "data.base_cvr=0.3",
+    "model.max_history=8",
+    "model.dim=16",
+    "model.interaction_dim=16",
+    "model.tower_dims=[16]",
+    "model.cross_rank=8",
+    "train.batch_size=64",
+    "train.eval_batch_size=512",
+    "train.checkpoint_every=2",
+    "train.log_every=1",
+    "train.max_steps=4",
+]
+RUN_FILES = ("config.json", "plan.json", "plan.txt", "metrics.jsonl", "eval.npz", "checkpoint.pt", "done.json")
+
+
+def _eval_bytes(run_dir: Path) -> dict[str, bytes]:
+    with np.load(run_dir / "eval.npz") as npz:
+        return {key: npz[key].tobytes() for key in npz.files}
+
+
+def test_cli_run_report_and_compare(tmp_path):
+    pytest.importorskip("mxlab.report")
+    from typer.testing import CliRunner
+
+    from mxlab.cli import app
+
+    out = tmp_path / "study"
+    args = ["run", str(QUICKSTART), "--device", "cpu", "--out", str(out)] + [item for o in MICRO for item in ("--set", o)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "report.md" in result.output and "report.html" in result.output
+    for arm in ("bf16", "mxfp8-rceil-sr"):
+        run_dir = out / "runs" / arm / "seed0"
+        assert all((run_dir / name).is_file() for name in RUN_FILES), sorted(p.name for p in run_dir.iterdir())
+        assert json.loads((run_dir / "done.json").read_text())["status"] == "finished"
+    study = json.loads((out / "study.json").read_text())
+    assert study["arms"] == ["bf16", "mxfp8-rceil-sr"] and study["data"]["train_examples"] == 384
+    assert study["model"]["size"] == "tiny" and study["environment"]["torch"] == torch.__version__
+    assert "--set seeds=[0]" in study["command"] or "--set 'seeds=[0]'" in study["command"]
+    plan = json.loads((out / "runs/mxfp8-rceil-sr/seed0/plan.json").read_text())
+    assert "towers.ctr.out" in plan["quantized"]
+    assert json.loads((out / "runs/bf16/seed0/plan.json").read_text())["quantized"] == []
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
+
+    rerun = CliRunner().invoke(app, ["report", str(out)])
+    assert rerun.exit_code == 0, rerun.output
+    compared = CliRunner().invoke(app, ["compare", str(out), str(out)])
+    assert compared.exit_code == 0, compared.output
+    missing = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")])
+    assert missing.exit_code == 2 and "no study.json" in missing.output
+
+
+def test_bf16_baseline_runs_its_gemms_in_bf16_with_fp32_master_weights(tmp_path, monkeypatch):
+    import mxlab.models
+
+    linear_output_dtypes: set[torch.dtype] = set()
+    build = mxlab.models.build_model
+
+    def recording_build(config, info):
+        model = build(config, info)
+        for module in model.modules():
+            if type(module) is nn.Linear:
+                module.register_forward_hook(lambda mod, args, output: linear_output_dtypes.add(output.dtype))
+        return model
+
+    monkeypatch.setattr(mxlab.models, "build_model", recording_build)
+    spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "train.max_steps=2"])
+    run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
+    assert linear_output_dtypes == {torch.bfloat16}
+    checkpoint = torch.load(tmp_path / "out/runs/bf16/seed0/checkpoint.pt", weights_only=False)
+    assert {value.dtype for value in checkpoint["model"].values() if value.is_floating_point()} == {torch.float32}
+    moments = [state["exp_avg"] for state in checkpoint["optimizer"]["state"].values()]
+    assert moments and {moment.dtype for moment in moments} == {torch.float32}
+
+    linear_output_dtypes.clear()
+    spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "train.max_steps=2", 'train.precision="fp32"'])
+    run_study(spec, tmp_path / "fp32", device="cpu", report=False, show_progress=False)
+    assert linear_output_dtypes == {torch.float32}
+
+
+class Kill(Exception):
+    pass
+
+
+def test_resume_with_stochastic_rounding_is_bit_identical(tmp_path):
+    spec = load_spec(QUICKSTART, MICRO + ['arms=["mxfp8-rceil-sr"]', 'baseline="mxfp8-rceil-sr"'])
+    run_study(spec, tmp_path / "reference", device="cpu", report=False, show_progress=False)
+
+    def kill(job, step):
+        if step == 3:
+            raise Kill()
+
+    with pytest.raises(Kill):
+        run_study(spec, tmp_path / "resumed", device="cpu", report=False, show_progress=False, on_step=kill)
+    run_study(spec, tmp_path / "resumed", device="cpu", resume=True, report=False, show_progress=False)
+    run = "runs/mxfp8-rceil-sr/seed0"
+    assert json.loads((tmp_path / "resumed" / run / "done.json").read_text())["resumed_from_step"] == 2
+    assert _eval_bytes(tmp_path / "reference" / run) == _eval_bytes(tmp_path / "resumed" / run)
+
+
+def test_parallel_workers_match_the_sequential_runner(tmp_path):
+    spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.max_steps=2"])
+    run_study(spec, tmp_path / "sequential", device="cpu", report=False, show_progress=False)
+    result = run_study(spec, tmp_path / "parallel", report=False, show_progress=False, devices=["cpu", "cpu"])
+    assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"]
+    for seed in (0, 1):
+        run = f"runs/bf16/seed{seed}"
+        assert _eval_bytes(tmp_path / "sequential" / run) == _eval_bytes(tmp_path / "parallel" / run)
+    assert not list((tmp_path / "parallel/runs").glob("*/*/job.pt"))
