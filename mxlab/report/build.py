@@ -24,6 +24,7 @@ from mxlab.report.runs import read_numerics, read_plan, read_training_log
 VERDICT_MARKS = {"regression": "**▼ REGRESSION**", "improvement": "▲ improvement", "neutral": "neutral",
                  "diverged": "**✖ DIVERGED**", "skipped": "skipped (not run)", "not compared": "not compared", None: ""}
 RELIABILITY_BINS = 20
+POSITIVES_PER_BIN = 15
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -176,6 +177,20 @@ def _headline(analysis: StudyAnalysis) -> list[Block]:
                    Table(header, rows, classes),
                    Paragraph(f"Each interval rests on {examples} eval examples from {analysis.n_users} users and the seeds "
                              f"named in its row; delta [interval] then the verdict when it is not neutral.")]
+    rows = []
+    for c in analysis.comparisons:
+        per_seed = "; ".join(
+            f"seed {seed}: {format_value(c.metric, value, c.threshold)} "
+            f"[{format_value(c.metric, c.bootstrap_per_seed[seed].low, c.threshold)}, "
+            f"{format_value(c.metric, c.bootstrap_per_seed[seed].high, c.threshold)}]"
+            for seed, value in c.per_seed.items())
+        t_text = "-" if c.t_interval is None else (f"[{format_value(c.metric, c.t_interval.low, c.threshold)}, "
+                                                   f"{format_value(c.metric, c.t_interval.high, c.threshold)}]")
+        pooled = f"[{format_value(c.metric, c.bootstrap.low, c.threshold)}, {format_value(c.metric, c.bootstrap.high, c.threshold)}]"
+        rows.append([c.arm, c.task.upper(), DELTA_METRIC_BY_NAME[c.metric].label, per_seed, t_text, pooled])
+    blocks.append(Details("Per-seed deltas with their bootstrap intervals, the t-interval over seeds and the pooled bootstrap",
+                          [Table(["arm", "task", "metric", "per seed: delta [bootstrap interval]", "t-interval over seeds",
+                                  "pooled bootstrap"], rows)]))
     blocks.append(Paragraph(
         "† bootstrap: with fewer than "
         f"{analysis.settings.min_seeds_for_t} paired seeds the verdict rests on the paired user bootstrap over eval "
@@ -325,8 +340,15 @@ def _reliability_curves(analysis: StudyAnalysis) -> dict[str, dict[str, metrics.
         for task, (labels, probs) in pooled.items():
             if labels:
                 y, p = np.concatenate(labels), np.concatenate(probs)
-                curves[task][arm] = metrics.reliability_bins(y, p, min(RELIABILITY_BINS, y.size))
+                n_bins = reliability_bin_count(int(y.sum()) // len(labels), y.size)
+                curves[task][arm] = metrics.reliability_bins(y, p, n_bins)
     return curves
+
+
+def reliability_bin_count(positives_per_seed: int, n: int) -> int:
+    """Bins for a reliability diagram: up to RELIABILITY_BINS, with about POSITIVES_PER_BIN positives of one
+    seed's eval set in each (so few bins hold no positive at all), at least 3."""
+    return int(min(n, max(3, min(RELIABILITY_BINS, positives_per_seed // POSITIVES_PER_BIN))))
 
 
 def write_report(study_dir: str | os.PathLike, *, n_resamples: int | None = None,
@@ -371,8 +393,10 @@ def write_report(study_dir: str | os.PathLike, *, n_resamples: int | None = None
     if any(curves.values()):
         reliability = add_figure("reliability.png", lambda p: figures.reliability_diagram(p, curves, study.arms))
         blocks += [Heading("Reliability diagrams", 2),
-                   Figure(reliability, f"Observed rate against mean prediction in {RELIABILITY_BINS} equal-count bins, "
-                                       "pooled over finished seeds; the dotted diagonal is perfect calibration")]
+                   Figure(reliability, f"Observed rate against mean prediction in equal-count bins (up to "
+                                       f"{RELIABILITY_BINS}, about {POSITIVES_PER_BIN} positives per bin and seed), pooled "
+                                       "over finished seeds; log axes, so a bin without positives is not drawn; the "
+                                       "dotted diagonal is perfect calibration")]
     blocks += _delong(analysis)
 
     blocks.append(Heading("Training", 2))

@@ -41,7 +41,7 @@ def test_markdown_report_says_what_a_newcomer_needs(rendered):
                    "## Conventions", "## Environment and reproduction", "truth (ceiling)",
                    "mxlab run experiments/study.toml", "commit**: 0123abc", "towers.ctr.fc1    e4m3",
                    "6000 eval examples from 800 users", "t over 3 seeds", "bootstrap† (2 seeds, 30 resamples)",
-                   "entropy of the eval set's base rate", "mx-diverged/seed1 (step 37)"):
+                   "entropy of the eval set's base rate", "mx-diverged/seed1 (step 37)", "Per-seed deltas"):
         assert needle in text, needle
     conclusions = text.split("## Conclusions")[1].split("##")[0]
     assert re.search(r"\*\*mx-regress\*\*: REGRESSION in \d+ of 12 checks", conclusions)
