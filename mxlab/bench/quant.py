@@ -81,6 +81,7 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
         "row stochastic cast": (lambda: kernels.quantize(x, fmt, rounding="stochastic", seed=1), size_in + codes + scales),
         "row stochastic fake-quantize": (
             lambda: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1), size_in + values),
+        "row cast, exact integer path only": (lambda: kernels.quantize(x, fmt, fast=False), size_in + codes + scales),
         "probe row cast": (probe(mx_quant.LAYOUT_ROW, True, False), size_in + codes + scales),
         "probe column cast": (probe(mx_quant.LAYOUT_COL, True, False), size_in + codes + scales),
         "probe both cast": (probe(mx_quant.LAYOUT_BOTH, True, False), size_in + 2 * (codes + scales)),
@@ -164,35 +165,45 @@ def run_quant_bench(
     measurements: list[Measurement] = []
     sweep: list[dict] = []
     generator = torch.Generator(device="cuda").manual_seed(0)
-    for rows, cols in sizes:
-        x = torch.randn(rows, cols, device="cuda", dtype=torch.float32, generator=generator).to(torch.bfloat16)
+    copy_rates: dict[tuple[int, int], float] = {}
+
+    def record(rows: int, cols: int, name: str, ms: float, moved: int, note: str = "") -> None:
+        rate = moved / ms / 1e6
+        ratio = rate / copy_rates[(rows, cols)] if (rows, cols) in copy_rates else 1.0
+        measurements.append(Measurement(rows, cols, name, ms, moved, rate, ratio, note))
+        console.print(f"{rows}x{cols}  {name:42s} {ms:9.4f} ms {rate:8.0f} GB/s  {ratio:6.3f} x copy  {note}")
+
+    def make_input(rows: int, cols: int) -> torch.Tensor:
+        return torch.randn(rows, cols, device="cuda", dtype=torch.float32, generator=generator).to(torch.bfloat16)
+
+    for index, (rows, cols) in enumerate(sizes):
+        x = make_input(rows, cols)
         destination = torch.empty_like(x)
         copy_bytes = 2 * x.numel() * x.element_size()
-        copy_ms = _time_graph(lambda: destination.copy_(x))
-        copy_rate = copy_bytes / copy_ms / 1e6
-        measurements.append(Measurement(rows, cols, "copy (device to device)", copy_ms, copy_bytes, copy_rate, 1.0))
-        operations = _operations(x, kernels, element_format)
-        headline = (rows, cols) == tuple(sizes[0])
-        for name, (fn, moved) in operations.items():
-            if name.startswith("probe") and not headline:
+        record(rows, cols, "copy (device to device)", _time_graph(lambda: destination.copy_(x)), copy_bytes)
+        copy_rates[(rows, cols)] = copy_bytes / measurements[-1].ms / 1e6
+        for name, (fn, moved) in _operations(x, kernels, element_format).items():
+            if (name.startswith("probe") or "exact" in name) and index > 0:
                 continue
-            ms = _time_graph(fn)
-            rate = moved / ms / 1e6
-            measurements.append(Measurement(rows, cols, name, ms, moved, rate, rate / copy_rate))
-        if headline and compile_reference:
-            try:
-                for name, (fn, moved) in _compiled_reference(x, fmt).items():
-                    ms = _time_events(fn)
-                    rate = moved / ms / 1e6
-                    measurements.append(Measurement(rows, cols, name, ms, moved, rate, rate / copy_rate, "CUDA events"))
-            except Exception as error:  # noqa: BLE001 - report, do not hide, a failed compile
-                measurements.append(Measurement(rows, cols, "torch.compile reference", float("nan"), 0, float("nan"),
-                                                float("nan"), f"failed: {type(error).__name__}: {error}"[:200]))
-        if headline and sweep_tiles:
+            record(rows, cols, name, _time_graph(fn), moved)
+        if index == 0 and sweep_tiles:
             sweep = _tile_sweep(x, kernels, element_format)
             for entry in sweep:
-                entry["ratio_to_copy"] = entry["gb_per_s"] / copy_rate
+                entry["ratio_to_copy"] = entry["gb_per_s"] / copy_rates[(rows, cols)]
+                console.print(f"  sweep {entry['op']:28s} {entry['tile']}  {entry['ms']:.4f} ms  {entry['ratio_to_copy']:.3f} x copy")
         del x, destination
+        torch.cuda.empty_cache()
+    if compile_reference:
+        rows, cols = sizes[0]
+        x = make_input(rows, cols)
+        try:
+            for name, (fn, moved) in _compiled_reference(x, fmt).items():
+                record(rows, cols, name, _time_events(fn), moved, "CUDA events")
+        except Exception as error:  # noqa: BLE001 - report, do not hide, a failed compile
+            measurements.append(Measurement(rows, cols, "torch.compile reference", float("nan"), 0, float("nan"),
+                                            float("nan"), f"failed: {type(error).__name__}: {error}"[:200]))
+            console.print(f"torch.compile reference failed: {type(error).__name__}: {error}"[:300])
+        del x
         torch.cuda.empty_cache()
 
     table = Table(title=f"MX {fmt} casts of BF16 tensors on {torch.cuda.get_device_name()}")

@@ -265,14 +265,13 @@ def big_input(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tens
     return sprinkle_specials(x, seed).to(dtype).cuda()
 
 
-GPU_ROWWISE_CASES = [
-    (fmt, scale_mode, rounding, torch.bfloat16) for fmt in FMTS for scale_mode in SCALE_MODES for rounding in ROUNDINGS
-] + [
-    (fmt, scale_mode, rounding, dtype)
-    for fmt in FMTS
-    for scale_mode, rounding in (("floor", "nearest_even"), ("rceil", "stochastic"))
-    for dtype in (torch.float32, torch.float16)
-]
+# every scale mode x rounding for e4m3, two option sets for the other formats, then other input dtypes
+GPU_ROWWISE_CASES = (
+    [("e4m3", scale_mode, rounding, torch.bfloat16) for scale_mode in SCALE_MODES for rounding in ROUNDINGS]
+    + [(fmt, "rceil", "stochastic", torch.bfloat16) for fmt in FMTS if fmt != "e4m3"]
+    + [(fmt, "floor", "nearest_even", torch.bfloat16) for fmt in FMTS if fmt != "e4m3"]
+    + [(fmt, "even", "nearest_even", dtype) for fmt in ("e4m3", "e2m1", "int8") for dtype in (torch.float32, torch.float16)]
+)
 
 
 @pytest.mark.gpu
@@ -288,7 +287,7 @@ def test_gpu_rowwise_large(fmt, scale_mode, rounding, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "int8"])
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
 def test_gpu_columnwise_rowcol_and_tiles_large(fmt, rounding):
     from mxlab.quant import _import_kernels
