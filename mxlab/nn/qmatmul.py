@@ -83,8 +83,9 @@ class OperandQuant:
     """How one GEMM operand is rounded: element format, block, scale mode and rounding.
 
     `fmt` is an MX element format (blocks of `block` with an E8M0 scale), a per-tensor FP8
-    format (`fp8_tensor_e4m3`, `fp8_tensor_e5m2`: current scaling, block ignored), or
-    `bf16`/`fp32` (high precision: the operand is used unmodified).
+    format (`fp8_tensor_e4m3`, `fp8_tensor_e5m2`: current scaling; block and scale mode do not
+    apply, rounding must be nearest_even), or `bf16`/`fp32` (high precision: the operand is
+    used unmodified; block, scale mode and rounding do not apply). Refuses unknown values.
     """
 
     fmt: str
@@ -103,6 +104,8 @@ class OperandQuant:
             raise ValueError(f"unknown scale_mode {self.scale_mode!r}; accepted: {', '.join(SCALE_MODES)}")
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"unknown rounding {self.rounding!r}; accepted: {', '.join(ROUNDINGS)}")
+        if self.fmt in TENSOR_FORMATS and self.rounding != "nearest_even":
+            raise ValueError(f"{self.fmt} (per-tensor FP8, a float8 cast) rounds to nearest even only, not {self.rounding!r}")
 
     @property
     def high_precision(self) -> bool:

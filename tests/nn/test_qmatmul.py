@@ -158,3 +158,9 @@ def test_refuses_mismatched_batch_dims_and_bad_precision():
         OperandQuant("e4m4")
     with pytest.raises(ValueError, match="hadamard"):
         GemmQuant(OperandQuant("e4m3"), OperandQuant("e4m3"), hadamard=24)
+
+
+def test_per_tensor_fp8_refuses_a_rounding_it_cannot_do():
+    with pytest.raises(ValueError, match="nearest even only"):
+        OperandQuant("fp8_tensor_e5m2", rounding="stochastic")
+    assert OperandQuant("fp8_tensor_e5m2").describe() == "fp8_tensor_e5m2"
