@@ -241,12 +241,22 @@ def _support(handle: TEHandle, te_recipe: str) -> tuple[bool, str]:
     return bool(result), ""
 
 
+def _device_words(device: torch.device | str | None) -> str:
+    """The CUDA device's name and compute capability, for messages ("this machine" without CUDA)."""
+    if not torch.cuda.is_available():
+        return "this machine"
+    index = torch.device(device).index if device is not None and torch.device(device).index is not None else torch.cuda.current_device()
+    major, minor = torch.cuda.get_device_capability(index)
+    return f"{torch.cuda.get_device_name(index)} (compute capability {major}.{minor})"
+
+
 def unavailable_reason(te_recipes: Iterable[str], device: torch.device | str | None = None) -> Optional[str]:
     """None when TE can run every recipe in `te_recipes` here (on `device` when given); else the reason.
 
     Reasons, all found before any training: TE cannot be imported (with how to install it), no CUDA
-    device, a `device` that is not CUDA, a recipe the GPU cannot run (TE's reason and the device's
-    name and compute capability). An empty `te_recipes` needs nothing and gives None.
+    device, a `device` that is not CUDA, a recipe the GPU cannot run (TE's own reason, with the
+    device's name and compute capability). An empty `te_recipes` needs nothing and gives None.
+    Refuses (ValueError) an unknown TE recipe name.
     """
     names = sorted(set(te_recipes))
     unknown = [name for name in names if name not in TE_RECIPES]
@@ -256,26 +266,22 @@ def unavailable_reason(te_recipes: Iterable[str], device: torch.device | str | N
         return None
     reasons = []
     try:
-        handle = load_transformer_engine()
+        handle: Optional[TEHandle] = load_transformer_engine()
     except BackendUnavailableError as error:
         handle = None
         reasons.append(str(error))
-    if handle is not None and not handle.requires_cuda:
-        return None
-    if not torch.cuda.is_available():
-        reasons.append("Transformer Engine runs on CUDA GPUs only and torch.cuda.is_available() is False on this machine")
-    elif device is not None and torch.device(device).type != "cuda":
-        reasons.append(f"Transformer Engine runs on CUDA GPUs only; the run's device is {device}")
+    if handle is None or handle.requires_cuda:
+        if not torch.cuda.is_available():
+            reasons.append("Transformer Engine runs on CUDA GPUs only and torch.cuda.is_available() is False on this machine")
+        elif device is not None and torch.device(device).type != "cuda":
+            reasons.append(f"Transformer Engine runs on CUDA GPUs only; the run's device is {device}")
     if reasons or handle is None:
         return "; ".join(reasons)
-    index = torch.device(device).index if device is not None and torch.device(device).index is not None else torch.cuda.current_device()
-    with torch.cuda.device(index):
-        for name in names:
-            supported, reason = _support(handle, name)
-            if not supported:
-                major, minor = torch.cuda.get_device_capability(index)
-                return (f"TE recipe {name!r} ({TE_RECIPE_CLASSES[name]}) cannot run on {torch.cuda.get_device_name(index)} "
-                        f"(compute capability {major}.{minor}): {reason or 'Transformer Engine reports it unsupported'}")
+    for name in names:
+        supported, reason = _support(handle, name)
+        if not supported:
+            return (f"TE recipe {name!r} ({TE_RECIPE_CLASSES[name]}) cannot run on {_device_words(device)}: "
+                    f"{reason or 'Transformer Engine reports it unsupported'}")
     return None
 
 

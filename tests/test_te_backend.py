@@ -1,0 +1,353 @@
+"""Transformer Engine backend: refusals, recipe validation, module swap and state_dict mapping.
+
+The CPU tests use FAKE_TE, a stand-in for Transformer Engine written here (NOT Transformer Engine:
+its Linear is F.linear, its recipes only record their arguments). It checks mxlab's side of the
+contract: which modules are swapped, that their forward runs inside TE's autocast with the right
+recipe and a padded token count, and how state_dict keys map. The `gpu` tests at the end run
+the real TE (install it as shared/te/README.md describes) and are skipped without CUDA or TE.
+"""
+from __future__ import annotations
+
+import contextlib
+import enum
+import importlib.util
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from mxlab import te_backend
+from mxlab.recipe import apply_recipe, load_recipe, parse_recipe
+from mxlab.te_backend import BackendUnavailableError, TEHandle, TEPolicy
+
+SHIPPED_TE_RECIPES = {"te-fp8-current": "fp8_current", "te-fp8-delayed": "fp8_delayed",
+                      "te-fp8-block": "fp8_block", "te-mxfp8": "mxfp8"}
+MXFP8_REFUSAL = "Device compute capability 10.0 or higher required for MXFP8 execution."
+
+
+# --------------------------------------------------------------------------------- the stand-in
+class FakeFormat(enum.Enum):
+    E4M3 = "e4m3"
+    HYBRID = "hybrid"
+
+
+class FakeRecipe:
+    """Stand-in for a TE recipe dataclass: records its keyword arguments."""
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+
+
+def _fake_recipe_module() -> types.SimpleNamespace:
+    classes = {name: type(name, (FakeRecipe,), {}) for name in te_backend.TE_RECIPE_CLASSES.values()}
+    return types.SimpleNamespace(Format=FakeFormat, **classes)
+
+
+class FakeTE:
+    """Stand-in for transformer_engine.pytorch: Linear, autocast and the is_*_available checks."""
+
+    def __init__(self, mxfp8_supported: bool = False):
+        self.active_recipes: list[FakeRecipe] = []
+        self.mxfp8_supported = mxfp8_supported
+        fake = self
+
+        class Linear(nn.Module):
+            """Stand-in for te.Linear: TE's constructor keywords, weight/bias Parameters, an _extra_state entry."""
+
+            def __init__(self, in_features, out_features, bias=True, params_dtype=None, device=None):
+                super().__init__()
+                self.weight = nn.Parameter(torch.randn(out_features, in_features, dtype=params_dtype, device=device))
+                self.bias = nn.Parameter(torch.randn(out_features, dtype=params_dtype, device=device)) if bias else None
+                self.calls: list[tuple[tuple[int, ...], FakeRecipe | None]] = []
+                self.extra_loaded = None
+
+            def forward(self, x):
+                assert x.dim() == 2, "TE's Linear gets the flattened 2-D input from mxlab"
+                self.calls.append((tuple(x.shape), fake.active_recipes[-1] if fake.active_recipes else None))
+                return F.linear(x, self.weight, self.bias)
+
+            def get_extra_state(self):
+                return torch.tensor([float(len(self.calls))])
+
+            def set_extra_state(self, state):
+                self.extra_loaded = state
+
+        self.Linear = Linear
+
+    @contextlib.contextmanager
+    def autocast(self, enabled=True, recipe=None):
+        self.active_recipes.append(recipe)
+        try:
+            yield
+        finally:
+            self.active_recipes.pop()
+
+    def is_fp8_available(self, return_reason=False):
+        return (True, "") if return_reason else True
+
+    def is_fp8_block_scaling_available(self, return_reason=False):
+        return (True, "") if return_reason else True
+
+    def is_mxfp8_available(self, return_reason=False):
+        reason = "" if self.mxfp8_supported else MXFP8_REFUSAL
+        return (self.mxfp8_supported, reason) if return_reason else self.mxfp8_supported
+
+
+@pytest.fixture
+def fake_te(monkeypatch):
+    fake = FakeTE()
+    handle = TEHandle(pytorch=fake, recipe=_fake_recipe_module(), version="fake", requires_cuda=False)
+    monkeypatch.setattr(te_backend, "load_transformer_engine", lambda: handle)
+    return fake
+
+
+@pytest.fixture
+def no_te(monkeypatch):
+    """Transformer Engine absent, whatever is installed: its imports fail."""
+    for name in ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.common", "transformer_engine.common.recipe"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def te_recipe(te_recipe_name: str = "fp8_current", **policy) -> "object":
+    return parse_recipe({"name": "te-test", "default": "te",
+                         "policies": {"te": {"backend": "te", "te_recipe": te_recipe_name, **policy}}})
+
+
+def small_model() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+
+
+# --------------------------------------------------------------------------------- validation
+@pytest.mark.parametrize("name, te_name", sorted(SHIPPED_TE_RECIPES.items()))
+def test_shipped_te_recipes_load_as_te_policies(name, te_name):
+    recipe = load_recipe(name)
+    policy = recipe.policies[recipe.default]
+    assert isinstance(policy, TEPolicy) and policy.te_recipe == te_name
+    assert te_backend.te_recipe_names(recipe) == [te_name]
+    assert policy.describe()["fwd"].startswith(f"TE {te_backend.TE_RECIPE_CLASSES[te_name]}")
+
+
+def test_te_policy_formats_follow_te_defaults():
+    assert te_recipe("fp8_current").policies["te"].operand_formats()["grad_output"] == "E5M2"  # HYBRID
+    assert te_recipe("mxfp8").policies["te"].operand_formats()["grad_output"] == "E4M3"  # MXFP8BlockScaling: E4M3
+    assert te_recipe("fp8_current", fp8_format="e4m3").policies["te"].operand_formats()["grad_output"] == "E4M3"
+
+
+@pytest.mark.parametrize("policy, message", [
+    ({"backend": "te", "te_recipe": "fp8"}, r"unknown TE recipe 'fp8'; accepted: fp8_current, fp8_delayed, fp8_block, mxfp8"),
+    ({"backend": "te"}, r"unknown TE recipe None; accepted: fp8_current"),
+    ({"backend": "cutlass", "te_recipe": "fp8_current"}, r"unknown backend 'cutlass'; accepted: te"),
+    ({"backend": "te", "te_recipe": "fp8_current", "all": "e4m3"}, r"unknown key\(s\) 'all' for backend = \"te\""),
+    ({"backend": "te", "te_recipe": "fp8_current", "fp8_format": "e5m2"}, r"fp8_format: unknown 'e5m2'; accepted: hybrid, e4m3"),
+    ({"backend": "te", "te_recipe": "fp8_current", "unaligned": "pad"}, r"unaligned: unknown 'pad'; accepted: error, high_precision"),
+    ({"backend": "te", "te_recipe": "fp8_current", "amax_history_len": 16}, r"apply to te_recipe = \"fp8_delayed\" only"),
+    ({"backend": "te", "te_recipe": "fp8_delayed", "amax_history_len": 0}, r"amax_history_len: must be a positive integer"),
+    ({"backend": "te", "te_recipe": "fp8_delayed", "amax_compute_algo": "mean"}, r"unknown 'mean'; accepted: max, most_recent"),
+])
+def test_te_policy_validation_names_the_value_and_the_accepted_ones(policy, message):
+    with pytest.raises(ValueError, match=message):
+        parse_recipe({"name": "bad", "default": "te", "policies": {"te": policy}})
+
+
+def test_te_and_mxlab_policies_mix_in_one_recipe():
+    recipe = parse_recipe({"name": "mixed", "default": "mx",
+                           "policies": {"mx": {"all": "e4m3"}, "te": {"backend": "te", "te_recipe": "fp8_delayed"}},
+                           "rules": [{"match": "0", "policy": "te"}]})
+    assert not isinstance(recipe.policies["mx"], TEPolicy) and isinstance(recipe.policies["te"], TEPolicy)
+    assert te_backend.te_recipe_names(recipe) == ["fp8_delayed"]
+
+
+# --------------------------------------------------------------------------------- refusals
+def test_without_te_apply_recipe_refuses_with_install_instructions_and_swaps_nothing(no_te):
+    model = small_model()
+    with pytest.raises(BackendUnavailableError, match=r"pip install 'mxlab\[te\]'.*shared/te/README.md"):
+        apply_recipe(model, load_recipe("te-fp8-current"))
+    assert all(type(module) in (nn.Linear, nn.ReLU, nn.Sequential) for module in model.modules())
+
+
+def test_without_te_the_reason_also_names_the_missing_cuda(no_te, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    reason = te_backend.recipe_unavailable_reason(load_recipe("te-fp8-current"))
+    assert "cannot be imported" in reason and "torch.cuda.is_available() is False" in reason
+
+
+def test_a_recipe_without_te_policies_needs_nothing(no_te):
+    assert te_backend.recipe_unavailable_reason(load_recipe("bf16")) is None
+
+
+def test_no_cuda_device_is_refused_even_with_te(monkeypatch):
+    fake = FakeTE()
+    handle = TEHandle(pytorch=fake, recipe=_fake_recipe_module(), version="fake", requires_cuda=True)
+    monkeypatch.setattr(te_backend, "load_transformer_engine", lambda: handle)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BackendUnavailableError, match=r"CUDA GPUs only and torch.cuda.is_available\(\) is False"):
+        apply_recipe(small_model(), te_recipe(unaligned="high_precision"))
+
+
+def test_a_cpu_device_on_a_cuda_machine_is_refused(monkeypatch):
+    handle = TEHandle(pytorch=FakeTE(), recipe=_fake_recipe_module(), version="fake", requires_cuda=True)
+    monkeypatch.setattr(te_backend, "load_transformer_engine", lambda: handle)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    reason = te_backend.unavailable_reason(["fp8_current"], device="cpu")
+    assert reason == "Transformer Engine runs on CUDA GPUs only; the run's device is cpu"
+
+
+def test_mxfp8_below_compute_capability_10_is_refused_with_te_reason(monkeypatch):
+    handle = TEHandle(pytorch=FakeTE(mxfp8_supported=False), recipe=_fake_recipe_module(), version="fake", requires_cuda=True)
+    monkeypatch.setattr(te_backend, "load_transformer_engine", lambda: handle)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H200")
+    reason = te_backend.recipe_unavailable_reason(load_recipe("te-mxfp8"), device="cuda:0")
+    assert reason == (f"TE recipe 'mxfp8' (MXFP8BlockScaling) cannot run on NVIDIA H200 (compute capability 9.0): {MXFP8_REFUSAL}")
+    assert te_backend.recipe_unavailable_reason(load_recipe("te-fp8-current"), device="cuda:0") is None
+
+
+def test_unaligned_modules_are_refused_by_default_naming_module_and_fixes(fake_te):
+    model = small_model()
+    with pytest.raises(ValueError, match=r"2 \(out_features 1; fp8_current needs multiples of 16\).*unaligned = \"high_precision\""):
+        apply_recipe(model, te_recipe())
+    assert type(model[0]) is nn.Linear  # refused before any swap
+
+
+# --------------------------------------------------------------------------------- swap and run
+def test_apply_recipe_swaps_aligned_linears_for_te_and_the_plan_says_so(fake_te):
+    model = small_model()
+    reference = small_model()
+    plan = apply_recipe(model, te_recipe("fp8_delayed", unaligned="high_precision", amax_history_len=16))
+    assert te_backend.te_module_names(model) == ["0"]
+    assert isinstance(model[0], fake_te.Linear) and type(model[2]) is nn.Linear
+    assert torch.equal(model[0].weight, reference[0].weight) and torch.equal(model[0].bias, reference[0].bias)
+    assert model[0].weight is not reference[0].weight
+    entries = {entry.module: entry for entry in plan.entries}
+    assert entries["0"].backend == "te" and entries["0"].quantized
+    assert entries["2"].backend == "mxlab" and not entries["2"].quantized and "out_features 1 not a multiple of 16" in entries["2"].note
+    assert plan.to_dict()["backends"] == {"0": "te"}
+    assert "backend te" in plan.table()
+    te_recipe_object = model[0].mxlab_te_recipe
+    assert type(te_recipe_object).__name__ == "DelayedScaling"
+    assert te_recipe_object.kwargs == {"fp8_format": FakeFormat.HYBRID, "amax_history_len": 16, "amax_compute_algo": "max"}
+
+
+def test_te_forward_runs_under_te_autocast_with_tokens_padded_and_matches_the_plain_model(fake_te):
+    model, reference = small_model(), small_model()
+    fake_te.mxfp8_supported = True
+    apply_recipe(model, te_recipe("mxfp8", unaligned="high_precision"))
+    x = torch.randn(3, 5, 32)  # 15 tokens: padded to 32 for mxfp8
+    y, y_ref = model(x), reference(x)
+    assert model[0].calls == [((32, 32), model[0].mxlab_te_recipe)]
+    assert type(model[0].mxlab_te_recipe).__name__ == "MXFP8BlockScaling"
+    assert model[0].mxlab_te_recipe.kwargs == {"fp8_format": FakeFormat.E4M3}
+    assert y.shape == (3, 5, 1) and torch.allclose(y, y_ref, atol=1e-6)
+    y.square().sum().backward()
+    y_ref.square().sum().backward()
+    assert torch.allclose(model[0].weight.grad, reference[0].weight.grad, atol=1e-5)
+    # an empty batch still reaches TE with one aligned block of zero rows, and comes back empty
+    assert model(torch.randn(0, 32)).shape == (0, 1)
+
+
+# --------------------------------------------------------------------------------- state_dict
+def test_state_dict_maps_both_ways_between_te_and_plain_models(fake_te):
+    te_model = small_model()
+    apply_recipe(te_model, te_recipe(unaligned="high_precision"))
+    te_model(torch.randn(16, 32))  # the fake's extra state counts calls: 1.0
+    te_state = te_model.state_dict()
+    assert set(te_state) == {"0.weight", "0.bias", "0._extra_state", "2.weight", "2.bias"}
+
+    plain_state = te_backend.te_state_dict_to_plain(te_state, te_backend.te_module_names(te_model))
+    plain_model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    plain_model.load_state_dict(plain_state)  # strict
+    assert torch.equal(plain_model[0].weight, te_model[0].weight)
+
+    with torch.no_grad():
+        plain_model[0].weight.add_(1.0)
+    other_te = small_model()
+    apply_recipe(other_te, te_recipe(unaligned="high_precision"))
+    mapped = te_backend.plain_state_dict_to_te(plain_model.state_dict(), other_te)
+    other_te.load_state_dict(mapped)  # strict
+    assert torch.equal(other_te[0].weight, plain_model[0].weight)
+    assert torch.equal(other_te[0].extra_loaded, torch.tensor([0.0]))  # its own extra state, kept
+
+    with pytest.raises(ValueError, match=r"missing \['0.bias'\]"):
+        te_backend.plain_state_dict_to_te({k: v for k, v in plain_model.state_dict().items() if k != "0.bias"}, other_te)
+
+
+# --------------------------------------------------------------------------------- runner
+def test_the_runner_records_an_arm_te_cannot_run_as_skipped(no_te, tmp_path):
+    from mxlab.experiment.train import RunJob, run_is_done, train_run
+
+    job = RunJob(arm="te-fp8-current", seed=0, recipe=load_recipe("te-fp8-current"), recipe_source="te-fp8-current",
+                 run_dir=tmp_path / "runs" / "te-fp8-current" / "seed0", spec=types.SimpleNamespace(train=None))
+    result = train_run(job, source=None, device="cpu")
+    assert result.status == "skipped" and "pip install 'mxlab[te]'" in result.reason
+    done = json.loads((job.run_dir / "done.json").read_text())
+    assert done["status"] == "skipped" and done["reason"] == result.reason and done["steps"] == 0
+    assert not run_is_done(job.run_dir)  # tried again when the study is resumed
+
+
+# --------------------------------------------------------------------------------- GPU + real TE
+def _te_importable() -> bool:
+    try:
+        return importlib.util.find_spec("transformer_engine") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+needs_te = pytest.mark.skipif(not (torch.cuda.is_available() and _te_importable()), reason="needs CUDA and Transformer Engine")
+
+
+@pytest.mark.gpu
+@needs_te
+def test_gpu_te_arm_trains_the_tiny_model(tmp_path):
+    from mxlab.experiment import load_spec
+    from mxlab.experiment.runner import run_study
+
+    spec_path = tmp_path / "te.toml"
+    spec_path.write_text(
+        'name = "te-tiny"\nseeds = [0]\nbaseline = "bf16"\narms = ["bf16", "te-fp8-current", "te-fp8-delayed", "te-mxfp8"]\n'
+        '[data]\nsource = "synthetic"\ntrain_examples = 2048\neval_examples = 1024\n'
+        '[model]\nsize = "tiny"\nmax_history = 32\n'
+        '[train]\nbatch_size = 256\nlr = 3e-3\nepochs = 1\neval_batch_size = 1024\nlog_every = 2\n'
+    )
+    spec = load_spec(spec_path)
+    run_study(spec, tmp_path / "study", device="cuda", show_progress=False)
+
+    def losses(arm: str) -> list[float]:
+        path = tmp_path / "study" / "runs" / arm / "seed0" / "metrics.jsonl"
+        return [json.loads(line)["loss"] for line in path.read_text().splitlines()]
+
+    for arm in ("te-fp8-current", "te-fp8-delayed"):
+        run_dir = tmp_path / "study" / "runs" / arm / "seed0"
+        assert json.loads((run_dir / "done.json").read_text())["status"] == "finished"
+        plan = json.loads((run_dir / "plan.json").read_text())
+        assert "history.blocks.0.attn.qkv" in plan["backends"] and "towers.ctr.out" not in plan["backends"]
+        assert all(torch.isfinite(torch.tensor(losses(arm))))
+        assert abs(losses(arm)[-1] - losses("bf16")[-1]) < 0.1 * losses("bf16")[-1]  # FP8 trains like BF16 here
+    mxfp8 = json.loads((tmp_path / "study" / "runs" / "te-mxfp8" / "seed0" / "done.json").read_text())
+    major, _ = torch.cuda.get_device_capability()
+    assert mxfp8["status"] == ("finished" if major >= 10 else "skipped")
+    if major < 10:
+        assert "compute capability 10.0" in mxfp8["reason"]
+    assert (tmp_path / "study" / "report.md").is_file()
+
+
+@pytest.mark.gpu
+@needs_te
+def test_gpu_check_te_per_tensor_fp8_is_bit_identical_or_every_difference_is_explained():
+    from mxlab.check_te import run_te_check
+
+    report = run_te_check(seed=0)
+    per_tensor = [row for row in report.operands if row.scheme.startswith("fp8_current")]
+    assert per_tensor, report.table()
+    for row in per_tensor:
+        assert row.identical_fraction == 1.0 or (row.differences and "unexplained" not in " ".join(row.differences)), report.table()
+    random_rows = [row for row in per_tensor if row.case in ("normal", "heavy_tail")]
+    assert all(row.identical_fraction == 1.0 for row in random_rows), report.table()
+    assert all(row.rel_error_te_vs_mxlab < 0.02 for row in report.gemms if row.scheme == "fp8_current"), report.table()
