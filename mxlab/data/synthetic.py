@@ -83,7 +83,7 @@ class SyntheticConfig:
     source: str = "synthetic"
     train_examples: int = 50_000
     eval_examples: int = 10_000
-    n_users: int = 20_000
+    n_users: int = 1_000
     n_items: int = 2_000
     n_topics: int = 16
     n_segments: int = 32

@@ -69,7 +69,7 @@ def test_base_rates_match_the_configuration():
 
 
 def test_truth_reaches_documented_ceiling_and_history_matters():
-    # docs/data.md: defaults at max_history 64 give a true CTR AUC of about 0.84, and about 0.76
+    # docs/data.md: defaults at max_history 64 give a true CTR AUC of about 0.84, and about 0.75
     # when the history term is removed from the true logit.
     source = make_source({"source": "synthetic", "train_examples": 10, "eval_examples": 20_000, "data_seed": 1}, 64)
     reference = truth_reference(source)
