@@ -25,6 +25,7 @@ VERDICT_MARKS = {"regression": "**▼ REGRESSION**", "improvement": "▲ improve
                  "diverged": "**✖ DIVERGED**", "skipped": "skipped (not run)", "not compared": "not compared", None: ""}
 RELIABILITY_BINS = 20
 POSITIVES_PER_BIN = 15
+FIGURE_NAMES = ("forest.png", "reliability.png", "training.png", "numerics.png")
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -425,6 +426,9 @@ def write_report(study_dir: str | os.PathLike, *, n_resamples: int | None = None
                Paragraph("Which precision each GEMM of each module got (plan.txt of the arm's first run).")] + plans
     blocks += _conventions(analysis) + _environment(analysis)
 
+    for name in FIGURE_NAMES:  # a figure of an earlier render that this one has no data for would be stale
+        if f"figures/{name}" not in written:
+            (figures_dir / name).unlink(missing_ok=True)
     _write_text(directory / "report.md", render_markdown(blocks))
     written["report.md"] = directory / "report.md"
     _write_text(directory / "report.html", render_html(blocks, f"mxlab study {study.name}", directory))
