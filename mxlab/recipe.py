@@ -149,6 +149,12 @@ class AttentionPolicy:
     qk: Optional[MatmulPrecision] = None
     pv: Optional[MatmulPrecision] = None
 
+    def __repr__(self) -> str:
+        def short(precision: Optional[MatmulPrecision]) -> str:
+            return "high precision" if precision is None else precision.fwd.describe()
+
+        return f"AttentionPolicy(qk={short(self.qk)}, pv={short(self.pv)})"
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -584,11 +590,8 @@ def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
 
 
 def describe_gemm(gemm: GemmQuant) -> str:
-    """One GEMM's precision in words: the operands' precisions joined by ` x ` (one of them when
-    both are the same), e.g. `e4m3 b32 rceil`, `e4m3 b32 rceil x e4m3 32x32 rceil`, `bf16`."""
-    a, b = gemm.a.describe(), gemm.b.describe()
-    text = a if a == b else f"{a} x {b}"
-    return text + (f" +hadamard{gemm.hadamard}" if gemm.hadamard else "")
+    """One GEMM's precision in words (GemmQuant.describe), e.g. `e4m3 b32 rceil` or `bf16`."""
+    return gemm.describe()
 
 
 def single_layer_recipe(recipe: Recipe, module_name: str, invert: bool = False) -> Recipe:

@@ -95,5 +95,5 @@ class QLinear(nn.Linear):
         text = super().extra_repr()
         if self._precision is None:
             return text + ", precision=high"
-        gemms = ", ".join(f"{label}=[{q.a.describe()} x {q.b.describe()}]" for label, q in self._precision.gemms().items())
+        gemms = ", ".join(f"{label}=[{gemm.describe()}]" for label, gemm in self._precision.gemms().items())
         return f"{text}, {gemms}"

@@ -145,6 +145,13 @@ class GemmQuant:
     def high_precision(self) -> bool:
         return self.a.high_precision and self.b.high_precision and self.hadamard is None
 
+    def describe(self) -> str:
+        """The operands' precisions joined by ` x ` (one of them when both are the same), e.g.
+        `e4m3 b32 rceil`, `e4m3 b32 rceil x e4m3 32x32 rceil`, `bf16`, plus ` +hadamardN`."""
+        a, b = self.a.describe(), self.b.describe()
+        text = a if a == b else f"{a} x {b}"
+        return text + (f" +hadamard{self.hadamard}" if self.hadamard else "")
+
 
 def _all_fp32() -> GemmQuant:
     return GemmQuant(OperandQuant("fp32"), OperandQuant("fp32"))
@@ -176,6 +183,11 @@ class MatmulPrecision:
     @property
     def high_precision(self) -> bool:
         return self.fwd.high_precision and self.grad_a.high_precision and self.grad_b.high_precision
+
+    def __repr__(self) -> str:
+        gemms = ", ".join(f"{label}={gemm.describe()}" for label, gemm in self.gemms().items())
+        scale = "" if self.grad_scale is None else f", grad_scale={self.grad_scale:g}"
+        return f"MatmulPrecision({self.name or '?'}: {gemms}, seed={self.seed}, calls={self.calls}{scale})"
 
     def gemms(self) -> dict[str, GemmQuant]:
         """The three GEMMs keyed by their labels."""
