@@ -476,8 +476,9 @@ def compare_studies(dir_a: str | os.PathLike, dir_b: str | os.PathLike) -> str:
     else:
         lines.append("The two specs are identical.")
     summary_a, summary_b = _summary(a_dir), _summary(b_dir)
-    lines += ["", "## Verdicts", "", "| arm | A | B |", "|---|---|---|"]
     arms = [a for a in study_a.arms if a in study_b.arms and a not in (study_a.baseline, study_b.baseline)]
+    lines += ["", "## Verdicts", ""]
+    lines += ["| arm | A | B |", "|---|---|---|"] if arms else ["The studies share no compared arm."]
     for arm in arms:
         va = summary_a["verdicts"].get(arm, {}).get("verdict", "-")
         vb = summary_b["verdicts"].get(arm, {}).get("verdict", "-")
@@ -502,6 +503,8 @@ def compare_studies(dir_a: str | os.PathLike, dir_b: str | os.PathLike) -> str:
         verdict = c.get("verdict")
         return f"{fmt(c['delta'])} [{fmt(i['low'])}, {fmt(i['high'])}]" + (f" {verdict}" if verdict not in (None, "neutral") else "")
 
+    if not arms:
+        return "\n".join(lines) + "\n"
     lines += ["", "## Deltas against each study's baseline", "",
               "| arm | task | metric | A | B | B - A |", "|---|---|---|---|---|---|"]
     for arm in arms:
