@@ -216,6 +216,10 @@ def test_single_seed_verdict_rests_on_the_bootstrap_and_says_so(tmp_path):
     assert ne.interval is ne.bootstrap and ne.interval.n_resamples == 50
     assert "bootstrap" in result.arms["mx-regress"].conclusion
     assert result.noise_floor == [] and "needs at least two" in result.noise_floor_note
+    again = analysis.analyze_study(directory)  # a fixed bootstrap seed gives the same intervals
+    assert again.comparison("mx-regress", "ctr", "ne_pct").bootstrap == ne.bootstrap
+    other_seed = analysis.analyze_study(directory, bootstrap_seed=1)
+    assert other_seed.comparison("mx-regress", "ctr", "ne_pct").bootstrap != ne.bootstrap
 
 
 def test_thresholds_come_from_the_study(tmp_path):
