@@ -192,7 +192,8 @@ def numerics_heatmap(path: Path, records_by_arm: Mapping[str, list[dict[str, Any
     for n, (ax, (key, title, scale, cmap)) in enumerate(zip(axes, NUMERICS_PANELS)):
         values = tables[key] * scale
         image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap=cmap)
-        figure.colorbar(image, ax=ax, shrink=0.8)
+        colorbar = figure.colorbar(image, ax=ax, shrink=0.8)
+        colorbar.ax.tick_params(labelsize=7)
         ax.set_xticks(range(len(arms)))
         ax.set_xticklabels(arms, rotation=35, ha="right", fontsize=7)
         ax.set_yticks(range(len(labels)))
@@ -202,6 +203,8 @@ def numerics_heatmap(path: Path, records_by_arm: Mapping[str, list[dict[str, Any
             for i in range(len(labels)):
                 for j in range(len(arms)):
                     if np.isfinite(values[i, j]):
+                        shade = float(image.norm(values[i, j]))  # 0..1 along the colour map
+                        dark = shade < 0.5 if cmap == "viridis" else shade > 0.6
                         ax.text(j, i, f"{values[i, j]:.3g}", ha="center", va="center", fontsize=6,
-                                color="white" if key == "sqnr_db" else "black")
+                                color="white" if dark else "black")
     figure.savefig(path)
