@@ -41,6 +41,22 @@ def bench_quant_command(
     run_quant_bench(json_path, compile_reference=not no_compile, sweep_tiles=sweep_tiles)
 
 
+@bench_app.command("linear")
+def bench_linear_command(
+    shapes: "List[str]" = typer.Option([], "--shape", help="MxKxN to time (repeatable; default M = 16384, 65536 x K = N = 512, 1024, 4096)."),
+    repeat: int = typer.Option(20, "--repeat", min=1, help="Timed repetitions per arm (median reported)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+) -> None:
+    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16 nn.Linear."""
+    from mxlab.bench.linear import DEFAULT_SHAPES, parse_shape, run_linear_bench
+
+    try:
+        run_linear_bench([parse_shape(text) for text in shapes] or DEFAULT_SHAPES, repeat=repeat, json_path=json_path, echo=typer.echo)
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+
+
 @app.command("formats")
 def formats_command() -> None:
     """Print the table of MX element formats and the E8M0 scale."""
@@ -151,6 +167,20 @@ def data_describe_command(
 
     raise typer.Exit(commands.describe(source, max_history, assignments))
 
+
+check_app = typer.Typer(help="Checks of mxlab's emulation against other implementations.", no_args_is_help=True)
+app.add_typer(check_app, name="check")
+
+
+@check_app.command("te")
+def check_te_command(
+    seed: int = typer.Option(0, "--seed", help="Seed of the random test tensors."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the report as JSON to this path."),
+) -> None:
+    """Compare mxlab's emulation with Transformer Engine's kernels (CUDA + TE): bit-identical operands, GEMM errors."""
+    from mxlab.check_te import check_te_main
+
+    raise typer.Exit(check_te_main(seed=seed, json_path=json_path, echo=typer.echo, echo_error=lambda text: typer.echo(text, err=True)))
 
 if __name__ == "__main__":
     app()

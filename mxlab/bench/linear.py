@@ -1,0 +1,213 @@
+"""`mxlab bench linear`: one linear layer's forward + backward, every implementation as a ratio to BF16.
+
+Implementations ("arms"), all on BF16 inputs (M, K), weight (N, K), no bias, timed as
+`y = layer(x); y.backward(dy)` (three GEMMs) by CUDA events, median of `repeat` after warm-up:
+
+| arm | what runs |
+|---|---|
+| torch bf16 | `nn.Linear` in BF16 (cuBLAS): the baseline every ratio divides by |
+| mxlab mxfp8 (emulated) | `QLinear` with the mxfp8-rceil policy: every operand MX-quantized (Triton casts), FP32 GEMMs |
+| mxlab fp8-tensor (emulated) | `QLinear` with the fp8-tensor policy: per-tensor FP8 current scaling, emulated |
+| TE bf16 | `te.Linear` without FP8 |
+| TE fp8_current / fp8_delayed / fp8_block / mxfp8 | `te.Linear` under `te.autocast` with that recipe (mxlab.te_backend) |
+
+Shapes: recommendation-model token counts M = 16384 and 65536, K = N = 512, 1024, 4096. The
+baseline is measured in the same run on the same tensors. TE arms are skipped, with the reason in
+the note column, when TE is missing or the GPU cannot run the recipe (MXFP8 needs compute
+capability 10.0). mxlab's emulation quantizes in Triton kernels and multiplies in FP32, so it is a
+numerics tool, not a fast path: expect it well above 1x; TE's FP8 at K = N <= 1024 is also slower
+than BF16 on the H200 (its fixed cost per call dominates small GEMMs; see shared/te/README.md).
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import nn
+
+DEFAULT_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
+    (m, k, k) for m in (16384, 65536) for k in (512, 1024, 4096)
+)
+BASELINE = "torch bf16"
+EMULATED_ARMS = {"mxlab mxfp8 (emulated)": "mxfp8-rceil", "mxlab fp8-tensor (emulated)": "fp8-tensor"}
+TE_ARMS = ("TE bf16", "TE fp8_current", "TE fp8_delayed", "TE fp8_block", "TE mxfp8")
+ARMS = (BASELINE, *EMULATED_ARMS, *TE_ARMS)
+
+
+@dataclass
+class LinearMeasurement:
+    """One arm on one shape: median ms of forward + backward and its ratio to BF16 nn.Linear (None: not run)."""
+
+    m: int
+    k: int
+    n: int
+    arm: str
+    ms: Optional[float]
+    ratio_to_bf16: Optional[float]
+    note: str = ""
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """(M, K, N) from "MxKxN"; refuses anything else (ValueError naming the text)."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError(f"shape {text!r}: expected MxKxN with positive integers, e.g. 16384x1024x1024")
+    m, k, n = (int(part) for part in parts)
+    return m, k, n
+
+
+def time_ms(step: Callable[[], None], warmup: int = 3, repeat: int = 20) -> float:
+    """Median milliseconds of `step` on the current CUDA stream (CUDA events around each call)."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(statistics.median(times))
+
+
+def _fwd_bwd(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, context: Callable[[], Any] | None = None) -> Callable[[], None]:
+    def step() -> None:
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        if context is None:
+            y = layer(x)
+        else:
+            with context():
+                y = layer(x)
+        y.backward(grad)
+
+    return step
+
+
+def _arm_steps(k: int, n: int, weight: torch.Tensor, x: torch.Tensor, grad: torch.Tensor) -> dict[str, tuple[Optional[Callable[[], None]], str]]:
+    """arm -> (step, note); step None when the arm cannot run here (the note says why)."""
+    from mxlab.nn.linear import QLinear
+    from mxlab.recipe import load_recipe
+    from mxlab.te_backend import TE_RECIPES, BackendUnavailableError, TEPolicy, build_te_recipe, load_transformer_engine, unavailable_reason
+
+    device = x.device
+    steps: dict[str, tuple[Optional[Callable[[], None]], str]] = {}
+    baseline = nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        baseline.weight.copy_(weight)
+    steps[BASELINE] = (_fwd_bwd(baseline, x, grad), "cuBLAS BF16")
+    for arm, recipe_name in EMULATED_ARMS.items():
+        recipe = load_recipe(recipe_name)
+        layer = QLinear(k, n, bias=False, precision=recipe.policies[recipe.default].to_precision(arm), device=device, dtype=torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+        steps[arm] = (_fwd_bwd(layer, x, grad), f"recipe {recipe_name}")
+    try:
+        handle = load_transformer_engine()
+    except BackendUnavailableError as error:
+        for arm in TE_ARMS:
+            steps[arm] = (None, f"skipped: {error}")
+        return steps
+
+    def te_layer() -> nn.Module:  # one module per arm: TE keeps per-recipe state in the module
+        layer = handle.pytorch.Linear(k, n, bias=False, params_dtype=torch.bfloat16, device=device)
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+        return layer
+
+    steps["TE bf16"] = (_fwd_bwd(te_layer(), x, grad), f"transformer-engine {handle.version}")
+    for te_name in TE_RECIPES:
+        arm = f"TE {te_name}"
+        reason = unavailable_reason([te_name], device)
+        if reason is not None:
+            steps[arm] = (None, f"skipped: {reason}")
+            continue
+        misaligned = [f"{label} {size}" for label, size in (("M", x.shape[0]), ("K", k), ("N", n)) if size % 32]
+        if misaligned:
+            steps[arm] = (None, f"skipped: {', '.join(misaligned)} not a multiple of 32")
+            continue
+        policy = TEPolicy("bench", te_name, {"fp8_current": "hybrid", "fp8_delayed": "hybrid"}.get(te_name, "e4m3"))
+        te_recipe = build_te_recipe(policy, handle)
+        steps[arm] = (_fwd_bwd(te_layer(), x, grad, lambda te_recipe=te_recipe: handle.autocast(te_recipe)), policy.scaling())
+    return steps
+
+
+def run_linear_bench(
+    shapes: Sequence[tuple[int, int, int]] = DEFAULT_SHAPES,
+    *,
+    repeat: int = 20,
+    json_path: Optional[Path] = None,
+    echo: Callable[[str], None] = print,
+) -> list[LinearMeasurement]:
+    """Time every arm on every shape (see the module docstring); returns the measurements and prints a table.
+
+    Refuses (RuntimeError) without CUDA, (ValueError) an empty shape list or repeat < 1. An arm that
+    fails on a shape (e.g. out of memory) is recorded with its error in the note.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("mxlab bench linear times CUDA kernels and torch.cuda.is_available() is False on this machine")
+    if not shapes:
+        raise ValueError("no shapes to time; give at least one MxKxN")
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    device = torch.device("cuda", torch.cuda.current_device())
+    generator = torch.Generator(device=device).manual_seed(0)
+    results: list[LinearMeasurement] = []
+    for m, k, n in shapes:
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=generator).requires_grad_(True)
+        weight = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=generator) / k ** 0.5
+        grad = torch.randn(m, n, device=device, dtype=torch.bfloat16, generator=generator)
+        timed: dict[str, tuple[Optional[float], str]] = {}
+        for arm, (step, note) in _arm_steps(k, n, weight, x, grad).items():
+            if step is None:
+                timed[arm] = (None, note)
+                continue
+            try:
+                timed[arm] = (time_ms(step, repeat=repeat), note)
+            except Exception as error:  # out of memory, or a TE shape refusal
+                timed[arm] = (None, f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+            torch.cuda.empty_cache()
+        base_ms = timed[BASELINE][0]
+        for arm, (ms, note) in timed.items():
+            ratio = ms / base_ms if ms is not None and base_ms else None
+            results.append(LinearMeasurement(m, k, n, arm, ms, ratio, note))
+        del x, weight, grad
+        torch.cuda.empty_cache()
+    echo(format_table(results, torch.cuda.get_device_name(device)))
+    if json_path is not None:
+        _write_json_atomically(Path(json_path), {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                                                 "repeat": repeat, "measurements": [asdict(r) for r in results]})
+    return results
+
+
+def format_table(results: Sequence[LinearMeasurement], device_name: str = "") -> str:
+    """A fixed-width table: shape, arm, ms, ratio to BF16 nn.Linear, note."""
+    rows = [["M x K x N", "arm", "ms (fwd+bwd)", "x BF16", "note"]]
+    for r in results:
+        rows.append([f"{r.m} x {r.k} x {r.n}", r.arm, "-" if r.ms is None else f"{r.ms:.3f}",
+                     "-" if r.ratio_to_bf16 is None else f"{r.ratio_to_bf16:.2f}", r.note])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [f"linear forward + backward, BF16 inputs, no bias{' on ' + device_name if device_name else ''}; "
+             f"x BF16 = ms / ms of torch bf16 nn.Linear on the same shape, same run"]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(2, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(handle, "w") as stream:
+        json.dump(payload, stream, indent=2)
+    os.replace(temporary, path)
+
+
+__all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_shape", "run_linear_bench", "time_ms"]
