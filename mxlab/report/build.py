@@ -113,7 +113,8 @@ def _how_to_read(analysis: StudyAnalysis) -> list[Block]:
             f"The intervals are family-wise: all {s.checks_per_arm} checks of an arm hold together with "
             f"{s.confidence:.0%} confidence (each at {s.interval_confidence:.2%}"
             + (", Bonferroni)" if s.multiple_testing == "bonferroni" else ")")
-            + ". The **noise floor** (A/A) shows how large deltas are when only the seed changes. "
+            + ". The **noise floor** (A/A, the last row of each headline table) shows how large deltas are when "
+            "only the seed changes. "
             "Read the conclusions first, then the headline tables and the forest plot; the rest is detail."),
     ]
 
