@@ -63,18 +63,39 @@ class JaggedBatch:
         source_start = self.history_offsets[:-1][index]
         shift = torch.repeat_interleave(source_start - offsets[:-1], lengths, output_size=total)
         history_index = torch.arange(total, dtype=torch.int64, device=device) + shift
+        rows = lambda tensor: None if tensor is None else tensor.index_select(0, index)  # noqa: E731
         return replace(
             self,
-            dense=self.dense[index],
-            sparse=self.sparse[index],
-            history_items=self.history_items[history_index],
-            history_actions=self.history_actions[history_index],
+            dense=rows(self.dense),
+            sparse=rows(self.sparse),
+            history_items=self.history_items.index_select(0, history_index),
+            history_actions=self.history_actions.index_select(0, history_index),
             history_offsets=offsets,
-            click=self.click[index],
-            conversion=self.conversion[index],
-            user_id=self.user_id[index],
-            true_ctr=None if self.true_ctr is None else self.true_ctr[index],
-            true_cvr=None if self.true_cvr is None else self.true_cvr[index],
+            click=rows(self.click),
+            conversion=rows(self.conversion),
+            user_id=rows(self.user_id),
+            true_ctr=rows(self.true_ctr),
+            true_cvr=rows(self.true_cvr),
+        )
+
+    def slice(self, start: int, stop: int) -> "JaggedBatch":
+        """Return examples start..stop-1 as views (no copy of the histories)."""
+        if not 0 <= start <= stop <= self.batch_size:
+            raise ValueError(f"slice {start}:{stop} is outside a batch of {self.batch_size}")
+        first, last = int(self.history_offsets[start]), int(self.history_offsets[stop])
+        rows = lambda tensor: None if tensor is None else tensor[start:stop]  # noqa: E731
+        return replace(
+            self,
+            dense=rows(self.dense),
+            sparse=rows(self.sparse),
+            history_items=self.history_items[first:last],
+            history_actions=self.history_actions[first:last],
+            history_offsets=self.history_offsets[start:stop + 1] - first,
+            click=rows(self.click),
+            conversion=rows(self.conversion),
+            user_id=rows(self.user_id),
+            true_ctr=rows(self.true_ctr),
+            true_cvr=rows(self.true_cvr),
         )
 
     @staticmethod
@@ -175,10 +196,52 @@ def rebatch(chunks: Iterable[JaggedBatch], batch_size: int) -> Iterator[JaggedBa
         merged = JaggedBatch.concat(pending)
         start = 0
         while merged.batch_size - start >= batch_size:
-            yield merged.take(torch.arange(start, start + batch_size))
+            yield merged.slice(start, start + batch_size)
             start += batch_size
         rest = merged.batch_size - start
-        pending = [merged.take(torch.arange(start, merged.batch_size))] if rest else []
+        pending = [merged.slice(start, merged.batch_size)] if rest else []
         pending_examples = rest
     if pending_examples:
         yield JaggedBatch.concat(pending)
+
+
+def prefetched(items: Iterable[JaggedBatch], depth: int = 2) -> Iterator[JaggedBatch]:
+    """Yield `items` in order while a daemon thread produces up to `depth` of them ahead.
+
+    Generation (numpy, torch gathers) releases the GIL, so it overlaps with training. An
+    exception in the producer is raised here; abandoning the iterator stops the producer.
+    """
+    import queue
+    import threading
+
+    buffer: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    finished = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                while not stop.is_set():
+                    try:
+                        buffer.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            buffer.put(finished)
+        except BaseException as error:  # handed to the consumer
+            buffer.put(error)
+
+    worker = threading.Thread(target=produce, name="mxlab-data-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is finished:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()

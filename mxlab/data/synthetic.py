@@ -9,7 +9,8 @@ World (fixed by ``data_seed``):
   ``item_bias_i ~ N(0, 0.3^2)``. Every topic has a CTR effect ``topic_ctr_t ~ N(0, 0.5^2)``
   and a CVR effect ``topic_cvr_t ~ N(0, 0.5^2)``.
 - ``n_users`` users. User ``u`` has topic preferences ``theta_u ~ Dirichlet(0.2, ..., 0.2)``
-  (a few favourite topics) and a segment ``s_u`` uniform in ``n_segments``, with effects
+  (a few favourite topics; kept as 256 equally likely slots at its quantiles, i.e. rounded to
+  multiples of 1/256, so that a draw is one gather) and a segment ``s_u`` uniform in ``n_segments``, with effects
   ``segment_ctr_s ~ N(0, 0.4^2)``, ``segment_cvr_s ~ N(0, 0.4^2)``.
 
 One example:
@@ -43,7 +44,8 @@ model can do; `truth_reference` measures what they reach on the eval set.
 Streaming: examples are generated in chunks of 4096, chunk ``c`` of the train set from the
 key ``(data_seed, 1, c)`` and of the eval set from ``(data_seed, 2, c)``; the train set is the
 same for every seed and epoch, and its order (chunk order, then the order inside each chunk)
-comes from ``(data_seed, 4, seed, epoch)``. Nothing is held in memory beyond a chunk.
+comes from ``(data_seed, 4, seed, epoch)``. Nothing is held in memory beyond a few chunks: a background thread generates up to two chunks
+ahead of training.
 """
 from __future__ import annotations
 
@@ -54,9 +56,10 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from mxlab.data.batch import DataInfo, DataSource, JaggedBatch, check_batch_arguments, rebatch
+from mxlab.data.batch import DataInfo, DataSource, JaggedBatch, check_batch_arguments, prefetched, rebatch
 
 CHUNK_EXAMPLES = 4096
+TOPIC_SLOTS = 256
 CALIBRATION_EXAMPLES = 32768
 N_DENSE = 4
 N_POSITIONS = 8
@@ -152,16 +155,20 @@ class _World:
         self.topic_ctr = rng.normal(0.0, TOPIC_EFFECT_STD, k)
         self.topic_cvr = rng.normal(0.0, TOPIC_EFFECT_STD, k)
         theta = rng.dirichlet(np.full(k, DIRICHLET_ALPHA), size=config.n_users)
-        # Row u of the flattened cumulative preferences, shifted by u: one sorted array that
-        # searchsorted can invert for any mix of users at once.
-        self.shifted_cdf = (np.arange(config.n_users)[:, None] + np.cumsum(theta, axis=1)).ravel()
+        # theta_u as TOPIC_SLOTS equally likely slots holding its quantiles: drawing a topic is
+        # then one gather (the preferences are rounded to multiples of 1 / TOPIC_SLOTS).
+        quantiles = (np.arange(TOPIC_SLOTS) + 0.5) / TOPIC_SLOTS
+        shifted_cdf = (np.arange(config.n_users)[:, None] + np.cumsum(theta, axis=1)).ravel()
+        queries = (np.arange(config.n_users)[:, None] + quantiles[None, :]).ravel()
+        slots = np.searchsorted(shifted_cdf, queries, side="right") - np.repeat(np.arange(config.n_users) * k, TOPIC_SLOTS)
+        self.topic_slots = np.clip(slots, 0, k - 1).astype(np.int16)
         self.segment = rng.integers(0, config.n_segments, config.n_users)
         self.segment_ctr = rng.normal(0.0, SEGMENT_EFFECT_STD, config.n_segments)
         self.segment_cvr = rng.normal(0.0, SEGMENT_EFFECT_STD, config.n_segments)
 
     def preferred_topics(self, rng: np.random.Generator, users: np.ndarray) -> np.ndarray:
-        position = np.searchsorted(self.shifted_cdf, users + rng.random(users.shape[0]), side="right")
-        return np.clip(position - users * self.n_topics, 0, self.n_topics - 1)
+        slot = rng.integers(0, TOPIC_SLOTS, users.shape[0])
+        return self.topic_slots[users * TOPIC_SLOTS + slot].astype(np.int64)
 
     def item_of_topic(self, rng: np.random.Generator, topics: np.ndarray) -> np.ndarray:
         within = np.floor(rng.random(topics.shape[0]) * self.items_per_topic[topics]).astype(np.int64)
@@ -202,7 +209,8 @@ class SyntheticSource(DataSource):
         token_users = np.repeat(users, lengths)
         history_topics = world.preferred_topics(rng, token_users)
         history_items = world.item_of_topic(rng, history_topics)
-        history_actions = rng.choice(N_ACTIONS, size=token_users.shape[0], p=ACTION_PROBABILITIES)
+        action_cdf = np.cumsum(ACTION_PROBABILITIES)[:-1]
+        history_actions = np.searchsorted(action_cdf, rng.random(token_users.shape[0]), side="right")
         preferred = rng.random(n) < PREFERRED_AD_PROBABILITY
         ad_topics = np.where(preferred, world.preferred_topics(rng, users), rng.integers(0, world.n_topics, n))
         ad_items = world.item_of_topic(rng, ad_topics)
@@ -274,12 +282,12 @@ class SyntheticSource(DataSource):
                 chunk, _ = self._chunk(_TRAIN, int(chunk_index), sizes[chunk_index])
                 yield chunk.take(torch.from_numpy(order_rng.permutation(chunk.batch_size)))
 
-        return rebatch(chunks(), batch_size)
+        return rebatch(prefetched(chunks()), batch_size)
 
     def eval_batches(self, batch_size: int) -> Iterator[JaggedBatch]:
         """Yield the n_eval evaluation examples, always the same ones in the same order."""
         check_batch_arguments(batch_size)
-        return rebatch(self._eval_chunks(), batch_size)
+        return rebatch(prefetched(self._eval_chunks()), batch_size)
 
     def _eval_chunks(self, with_history_term: bool = False) -> Iterator:
         for index, size in enumerate(self._chunk_sizes(self.n_eval)):

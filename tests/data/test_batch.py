@@ -41,3 +41,23 @@ def test_concat_and_rebatch_preserve_examples_and_order():
     assert [piece.batch_size for piece in pieces] == [2, 2, 1]
     assert sum((_histories(piece) for piece in pieces), []) == _histories(merged)
     assert torch.cat([piece.user_id for piece in pieces]).tolist() == [0, 1, 2, 10, 11]
+
+
+def test_prefetched_keeps_order_and_reraises_producer_errors():
+    import pytest
+
+    from mxlab.data.batch import prefetched
+
+    assert list(prefetched(iter(range(7)), depth=2)) == list(range(7))
+
+    def failing():
+        yield 1
+        raise ValueError("line 3 is malformed")
+
+    consumer = prefetched(failing())
+    assert next(consumer) == 1
+    with pytest.raises(ValueError, match="line 3"):
+        next(consumer)
+    abandoned = prefetched(iter(range(1000)), depth=1)
+    assert next(abandoned) == 0
+    abandoned.close()  # stops the producer instead of leaving it blocked
