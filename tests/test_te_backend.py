@@ -292,6 +292,73 @@ def test_the_runner_records_an_arm_te_cannot_run_as_skipped(no_te, tmp_path):
     assert not run_is_done(job.run_dir)  # tried again when the study is resumed
 
 
+# --------------------------------------------------------------------------------- check te, bench linear (CPU parts)
+def test_check_te_refuses_without_te_or_cuda_and_says_how_to_install(no_te):
+    from typer.testing import CliRunner
+
+    from mxlab.check_te import run_te_check
+    from mxlab.cli import app
+
+    with pytest.raises(BackendUnavailableError, match=r"pip install 'mxlab\[te\]'"):
+        run_te_check()
+    result = CliRunner().invoke(app, ["check", "te"])
+    assert result.exit_code == 2
+    assert "cannot run here" in result.output and "shared/te/README.md" in result.output
+
+
+def test_check_te_classifies_every_difference():
+    from mxlab.check_te import classify_differences
+
+    e4m3 = torch.float8_e4m3fn
+    same = torch.tensor([1.0, -2.0, 0.0])
+    assert classify_differences(same, same.clone(), True, e4m3, 1.0, 1.0) == []
+    assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([1.125, 2.0]), True, e4m3, 1.0, 1.0) == [
+        "one_step: 1 elements one FP8 step apart (rounding of x * scale)"]
+    assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 2.0]), True, e4m3, 1.0, 1.0) == [
+        "unexplained: 1 elements"]
+    assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([float("nan"), 2.0]), True, e4m3, 1.0, 1.0) == [
+        "nonfinite: 1 elements NaN/Inf in one result only"]
+    assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 3.0]), False, e4m3, 0.5, 0.75)[0].startswith(
+        "scale: 2 elements follow a different scale")
+
+
+def test_check_te_tie_case_lies_exactly_halfway_between_e4m3_neighbours():
+    from mxlab.check_te import make_case
+    from mxlab.quant import fake_quantize
+
+    x = make_case("ties", 64, 64, torch.Generator().manual_seed(0)).float()
+    assert x.abs().max() == 448.0  # per-tensor scale 448 / amax = 1
+    quantized = fake_quantize(x, "fp8_tensor_e4m3")
+    half_step = torch.exp2(torch.floor(torch.log2(x.abs()))) / 16
+    off = (quantized - x).abs()
+    assert off[0, 0] == 0 and torch.equal(off.flatten()[1:], half_step.flatten()[1:])
+
+
+def test_relative_error_edges():
+    from mxlab.check_te import relative_error
+
+    assert relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert relative_error(torch.ones(3), torch.zeros(3)) == float("inf")
+    assert relative_error(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 0.0])) == pytest.approx(4.0 / 3.0)
+
+
+def test_bench_linear_parses_shapes_and_refuses_without_cuda(monkeypatch):
+    from typer.testing import CliRunner
+
+    from mxlab.bench.linear import DEFAULT_SHAPES, parse_shape, run_linear_bench
+    from mxlab.cli import app
+
+    assert parse_shape("65536x512x1024") == (65536, 512, 1024)
+    assert {(m, k) for m, k, _ in DEFAULT_SHAPES} == {(m, k) for m in (16384, 65536) for k in (512, 1024, 4096)}
+    with pytest.raises(ValueError, match=r"shape '16x32': expected MxKxN"):
+        parse_shape("16x32")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="torch.cuda.is_available\(\) is False"):
+        run_linear_bench()
+    result = CliRunner().invoke(app, ["bench", "linear", "--shape", "16x32x32"])
+    assert result.exit_code == 2 and "CUDA" in result.output
+
+
 # --------------------------------------------------------------------------------- GPU + real TE
 def _te_importable() -> bool:
     try:
@@ -336,6 +403,18 @@ def test_gpu_te_arm_trains_the_tiny_model(tmp_path):
     if major < 10:
         assert "compute capability 10.0" in mxfp8["reason"]
     assert (tmp_path / "study" / "report.md").is_file()
+
+
+@pytest.mark.gpu
+@needs_te
+def test_gpu_bench_linear_times_bf16_emulation_and_te_on_one_shape():
+    from mxlab.bench.linear import BASELINE, run_linear_bench
+
+    results = {r.arm: r for r in run_linear_bench([(16384, 1024, 1024)], repeat=3, echo=lambda text: None)}
+    assert results[BASELINE].ratio_to_bf16 == 1.0
+    assert results["mxlab mxfp8 (emulated)"].ms is not None and results["TE fp8_current"].ms is not None
+    major, _ = torch.cuda.get_device_capability()
+    assert (results["TE mxfp8"].ms is None) == (major < 10)
 
 
 @pytest.mark.gpu
