@@ -353,7 +353,7 @@ def test_bench_linear_parses_shapes_and_refuses_without_cuda(monkeypatch):
     with pytest.raises(ValueError, match=r"shape '16x32': expected MxKxN"):
         parse_shape("16x32")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(RuntimeError, match="torch.cuda.is_available\(\) is False"):
+    with pytest.raises(RuntimeError, match=r"torch.cuda.is_available\(\) is False"):
         run_linear_bench()
     result = CliRunner().invoke(app, ["bench", "linear", "--shape", "16x32x32"])
     assert result.exit_code == 2 and "CUDA" in result.output
