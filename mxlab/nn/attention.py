@@ -233,7 +233,6 @@ class JaggedAttention(nn.Module):
         causal: bool,
     ) -> torch.Tensor:
         """Padded softmax attention through FlexAttention with a per-example length mask."""
-        from torch.nn.attention.flex_attention import create_block_mask
 
         def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
             keep = (kv_idx < k_lengths[b]) & (q_idx < q_lengths[b])
@@ -241,12 +240,38 @@ class JaggedAttention(nn.Module):
                 keep = keep & (kv_idx <= q_idx)
             return keep
 
-        n, _, lq, _ = qp.shape
-        lk = kp.shape[2]
+        block_mask = length_block_mask(q_lengths, k_lengths, qp.shape[2], kp.shape[2], causal, mask_mod)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            block_mask = create_block_mask(mask_mod, n, None, lq, lk, device=qp.device)
             return _flex_attention_fn(qp.device)(qp, kp, vp, block_mask=block_mask, scale=qp.shape[-1] ** -0.5)
+
+
+def length_block_mask(
+    q_lengths: torch.Tensor,
+    k_lengths: torch.Tensor,
+    q_width: int,
+    k_width: int,
+    causal: bool,
+    mask_mod: Callable[..., torch.Tensor],
+    block_size: int = 128,
+) -> Any:
+    """Return a FlexAttention BlockMask for padded sequences, built from the lengths alone.
+
+    Tile (i, j) of example b is visited when it holds a real query and a real key (and, for
+    causal attention, j <= i); `mask_mod` masks inside the tiles. Costs O(n * tiles), never a
+    dense (n, q_width, k_width) mask.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    device = q_lengths.device
+    q_tiles = torch.arange(-(-q_width // block_size), device=device)
+    k_tiles = torch.arange(-(-k_width // block_size), device=device)
+    visited = (q_tiles[None, :, None] * block_size < q_lengths[:, None, None]) & (k_tiles[None, None, :] * block_size < k_lengths[:, None, None])
+    if causal:
+        visited = visited & (k_tiles[None, None, :] <= q_tiles[None, :, None])
+    kv_num_blocks = visited.sum(-1).to(torch.int32)[:, None]
+    kv_indices = torch.argsort((~visited).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]
+    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(q_width, k_width))
 
 
 def rotary_embedding(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:

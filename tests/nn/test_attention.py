@@ -85,15 +85,32 @@ def test_no_leakage_between_sequences_or_from_padding():
     assert k3.grad[3:].abs().max() == 0 and k3.grad[:3].abs().max() > 0
 
 
-def test_flex_backend_matches_reference_on_cpu():
+@pytest.mark.parametrize("q_lengths,k_lengths,causal", [([2, 3, 1], [5, 0, 4], False), ([130, 0, 7, 200], [130, 0, 7, 200], True)])
+def test_flex_backend_matches_reference_on_cpu(q_lengths, k_lengths, causal):
     pytest.importorskip("torch.nn.attention.flex_attention")
     torch.manual_seed(3)
-    q_lengths, k_lengths = [2, 3, 1], [5, 0, 4]
-    q = torch.randn(6, 2, 16)
-    k, v = torch.randn(9, 2, 16), torch.randn(9, 2, 16)
-    flex = JaggedAttention(backend="flex")(q, k, v, _offsets(q_lengths), _offsets(k_lengths))
-    reference = JaggedAttention(backend="reference")(q, k, v, _offsets(q_lengths), _offsets(k_lengths))
+    q = torch.randn(sum(q_lengths), 2, 16)
+    k, v = torch.randn(sum(k_lengths), 2, 16), torch.randn(sum(k_lengths), 2, 16)
+    args = (q, k, v, _offsets(q_lengths), _offsets(k_lengths))
+    flex = JaggedAttention(backend="flex", min_bucket_length=256)(*args, causal=causal)
+    reference = JaggedAttention(backend="reference")(*args, causal=causal)
     torch.testing.assert_close(flex, reference, rtol=1e-5, atol=1e-5)
+
+
+def test_length_block_mask_visits_exactly_the_tiles_with_real_pairs():
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from mxlab.nn.attention import length_block_mask
+
+    q_lengths, k_lengths = torch.tensor([130, 0, 7, 300]), torch.tensor([260, 5, 0, 300])
+    for causal in (False, True):
+        def mask_mod(b, h, q_idx, kv_idx):
+            keep = (kv_idx < k_lengths[b]) & (q_idx < q_lengths[b])
+            return keep & (kv_idx <= q_idx) if causal else keep
+
+        ours = length_block_mask(q_lengths, k_lengths, 300, 300, causal, mask_mod).to_dense()
+        dense = create_block_mask(mask_mod, 4, None, 300, 300, device="cpu").to_dense()
+        assert torch.equal(ours, dense)
 
 
 class _RecordingPolicy:
