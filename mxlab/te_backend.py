@@ -133,7 +133,7 @@ class TEPolicy:
         return {
             "fwd": f"{prefix}: input {fmt['input']} x weight {fmt['weight']}, {self.scaling()}",
             "dgrad": f"{prefix}: grad_output {fmt['grad_output']} x weight {fmt['weight']}",
-            "wgrad": f"{prefix}: grad_output {fmt['grad_output']} x input {fmt['input']}",
+            "wgrad": f"{prefix}: input {fmt['input']} x grad_output {fmt['grad_output']}",
         }
 
 

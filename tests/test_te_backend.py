@@ -253,6 +253,27 @@ def test_te_forward_runs_under_te_autocast_with_tokens_padded_and_matches_the_pl
     assert model(torch.randn(0, 32)).shape == (0, 1)
 
 
+def test_shipped_te_recipe_on_the_tiny_gem_model_keeps_unaligned_layers_high_precision(fake_te):
+    from mxlab.data import make_source
+    from mxlab.models import build_model, esmm_loss
+
+    source = make_source({"source": "synthetic", "train_examples": 256, "eval_examples": 64}, 32)
+    torch.manual_seed(0)
+    model = build_model({"size": "tiny", "max_history": 32}, source.info)
+    plan = apply_recipe(model, load_recipe("te-fp8-current"))
+    kept = {entry.module: entry.note for entry in plan.entries if entry.kind == "linear" and entry.backend == "mxlab"}
+    assert set(kept) == {"dense_proj", "towers.ctr.out", "towers.cvr.out"}  # in_features 4, out_features 1
+    assert "in_features 4 not a multiple of 16" in kept["dense_proj"]
+    assert set(plan.to_dict()["backends"]) == set(te_backend.te_module_names(model))
+    assert "history.blocks.0.attn.qkv" in plan.to_dict()["backends"]
+    batch = next(source.train_batches(64, 0, 0))
+    esmm_loss(model(batch), batch)["loss"].backward()
+    te_modules = [module for module in model.modules() if te_backend.is_te_module(module)]
+    assert all(module.calls and module.weight.grad is not None for module in te_modules)
+    assert all(rows % 16 == 0 and type(recipe).__name__ == "Float8CurrentScaling"
+               for module in te_modules for (rows, _), recipe in module.calls)
+
+
 # --------------------------------------------------------------------------------- state_dict
 def test_state_dict_maps_both_ways_between_te_and_plain_models(fake_te):
     te_model = small_model()
