@@ -207,21 +207,23 @@ class MovieLensSource(DataSource):
             raise ValueError(f"{cache_dir / 'ml-100k.inter'}: unparsable value ({error})") from None
         if inter and not np.isin(rating, [1, 2, 3, 4, 5]).all():
             raise ValueError(f"{cache_dir / 'ml-100k.inter'}: ratings must be 1..5")
-        n_users = int(max([user.max(initial=0)] + [int(row[0]) for row in users])) + 1
-        n_items = int(max([item.max(initial=0)] + [int(row[0]) for row in items])) + 1
-
-        age, gender, occupation = np.zeros(n_users), np.zeros(n_users, np.int64), np.zeros(n_users, np.int64)
-        genders = {value: index + 1 for index, value in enumerate(sorted({row[2] for row in users}))}
-        occupations = {value: index + 1 for index, value in enumerate(sorted({row[3] for row in users}))}
-        for row in users:
-            age[int(row[0])] = float(row[1])
-            gender[int(row[0])] = genders[row[2]]
-            occupation[int(row[0])] = occupations[row[3]]
-        year, genre = np.zeros(n_items), np.zeros(n_items, np.int64)
-        genres = {value: index + 1 for index, value in enumerate(sorted({row[3].split(" ")[0] for row in items if row[3]}))}
-        for row in items:
-            year[int(row[0])] = float(row[2]) if row[2].strip().isdigit() else 0.0  # one row says 'unkonwn'
-            genre[int(row[0])] = genres[row[3].split(" ")[0]] if row[3] else 0
+        try:
+            n_users = int(max([user.max(initial=0)] + [int(row[0]) for row in users])) + 1
+            n_items = int(max([item.max(initial=0)] + [int(row[0]) for row in items])) + 1
+            age, gender, occupation = np.zeros(n_users), np.zeros(n_users, np.int64), np.zeros(n_users, np.int64)
+            genders = {value: index + 1 for index, value in enumerate(sorted({row[2] for row in users}))}
+            occupations = {value: index + 1 for index, value in enumerate(sorted({row[3] for row in users}))}
+            for row in users:
+                age[int(row[0])] = float(row[1])
+                gender[int(row[0])] = genders[row[2]]
+                occupation[int(row[0])] = occupations[row[3]]
+            year, genre = np.zeros(n_items), np.zeros(n_items, np.int64)
+            genres = {value: index + 1 for index, value in enumerate(sorted({row[3].split(" ")[0] for row in items if row[3]}))}
+            for row in items:
+                year[int(row[0])] = float(row[2]) if row[2].strip().isdigit() else 0.0  # one row says 'unkonwn'
+                genre[int(row[0])] = genres[row[3].split(" ")[0]] if row[3] else 0
+        except (ValueError, KeyError) as error:
+            raise ValueError(f"{cache_dir}: unparsable user or item row ({error})") from None
 
         order = np.lexsort((item, user, timestamp))
         user, item, rating, timestamp = user[order], item[order], rating[order], timestamp[order]

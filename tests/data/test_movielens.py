@@ -88,3 +88,15 @@ def test_missing_or_malformed_files_are_named(tmp_path):
         handle.write("3\t1\t4\n")
     with pytest.raises(ValueError, match="line 9"):
         make_source({"source": "movielens-100k", "cache_dir": str(broken)}, 8)
+
+
+_REAL = __import__("mxlab.data.movielens", fromlist=["default_cache_dir"]).default_cache_dir()
+
+
+@pytest.mark.skipif(not (_REAL / "ml-100k.inter").exists(), reason="MovieLens-100K not fetched (mxlab data fetch movielens-100k)")
+def test_real_dataset_when_fetched():
+    assert verify_movielens(_REAL)["ml-100k.inter"]["rows"] == 100_000
+    source = make_source({"source": "movielens-100k"}, max_history=16)
+    assert (source.n_train, source.n_eval) == (80_000, 20_000)
+    batch = next(source.eval_batches(4096))
+    assert 0.45 < batch.click.mean() < 0.65 and int(batch.history_lengths().max()) <= 16
