@@ -62,8 +62,9 @@ def run(spec_path: Path, *, device: str, out: Path | None, resume: bool, overrid
         spec = load_spec(spec_path, overrides)
         result = run_study(spec, out, device=device, resume=resume, overrides=overrides)
         typer.echo(
-            f"study {spec.name}: {len(result.trained)} runs trained, {len(result.skipped)} already done"
+            f"study {spec.name}: {len(result.trained)} runs trained, {len(result.already_done)} already done"
             + (f", diverged: {', '.join(result.diverged)}" if result.diverged else "")
+            + (f", skipped (backend unavailable): {', '.join(result.backend_skipped)}" if result.backend_skipped else "")
         )
         typer.echo(f"runs in {result.out_dir / 'runs'}")
         if result.report_paths:

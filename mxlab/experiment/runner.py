@@ -35,8 +35,9 @@ class StudyResult:
 
     out_dir: Path
     trained: list[str] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    already_done: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)
+    backend_skipped: list[str] = field(default_factory=list)
     report_paths: dict[str, Path] = field(default_factory=dict)
 
 
@@ -423,8 +424,9 @@ def run_study(
     outcome = StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],
-        skipped=sorted(done_before),
+        already_done=sorted(done_before),
         diverged=[label for label, result in results.items() if result.status == "diverged"],
+        backend_skipped=[label for label, result in results.items() if result.status == "skipped"],
     )
     if report:
         from mxlab.report import write_report

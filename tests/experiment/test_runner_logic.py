@@ -132,7 +132,7 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
     steps_seen: list[tuple[str, int]] = []
     result = run_study(spec, interrupted, device="cpu", resume=True, report=False, show_progress=False,
                        on_step=lambda job, step: steps_seen.append((job.arm, step)))
-    assert result.skipped == ["base/seed0"] and result.trained == ["noisy/seed0"]
+    assert result.already_done == ["base/seed0"] and result.trained == ["noisy/seed0"]
     assert {path.name: path.stat().st_mtime_ns for path in finished.iterdir()} == stamps
     assert steps_seen[0] == ("noisy", 5) and steps_seen[-1][1] == 12  # continued from step 4
     assert json.loads((killed / "done.json").read_text())["resumed_from_step"] == 4

@@ -88,10 +88,10 @@ def test_malformed_toml_and_missing_file(spec_dir):
 def test_overrides_are_toml_typed_and_dotted(spec_dir):
     spec = load_spec(
         write(spec_dir, VALID),
-        ["train.epochs=2", "seeds=[0]", "data.source=movielens-100k", "train.lr=0.5", 'arms=["base"]', "model.extra.depth=3"],
+        ["train.epochs=2", "seeds=[0]", "data.source=movielens-100k", "train.lr=0.5", 'arms=["base"]', "model.tower_dims=[8, 4]"],
     )
     assert spec.train.epochs == 2 and spec.seeds == (0,) and spec.data["source"] == "movielens-100k"
-    assert spec.train.lr == 0.5 and spec.arms == ("base",) and spec.model["extra"] == {"depth": 3}
+    assert spec.train.lr == 0.5 and spec.arms == ("base",) and spec.model["tower_dims"] == [8, 4]
     with pytest.raises(ValueError, match=r"train\.epochs must be an integer, got 'two'"):
         load_spec(write(spec_dir, VALID), ["train.epochs=two"])
     with pytest.raises(ValueError, match="unknown key 'train.epoch'"):
@@ -105,5 +105,22 @@ def test_parse_override_refuses_malformed_text():
         parse_override("train.epochs")
     with pytest.raises(ValueError, match="empty key"):
         parse_override("train..epochs=1")
+    assert apply_overrides({"seeds": [0]}, ["a.b.c=1"]) == {"seeds": [0], "a": {"b": {"c": 1}}}
     with pytest.raises(ValueError, match="is not a table"):
         apply_overrides({"seeds": [0]}, ["seeds.first=1"])
+
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+@pytest.mark.parametrize("name", ["quickstart", "gem-synthetic", "movielens", "recipes-study"])
+def test_shipped_experiments_validate_against_the_real_recipes(name, monkeypatch):
+    monkeypatch.undo()  # validate the shipped recipe files for real
+    spec = load_spec(EXPERIMENTS / f"{name}.toml")
+    assert spec.baseline == "bf16" and spec.arms[0] == "bf16"
+    if name == "recipes-study":
+        shipped = sorted(path.stem for path in (EXPERIMENTS / "recipes").glob("*.toml"))
+        assert sorted(spec.arms) == shipped
+    if name == "gem-synthetic":
+        assert len(spec.arms) >= 5 and len(spec.seeds) >= 3 and spec.data["train_examples"] >= 1_000_000
+        assert spec.model["size"] == "h200"
