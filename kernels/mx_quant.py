@@ -43,7 +43,7 @@ KIND_FP16 = 2  # pointer to int16 bit patterns
 SCALE_FLOOR, SCALE_CEIL, SCALE_RCEIL, SCALE_EVEN = 0, 1, 2, 3
 ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_TOWARD_ZERO, ROUND_STOCHASTIC = 0, 1, 2, 3
 
-F32_NAN_BITS = 0x7FC00000
+F32_NAN_BITS = tl.constexpr(0x7FC00000)
 
 
 # ----------------------------------------------------------------------------- helpers
