@@ -33,7 +33,8 @@ One example:
   + history_weight * (0.5 log(1 + m) + log(1 + n))``
 - ``true_ctr = sigmoid(logit CTR)``, ``true_cvr = sigmoid(logit CVR)`` (conversion given a
   click); ``click ~ Bernoulli(true_ctr)``, ``conversion = click * Bernoulli(true_cvr)``.
-- ``b_ctr`` and ``b_cvr`` are solved once per world (on 32768 calibration examples) so that
+- ``b_ctr`` and ``b_cvr`` are solved once per world (on 4096 to 32768 calibration examples,
+  about 8 million history items) so that
   ``E[true_ctr] = base_ctr`` and ``E[true_ctr true_cvr] / E[true_ctr] = base_cvr``.
 
 Features given to the model: dense = x (4 columns); sparse fields = (ad id [item space],
@@ -60,7 +61,8 @@ from mxlab.data.batch import DataInfo, DataSource, JaggedBatch, check_batch_argu
 
 CHUNK_EXAMPLES = 4096
 TOPIC_SLOTS = 256
-CALIBRATION_EXAMPLES = 32768
+CALIBRATION_EXAMPLES = 32768  # at most; fewer for long histories (CALIBRATION_TOKENS)
+CALIBRATION_TOKENS = 8_000_000
 N_DENSE = 4
 N_POSITIONS = 8
 N_ACTIONS = 3
@@ -231,7 +233,9 @@ class SyntheticSource(DataSource):
                          ctr_score, history_term, cvr_score)
 
     def _calibrate(self) -> tuple[float, float]:
-        features = self._features(np.random.default_rng([self.config.data_seed, _CALIBRATION]), CALIBRATION_EXAMPLES)
+        mean_length = min(math.exp(self.history_length_mu + self.config.history_length_sigma ** 2 / 2), self.max_history) + 1.0
+        n = int(min(CALIBRATION_EXAMPLES, max(4096, CALIBRATION_TOKENS / mean_length)))
+        features = self._features(np.random.default_rng([self.config.data_seed, _CALIBRATION]), n)
         base_ctr, base_cvr = self.config.base_ctr, self.config.base_cvr
         ctr_bias = _solve_increasing(lambda b: expit(b + features.ctr_score).mean() - base_ctr, -60.0, 60.0)
         ctr = expit(ctr_bias + features.ctr_score)

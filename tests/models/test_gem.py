@@ -159,3 +159,15 @@ def test_config_validation_and_presets():
         validate_model_config({"activation": "relu"})
     assert {"dim", "layers", "heads", "max_history", "activation", "rotary", "causal", "pma_seeds", "cross_layers",
             "tower_dims", "dropout", "size"} <= set(MODEL_CONFIG_KEYS)
+
+
+def test_h200_preset_runs_long_histories():
+    source = make_source({"source": "synthetic", "train_examples": 10, "eval_examples": 6, "n_users": 50}, 512)
+    batch = next(source.eval_batches(6))
+    assert int(batch.history_lengths().max()) > 128  # several attention tiles and buckets
+    torch.manual_seed(0)
+    model = build_model({"size": "h200"}, source.info).eval()
+    assert sum(p.numel() for p in model.parameters()) > 5_000_000
+    with torch.no_grad():
+        output = model(batch)
+    assert output.ctr_logit.shape == (6,) and torch.isfinite(output.ctr_logit).all()
