@@ -13,9 +13,12 @@ plain sum of dy), so the semantics, padding and seeding are those of `mxlab.nn.q
 in_features or out_features that are not a multiple of 32 are zero-padded for quantization
 (`padded_dims` says which), accumulation is FP32 and the output has the input's dtype.
 
-Stochastic rounding seeds: the module's `precision.seed` (set by `apply_recipe` from the run
-seed and the module's qualified name) and its counter of forward calls, `precision.calls`
-(0 at construction; save and restore it with the run to resume the same random bits).
+Stochastic rounding seeds: the seed of each operand of each GEMM at forward call c is
+`derive_seed(precision.seed, c, slot)` (mxlab.nn.qmatmul.SEED_SLOTS), where `precision.seed` is
+set by `apply_recipe` from the run seed and the module's qualified name and `precision.calls`
+counts forward calls (0 at construction). The same run seed and call sequence give the same
+bits; `mxlab.recipe.rounding_state` / `load_rounding_state` save and restore the counters so a
+resumed run continues with the bits it would have drawn.
 
 QLinear subclasses nn.Linear and has the same parameters and state_dict keys, so checkpoints
 move between the plain and the quantized model. With `precision=None` it is nn.Linear exactly.
