@@ -391,19 +391,45 @@ def _te_importable() -> bool:
 needs_te = pytest.mark.skipif(not (torch.cuda.is_available() and _te_importable()), reason="needs CUDA and Transformer Engine")
 
 
+def _te_study_spec(tmp_path: Path, arms: list[str], train_examples: int, eval_examples: int = 4096) -> Path:
+    """A tiny-model study spec in tmp_path, with the shipped recipes of `arms` copied next to it."""
+    import shutil
+
+    shipped = Path(__file__).resolve().parents[1] / "experiments" / "recipes"
+    (tmp_path / "recipes").mkdir()
+    for arm in arms:
+        shutil.copy(shipped / f"{arm}.toml", tmp_path / "recipes" / f"{arm}.toml")
+    spec_path = tmp_path / "te.toml"
+    spec_path.write_text(
+        f'name = "te-tiny"\nseeds = [0]\nbaseline = "bf16"\narms = {json.dumps(arms)}\n'
+        f'[data]\nsource = "synthetic"\ntrain_examples = {train_examples}\neval_examples = {eval_examples}\n'
+        '[model]\nsize = "tiny"\nmax_history = 32\n'
+        '[train]\nbatch_size = 256\nlr = 3e-3\nepochs = 1\neval_batch_size = 2048\nlog_every = 2\n'
+    )
+    return spec_path
+
+
+def test_a_study_skips_the_te_arm_without_te_and_the_report_says_why(no_te, tmp_path):
+    from mxlab.experiment import load_spec
+    from mxlab.experiment.runner import run_study
+
+    spec = load_spec(_te_study_spec(tmp_path, ["bf16", "te-fp8-current"], train_examples=256, eval_examples=2048))
+    run_study(spec, tmp_path / "study", device="cpu", show_progress=False)
+    runs = tmp_path / "study" / "runs"
+    assert json.loads((runs / "bf16" / "seed0" / "done.json").read_text())["status"] == "finished"
+    skipped = json.loads((runs / "te-fp8-current" / "seed0" / "done.json").read_text())
+    assert skipped["status"] == "skipped" and "pip install 'mxlab[te]'" in skipped["reason"]
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert "te-fp8-current/seed0" in report and "Transformer Engine cannot be imported" in report
+
+
 @pytest.mark.gpu
 @needs_te
 def test_gpu_te_arm_trains_the_tiny_model(tmp_path):
     from mxlab.experiment import load_spec
     from mxlab.experiment.runner import run_study
 
-    spec_path = tmp_path / "te.toml"
-    spec_path.write_text(
-        'name = "te-tiny"\nseeds = [0]\nbaseline = "bf16"\narms = ["bf16", "te-fp8-current", "te-fp8-delayed", "te-mxfp8"]\n'
-        '[data]\nsource = "synthetic"\ntrain_examples = 2048\neval_examples = 1024\n'
-        '[model]\nsize = "tiny"\nmax_history = 32\n'
-        '[train]\nbatch_size = 256\nlr = 3e-3\nepochs = 1\neval_batch_size = 1024\nlog_every = 2\n'
-    )
+    spec_path = _te_study_spec(tmp_path, ["bf16", "te-fp8-current", "te-fp8-delayed", "te-mxfp8"], train_examples=2048)
     spec = load_spec(spec_path)
     run_study(spec, tmp_path / "study", device="cuda", show_progress=False)
 
