@@ -176,7 +176,7 @@ class JaggedAttention(nn.Module):
                 if use_flex:
                     op = self._flex_padded(qp, kp, vp, q_lengths[index], k_lengths[index], causal)
                 else:
-                    op = self._reference_padded(qp, kp, vp, k_valid, k_lengths[index], causal, activation)
+                    op = self._reference_padded(qp, kp, vp, q_valid, k_valid, k_lengths[index], causal, activation)
                 results.append(op.transpose(1, 2)[q_valid])
                 destinations.append(q_index[q_valid])
         if not results:
@@ -188,17 +188,20 @@ class JaggedAttention(nn.Module):
         qp: torch.Tensor,
         kp: torch.Tensor,
         vp: torch.Tensor,
+        q_valid: torch.Tensor,
         k_valid: torch.Tensor,
         k_lengths: torch.Tensor,
         causal: bool,
         activation: str,
     ) -> torch.Tensor:
-        """Padded (n, H, Lq, D) attention; padding queries are computed but discarded by the caller."""
+        """Padded (n, H, Lq, D) attention. P is exactly 0 in padding rows and columns, so padding
+        never enters a quantization block's amax (also in the backward products, whose blocks run
+        along the query axis); padding query outputs are discarded by the caller."""
         qk_precision = self.policy.qk if self.policy is not None else None
         pv_precision = self.policy.pv if self.policy is not None else None
         scale = qp.shape[-1] ** -0.5
         scores = self._product(qp, kp.transpose(-1, -2), qk_precision).float() * scale
-        allowed = k_valid[:, None, None, :]
+        allowed = k_valid[:, None, None, :] & q_valid[:, None, :, None]
         if causal:
             lq, lk = scores.shape[-2], scores.shape[-1]
             allowed = allowed & torch.ones(lq, lk, dtype=torch.bool, device=scores.device).tril()

@@ -137,8 +137,10 @@ def test_policy_routes_both_products_through_qmatmul(monkeypatch):
     out = attention(q, k, v, _offsets(lengths), _offsets(lengths))
     torch.testing.assert_close(out, expected)
     assert [precision for precision, *_ in seen] == ["precision-for-qk", "precision-for-pv"]
-    p = seen[1][3]  # (n, heads, Lq, Lk): example 0 has 2 keys, its padded third key must be exactly 0
-    assert p.shape[-1] == 3 and torch.equal(p[0, :, :, 2], torch.zeros_like(p[0, :, :, 2]))
+    p = seen[1][3]  # (n, heads, Lq, Lk): example 0 has 2 queries and keys; its padding row and column are exactly 0
+    assert p.shape[-2:] == (3, 3)
+    assert torch.equal(p[0, :, :, 2], torch.zeros_like(p[0, :, :, 2])) and torch.equal(p[0, :, 2, :], torch.zeros_like(p[0, :, 2, :]))
+    assert (p[0, :, :2, :2] > 0).all()
 
 
 def test_bad_arguments_are_refused():
