@@ -171,3 +171,23 @@ def test_h200_preset_runs_long_histories():
     with torch.no_grad():
         output = model(batch)
     assert output.ctr_logit.shape == (6,) and torch.isfinite(output.ctr_logit).all()
+
+
+def test_an_mx_recipe_reaches_every_attention_product_and_stays_close(source):
+    from pathlib import Path
+
+    recipe_module = pytest.importorskip("mxlab.recipe")
+    recipes = Path(__file__).resolve().parents[2] / "experiments" / "recipes"
+    if not (recipes / "mxfp8-floor.toml").exists():
+        pytest.skip("the shipped recipes are not there")
+    batch = next(source.train_batches(64, 0, 0))
+    baseline = _model(source.info).train()
+    quantized = _model(source.info).train()
+    recipe_module.apply_recipe(quantized, recipe_module.load_recipe("mxfp8-floor", search_dirs=[recipes]))
+    cores = [m for m in quantized.modules() if isinstance(m, JaggedAttention)]
+    assert len(cores) == 3 and all(core.policy is not None for core in cores)
+    expected, got = baseline(batch), quantized(batch)
+    difference = (got.ctr_logit - expected.ctr_logit).abs().max().item()
+    assert 0 < difference < 0.1 * expected.ctr_logit.abs().max().item()
+    esmm_loss(got, batch)["loss"].backward()
+    assert quantized.history.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
