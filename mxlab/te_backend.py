@@ -370,13 +370,17 @@ def _te_forward(module: nn.Module, base_forward: Any, x: torch.Tensor, *args: An
 def make_te_linear(name: str, linear: nn.Linear, policy: TEPolicy, handle: TEHandle) -> nn.Module:
     """A te.Linear (subclass running under TE's autocast with `policy`'s recipe) holding copies of
     `linear`'s weight and bias, on `linear`'s device when it is CUDA (else the current CUDA device;
-    the runner moves the model afterwards) and in its dtype."""
+    the runner moves the model afterwards) and in its dtype. The CPU and CUDA random states are
+    left as they were."""
     device = linear.weight.device
     if handle.requires_cuda and device.type != "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     cls = _te_linear_class(handle.pytorch.Linear)
-    module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                 params_dtype=linear.weight.dtype, device=device)
+    # TE initializes its own weights (overwritten below) from the RNGs: restore them, so that a TE arm
+    # draws the same random numbers afterwards as the other arms of its seed
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda"):
+        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                     params_dtype=linear.weight.dtype, device=device)
     with torch.no_grad():
         module.weight.copy_(linear.weight)
         if linear.bias is not None:

@@ -220,8 +220,10 @@ def test_unaligned_modules_are_refused_by_default_naming_module_and_fixes(fake_t
 # --------------------------------------------------------------------------------- swap and run
 def test_apply_recipe_swaps_aligned_linears_for_te_and_the_plan_says_so(fake_te):
     model = small_model()
-    reference = small_model()
     plan = apply_recipe(model, te_recipe("fp8_delayed", unaligned="high_precision", amax_history_len=16))
+    drawn_after_swap = torch.rand(4)
+    reference = small_model()
+    assert torch.equal(drawn_after_swap, torch.rand(4))  # TE's own weight init left the RNG as it was
     assert te_backend.te_module_names(model) == ["0"]
     assert isinstance(model[0], fake_te.Linear) and type(model[2]) is nn.Linear
     assert torch.equal(model[0].weight, reference[0].weight) and torch.equal(model[0].bias, reference[0].bias)
