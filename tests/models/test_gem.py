@@ -191,3 +191,17 @@ def test_an_mx_recipe_reaches_every_attention_product_and_stays_close(source):
     assert 0 < difference < 0.1 * expected.ctr_logit.abs().max().item()
     esmm_loss(got, batch)["loss"].backward()
     assert quantized.history.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
+
+
+def test_esmm_loss_is_finite_with_finite_gradients_at_extreme_logits():
+    logits = torch.tensor([30.0, -30.0, 0.0, 12.0, -80.0], requires_grad=True)
+    cvr = torch.tensor([30.0, 20.0, -5.0, 40.0, -80.0], requires_grad=True)
+    batch = JaggedBatch(dense=torch.zeros(5, 1), sparse=torch.zeros(5, 1, dtype=torch.int64),
+                        history_items=torch.zeros(0, dtype=torch.int64), history_actions=torch.zeros(0, dtype=torch.int64),
+                        history_offsets=torch.zeros(6, dtype=torch.int64), click=torch.tensor([0.0, 1, 1, 1, 0]),
+                        conversion=torch.tensor([0.0, 1, 0, 1, 0]), user_id=torch.arange(5))
+    losses = esmm_loss(ModelOutput(logits, cvr), batch)
+    losses["loss"].backward()
+    assert torch.isfinite(losses["loss"]) and torch.isfinite(logits.grad).all() and torch.isfinite(cvr.grad).all()
+    # per example: -log(1 - p) with log p capped at -1e-12 (27.63 nats), -log p = 30.0, 0.00335, ~0, ~0
+    assert losses["ctcvr"].item() * 5 == pytest.approx(27.631 + 30.0 + 0.00335, rel=1e-3)
