@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mxlab.te_backend import INSTALL_HINT, BackendUnavailableError, TEHandle, load_transformer_engine
+from mxlab.te_backend import BackendUnavailableError, TEHandle, _support, load_transformer_engine
 
 CASES = ("normal", "heavy_tail", "outlier", "ties", "tiny_amax", "zeros")
 MX_SCALE_MODES = ("rceil", "floor", "ceil", "even")
@@ -314,7 +314,7 @@ def run_te_check(*, seed: int = 0, shape: tuple[int, int, int] = DEFAULT_SHAPE, 
     device = device or f"cuda:{torch.cuda.current_device()}"
     rows, in_features, out_features = shape
     report = TECheckReport(device=torch.cuda.get_device_name(torch.device(device)), te_version=handle.version, shape=shape)
-    mxfp8_ok, mxfp8_reason = handle.pytorch.is_mxfp8_available(return_reason=True)
+    mxfp8_ok, mxfp8_reason = _support(handle, "mxfp8")
     generator = torch.Generator().manual_seed(seed)
     for case in CASES:
         x = make_case(case, rows, in_features, generator).to(device)
