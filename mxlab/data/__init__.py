@@ -69,6 +69,13 @@ def make_source(data_config: dict, max_history: int) -> DataSource:
     return CriteoSource(config, max_history)
 
 
+def __getattr__(name: str) -> Any:
+    """`DATA_CONFIG_KEYS`: {source: accepted [data] keys}, computed on first use."""
+    if name == "DATA_CONFIG_KEYS":
+        return data_config_keys()
+    raise AttributeError(f"module 'mxlab.data' has no attribute {name!r}")
+
+
 def truth_reference(source: DataSource) -> dict[str, float]:
     """Return the metrics the true probabilities reach on the eval set: for ctr, cvr (on clicked
     examples) and ctcvr, `{task}_auc`, `{task}_log_loss`, `{task}_ne`, `{task}_label_rate`; also
@@ -82,6 +89,7 @@ def truth_reference(source: DataSource) -> dict[str, float]:
 
 
 __all__ = [
+    "DATA_CONFIG_KEYS",
     "DataInfo",
     "DataSource",
     "JaggedBatch",

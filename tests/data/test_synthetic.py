@@ -106,3 +106,6 @@ def test_bad_configs_are_refused_with_the_accepted_keys():
     with pytest.raises(ValueError, match="batch_size"):
         next(_source().train_batches(0, 0, 0))
     assert "cache_dir" in data_config_keys()["movielens-100k"] and "path" in data_config_keys()["criteo"]
+    from mxlab.data import DATA_CONFIG_KEYS
+
+    assert DATA_CONFIG_KEYS["synthetic"][0] == "source" and "base_ctr" in DATA_CONFIG_KEYS["synthetic"]
