@@ -148,7 +148,8 @@ def _fake_quant_blocks(x3, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
     s = tl.expand_dims(s, BLOCK_AXIS)
     values = _fake_quant_elements(x3, s, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
-    return tl.where(tl.expand_dims(special, BLOCK_AXIS), float("nan"), values)
+    nan = (x3.to(tl.int32, bitcast=True) * 0 + 0x7FC00000).to(tl.float32, bitcast=True)
+    return tl.where(tl.expand_dims(special, BLOCK_AXIS), nan, values)
 
 
 @triton.jit

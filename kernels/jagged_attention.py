@@ -86,7 +86,7 @@ def _interpreter_loop_bounds() -> None:
 if os.environ.get("TRITON_INTERPRET", "0") == "1":
     _interpreter_loop_bounds()
 
-_F32_LOWEST = -3.4028234663852886e38
+_F32_LOWEST = tl.constexpr(-3.4028234663852886e38)  # a global used in @jit code must be a constexpr
 
 
 # ----------------------------------------------------------------------------- device code
@@ -123,7 +123,7 @@ def _dot_operand(x, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl
     if BY_BITS:
         return _round_to(x, OP_DTYPE, True).to(DOT_DTYPE)
     else:
-        return _dot_operand(x, OP_DTYPE, DOT_DTYPE, BY_BITS)
+        return x.to(OP_DTYPE).to(DOT_DTYPE)
 
 
 @triton.jit
@@ -168,16 +168,51 @@ def _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE: tl.
 
 
 @triton.jit
+def _load_rows(base, rows, row_ok, offs_d, stride_t, DOT_DTYPE: tl.constexpr):
+    """Rows `rows` (masked by row_ok, zeros elsewhere) of a (tokens, head_dim) slice, in DOT_DTYPE."""
+    x = tl.load(base + rows[:, None] * stride_t + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _prequantize(
+    X, OUT_ALONG_D, OUT_ALONG_T, offsets, tile_seq, tile_start, stride_t, stride_h,
+    HEAD_DIM: tl.constexpr, D_CODE: tl.constexpr, T_CODE: tl.constexpr, ALONG_D: tl.constexpr, ALONG_T: tl.constexpr,
+):
+    """Fake-quantize 32 tokens x head_dim of one head of a jagged (tokens, heads, head_dim) tensor,
+    along the head dim (OUT_ALONG_D) and/or along the tokens (OUT_ALONG_T, blocks of 32 tokens
+    from each sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits)."""
+    pid = tl.program_id(0)
+    head = tl.program_id(1).to(tl.int64)
+    seq = tl.load(tile_seq + pid)
+    start = tl.load(tile_start + pid)
+    begin = tl.load(offsets + seq)
+    length = (tl.load(offsets + seq + 1) - begin).to(tl.int32)
+    rows = start + tl.arange(0, 32)
+    row_ok = rows < length
+    offs_d = tl.arange(0, HEAD_DIM)
+    index = (begin + rows)[:, None] * stride_t + head * stride_h + offs_d[None, :]
+    x = tl.load(X + index, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    if ALONG_D:
+        tl.store(OUT_ALONG_D + index, fake_quant_tile(x, 32, HEAD_DIM, 1, D_CODE).to(tl.bfloat16), mask=row_ok[:, None])
+    if ALONG_T:
+        tl.store(OUT_ALONG_T + index, fake_quant_tile(x, 32, HEAD_DIM, 0, T_CODE).to(tl.bfloat16), mask=row_ok[:, None])
+
+
+@triton.jit(do_not_specialize=["total_q"])
 def _jagged_attention_fwd(
-    Q, K, V, O, OU, M, L,
+    QD, KD, VT, VD, O, OU, M, L,
     q_offsets, k_offsets, tile_seq, tile_start,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_kt, stride_kh,
     total_q, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr, WRITE_OU: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    Q_CODE: tl.constexpr, K_CODE: tl.constexpr, P_CODE: tl.constexpr, V_CODE: tl.constexpr, VD_CODE: tl.constexpr,
+    P_CODE: tl.constexpr,
 ):
+    """One BLOCK_M tile of queries of one head. QD, KD: the S operands (quantized along the head
+    dim in MX mode), VT: the PV operand (quantized along keys), VD: V quantized along the head dim
+    (MX softmax only, for the backward's row term). BF16 mode passes the raw tensors."""
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
@@ -192,11 +227,8 @@ def _jagged_attention_fwd(
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < q_len
-    q_ptrs = Q + (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
-    q_dot = _dot_operand(_maybe_quant(q.to(tl.float32), BLOCK_M, HEAD_DIM, 1, Q_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-    k_base = K + k_begin * stride_kt + head * stride_kh
-    v_base = V + k_begin * stride_vt + head * stride_vh
+    q_dot = _load_rows(QD + q_begin * stride_qt + head * stride_qh, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
+    k_offset = k_begin * stride_kt + head * stride_kh
 
     hi = k_len
     if CAUSAL:
@@ -211,15 +243,13 @@ def _jagged_attention_fwd(
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             key_ok = offs_n < k_len
-            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            k_dot = _dot_operand(_maybe_quant(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+            v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
             s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
             allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
             if SILU:
                 p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
                 p_dot = _dot_operand(_maybe_quant(p, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-                v_dot = _dot_operand(_maybe_quant(v.to(tl.float32), BLOCK_N, HEAD_DIM, 0, V_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
                 acc += tl.dot(p_dot, v_dot)
             else:
                 s = tl.where(allowed, s, _F32_LOWEST)
@@ -227,7 +257,7 @@ def _jagged_attention_fwd(
                 p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
                 alpha = tl.exp(m_i - m_new)
                 l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None] + tl.dot(_dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS), _dot_operand(v, OP_DTYPE, DOT_DTYPE, BY_BITS))
+                acc = acc * alpha[:, None] + tl.dot(_dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS), v_dot)
                 m_i = m_new
         if not SILU:
             acc = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
@@ -236,8 +266,7 @@ def _jagged_attention_fwd(
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             key_ok = offs_n < k_len
-            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            k_dot = _dot_operand(fake_quant_tile(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
             s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
             allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
             s = tl.where(allowed, s, _F32_LOWEST)
@@ -249,44 +278,43 @@ def _jagged_attention_fwd(
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + offs_n0
             key_ok = offs_n < k_len
-            k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-            k_dot = _dot_operand(fake_quant_tile(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+            v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
             s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
             allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
             p = _probabilities(s, allowed, m_i, l_safe, n_keys, False)
             p_dot = _dot_operand(fake_quant_tile(p, BLOCK_M, BLOCK_N, 1, P_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
-            v32 = v.to(tl.float32)
-            acc += tl.dot(p_dot, _dot_operand(fake_quant_tile(v32, BLOCK_N, HEAD_DIM, 0, V_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS))
+            acc += tl.dot(p_dot, v_dot)
             if WRITE_OU:
                 # P @ quant(V along head dim), P split in two bfloat16 parts (relative error < 2^-16).
-                vd_dot = _dot_operand(fake_quant_tile(v32, BLOCK_N, HEAD_DIM, 1, VD_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
                 p_high = _dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS)
                 p_low = _dot_operand(p - _round_to(p, OP_DTYPE, BY_BITS), OP_DTYPE, DOT_DTYPE, BY_BITS)
                 acc_u += tl.dot(p_high, vd_dot) + tl.dot(p_low, vd_dot)
 
-    o_ptrs = O + (q_begin + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-    tl.store(o_ptrs, _round_to(acc, O.dtype.element_ty, BY_BITS).to(O.dtype.element_ty), mask=row_ok[:, None])
+    out_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    tl.store(O + out_index, _round_to(acc, O.dtype.element_ty, BY_BITS).to(O.dtype.element_ty), mask=row_ok[:, None])
     stat_index = head * total_q + q_begin + offs_m
     tl.store(M + stat_index, m_i, mask=row_ok)
     tl.store(L + stat_index, l_i, mask=row_ok)
     if WRITE_OU:
-        ou_ptrs = OU + (q_begin + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
-        tl.store(ou_ptrs, acc_u, mask=row_ok[:, None])
+        tl.store(OU + out_index, acc_u, mask=row_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_q"])
 def _jagged_attention_bwd_dkdv(
-    Q, K, V, DO, M, L, DELTA, DK, DV,
+    QD, QT, KD, VD, DOD, DOT, M, L, DELTA, DK, DV,
     q_offsets, k_offsets, tile_seq, tile_start,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_kt, stride_kh,
     total_q, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    Q_CODE: tl.constexpr, K_CODE: tl.constexpr, DOD_CODE: tl.constexpr, VD_CODE: tl.constexpr,
-    PM_CODE: tl.constexpr, DOM_CODE: tl.constexpr, QM_CODE: tl.constexpr, DSM_CODE: tl.constexpr,
+    PM_CODE: tl.constexpr, DSM_CODE: tl.constexpr,
 ):
+    """dK, dV of one BLOCK_N tile of keys of one head. Operands (MX: pre-quantized): QD, KD for S;
+    DOD, VD for dP (head dim); QT, DOT along the queries for dK and dV. P and dS are quantized
+    here along the queries."""
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
@@ -301,12 +329,10 @@ def _jagged_attention_bwd_dkdv(
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = offs_n < k_len
-    k = tl.load(K + (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    v = tl.load(V + (k_begin + offs_n)[:, None] * stride_vt + head * stride_vh + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-    k_dot = _dot_operand(_maybe_quant(k.to(tl.float32), BLOCK_N, HEAD_DIM, 1, K_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-    vd_dot = _dot_operand(_maybe_quant(v.to(tl.float32), BLOCK_N, HEAD_DIM, 1, VD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-    q_base = Q + q_begin * stride_qt + head * stride_qh
-    do_base = DO + q_begin * stride_ot + head * stride_oh
+    k_offset = k_begin * stride_kt + head * stride_kh
+    k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+    vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+    q_offset = q_begin * stride_qt + head * stride_qh
     stat_base = head * total_q + q_begin
 
     lo = 0
@@ -317,48 +343,43 @@ def _jagged_attention_bwd_dkdv(
     for start_m in range(lo, q_len, BLOCK_M):
         offs_m = start_m + offs_m0
         row_ok = offs_m < q_len
-        q = tl.load(q_base + offs_m[:, None] * stride_qt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_ot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         m_row = tl.load(M + stat_base + offs_m, mask=row_ok, other=0.0)
         l_row = tl.load(L + stat_base + offs_m, mask=row_ok, other=1.0)
         delta_row = tl.load(DELTA + stat_base + offs_m, mask=row_ok, other=0.0)
-        q32 = q.to(tl.float32)
-        do32 = do.to(tl.float32)
-        q_dot = _dot_operand(_maybe_quant(q32, BLOCK_M, HEAD_DIM, 1, Q_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
         s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
         allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
-        l_safe = tl.where(l_row > 0, l_row, 1.0)
-        p = _probabilities(s, allowed, m_row, l_safe, n_keys, SILU)
+        p = _probabilities(s, allowed, m_row, tl.where(l_row > 0, l_row, 1.0), n_keys, SILU)
         p_dot = _dot_operand(_maybe_quant(p, BLOCK_M, BLOCK_N, 0, PM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-        dom_dot = _dot_operand(_maybe_quant(do32, BLOCK_M, HEAD_DIM, 0, DOM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-        dv += tl.dot(tl.trans(p_dot), dom_dot)
-        dod_dot = _dot_operand(_maybe_quant(do32, BLOCK_M, HEAD_DIM, 1, DOD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        dot_dot = _load_rows(DOT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
+        dv += tl.dot(tl.trans(p_dot), dot_dot)
+        dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dp = tl.dot(dod_dot, tl.trans(vd_dot))
         if not QUANT:
             dp = _round_to(dp, S_DTYPE, BY_BITS)
         ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
         ds_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-        qm_dot = _dot_operand(_maybe_quant(q32, BLOCK_M, HEAD_DIM, 0, QM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-        dk += tl.dot(tl.trans(ds_dot), qm_dot)
+        qt_dot = _load_rows(QT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
+        dk += tl.dot(tl.trans(ds_dot), qt_dot)
 
-    dk_ptrs = DK + (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :]
-    dv_ptrs = DV + (k_begin + offs_n)[:, None] * stride_vt + head * stride_vh + offs_d[None, :]
-    tl.store(dk_ptrs, _round_to(dk, DK.dtype.element_ty, BY_BITS).to(DK.dtype.element_ty), mask=key_ok[:, None])
-    tl.store(dv_ptrs, _round_to(dv, DV.dtype.element_ty, BY_BITS).to(DV.dtype.element_ty), mask=key_ok[:, None])
+    out_index = (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :]
+    tl.store(DK + out_index, _round_to(dk, DK.dtype.element_ty, BY_BITS).to(DK.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(DV + out_index, _round_to(dv, DV.dtype.element_ty, BY_BITS).to(DV.dtype.element_ty), mask=key_ok[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["total_q"])
 def _jagged_attention_bwd_dq(
-    Q, K, V, DO, M, L, DELTA, DQ,
+    QD, KD, KT, VD, DOD, M, L, DELTA, DQ,
     q_offsets, k_offsets, tile_seq, tile_start,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_kt, stride_kh,
     total_q, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    Q_CODE: tl.constexpr, K_CODE: tl.constexpr, DOD_CODE: tl.constexpr, VD_CODE: tl.constexpr,
-    DSN_CODE: tl.constexpr, KN_CODE: tl.constexpr,
+    DSN_CODE: tl.constexpr,
 ):
+    """dQ of one BLOCK_M tile of queries of one head. KT: K along the keys (MX) for dQ = dS K;
+    dS is quantized here along the keys."""
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
@@ -373,17 +394,15 @@ def _jagged_attention_bwd_dq(
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < q_len
-    q = tl.load(Q + (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + (q_begin + offs_m)[:, None] * stride_ot + head * stride_oh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    q_offset = q_begin * stride_qt + head * stride_qh
+    q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
+    dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
     stat_index = head * total_q + q_begin + offs_m
     m_row = tl.load(M + stat_index, mask=row_ok, other=0.0)
     l_row = tl.load(L + stat_index, mask=row_ok, other=1.0)
     l_safe = tl.where(l_row > 0, l_row, 1.0)
     delta_row = tl.load(DELTA + stat_index, mask=row_ok, other=0.0)
-    q_dot = _dot_operand(_maybe_quant(q.to(tl.float32), BLOCK_M, HEAD_DIM, 1, Q_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-    dod_dot = _dot_operand(_maybe_quant(do.to(tl.float32), BLOCK_M, HEAD_DIM, 1, DOD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-    k_base = K + k_begin * stride_kt + head * stride_kh
-    v_base = V + k_begin * stride_vt + head * stride_vh
+    k_offset = k_begin * stride_kt + head * stride_kh
 
     hi = k_len
     if CAUSAL:
@@ -392,11 +411,8 @@ def _jagged_attention_bwd_dq(
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + offs_n0
         key_ok = offs_n < k_len
-        k = tl.load(k_base + offs_n[:, None] * stride_kt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vt + offs_d[None, :], mask=key_ok[:, None], other=0.0)
-        k32 = k.to(tl.float32)
-        k_dot = _dot_operand(_maybe_quant(k32, BLOCK_N, HEAD_DIM, 1, K_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-        vd_dot = _dot_operand(_maybe_quant(v.to(tl.float32), BLOCK_N, HEAD_DIM, 1, VD_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+        vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
         allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
         p = _probabilities(s, allowed, m_row, l_safe, n_keys, SILU)
@@ -405,9 +421,10 @@ def _jagged_attention_bwd_dq(
             dp = _round_to(dp, S_DTYPE, BY_BITS)
         ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
         ds_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-        kn_dot = _dot_operand(_maybe_quant(k32, BLOCK_N, HEAD_DIM, 0, KN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
-        dq += tl.dot(ds_dot, kn_dot)
-    tl.store(DQ + (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :], _round_to(dq, DQ.dtype.element_ty, BY_BITS).to(DQ.dtype.element_ty), mask=row_ok[:, None])
+        kt_dot = _load_rows(KT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+        dq += tl.dot(ds_dot, kt_dot)
+    out_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+    tl.store(DQ + out_index, _round_to(dq, DQ.dtype.element_ty, BY_BITS).to(DQ.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ----------------------------------------------------------------------------- host code
@@ -431,8 +448,8 @@ class TileSizes:
                 raise ValueError(f"tile size {name}={value} must be a power of two >= 16")
 
 
-DEFAULT_TILES = TileSizes()
-DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq_n=64)
+DEFAULT_TILES = TileSizes(fwd_m=128, fwd_n=64, dkdv_m=128, dkdv_n=64, dq_m=128, dq_n=64, num_warps=8, num_stages=2)
+DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq_n=64, num_warps=8, num_stages=2)
 INTERPRETER_TILES = TileSizes(fwd_m=32, fwd_n=32, dkdv_m=32, dkdv_n=32, dq_m=32, dq_n=32, num_warps=1, num_stages=1)
 
 
@@ -510,16 +527,21 @@ def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax"
     return None
 
 
-def _tiles(offsets: torch.Tensor, lengths_for_work: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequence index, start) of every `block`-row tile of every non-empty run, longest work first."""
+def _tiles(offsets: torch.Tensor, work: Optional[torch.Tensor], block: int, skip: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence index, start) int32 of every `block`-row tile of every non-empty run, the tiles of
+    sequences with the most `work` first (None: in order); sequences where `skip` is true get none."""
     lengths = offsets[1:] - offsets[:-1]
+    if skip is not None:
+        lengths = torch.where(skip, torch.zeros_like(lengths), lengths)
     counts = (lengths + block - 1) // block
     total = int(counts.sum())
     seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), counts, output_size=total)
     first = torch.cumsum(counts, 0) - counts
     start = (torch.arange(total, device=offsets.device) - first[seq]) * block
-    order = torch.argsort(lengths_for_work[seq], descending=True, stable=True)
-    return seq[order].to(torch.int32).contiguous(), start[order].to(torch.int32).contiguous()
+    if work is not None:
+        order = torch.argsort(work[seq], descending=True, stable=True)
+        seq, start = seq[order], start[order]
+    return seq.to(torch.int32).contiguous(), start.to(torch.int32).contiguous()
 
 
 def _dtype_constexpr(dtype: torch.dtype) -> Any:
@@ -537,10 +559,36 @@ def default_tiles(quantized: bool, device: torch.device) -> TileSizes:
     return DEFAULT_MX_TILES if quantized else DEFAULT_TILES
 
 
+def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int], t_code: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
+    sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
+    itself is returned in that slot."""
+    seq, start = _tiles(offsets, None, 32)
+    along_d = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if d_code is not None else x
+    along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if t_code is not None else x
+    if seq.numel() and x.shape[1]:
+        _prequantize[(seq.numel(), x.shape[1])](
+            x, along_d, along_t, offsets, seq, start, x.stride(0), x.stride(1),
+            HEAD_DIM=x.shape[2], D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
+            num_warps=4,
+        )
+    return along_d, along_t
+
+
+def _launch_options(x: torch.Tensor, silu: bool, causal: bool, quant: bool, tiles: TileSizes) -> dict[str, Any]:
+    dtype = _dtype_constexpr(x.dtype)
+    op_dtype = tl.bfloat16 if quant else dtype
+    return dict(
+        HEAD_DIM=x.shape[2], CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=dtype, OP_DTYPE=op_dtype,
+        DOT_DTYPE=tl.float32 if _interpreting() else op_dtype, BY_BITS=_interpreting(),
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+
+
 class _JaggedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
-                causal: bool, silu: bool, codes: Optional[_OperandCodes], tiles: TileSizes, do_quant: Any) -> torch.Tensor:  # type: ignore[override]
+                causal: bool, silu: bool, codes: Optional[_OperandCodes], tiles: TileSizes) -> torch.Tensor:  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -549,78 +597,64 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         l = torch.empty_like(m)
         write_ou = quant and not silu
         out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
-        q_lengths = q_offsets[1:] - q_offsets[:-1]
+        if quant:
+            q_d, _ = _prequantized(q, q_offsets, codes.q_d, None)
+            k_d, _ = _prequantized(k, k_offsets, codes.k_d, None)
+            v_d, v_t = _prequantized(v, k_offsets, codes.v_d, codes.v_n)
+        else:
+            q_d, k_d, v_d, v_t = q, k, v, v
         k_lengths = k_offsets[1:] - k_offsets[:-1]
         tile_seq, tile_start = _tiles(q_offsets, k_lengths, tiles.fwd_m)
-        scale = head_dim ** -0.5
-        dtype = _dtype_constexpr(q.dtype)
-        common = dict(
-            HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=dtype,
-            OP_DTYPE=tl.bfloat16 if quant else dtype, DOT_DTYPE=tl.float32 if _interpreting() else (tl.bfloat16 if quant else dtype), BY_BITS=_interpreting(), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        )
-        c = codes if codes is not None else _OperandCodes(*([0] * 12))
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
-                q, k, v, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-                total_q, scale, BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou,
-                Q_CODE=c.q_d, K_CODE=c.k_d, P_CODE=c.p_n, V_CODE=c.v_n, VD_CODE=c.v_d, **common,
+                q_d, k_d, v_t, v_d, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5,
+                BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou, P_CODE=codes.p_n if quant else 0,
+                **_launch_options(q, silu, causal, quant, tiles),
             )
-        ctx.save_for_backward(q, k, v, out, out_u, m, l, q_offsets, k_offsets, q_lengths, k_lengths)
-        ctx.settings = (causal, silu, codes, tiles, write_ou, do_quant)
+        ctx.save_for_backward(q, k, out, out_u, m, l, q_offsets, k_offsets, q_d, k_d, v_d)
+        ctx.settings = (causal, silu, codes, tiles, write_ou)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        q, k, v, out, out_u, m, l, q_offsets, k_offsets, q_lengths, k_lengths = ctx.saved_tensors
-        causal, silu, codes, tiles, write_ou, do_quant = ctx.settings
+        q, k, out, out_u, m, l, q_offsets, k_offsets, q_d, k_d, v_d = ctx.saved_tensors
+        causal, silu, codes, tiles, write_ou = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
+        if quant:
+            _, q_t = _prequantized(q, q_offsets, None, codes.q_m)
+            _, k_t = _prequantized(k, k_offsets, None, codes.k_n)
+            do_d, do_t = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m)
+        else:
+            q_t, k_t, do_d, do_t = q, k, grad_out, grad_out
         if silu:
-            delta = m  # unused
+            delta = m  # not read
         elif write_ou:
-            delta = _row_term_mx(grad_out, out_u, do_quant)
+            # sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both along the head dim.
+            delta = (do_d.float() * out_u).sum(-1).transpose(0, 1).contiguous()
         else:
             delta = (grad_out.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
-        dq = torch.zeros_like(q)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        scale = head_dim ** -0.5
-        dtype = _dtype_constexpr(q.dtype)
-        common = dict(
-            HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=dtype,
-            OP_DTYPE=tl.bfloat16 if quant else dtype, DOT_DTYPE=tl.float32 if _interpreting() else (tl.bfloat16 if quant else dtype), BY_BITS=_interpreting(), num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-        )
-        c = codes if codes is not None else _OperandCodes(*([0] * 12))
-        strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), grad_out.stride(0), grad_out.stride(1))
-        work_q = torch.where(q_lengths > 0, q_lengths, torch.zeros_like(q_lengths))
-        kv_seq, kv_start = _tiles(k_offsets, work_q, tiles.dkdv_n)
-        keep = q_lengths[kv_seq.long()] > 0
-        kv_seq, kv_start = kv_seq[keep].contiguous(), kv_start[keep].contiguous()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k)
+        options = _launch_options(q, silu, causal, quant, tiles)
+        strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5)
+        q_lengths = q_offsets[1:] - q_offsets[:-1]
+        k_lengths = k_offsets[1:] - k_offsets[:-1]
+        kv_seq, kv_start = _tiles(k_offsets, q_lengths, tiles.dkdv_n, skip=q_lengths == 0)
         if kv_seq.numel() and heads:
             _jagged_attention_bwd_dkdv[(kv_seq.numel(), heads)](
-                q, k, v, grad_out, m, l, delta, dk, dv, q_offsets, k_offsets, kv_seq, kv_start, *strides,
-                total_q, scale, BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n,
-                Q_CODE=c.q_d, K_CODE=c.k_d, DOD_CODE=c.do_d, VD_CODE=c.v_d,
-                PM_CODE=c.p_m, DOM_CODE=c.do_m, QM_CODE=c.q_m, DSM_CODE=c.ds_m, **common,
+                q_d, q_t, k_d, v_d, do_d, do_t, m, l, delta, dk, dv, q_offsets, k_offsets, kv_seq, kv_start, *strides,
+                BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes.p_m if quant else 0,
+                DSM_CODE=codes.ds_m if quant else 0, **options,
             )
         q_seq, q_start = _tiles(q_offsets, k_lengths, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
-                q, k, v, grad_out, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides,
-                total_q, scale, BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n,
-                Q_CODE=c.q_d, K_CODE=c.k_d, DOD_CODE=c.do_d, VD_CODE=c.v_d, DSN_CODE=c.ds_n, KN_CODE=c.k_n, **common,
+                q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides,
+                BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
-        return dq, dk, dv, None, None, None, None, None, None, None
-
-
-def _row_term_mx(grad_out: torch.Tensor, out_u: torch.Tensor, do_quant: Any) -> torch.Tensor:
-    """sum_j P_ij dP_ij = sum_d quant(dO along head dim)_id (P @ quant(V along head dim))_id, (heads, total_q)."""
-    from mxlab.quant import fake_quantize
-
-    do_q = fake_quantize(grad_out.float(), do_quant.fmt, block=32, axis=-1, scale_mode=do_quant.scale_mode, rounding=do_quant.rounding)
-    return (do_q * out_u).sum(-1).transpose(0, 1).contiguous()
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.device) -> None:
@@ -679,8 +713,7 @@ def jagged_attention(
         for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
             if getattr(tiles, name) % 32:
                 raise ValueError(f"MX mode needs tile sizes that are multiples of 32; got {name}={getattr(tiles, name)}")
-    do_quant = policy.pv.grad_a.a if codes is not None else None
-    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles, do_quant)
+    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles)
 
 
 __all__ = ["jagged_attention", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]

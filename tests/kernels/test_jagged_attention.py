@@ -227,6 +227,15 @@ def test_refusals_name_the_problem():
 
 
 # ----------------------------------------------------------------------------- GPU, benchmark size
+@pytest.fixture
+def full_precision_reductions():
+    """cuBLAS may reduce BF16 products in reduced precision (split-K); the reference must not."""
+    previous = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    yield
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = previous
+
+
 def _benchmark_inputs(n: int = 512, seed: int = 0):
     from mxlab.bench.attention import sample_lengths
 
@@ -239,7 +248,7 @@ def _benchmark_inputs(n: int = 512, seed: int = 0):
 @pytest.mark.parametrize("activation", ["softmax", "silu"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
-def test_benchmark_size_matches_reference_on_gpu(mode, causal, activation):
+def test_benchmark_size_matches_reference_on_gpu(mode, causal, activation, full_precision_reductions):
     lengths, q, k, v, grad = _benchmark_inputs()
     policy = _policy() if mode == "mxfp8" else None
     offsets = _offsets(lengths)
@@ -254,7 +263,7 @@ def test_benchmark_size_matches_reference_on_gpu(mode, causal, activation):
 @pytest.mark.gpu
 @pytest.mark.parametrize("queries", [4, 5])
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
-def test_benchmark_cross_and_pma_shapes_match_reference_on_gpu(mode, queries):
+def test_benchmark_cross_and_pma_shapes_match_reference_on_gpu(mode, queries, full_precision_reductions):
     lengths, _, k, v, _ = _benchmark_inputs()
     q, _, _, grad = _inputs([queries] * len(lengths), [0] * len(lengths), 4, 64, seed=1)
     policy = _policy() if mode == "mxfp8" else None
