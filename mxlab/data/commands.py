@@ -62,7 +62,7 @@ def describe(source: str, max_history: int, assignments: list[str]) -> int:
         history_tokens += int(batch.history_offsets[-1])
     description["eval"] = {
         "click_rate": clicks / max(examples, 1),
-        "conversion_rate_given_click": conversions / clicks if clicks else None,
+        "conversion_rate_given_click": conversions / clicks if clicks and data_source.info.has_conversion else None,
         "mean_history_length": history_tokens / max(examples, 1),
     }
     if data_source.info.has_truth:
