@@ -411,18 +411,24 @@ def _te_study_spec(tmp_path: Path, arms: list[str], train_examples: int, eval_ex
     return spec_path
 
 
-def test_a_study_skips_the_te_arm_without_te_and_the_report_says_why(no_te, tmp_path):
+def test_a_study_trains_a_te_arm_and_skips_one_the_gpu_cannot_run_with_the_reason_in_the_report(fake_te, tmp_path):
+    """Through the real runner and report, with FAKE_TE standing in for TE (its MXFP8 is unsupported)."""
     from mxlab.experiment import load_spec
     from mxlab.experiment.runner import run_study
 
-    spec = load_spec(_te_study_spec(tmp_path, ["bf16", "te-fp8-current"], train_examples=256, eval_examples=2048))
+    spec = load_spec(_te_study_spec(tmp_path, ["bf16", "te-fp8-current", "te-mxfp8"], train_examples=256, eval_examples=2048))
     run_study(spec, tmp_path / "study", device="cpu", show_progress=False)
     runs = tmp_path / "study" / "runs"
     assert json.loads((runs / "bf16" / "seed0" / "done.json").read_text())["status"] == "finished"
-    skipped = json.loads((runs / "te-fp8-current" / "seed0" / "done.json").read_text())
-    assert skipped["status"] == "skipped" and "pip install 'mxlab[te]'" in skipped["reason"]
+    te_run = runs / "te-fp8-current" / "seed0"
+    assert json.loads((te_run / "done.json").read_text())["status"] == "finished"
+    assert "history.blocks.0.attn.qkv" in json.loads((te_run / "plan.json").read_text())["backends"]
+    checkpoint = torch.load(te_run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    assert "history.blocks.0.attn.qkv._extra_state" in checkpoint["model"]  # TE's state is saved with the run
+    skipped = json.loads((runs / "te-mxfp8" / "seed0" / "done.json").read_text())
+    assert skipped["status"] == "skipped" and skipped["reason"].endswith(MXFP8_REFUSAL)
     report = (tmp_path / "study" / "report.md").read_text()
-    assert "te-fp8-current/seed0" in report and "Transformer Engine cannot be imported" in report
+    assert "te-mxfp8/seed0" in report and MXFP8_REFUSAL in report
 
 
 @pytest.mark.gpu
