@@ -201,6 +201,12 @@ class TEHandle:
     version: str
     requires_cuda: bool = True
 
+    def __deepcopy__(self, memo: dict) -> "TEHandle":  # a handle to imported modules: copies share it
+        return self
+
+    def __reduce__(self) -> Any:  # pickled (a model sent to a worker): imported again on the other side
+        return (load_transformer_engine, ())
+
     def autocast(self, te_recipe: Any) -> Any:
         """TE's autocast context with `te_recipe` (te.autocast; te.fp8_autocast on TE before 2.8)."""
         autocast = getattr(self.pytorch, "autocast", None)

@@ -9,6 +9,7 @@ the real TE (install it as shared/te/README.md describes) and are skipped withou
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import importlib.util
 import json
@@ -251,6 +252,8 @@ def test_te_forward_runs_under_te_autocast_with_tokens_padded_and_matches_the_pl
     y.square().sum().backward()
     y_ref.square().sum().backward()
     assert torch.allclose(model[0].weight.grad, reference[0].weight.grad, atol=1e-5)
+    copied = copy.deepcopy(model)  # e.g. an EMA copy: shares the TE handle, owns its weights
+    assert copied[0].mxlab_te_handle is model[0].mxlab_te_handle and copied[0].weight is not model[0].weight
     # an empty batch still reaches TE with one aligned block of zero rows, and comes back empty
     assert model(torch.randn(0, 32)).shape == (0, 1)
 
