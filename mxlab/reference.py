@@ -32,26 +32,30 @@ _MASK32 = 0xFFFFFFFF
 
 
 # ----------------------------------------------------------------------------- random bits
-def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
-    """(x * constant) mod 2^32 for int64 x in [0, 2^32), without int64 overflow."""
-    low, high = constant & 0xFFFF, constant >> 16
-    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
+def _as_int32(constant: int) -> int:
+    """A uint32 constant as the int32 with the same bits."""
+    return constant - (1 << 32) if constant >= 1 << 31 else constant
 
 
 def mix32(z: torch.Tensor) -> torch.Tensor:
-    """The 32-bit integer mixer of docs/numerics.md (int64 tensors holding uint32 values)."""
-    z = z ^ (z >> 16)
-    z = _mul32(z, 0x7FEB352D)
-    z = z ^ (z >> 15)
-    z = _mul32(z, 0x846CA68B)
-    return z ^ (z >> 16)
+    """The 32-bit integer mixer of docs/numerics.md on int32 tensors holding uint32 bits.
+
+    Multiplications wrap mod 2^32 (two's complement); right shifts are made logical by masking.
+    """
+    z = z ^ ((z >> 16) & 0xFFFF)
+    z = z * _as_int32(0x7FEB352D)
+    z = z ^ ((z >> 15) & 0x1FFFF)
+    z = z * _as_int32(0x846CA68B)
+    return z ^ ((z >> 16) & 0xFFFF)
 
 
 def random_bits24(index: torch.Tensor, seed: int) -> torch.Tensor:
-    """24 counter-based random bits (int64) for each linear element index and a seed."""
-    key = mix32(torch.tensor(seed & _MASK32, dtype=torch.int64, device=index.device))
-    hashed = mix32(mix32((index & _MASK32) ^ key) ^ (index >> 32))
-    return hashed >> 8
+    """24 counter-based random bits (int32 in [0, 2^24)) for each int64 linear element index and a seed."""
+    key = mix32(torch.tensor(_as_int32(seed & _MASK32), dtype=torch.int32, device=index.device))
+    low = (index & _MASK32).to(torch.int32)  # keeps the low 32 bits (two's complement)
+    high = (index >> 32).to(torch.int32)
+    hashed = mix32(mix32(low ^ key) ^ high)
+    return (hashed >> 8) & 0xFFFFFF
 
 
 # ----------------------------------------------------------------------------- scales
@@ -190,6 +194,36 @@ def quantize_blocks(
     return codes, scale_bytes.to(torch.uint8)
 
 
+def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, fmt: ElementFormat, rounding: str) -> bool:
+    """Whether `_fake_quantize_nearest_even_fp32` is exact for this input (see its docstring)."""
+    if rounding != "nearest_even" or x.dtype != torch.float32:
+        return False
+    finite_scales = scale_exp[~nonfinite_block]
+    if finite_scales.numel() == 0:
+        return True
+    return bool(finite_scales.min() + fmt.emin >= -127) and bool(finite_scales.max() + fmt.emax <= 100)
+
+
+def _fake_quantize_nearest_even_fp32(x: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """Nearest-even fake quantization in float32 arithmetic, for finite blocks (the common case, fast).
+
+    With C = 2^(qe + 23), the float32 sum |x| + C lies in [C, 2C), whose spacing is exactly the
+    quantum 2^qe, so (|x| + C) - C is |x| rounded to nearest even at that quantum by the FPU.
+    It needs 2^(qe + 23) to be a float32 normal (qe <= 104, ensured by S + emax <= 100) and the
+    exponent of a float32-subnormal |x| to be irrelevant (S + emin >= -127, so qe is set by S).
+    """
+    magnitude = x.abs()
+    log2_floor = (magnitude.view(torch.int32) >> 23) - 127
+    quantum_exp = torch.maximum(log2_floor, (scale_exp + fmt.emin).to(torch.int32)) - fmt.mbits
+    magic = ((quantum_exp + (23 + 127)) << 23).view(torch.float32)
+    rounded = (magnitude + magic) - magic
+    max_magnitude = torch.ldexp(torch.full(scale_exp.shape, fmt.max_normal, dtype=torch.float32, device=x.device), scale_exp.to(torch.int32))
+    rounded = torch.minimum(rounded, max_magnitude)
+    if fmt.is_int:
+        return torch.where(torch.signbit(x) & (rounded > 0), -rounded, rounded)
+    return torch.copysign(rounded, x)
+
+
 def fake_quantize_blocks(
     x: torch.Tensor,
     reduce_dims: tuple[int, ...],
@@ -200,6 +234,17 @@ def fake_quantize_blocks(
 ) -> torch.Tensor:
     """dequantize(quantize(x)) as float32, computed without materializing codes."""
     scale_exp, nonfinite_block = _block_scales(x, reduce_dims, fmt, scale_mode)
+    if _fast_path_applies(x, scale_exp, nonfinite_block, fmt, rounding):
+        values = _fake_quantize_nearest_even_fp32(x, scale_exp, fmt)
+    else:
+        values = _fake_quantize_exact(x, scale_exp, fmt, rounding, random_bits)
+    return torch.where(nonfinite_block, torch.full_like(values, float("nan")), values)
+
+
+def _fake_quantize_exact(
+    x: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat, rounding: str, random_bits: torch.Tensor | None
+) -> torch.Tensor:
+    """Fake quantization of every rounding mode in exact float64 arithmetic (NaN blocks not yet masked)."""
     n, quantum_exp = _rounded_magnitudes(x, scale_exp, fmt, rounding, random_bits)
     max_magnitude = torch.ldexp(torch.full_like(n, fmt.max_normal), scale_exp)
     magnitude = torch.minimum(torch.ldexp(n, quantum_exp), max_magnitude)
@@ -207,5 +252,4 @@ def fake_quantize_blocks(
         values = torch.where(torch.signbit(x) & (magnitude > 0), -magnitude, magnitude)  # int8 has no -0
     else:
         values = torch.copysign(magnitude, x.double())
-    values = values.float()
-    return torch.where(nonfinite_block, torch.full_like(values, float("nan")), values)
+    return values.float()

@@ -1,0 +1,51 @@
+"""The reference's internal formulations agree with each other and with plain Python."""
+import pytest
+import torch
+
+from mxlab import reference
+from mxlab.formats import FORMATS
+from mxlab.quant import dequantize, fake_quantize, quantize
+
+_MASK = 0xFFFFFFFF
+
+
+def _python_mix(z: int) -> int:
+    z ^= z >> 16
+    z = (z * 0x7FEB352D) & _MASK
+    z ^= z >> 15
+    z = (z * 0x846CA68B) & _MASK
+    return z ^ (z >> 16)
+
+
+def test_random_bits_match_the_documented_mixer_in_plain_python():
+    indices = [0, 1, 2, 12345, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**32 + 5, 2**40 + 77, 10**12]
+    for seed in (0, 1, 7, 2**31 + 9, 2**32 + 3):
+        key = _python_mix(seed & _MASK)
+        expected = [_python_mix(_python_mix((i & _MASK) ^ key) ^ (i >> 32)) >> 8 for i in indices]
+        assert reference.random_bits24(torch.tensor(indices), seed).tolist() == expected
+
+
+def test_random_bits_look_uniform():
+    bits = reference.random_bits24(torch.arange(200_000), seed=11).double()
+    assert abs(bits.mean().item() / 2**24 - 0.5) < 0.005
+    assert bits.unique().numel() > 199_000
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("scale_mode", ["floor", "ceil", "rceil", "even"])
+def test_fast_float32_path_equals_exact_path(fmt, scale_mode):
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(3000, 32, generator=generator) * torch.exp2(torch.randint(-140, 120, (3000, 1), generator=generator).float())
+    x[::7, 3] = 0.0
+    x[::5, 4] = -0.0
+    x[::11] = torch.randn(32, generator=generator) * 2.0**-135
+    element_format = FORMATS[fmt]
+    scale_exp, nonfinite = reference._block_scales(x, (1,), element_format, scale_mode)
+    exact = reference._fake_quantize_exact(x, scale_exp, element_format, "nearest_even", None)
+    guard = ((scale_exp + element_format.emin >= -127) & (scale_exp + element_format.emax <= 100)).squeeze(1)
+    assert guard.sum() > 1000 and (~guard).sum() > 100  # both sides of the guard are exercised
+    fast = reference._fake_quantize_nearest_even_fp32(x[guard], scale_exp[guard], element_format)
+    assert torch.equal(fast, exact[guard]) and torch.equal(torch.signbit(fast), torch.signbit(exact[guard]))
+    # and the public path (which picks per tensor) equals dequantize(quantize(.)) everywhere
+    public = fake_quantize(x, fmt, scale_mode=scale_mode)
+    assert torch.equal(public, dequantize(quantize(x, fmt, scale_mode=scale_mode)))
