@@ -183,6 +183,16 @@ def classify_differences(te_values: torch.Tensor, mx_values: torch.Tensor, scale
     return out
 
 
+def _quantizer_class(handle: TEHandle, name: str, module: str) -> Any:
+    """A TE quantizer class: exported by transformer_engine.pytorch (recent TE) or from its tensor module."""
+    cls = getattr(handle.pytorch, name, None)
+    if cls is None:
+        import importlib
+
+        cls = getattr(importlib.import_module(f"transformer_engine.pytorch.tensor.{module}"), name)
+    return cls
+
+
 def compare_per_tensor(handle: TEHandle, x: torch.Tensor, fmt: str, case: str) -> OperandComparison:
     """TE's Float8CurrentScalingQuantizer against mxlab's fake_quantize(x, "fp8_tensor_" + fmt) on one tensor."""
     import transformer_engine_torch as tex
@@ -191,7 +201,7 @@ def compare_per_tensor(handle: TEHandle, x: torch.Tensor, fmt: str, case: str) -
 
     te_dtype = tex.DType.kFloat8E4M3 if fmt == "e4m3" else tex.DType.kFloat8E5M2
     fp8_dtype = PER_TENSOR_FP8[f"fp8_tensor_{fmt}"]
-    quantizer = handle.pytorch.Float8CurrentScalingQuantizer(te_dtype, x.device, rowwise=True, columnwise=False)
+    quantizer = _quantizer_class(handle, "Float8CurrentScalingQuantizer", "float8_tensor")(te_dtype, x.device, rowwise=True, columnwise=False)
     quantized = quantizer(x)
     te_values = quantized.dequantize(dtype=torch.float32)
     te_scale_inv = float(quantized._scale_inv.float().reshape(-1)[0])
@@ -220,7 +230,7 @@ def compare_mxfp8(handle: TEHandle, x: torch.Tensor, case: str) -> list[OperandC
     from mxlab.quant import quantize
 
     rows, cols = x.shape
-    quantized = handle.pytorch.MXFP8Quantizer(tex.DType.kFloat8E4M3, rowwise=True, columnwise=True)(x)
+    quantized = _quantizer_class(handle, "MXFP8Quantizer", "mxfp8_tensor")(tex.DType.kFloat8E4M3, rowwise=True, columnwise=True)(x)
     swizzled = bool(getattr(quantized, "_with_gemm_swizzled_scales", False))  # scales in the GEMM's tiled layout
     out = []
     for rowwise in (True, False):
