@@ -185,9 +185,11 @@ def _prequantize(
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
+    live = seq >= 0  # the grid is an upper bound on the tile count; spare programs see empty runs
+    seq = tl.maximum(seq, 0)
     start = tl.load(tile_start + pid)
     begin = tl.load(offsets + seq)
-    length = (tl.load(offsets + seq + 1) - begin).to(tl.int32)
+    length = tl.where(live, (tl.load(offsets + seq + 1) - begin).to(tl.int32), 0)
     rows = start + tl.arange(0, 32)
     row_ok = rows < length
     offs_d = tl.arange(0, HEAD_DIM)
@@ -216,11 +218,13 @@ def _jagged_attention_fwd(
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
+    live = seq >= 0  # the grid is an upper bound on the tile count; spare programs see empty runs
+    seq = tl.maximum(seq, 0)
     start_m = tl.load(tile_start + pid)
     q_begin = tl.load(q_offsets + seq)
-    q_len = (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32)
+    q_len = tl.where(live, (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32), 0)
     k_begin = tl.load(k_offsets + seq)
-    k_len = (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32)
+    k_len = tl.where(live, (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32), 0)
     n_keys = tl.maximum(k_len, 1).to(tl.float32)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -318,11 +322,13 @@ def _jagged_attention_bwd_dkdv(
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
+    live = seq >= 0  # the grid is an upper bound on the tile count; spare programs see empty runs
+    seq = tl.maximum(seq, 0)
     start_n = tl.load(tile_start + pid)
     q_begin = tl.load(q_offsets + seq)
-    q_len = (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32)
+    q_len = tl.where(live, (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32), 0)
     k_begin = tl.load(k_offsets + seq)
-    k_len = (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32)
+    k_len = tl.where(live, (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32), 0)
     n_keys = tl.maximum(k_len, 1).to(tl.float32)
 
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -383,11 +389,13 @@ def _jagged_attention_bwd_dq(
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
+    live = seq >= 0  # the grid is an upper bound on the tile count; spare programs see empty runs
+    seq = tl.maximum(seq, 0)
     start_m = tl.load(tile_start + pid)
     q_begin = tl.load(q_offsets + seq)
-    q_len = (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32)
+    q_len = tl.where(live, (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32), 0)
     k_begin = tl.load(k_offsets + seq)
-    k_len = (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32)
+    k_len = tl.where(live, (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32), 0)
     n_keys = tl.maximum(k_len, 1).to(tl.float32)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
@@ -527,19 +535,30 @@ def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax"
     return None
 
 
-def _tiles(offsets: torch.Tensor, work: Optional[torch.Tensor], block: int, skip: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _tiles(offsets: torch.Tensor, tokens: int, work: Optional[torch.Tensor], block: int, skip: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(sequence index, start) int32 of every `block`-row tile of every non-empty run, the tiles of
-    sequences with the most `work` first (None: in order); sequences where `skip` is true get none."""
+    sequences with the most `work` first (None: in order); sequences where `skip` is true get none.
+
+    Computed on the device without a host synchronization: the table has a fixed size (tokens //
+    block + sequences, an upper bound; `tokens` is the run's total length), and spare entries
+    have sequence index -1.
+    """
+    n = offsets.numel() - 1
+    bound = tokens // block + n
     lengths = offsets[1:] - offsets[:-1]
     if skip is not None:
         lengths = torch.where(skip, torch.zeros_like(lengths), lengths)
     counts = (lengths + block - 1) // block
-    total = int(counts.sum())
-    seq = torch.repeat_interleave(torch.arange(lengths.numel(), device=offsets.device), counts, output_size=total)
-    first = torch.cumsum(counts, 0) - counts
-    start = (torch.arange(total, device=offsets.device) - first[seq]) * block
-    if work is not None:
-        order = torch.argsort(work[seq], descending=True, stable=True)
+    ends = torch.cumsum(counts, 0)
+    index = torch.arange(bound, device=offsets.device)
+    seq = torch.searchsorted(ends, index, right=True)
+    live = seq < n
+    seq_clamped = seq.clamp(max=max(n - 1, 0))
+    start = (index - (ends - counts)[seq_clamped]) * block if n else index
+    seq = torch.where(live, seq, torch.full_like(seq, -1))
+    if work is not None and n:
+        key = torch.where(live, work[seq_clamped], torch.full_like(seq, -1))
+        order = torch.argsort(key, descending=True, stable=True)
         seq, start = seq[order], start[order]
     return seq.to(torch.int32).contiguous(), start.to(torch.int32).contiguous()
 
@@ -563,7 +582,7 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
     """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
     sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
     itself is returned in that slot."""
-    seq, start = _tiles(offsets, None, 32)
+    seq, start = _tiles(offsets, x.shape[0], None, 32)
     along_d = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if d_code is not None else x
     along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if t_code is not None else x
     if seq.numel() and x.shape[1]:
@@ -604,7 +623,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         else:
             q_d, k_d, v_d, v_t = q, k, v, v
         k_lengths = k_offsets[1:] - k_offsets[:-1]
-        tile_seq, tile_start = _tiles(q_offsets, k_lengths, tiles.fwd_m)
+        tile_seq, tile_start = _tiles(q_offsets, total_q, k_lengths, tiles.fwd_m)
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
                 q_d, k_d, v_t, v_d, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
@@ -641,14 +660,14 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5)
         q_lengths = q_offsets[1:] - q_offsets[:-1]
         k_lengths = k_offsets[1:] - k_offsets[:-1]
-        kv_seq, kv_start = _tiles(k_offsets, q_lengths, tiles.dkdv_n, skip=q_lengths == 0)
+        kv_seq, kv_start = _tiles(k_offsets, k.shape[0], q_lengths, tiles.dkdv_n, skip=q_lengths == 0)
         if kv_seq.numel() and heads:
             _jagged_attention_bwd_dkdv[(kv_seq.numel(), heads)](
                 q_d, q_t, k_d, v_d, do_d, do_t, m, l, delta, dk, dv, q_offsets, k_offsets, kv_seq, kv_start, *strides,
                 BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes.p_m if quant else 0,
                 DSM_CODE=codes.ds_m if quant else 0, **options,
             )
-        q_seq, q_start = _tiles(q_offsets, k_lengths, tiles.dq_m)
+        q_seq, q_start = _tiles(q_offsets, total_q, k_lengths, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
                 q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides,
