@@ -28,7 +28,7 @@ def test_random_bits_match_the_documented_mixer_in_plain_python():
 def test_random_bits_look_uniform():
     bits = reference.random_bits24(torch.arange(200_000), seed=11).double()
     assert abs(bits.mean().item() / 2**24 - 0.5) < 0.005
-    assert bits.unique().numel() > 199_000
+    assert bits.unique().numel() > 198_000  # about 1,200 birthday collisions are expected among 2^24 values
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
