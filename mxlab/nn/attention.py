@@ -27,9 +27,14 @@ to have as many queries as keys. An example with no keys (an empty history) gets
 exact zeros; an example with no queries contributes nothing.
 
 With ``policy is None`` both products are plain ``torch.matmul`` (``qmatmul`` is not even
-imported). On CUDA with ``policy is None`` and softmax, the buckets go through FlexAttention
-(compiled, fused, no materialized score matrix) with a per-example length mask; everything
-else uses the reference.
+imported).
+
+Backends (``backend="auto"``): on CUDA, the Triton kernel `mxlab.kernels.jagged_attention`
+(no padding, no materialized score matrix, the same semantics with MX operands quantized
+inside the kernel) whenever its `unsupported_reason` is None (BF16/FP16 inputs, or an MX policy
+without stochastic rounding, power-of-two head dims, no GEMM observer installed); otherwise,
+with ``policy is None`` and softmax, FlexAttention per bucket (compiled, fused) with a
+per-example length mask; everything else, and every CPU tensor, uses the reference.
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ from torch import nn
 import torch.nn.functional as F
 
 ACTIVATIONS = ("softmax", "silu")
-BACKENDS = ("auto", "reference", "flex")
+BACKENDS = ("auto", "reference", "flex", "triton")
 
 _compiled_flex: Callable[..., torch.Tensor] | None = None
 
@@ -64,6 +69,34 @@ def _flex_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+def _triton_kernel() -> Any:
+    """The module mxlab.kernels.jagged_attention, or None when Triton or the kernels are missing."""
+    import importlib
+
+    try:
+        return importlib.import_module("mxlab.kernels.jagged_attention")
+    except ModuleNotFoundError as error:
+        if error.name not in ("mxlab.kernels", "mxlab.kernels.jagged_attention"):
+            return None  # Triton itself is missing
+    from mxlab.quant import _import_kernels  # registers kernels/ from a source tree
+
+    if _import_kernels() is None:
+        return None
+    return importlib.import_module("mxlab.kernels.jagged_attention")
+
+
+def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Any, activation: str) -> str | None:
+    """Why the Triton jagged-attention kernel cannot run these inputs, or None when it can."""
+    kernel = _triton_kernel()
+    if kernel is None:
+        return "the Triton kernels (mxlab.kernels) are not available"
+    if not (q.dtype == k.dtype == v.dtype):
+        return f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}"
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        return "no queries or no keys in the batch"
+    return kernel.unsupported_reason(q, policy, activation)
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
@@ -101,9 +134,9 @@ class JaggedAttention(nn.Module):
 
     Attributes: ``policy`` (None = high precision; otherwise an object with attributes ``qk``
     and ``pv``, the precisions handed to ``mxlab.nn.qmatmul.qmatmul`` for the two products),
-    ``backend`` ("auto": FlexAttention on CUDA when the policy is None and the activation is
-    softmax, else the reference; "reference"; "flex": FlexAttention wherever it runs, for
-    cross-checks), ``min_bucket_length`` and ``max_scores_per_chunk`` (bounds on padding and on
+    ``backend`` ("auto": see the module docstring; "reference"; "flex": FlexAttention wherever
+    it runs, for cross-checks; "triton": the Triton kernel, refused when it cannot run the
+    inputs), ``min_bucket_length`` and ``max_scores_per_chunk`` (bounds on padding and on
     the size of one materialized score tensor in the reference).
     """
 
@@ -152,6 +185,13 @@ class JaggedAttention(nn.Module):
         if causal and bool((q_lengths != k_lengths).any()):
             raise ValueError("causal attention needs as many queries as keys in every example")
 
+        if self.backend == "triton" or (self.backend == "auto" and q.is_cuda):
+            reason = _triton_unsupported(q, k, v, self.policy, activation)
+            if reason is None:
+                kernel = _triton_kernel()
+                return kernel.jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy)
+            if self.backend == "triton":
+                raise ValueError(f"the Triton attention backend cannot run these inputs: {reason}")
         use_flex = activation == "softmax" and self.policy is None and (
             self.backend == "flex" or (self.backend == "auto" and q.is_cuda and _flex_available())
         )

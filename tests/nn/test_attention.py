@@ -165,3 +165,25 @@ def test_rotary_is_relative_and_positions_restart_per_sequence():
         return (rotary_embedding(q, torch.tensor([pq])) * rotary_embedding(k, torch.tensor([pk]))).sum()
     torch.testing.assert_close(score(3, 1), score(10, 8))
     assert not torch.allclose(score(3, 1), score(3, 2))
+
+
+def test_triton_backend_dispatch(monkeypatch):
+    import sys
+    import types
+
+    calls = []
+    fake = types.ModuleType("mxlab.kernels.jagged_attention")
+    fake.unsupported_reason = lambda q, policy, activation: None if q.dtype == torch.bfloat16 else f"dtype {q.dtype}"
+    fake.jagged_attention = lambda q, k, v, qo, ko, *, causal, activation, policy: calls.append((causal, activation, policy)) or q * 2
+    monkeypatch.setitem(sys.modules, "mxlab.kernels.jagged_attention", fake)
+    q = torch.randn(3, 1, 32, dtype=torch.bfloat16)
+    attention = JaggedAttention(backend="triton")
+    attention.policy = _RecordingPolicy()
+    out = attention(q, q, q, _offsets([3]), _offsets([3]), causal=True, activation="silu")
+    assert torch.equal(out, q * 2) and calls == [(True, "silu", attention.policy)]
+    with pytest.raises(ValueError, match="cannot run these inputs: dtype torch.float32"):
+        attention(q.float(), q.float(), q.float(), _offsets([3]), _offsets([3]))
+    # "auto" never takes the kernel for CPU tensors
+    auto = JaggedAttention()
+    auto(q, q, q, _offsets([3]), _offsets([3]))
+    assert len(calls) == 1
