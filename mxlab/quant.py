@@ -352,14 +352,17 @@ def fake_quantize_rowcol(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Te
 def fake_quantize_per_tensor_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Per-tensor FP8 with current scaling, as Transformer Engine's Float8CurrentScaling.
 
-    scale = fp8_max / amax (float32; 1 when amax is 0), q = fp8(x * scale) with saturation,
+    scale = fp8_max / amax (float32; 1 when amax is 0, capped at float32 max when amax is so small
+    that the quotient overflows), q = fp8(x * scale) with saturation,
     result = q * (1 / scale) in x's dtype. A non-finite amax gives NaN everywhere.
     """
     dtype = PER_TENSOR_FP8[fmt]
     fp8_max = torch.finfo(dtype).max
     values = x.float()
     amax = values.abs().amax() if values.numel() else torch.zeros((), device=x.device)
-    scale = torch.where(amax > 0, fp8_max / amax, torch.ones_like(amax))
+    float32_max = torch.finfo(torch.float32).max
+    # as Transformer Engine: scale 1 for amax 0, and a scale that overflows is capped at float32 max
+    scale = torch.where(amax > 0, (fp8_max / amax).clamp(max=float32_max), torch.ones_like(amax))
     scaled = (values * scale).clamp(-fp8_max, fp8_max)
     quantized = scaled.to(dtype).float() * torch.reciprocal(scale)
     if not torch.isfinite(amax):

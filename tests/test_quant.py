@@ -268,6 +268,9 @@ def test_high_precision_and_per_tensor_fp8():
     scale = 448.0 / x.abs().max()
     assert torch.equal(fp8, (x * scale).to(torch.float8_e4m3fn).float() * (1 / scale))
     assert fp8.abs().max() <= x.abs().max() * (1 + 2**-3)
+    tiny = torch.tensor([1e-39, 0.0, -5e-40])  # 448 / amax overflows float32: the scale is capped
+    tiny_out = fake_quantize(tiny, "fp8_tensor_e4m3")
+    assert torch.isfinite(tiny_out).all() and tiny_out[1] == 0 and tiny_out[0] > 0 and tiny_out[2] < 0
 
 
 # ----------------------------------------------------------------------------- refusals
