@@ -45,8 +45,8 @@ model can do; `truth_reference` measures what they reach on the eval set.
 Streaming: examples are generated in chunks of 4096, chunk ``c`` of the train set from the
 key ``(data_seed, 1, c)`` and of the eval set from ``(data_seed, 2, c)``; the train set is the
 same for every seed and epoch, and its order (chunk order, then the order inside each chunk)
-comes from ``(data_seed, 4, seed, epoch)``. Nothing is held in memory beyond a few chunks: a background thread generates up to two chunks
-ahead of training.
+comes from ``(data_seed, 4, seed, epoch)``. Nothing is held in memory beyond a few chunks: a
+background thread generates up to two chunks ahead of training.
 """
 from __future__ import annotations
 
