@@ -247,14 +247,52 @@ def _quantize_fast(bits, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.co
 
 
 @triton.jit
+def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                              MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
+    """(codes, float32 value bits) with stochastic rounding, for blocks where `_fast_path_ok` holds.
+
+    Integer only. With shift <= 24 the rule `(2r + 1) < rem << (25 - shift)` is `rem > r >> (24 - shift)`,
+    so n = (significand + 2^shift - 1 - (r >> (24 - shift))) >> shift; element-normal values have
+    shift = 23 - mbits. Values are rebuilt from n as float(n) * 2^qe by an exponent add (normal results).
+    """
+    magnitude = bits & 0x7FFFFFFF
+    exponent = magnitude >> 23
+    significand = (magnitude & 0x7FFFFF) | tl.where(exponent > 0, 0x800000, 0)
+    lowest_quantum = s + EMIN - MBITS
+    K: tl.constexpr = 23 - MBITS
+    shift = tl.maximum(lowest_quantum + 150 - tl.maximum(exponent, 1), K)
+    sh = tl.minimum(shift, 24)
+    near = (significand + ((1 << sh) - 1) - (r24 >> (24 - sh))) >> sh
+    far = ((2 * r24 + 1) <= ((significand - 1) >> tl.minimum(tl.maximum(shift - 25, 0), 31))).to(tl.int32)
+    n = tl.where(shift <= 24, near, far)
+    if IS_INT:
+        n_out = tl.minimum(n, NMAX)
+        code = tl.where(bits < 0, (0 - n_out) & 0xFF, n_out)
+        value = n_out.to(tl.float32).to(tl.int32, bitcast=True) + (lowest_quantum << 23)
+        value = tl.where(n_out == 0, 0, value) | ((bits < 0) & (n_out > 0)).to(tl.int32) << 31
+    else:
+        binade = tl.maximum(exponent - 127 - s - EMIN, 0)  # qe - lowest_quantum
+        code = tl.minimum((binade << MBITS) + n, MAXCODE) | ((bits >> (32 - BITS)) & (1 << (BITS - 1)))
+        max_bits = ((s + EMAX + 127) << 23) | ((NMAX << (23 - MBITS)) & 0x7FFFFF)
+        value = n.to(tl.float32).to(tl.int32, bitcast=True) + ((lowest_quantum + binade) << 23)
+        value = tl.where(n == 0, 0, tl.minimum(value, max_bits)) | (bits & -2147483648)
+    return code, value
+
+
+@triton.jit
 def _quantize_elements(bits, s, special, inert, ok, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
                        EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
                        BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr):
     """(codes, dequantized values as bits of the output dtype) of a tile; s, special, inert broadcast
     against bits; ok: the tile may take the fast path."""
-    if FAST and ROUNDING == 0:
+    if FAST and (ROUNDING == 0 or ROUNDING == 3):
         if ok:
-            code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT)
+            if ROUNDING == 0:
+                code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS,
+                                             IS_INT)
+            else:
+                code, value = _quantize_fast_stochastic(bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE,
+                                                        NMAX, BITS, IS_INT)
             value = tl.where(special, F32_NAN_BITS, value)
             if OUT_KIND == 1:
                 out = (value >> 16).to(tl.int16)  # exact: at most 8 significant bits, normal or zero
@@ -276,8 +314,9 @@ def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, va
           NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
           FAST: tl.constexpr, PROBE: tl.constexpr):
     if PROBE:  # benchmark probe: same loads, reductions and stores, no element arithmetic
-        code = (bits >> 24) + s
-        out = _f32_bits_to_output(bits, 0) if OUT_KIND == 0 else (bits >> 16).to(tl.int16)
+        probe_bits = bits + r24
+        code = (probe_bits >> 24) + s
+        out = _f32_bits_to_output(probe_bits, 0) if OUT_KIND == 0 else (probe_bits >> 16).to(tl.int16)
     else:
         code, out = _quantize_elements(bits, s, special, inert, ok, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
                                        BITS, IS_INT, ROUNDING, FAST)

@@ -86,6 +86,8 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
         "probe column cast": (probe(mx_quant.LAYOUT_COL, True, False), size_in + codes + scales),
         "probe both cast": (probe(mx_quant.LAYOUT_BOTH, True, False), size_in + 2 * (codes + scales)),
         "probe row fake-quantize": (probe(mx_quant.LAYOUT_ROW, False, True), size_in + values),
+        "probe row stochastic fake-quantize (hash only)": (
+            probe(mx_quant.LAYOUT_ROW, False, True, "stochastic"), size_in + values),
     }
 
 
@@ -118,8 +120,8 @@ def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
 
     n = x.numel()
     results = []
-    row_configs = [TileConfig(r, c, w) for r, c, w in [(8, 8, 4), (16, 8, 4), (16, 8, 8), (32, 8, 8), (16, 16, 8), (64, 4, 8), (32, 16, 16)]]
-    col_configs = [TileConfig(32, c, w) for c, w in [(2, 4), (4, 4), (4, 8), (8, 8), (8, 16)]]
+    row_configs = [TileConfig(r, c, w) for r, c, w in [(16, 8, 4), (32, 8, 4), (16, 16, 4), (32, 8, 8), (64, 8, 8), (16, 8, 2)]]
+    col_configs = [TileConfig(32, c, w) for c, w in [(4, 4), (8, 4), (4, 2), (8, 8)]]
     for config in row_configs:
         for op, fn, moved in [
             ("row cast", lambda c=config: kernels.quantize(x, fmt, tile=c), n * 3 + n // 32),
@@ -193,6 +195,21 @@ def run_quant_bench(
                 console.print(f"  sweep {entry['op']:28s} {entry['tile']}  {entry['ms']:.4f} ms  {entry['ratio_to_copy']:.3f} x copy")
         del x, destination
         torch.cuda.empty_cache()
+    import triton
+
+    def results() -> dict:
+        return {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+            "format": fmt,
+            "input_dtype": "bfloat16",
+            "measurements": [asdict(m) for m in measurements],
+            "tile_sweep": sweep,
+        }
+
+    if json_path is not None:  # written now and again after the compiled reference, which can take minutes
+        _write_json_atomically(Path(json_path), results())
     if compile_reference:
         rows, cols = sizes[0]
         x = make_input(rows, cols)
@@ -221,21 +238,10 @@ def run_quant_bench(
             sweep_table.add_row(entry["op"], str(tile["rows"]), str(tile["col_blocks"]), str(tile["num_warps"]),
                                 f"{entry['ms']:.4f}", f"{entry['ratio_to_copy']:.3f}")
         console.print(sweep_table)
-    import triton
-
-    results = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "format": fmt,
-        "input_dtype": "bfloat16",
-        "measurements": [asdict(m) for m in measurements],
-        "tile_sweep": sweep,
-    }
     if json_path is not None:
-        _write_json_atomically(Path(json_path), results)
+        _write_json_atomically(Path(json_path), results())
         console.print(f"wrote {json_path}")
-    return results
+    return results()
 
 
 def _write_json_atomically(path: Path, payload: dict) -> None:

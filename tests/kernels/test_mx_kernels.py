@@ -265,12 +265,15 @@ def big_input(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tens
     return sprinkle_specials(x, seed).to(dtype).cuda()
 
 
-# every scale mode x rounding for e4m3, two option sets for the other formats, then other input dtypes
+# one compiled kernel per case, so the list stays short: every scale mode with nearest-even and
+# stochastic rounding for e4m3, two option sets for the other formats, then float32/float16 inputs
 GPU_ROWWISE_CASES = (
-    [("e4m3", scale_mode, rounding, torch.bfloat16) for scale_mode in SCALE_MODES for rounding in ROUNDINGS]
+    [("e4m3", scale_mode, rounding, torch.bfloat16) for scale_mode in SCALE_MODES for rounding in ("nearest_even", "stochastic")]
+    + [("e4m3", "even", "nearest_away", torch.bfloat16), ("e4m3", "ceil", "toward_zero", torch.bfloat16)]
     + [(fmt, "rceil", "stochastic", torch.bfloat16) for fmt in FMTS if fmt != "e4m3"]
     + [(fmt, "floor", "nearest_even", torch.bfloat16) for fmt in FMTS if fmt != "e4m3"]
-    + [(fmt, "even", "nearest_even", dtype) for fmt in ("e4m3", "e2m1", "int8") for dtype in (torch.float32, torch.float16)]
+    + [(fmt, "even", "nearest_even", dtype) for fmt in ("e4m3", "int8") for dtype in (torch.float32, torch.float16)]
+    + [("e2m1", "floor", "stochastic", torch.float32)]
 )
 
 
@@ -287,7 +290,7 @@ def test_gpu_rowwise_large(fmt, scale_mode, rounding, dtype):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "int8"])
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
 def test_gpu_columnwise_rowcol_and_tiles_large(fmt, rounding):
     from mxlab.quant import _import_kernels
