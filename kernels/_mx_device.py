@@ -134,7 +134,7 @@ def _fake_quant_elements(x, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl
 
 @triton.jit
 def _fake_quant_blocks(x3, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
-    """Fake-quantize a float32 3-D view whose blocks of 32 run along BLOCK_AXIS (1 or 2)."""
+    """Fake-quantize a float32 view whose blocks of 32 run along BLOCK_AXIS (the whole axis)."""
     MBITS: tl.constexpr = CODE & 7
     EMIN: tl.constexpr = ((CODE >> 3) & 31) - 16
     EMAX: tl.constexpr = (CODE >> 8) & 15
@@ -155,14 +155,19 @@ def _fake_quant_blocks(x3, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
 @triton.jit
 def fake_quant_tile(x, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr):
     """Fake-quantize a float32 (ROWS, COLS) tile in blocks of 32 along AXIS (0: down the rows,
-    1: along each row); the blocks start at the tile's first row/column. Returns float32."""
+    1: along each row); the blocks start at the tile's first row/column. Returns float32.
+    A tile exactly one block long along AXIS is reduced in place (no reshape)."""
     if AXIS == 1:
-        x3 = tl.reshape(x, (ROWS, COLS // 32, 32))
-        y3 = _fake_quant_blocks(x3, 2, CODE)
+        if COLS == 32:
+            y = _fake_quant_blocks(x, 1, CODE)
+        else:
+            y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (ROWS, COLS // 32, 32)), 2, CODE), (ROWS, COLS))
     else:
-        x3 = tl.reshape(x, (ROWS // 32, 32, COLS))
-        y3 = _fake_quant_blocks(x3, 1, CODE)
-    return tl.reshape(y3, (ROWS, COLS))
+        if ROWS == 32:
+            y = _fake_quant_blocks(x, 0, CODE)
+        else:
+            y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (ROWS // 32, 32, COLS)), 1, CODE), (ROWS, COLS))
+    return y
 
 
 __all__ = ["operand_code", "fake_quant_tile", "DEVICE_SCALE_MODES", "DEVICE_ROUNDINGS", "BLOCK"]

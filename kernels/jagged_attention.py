@@ -457,7 +457,9 @@ class TileSizes:
 
 
 DEFAULT_TILES = TileSizes(fwd_m=128, fwd_n=64, dkdv_m=128, dkdv_n=64, dq_m=128, dq_n=64, num_warps=8, num_stages=2)
-DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq_n=64, num_warps=8, num_stages=2)
+# MX: key tiles of 32 in the forward and dQ (P and dS quantized along keys in one block per row),
+# query tiles of 32 in dK/dV (P and dS along queries): no reshapes, no register spills on sm_90.
+DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=32, dkdv_m=32, dkdv_n=64, dq_m=64, dq_n=32, num_warps=4, num_stages=2)
 INTERPRETER_TILES = TileSizes(fwd_m=32, fwd_n=32, dkdv_m=32, dkdv_n=32, dq_m=32, dq_n=32, num_warps=1, num_stages=1)
 
 

@@ -356,11 +356,14 @@ def _sweep_candidates() -> list[Any]:
     from mxlab.kernels.jagged_attention import TileSizes
 
     return [
+        TileSizes(128, 64, 128, 64, 128, 64, 8, 2),  # the BF16 default
         TileSizes(128, 64, 64, 64, 64, 64, 4, 2),
         TileSizes(128, 128, 64, 128, 128, 64, 8, 2),
         TileSizes(128, 64, 128, 64, 128, 64, 8, 3),
-        TileSizes(64, 64, 64, 64, 64, 64, 4, 2),
-        TileSizes(64, 64, 32, 64, 64, 32, 4, 3),
+        TileSizes(64, 32, 32, 64, 64, 32, 4, 2),  # the MX default
+        TileSizes(64, 64, 64, 64, 64, 64, 8, 2),
+        TileSizes(128, 32, 32, 128, 128, 32, 8, 2),
+        TileSizes(64, 32, 32, 64, 64, 32, 4, 3),
     ]
 
 

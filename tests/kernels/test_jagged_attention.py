@@ -179,6 +179,15 @@ def test_bf16_mode_matches_reference(case):
             _assert_bf16_flash_close(name, actual, expected)
 
 
+@pytest.mark.parametrize("dtype, mx, activation", [(torch.float32, True, "softmax"), (torch.float16, False, "silu")], ids=["float32-mx", "float16-bf16mode-silu"])
+def test_other_input_dtypes_match_reference(dtype, mx, activation):
+    lengths = [5, 33]
+    q, k, v, grad = _inputs(lengths, lengths, 1, 32, seed=7, dtype=dtype)
+    kernel, reference = _run_both(q, k, v, grad, _offsets(lengths), _offsets(lengths), True, activation, _policy() if mx else None)
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        _assert_exact_up_to_accumulation(name, actual, expected, 3 if mx else 10)
+
+
 def test_empty_histories_and_empty_query_sets_give_zeros():
     q_lengths, k_lengths = [3, 0, 2], [0, 5, 4]
     q, k, v, grad = _inputs(q_lengths, k_lengths, 1, 32, seed=3)
