@@ -241,7 +241,7 @@ def run_attention_bench(
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                block_mask = create_block_mask(document_mask, None, None, q.shape[0], total, device=device)
+                block_mask = create_block_mask(document_mask, None, None, q.shape[0], total, device=device, _compile=True)
 
             def flex() -> torch.Tensor:
                 out = compiled_flex(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask)

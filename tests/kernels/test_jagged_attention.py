@@ -94,8 +94,8 @@ def _inputs(q_lengths: list[int], k_lengths: list[int], heads: int, head_dim: in
     return q, k, v, grad
 
 
-def _run_both(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy):
-    out = jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy)
+def _run_both(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy, tiles=None):
+    out = jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
     kernel = (out, *torch.autograd.grad(out, (q, k, v), grad))
     reference_module = JaggedAttention(backend="reference")
     reference_module.policy = policy
@@ -138,21 +138,25 @@ SELF_LENGTHS = [31, 0, 1, 33, 65]  # 65: the largest here, three 32-row tiles
 CROSS_Q, CROSS_K = [2, 5, 0, 3, 1], [40, 0, 7, 1, 65]
 PMA_Q, PMA_K = [2, 2, 2, 2, 2], [31, 0, 33, 1, 64]
 
+# 64-row tiles hold two quantization blocks per tile along each axis (the kernels reshape them);
+# the default interpreter tiles (32) hold one.
+WIDE_TILES = jagged_attention_module.TileSizes(64, 64, 64, 64, 64, 64, 1, 1)
 MX_CASES = [
-    # id, q lengths, k lengths, causal, activation, heads, policy arguments
-    ("self-causal-softmax-e4m3-floor", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict()),
-    ("self-silu-e4m3-even-away", SELF_LENGTHS, SELF_LENGTHS, False, "silu", 1, dict(scale_mode="even", rounding="nearest_away")),
-    ("cross-softmax-e4m3-e5m2grad-rceil", CROSS_Q, CROSS_K, False, "softmax", 1, dict(grad="e5m2", scale_mode="rceil")),
-    ("pma-silu-e3m2-e2m3grad-ceil-tz", PMA_Q, PMA_K, False, "silu", 1, dict(fwd="e3m2", grad="e2m3", scale_mode="ceil", rounding="toward_zero")),
+    # id, q lengths, k lengths, causal, activation, heads, policy arguments, tiles
+    ("self-causal-softmax-e4m3-floor", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(), None),
+    ("self-silu-e4m3-even-away", SELF_LENGTHS, SELF_LENGTHS, False, "silu", 1, dict(scale_mode="even", rounding="nearest_away"), None),
+    ("cross-softmax-e4m3-e5m2grad-rceil-wide", CROSS_Q, CROSS_K, False, "softmax", 1, dict(grad="e5m2", scale_mode="rceil"), WIDE_TILES),
+    ("pma-silu-e3m2-e2m3grad-ceil-tz", PMA_Q, PMA_K, False, "silu", 1, dict(fwd="e3m2", grad="e2m3", scale_mode="ceil", rounding="toward_zero"), None),
+    ("self-causal-softmax-int8-wide", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(fwd="int8", grad="e2m1"), WIDE_TILES),
 ]
 
 
 @pytest.mark.parametrize("case", MX_CASES, ids=[case[0] for case in MX_CASES])
 def test_mx_mode_matches_reference(case):
-    _, q_lengths, k_lengths, causal, activation, heads, policy_arguments = case
+    _, q_lengths, k_lengths, causal, activation, heads, policy_arguments, tiles = case
     policy = _policy(**policy_arguments)
     q, k, v, grad = _inputs(q_lengths, k_lengths, heads, 32, seed=len(case[0]))
-    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, policy)
+    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, policy, tiles)
     mbits = min(get_format(policy_arguments.get(key, "e4m3")).mbits for key in ("fwd", "grad"))
     for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
         _assert_exact_up_to_accumulation(name, actual, expected, mbits)
