@@ -241,8 +241,10 @@ def test_refusals_name_the_problem():
 
 # ----------------------------------------------------------------------------- GPU, benchmark size
 @pytest.fixture
-def full_precision_reductions():
-    """cuBLAS may reduce BF16 products in reduced precision (split-K); the reference must not."""
+def full_precision_reductions(monkeypatch):
+    """cuBLAS may reduce BF16 products in reduced precision (split-K); the reference must not. The
+    reference's own quantization runs in PyTorch (the definition), not in the MX cast kernels."""
+    monkeypatch.setenv("MXLAB_BACKEND", "reference")
     previous = torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
     yield
