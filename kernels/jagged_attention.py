@@ -29,13 +29,17 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   | dQ = dS K | dS: keys (qk.grad_a.a), K: keys (qk.grad_a.b) |
   | dK = dS^T Q | Q: queries (qk.grad_b.a), dS: queries (qk.grad_b.b) |
 
-  dS is the gradient of the rounded S, i.e. rounded to the input dtype after the scale. The
-  softmax P that is quantized is the normalized one, so the MX softmax forward takes two passes
-  over the keys (statistics, then P and PV); the backward's row term ``sum_j P dP`` is computed
-  from the quantized dP operands (through ``P @ quant(V along head dim)``, kept from the forward),
-  not from the output. Quantized values are exact in bfloat16, so every product is an exact
-  bfloat16 tensor-core product with float32 accumulation: the kernel and the reference differ
-  only in the order of float32 accumulation (and of the softmax denominator's sum).
+  dS is the gradient of the rounded S, i.e. rounded to the input dtype after the scale. Q, K,
+  V and dO are fake-quantized once per call into bfloat16 copies, one per orientation needed
+  (`_prequantize`, blocks of 32 tokens from each sequence's first token); P and dS are quantized
+  inside the attention kernels. The softmax P that is quantized is the normalized one, so the
+  MX softmax forward takes two passes over the keys (statistics, then P and PV). The backward's
+  row term ``sum_j P_ij dP_ij`` is ``sum_d quant(dO)_id (P @ quant(V))_id`` (both along the head
+  dim), with ``P @ quant(V)`` accumulated in the forward from P split into two bfloat16 parts
+  (relative error below 2^-16: the one approximation beyond accumulation order). Quantized
+  values are exact in bfloat16, so every product is an exact bfloat16 tensor-core product with
+  float32 accumulation: otherwise the kernel and the reference differ only in the order of
+  float32 accumulation (tiles, the softmax denominator's sum).
 - Inputs are bfloat16 or float16; float32 too in MX mode (then S and the gradients are not rounded,
   as in the reference).
 - BF16 mode (``policy=None``): the usual flash-attention algorithm: softmax P is rounded to the
