@@ -311,18 +311,19 @@ def _jagged_attention_fwd(
 
 @triton.jit(do_not_specialize=["total_q"])
 def _jagged_attention_bwd_dkdv(
-    QD, QT, KD, VD, DOD, DOT, M, L, DELTA, DK, DV,
+    QD, QT, KD, KT, VD, DOD, DOT, M, L, DELTA, DK, DV, DQ_ACC,
     q_offsets, k_offsets, tile_seq, tile_start,
     stride_qt, stride_qh, stride_kt, stride_kh,
     total_q, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    PM_CODE: tl.constexpr, DSM_CODE: tl.constexpr,
+    PM_CODE: tl.constexpr, DSM_CODE: tl.constexpr, FUSED_DQ: tl.constexpr, DSN_CODE: tl.constexpr,
 ):
     """dK, dV of one BLOCK_N tile of keys of one head. Operands (MX: pre-quantized): QD, KD for S;
     DOD, VD for dP (head dim); QT, DOT along the queries for dK and dV. P and dS are quantized
-    here along the queries."""
+    here along the queries. FUSED_DQ also adds dS K (dS quantized along the keys, KT: K along
+    the keys) into the float32 DQ_ACC with atomics, instead of the separate dQ kernel."""
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
@@ -342,6 +343,8 @@ def _jagged_attention_bwd_dkdv(
     k_offset = k_begin * stride_kt + head * stride_kh
     k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
     vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+    if FUSED_DQ:
+        kt_dot = _load_rows(KT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
     q_offset = q_begin * stride_qt + head * stride_qh
     stat_base = head * total_q + q_begin
 
@@ -371,6 +374,10 @@ def _jagged_attention_bwd_dkdv(
         ds_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
         qt_dot = _load_rows(QT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dk += tl.dot(tl.trans(ds_dot), qt_dot)
+        if FUSED_DQ:
+            dsn_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            dq_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
+            tl.atomic_add(DQ_ACC + dq_index, tl.dot(dsn_dot, kt_dot), mask=row_ok[:, None], sem="relaxed")
 
     out_index = (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :]
     tl.store(DK + out_index, _round_to(dk, DK.dtype.element_ty, BY_BITS).to(DK.dtype.element_ty), mask=key_ok[:, None])
@@ -452,6 +459,7 @@ class TileSizes:
     dq_n: int = 64
     num_warps: int = 4
     num_stages: int = 2
+    fused_dq: bool = False  # dQ by float32 atomics from the dK/dV kernel instead of its own kernel
 
     def __post_init__(self) -> None:
         for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
@@ -667,12 +675,16 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q_lengths = q_offsets[1:] - q_offsets[:-1]
         k_lengths = k_offsets[1:] - k_offsets[:-1]
         kv_seq, kv_start = _tiles(k_offsets, k.shape[0], q_lengths, tiles.dkdv_n, skip=q_lengths == 0)
+        dq_accumulator = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if tiles.fused_dq else dq
         if kv_seq.numel() and heads:
             _jagged_attention_bwd_dkdv[(kv_seq.numel(), heads)](
-                q_d, q_t, k_d, v_d, do_d, do_t, m, l, delta, dk, dv, q_offsets, k_offsets, kv_seq, kv_start, *strides,
+                q_d, q_t, k_d, k_t, v_d, do_d, do_t, m, l, delta, dk, dv, dq_accumulator,
+                q_offsets, k_offsets, kv_seq, kv_start, *strides,
                 BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes.p_m if quant else 0,
-                DSM_CODE=codes.ds_m if quant else 0, **options,
+                DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
+        if tiles.fused_dq:
+            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None
         q_seq, q_start = _tiles(q_offsets, total_q, k_lengths, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](

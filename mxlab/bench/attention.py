@@ -349,7 +349,7 @@ def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Calla
 
 def _tiles_text(tiles: Any) -> str:
     return (f"fwd {tiles.fwd_m}x{tiles.fwd_n} dkdv {tiles.dkdv_m}x{tiles.dkdv_n} dq {tiles.dq_m}x{tiles.dq_n} "
-            f"w{tiles.num_warps} s{tiles.num_stages}")
+            f"w{tiles.num_warps} s{tiles.num_stages}{' fused-dq' if tiles.fused_dq else ''}")
 
 
 def _sweep_candidates() -> list[Any]:
@@ -364,6 +364,8 @@ def _sweep_candidates() -> list[Any]:
         TileSizes(64, 64, 64, 64, 64, 64, 8, 2),
         TileSizes(128, 32, 32, 128, 128, 32, 8, 2),
         TileSizes(64, 32, 32, 64, 64, 32, 4, 3),
+        TileSizes(128, 64, 128, 64, 128, 64, 8, 2, fused_dq=True),
+        TileSizes(64, 32, 32, 64, 64, 32, 4, 2, fused_dq=True),
     ]
 
 

@@ -141,6 +141,7 @@ PMA_Q, PMA_K = [2, 2, 2, 2, 2], [31, 0, 33, 1, 64]
 # 64-row tiles hold two quantization blocks per tile along each axis (the kernels reshape them);
 # the default interpreter tiles (32) hold one.
 WIDE_TILES = jagged_attention_module.TileSizes(64, 64, 64, 64, 64, 64, 1, 1)
+FUSED_DQ_TILES = jagged_attention_module.TileSizes(32, 32, 32, 32, 32, 32, 1, 1, fused_dq=True)
 MX_CASES = [
     # id, q lengths, k lengths, causal, activation, heads, policy arguments, tiles
     ("self-causal-softmax-e4m3-floor", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(), None),
@@ -148,6 +149,8 @@ MX_CASES = [
     ("cross-softmax-e4m3-e5m2grad-rceil-wide", CROSS_Q, CROSS_K, False, "softmax", 1, dict(grad="e5m2", scale_mode="rceil"), WIDE_TILES),
     ("pma-silu-e3m2-e2m3grad-ceil-tz", PMA_Q, PMA_K, False, "silu", 1, dict(fwd="e3m2", grad="e2m3", scale_mode="ceil", rounding="toward_zero"), None),
     ("self-causal-softmax-int8-wide", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(fwd="int8", grad="e2m1"), WIDE_TILES),
+    ("self-causal-softmax-fused-dq", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(), FUSED_DQ_TILES),
+    ("cross-silu-fused-dq", CROSS_Q, CROSS_K, False, "silu", 1, dict(), FUSED_DQ_TILES),
 ]
 
 
@@ -171,11 +174,13 @@ BF16_CASES = [
 ]
 
 
+@pytest.mark.parametrize("fused_dq", [False, True], ids=["dq-kernel", "fused-dq"])
 @pytest.mark.parametrize("case", BF16_CASES, ids=[case[0] for case in BF16_CASES])
-def test_bf16_mode_matches_reference(case):
+def test_bf16_mode_matches_reference(case, fused_dq):
     _, q_lengths, k_lengths, causal, activation = case
     q, k, v, grad = _inputs(q_lengths, k_lengths, 2, 32, seed=len(case[0]))
-    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, None)
+    tiles = FUSED_DQ_TILES if fused_dq else None
+    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, None, tiles)
     for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
         if activation == "silu":  # exact semantics: only the accumulation order differs
             _assert_exact_up_to_accumulation(name, actual, expected, 7)
