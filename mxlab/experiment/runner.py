@@ -107,6 +107,7 @@ def environment_info(devices: Sequence[str]) -> dict[str, Any]:
         "device_names": names,
         "device": names[0] if names else None,
         "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "triton": version("triton"),

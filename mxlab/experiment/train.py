@@ -251,6 +251,8 @@ def train_run(
         progress.finish("skipped")
         return result
 
+    if device.type == "cpu" and train.cpu_threads:
+        torch.set_num_threads(train.cpu_threads)
     model, plan = build_run_model(job, source.info)
     model.to(device)
     optimizer = make_optimizer(train, model.parameters())

@@ -31,6 +31,7 @@ MICRO = [
     "train.checkpoint_every=2",
     "train.log_every=1",
     "train.max_steps=4",
+    "train.cpu_threads=1",
 ]
 RUN_FILES = ("config.json", "plan.json", "plan.txt", "metrics.jsonl", "eval.npz", "checkpoint.pt", "done.json")
 

@@ -31,6 +31,7 @@ lr = 0.05
 epochs = 2
 checkpoint_every = 4
 log_every = 3
+cpu_threads = 1
 """
 
 
