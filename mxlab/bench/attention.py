@@ -7,7 +7,7 @@ attention (4 seed queries per example attend to its history). Everything runs fo
 backward in BF16, timed with CUDA events after warm-up; the baselines run in the same process.
 
 Useful FLOPs count only pairs inside a sequence: 4 * Lq * Lk * D per head forward (causal: the
-pairs j <= i), x 3.5 for forward + backward. The kernel's MX mode (MXFP8 e4m3 operands, floor
+pairs j <= i), x 3.5 for forward + backward ("fwd only" rows: the forward's share alone). The kernel's MX mode (MXFP8 e4m3 operands, floor
 scales, nearest-even) is timed on the same shapes; its useful FLOPs are the same.
 """
 from __future__ import annotations
@@ -212,6 +212,9 @@ def run_attention_bench(
         kernel_out = kernel()
         record(shape, "kernel bf16", _time_ms(_fwd_bwd(kernel, inputs, grad), warmup, repeat), flops)
         record(shape, "kernel mxfp8", _time_ms(_fwd_bwd(lambda: kernel(mx_policy), inputs, grad), warmup, repeat), flops)
+        if shape.name in ("self", "self-causal"):  # forward alone: where the time goes
+            record(shape, "kernel bf16 fwd only", _time_ms(kernel, warmup, repeat), flops / 3.5)
+            record(shape, "kernel mxfp8 fwd only", _time_ms(lambda: kernel(mx_policy), warmup, repeat), flops / 3.5)
         if sweep_tiles and shape.name == "self":
             for tiles in _sweep_candidates():
                 for mode, policy in (("bf16", None), ("mxfp8", mx_policy)):
@@ -250,6 +253,8 @@ def run_attention_bench(
             try:
                 flex_out = flex()
                 record(shape, "flex document mask", _time_ms(_fwd_bwd(flex, inputs, grad), warmup, repeat), flops)
+                if shape.name in ("self", "self-causal"):
+                    record(shape, "flex fwd only", _time_ms(flex, warmup, repeat), flops / 3.5)
                 difference = float((flex_out.float() - kernel_out.float()).abs().max())
                 result.checks[f"{shape.name}: max |kernel bf16 - flex|"] = difference
             except Exception as error:  # report, keep the other numbers
