@@ -242,15 +242,14 @@ def run_attention_bench(
                     same = same & (k_pos[kv_idx] <= q_pos[q_idx])
                 return same
 
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                block_mask = create_block_mask(document_mask, None, None, q.shape[0], total, device=device, _compile=True)
-
             def flex() -> torch.Tensor:
                 out = compiled_flex(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask)
                 return out[0].transpose(0, 1)
 
             try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    block_mask = create_block_mask(document_mask, None, None, q.shape[0], total, device=device, _compile=True)
                 flex_out = flex()
                 record(shape, "flex document mask", _time_ms(_fwd_bwd(flex, inputs, grad), warmup, repeat), flops)
                 if shape.name in ("self", "self-causal"):
