@@ -405,6 +405,87 @@ def _mx_kernel(
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
 
 
+@triton.jit
+def _mx_columns_kernel(
+    x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
+    L, B, LP, BP, stride_a, stride_l, stride_b, seed_key,
+    IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr,
+    WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
+    MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    PROBE: tl.constexpr, CB: tl.constexpr,
+):
+    """LAYOUT_COL / LAYOUT_BOTH for one 32-row block and CB * 32 columns, in two passes over the rows.
+
+    Pass 1 keeps a running per-column max (every reduction stays inside a thread); pass 2 reads the
+    rows again (from cache) and quantizes them with the column scales (and, for LAYOUT_BOTH, with
+    the scales of their own 32-element row blocks). The row blocks may take the fast path when the
+    tile's largest magnitude and its smallest nonzero magnitude both allow it: every row block's
+    amax lies between the two, and the set of amax values the fast path accepts is an interval.
+    """
+    pid_l = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_a = tl.program_id(2)
+    if WIDE_INDEX:
+        pid_l = pid_l.to(tl.int64)
+        pid_b = pid_b.to(tl.int64)
+        pid_a = pid_a.to(tl.int64)
+    cb = tl.arange(0, CB)[:, None]
+    col = (pid_b * CB + cb) * 32 + tl.arange(0, 32)[None, :]
+    col_in = col < B
+    base = x_ptr + pid_a * stride_a + col * stride_b
+    first_row = pid_l * 32
+
+    column_amax = tl.zeros((CB, 32), dtype=tl.int32)
+    smallest = tl.full((CB, 32), 0x7FFFFFFF, dtype=tl.int32)
+    for r in range(32):
+        row = first_row + r
+        magnitude = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND) & 0x7FFFFFFF
+        column_amax = tl.maximum(column_amax, magnitude)
+        if LAYOUT == 2:
+            smallest = tl.minimum(smallest, tl.where(magnitude == 0, 0x7FFFFFFF, magnitude))
+    s_col, special_col = _scale_exponent(column_amax, MBITS, EMAX, MMAX, SCALE_MODE)
+    inert_col = special_col | (column_amax == 0)
+    ok_col = tl.min(_fast_path_ok(s_col, inert_col, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+    tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + col,
+             (s_col + 127 + special_col.to(tl.int32) * (128 - s_col)).to(tl.uint8), mask=col_in)
+    if LAYOUT == 2:
+        tile_max = tl.max(tl.max(column_amax, axis=1), axis=0)
+        tile_min = tl.min(tl.min(smallest, axis=1), axis=0)
+        s_hi, special_hi = _scale_exponent(tile_max, MBITS, EMAX, MMAX, SCALE_MODE)
+        s_lo, special_lo = _scale_exponent(tile_min, MBITS, EMAX, MMAX, SCALE_MODE)
+        ok_rows = (_fast_path_ok(s_hi, tile_max == 0, MBITS, EMIN, EMAX) & ~special_hi
+                   & _fast_path_ok(s_lo, tile_min == 0x7FFFFFFF, MBITS, EMIN, EMAX))
+    else:
+        ok_rows = ok_col
+
+    nbp = BP // 32
+    block_index = pid_b * CB + tl.arange(0, CB)
+    for r in range(32):
+        row = first_row + r
+        bits = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
+        if ROUNDING == 3:
+            r24 = _random_bits24((pid_a * L + row) * B + col, seed_key, WIDE_INDEX)
+        else:
+            r24 = 0
+        values_offsets = (pid_a * L + row) * B + col
+        values_mask = col_in & (row < L)
+        _emit(bits, s_col, special_col, inert_col, ok_col, r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
+              col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+        if LAYOUT == 2:
+            row_amax = tl.max(bits & 0x7FFFFFFF, axis=1)
+            s_row, special_row = _scale_exponent(row_amax, MBITS, EMAX, MMAX, SCALE_MODE)
+            tl.store(row_scales_ptr + (pid_a * L + row) * nbp + block_index,
+                     (s_row + 127 + special_row.to(tl.int32) * (128 - s_row)).to(tl.uint8),
+                     mask=(block_index < nbp) & (row < L))
+            _emit(bits, s_row[:, None], special_row[:, None], (special_row | (row_amax == 0))[:, None], ok_rows, r24,
+                  (pid_a * L + row) * BP + col, (col < BP) & (row < L), row_codes_ptr, row_values_ptr,
+                  values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+                  MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+
+
 # ----------------------------------------------------------------------------- launchers
 import math  # noqa: E402
 import os  # noqa: E402
@@ -436,8 +517,9 @@ class TileConfig:
     num_warps: int = 4
 
 
-ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)
-COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)
+ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_ROW
+COL_TILE = TileConfig(rows=32, col_blocks=32, num_warps=4)  # _mx_columns_kernel: 32 rows x 1024 columns
+SQUARE_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_TILE
 
 
 def _mix32_host(z: int) -> int:
@@ -527,7 +609,7 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int)
     if x.numel() == 0:
         return "an empty tensor"
     view = _make_view(x, block, axis, pad=True)
-    tile = ROW_TILE if view.layout == LAYOUT_ROW else COL_TILE
+    tile = {LAYOUT_ROW: ROW_TILE, LAYOUT_TILE: SQUARE_TILE}.get(view.layout, COL_TILE)
     if view.x3.shape[0] > _MAX_GRID_YZ or triton.cdiv(view.bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
         return f"shape {tuple(x.shape)} needs a grid beyond the launch limit"
     return None
@@ -540,7 +622,7 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     count, length, width = x3.shape
     layout = view.layout
     device = x3.device
-    tile = tile or (ROW_TILE if layout == LAYOUT_ROW else COL_TILE)
+    tile = tile or {LAYOUT_ROW: ROW_TILE, LAYOUT_TILE: SQUARE_TILE}.get(layout, COL_TILE)
     col_blocks = _pow2_at_most(triton.cdiv(view.bp, BLOCK), tile.col_blocks)
     if layout == LAYOUT_ROW:
         rb, rs = _pow2_at_most(length, tile.rows), 1
@@ -551,8 +633,8 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     empty = torch.empty(0, dtype=torch.uint8, device=device)
     outputs: dict[str, torch.Tensor] = {}
 
-    def codes_and_scales(scale_shape):
-        codes = torch.empty((count, view.lp, view.bp), dtype=torch.uint8, device=device) if want_codes else empty
+    def codes_and_scales(codes_shape, scale_shape):
+        codes = torch.empty(codes_shape, dtype=torch.uint8, device=device) if want_codes else empty
         return codes, torch.empty(scale_shape, dtype=torch.uint8, device=device)
 
     def values():
@@ -564,24 +646,30 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     row_codes = row_scales = row_values = row_bits = empty
     col_codes = col_scales = col_values = col_bits = empty
     if layout in (LAYOUT_ROW, LAYOUT_BOTH):
-        row_codes, row_scales = codes_and_scales((count, length, view.bp // BLOCK))
+        row_codes, row_scales = codes_and_scales((count, length, view.bp), (count, length, view.bp // BLOCK))
         row_values, row_bits = values()
     if layout in (LAYOUT_COL, LAYOUT_BOTH):
-        col_codes, col_scales = codes_and_scales((count, view.lp // BLOCK, width))
+        col_codes, col_scales = codes_and_scales((count, view.lp, width), (count, view.lp // BLOCK, width))
         col_values, col_bits = values()
     if layout == LAYOUT_TILE:
-        row_codes, row_scales = codes_and_scales((count, view.lp // BLOCK, view.bp // BLOCK))
+        row_codes, row_scales = codes_and_scales((count, view.lp, view.bp), (count, view.lp // BLOCK, view.bp // BLOCK))
         row_values, row_bits = values()
     grid = (triton.cdiv(view.lp, rb * rs), triton.cdiv(view.bp, col_blocks * BLOCK), count)
     seed_key = _mix32_host(seed & 0xFFFFFFFF) if rounding == "stochastic" else 0
-    _mx_kernel[grid](
+    arguments = (
         x3.view(_BITS_DTYPES[x3.dtype]), row_codes, row_scales, row_bits, col_codes, col_scales, col_bits,
         length, width, view.lp, view.bp, x3.stride(0), x3.stride(1), x3.stride(2), seed_key,
+    )
+    options = dict(
         IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=DTYPE_KINDS[x3.dtype], LAYOUT=layout,
         WANT_CODES=want_codes, WANT_VALUES=want_values, **_format_constants(fmt),
         SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast, WIDE_INDEX=wide, PROBE=probe,
-        RB=rb, RS=rs, CB=col_blocks, num_warps=tile.num_warps,
+        CB=col_blocks, num_warps=tile.num_warps,
     )
+    if layout in (LAYOUT_COL, LAYOUT_BOTH):
+        _mx_columns_kernel[grid](*arguments, **options)
+    else:
+        _mx_kernel[grid](*arguments, RB=rb, RS=rs, **options)
     outputs.update(row_codes=row_codes, row_scales=row_scales, row_values=row_values,
                    col_codes=col_codes, col_scales=col_scales, col_values=col_values)
     return outputs
@@ -642,8 +730,8 @@ def quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "f
     """
     view, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, True, False, fast, tile)
     rows, cols = x.shape
-    row_pair = (out["row_codes"][0, :, :].reshape(rows, view.bp), out["row_scales"].reshape(rows, view.bp // BLOCK))
-    col_pair = (out["col_codes"][0, :, :cols].reshape(view.lp, cols), out["col_scales"].reshape(view.lp // BLOCK, cols))
+    row_pair = (out["row_codes"].reshape(rows, view.bp), out["row_scales"].reshape(rows, view.bp // BLOCK))
+    col_pair = (out["col_codes"].reshape(view.lp, cols), out["col_scales"].reshape(view.lp // BLOCK, cols))
     return row_pair, col_pair
 
 
