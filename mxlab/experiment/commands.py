@@ -19,9 +19,12 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
     return code
 
 
-def _guarded(body: Callable[[], int]) -> int:
+def _guarded(body: Callable[[], int], interrupted_hint: str = "") -> int:
     try:
         return body()
+    except KeyboardInterrupt:
+        typer.secho(f"interrupted. {interrupted_hint}".rstrip(), err=True, fg=typer.colors.YELLOW)
+        return 130
     except ValueError as error:
         return _fail(str(error))
     except RuntimeError as error:
@@ -72,7 +75,8 @@ def run(spec_path: Path, *, device: str, out: Path | None, resume: bool, overrid
             _print_report_paths(result.report_paths)
         return 0
 
-    return _guarded(body)
+    hint = f"Finished runs are kept; continue with: mxlab run {spec_path} --resume" + (f" --out {out}" if out else "")
+    return _guarded(body, hint + "".join(f" --set {override}" for override in overrides))
 
 
 def report(study_dir: Path) -> int:
@@ -129,4 +133,4 @@ def sweep_layers(
         typer.echo(f"written: {result.markdown_path} and {result.json_path}")
         return 0
 
-    return _guarded(body)
+    return _guarded(body, "Finished runs are kept; continue with the same command and --resume.")

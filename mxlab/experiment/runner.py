@@ -356,6 +356,31 @@ def _run_parallel(jobs: Sequence[RunJob], devices: Sequence[str], progress: Rich
 # study
 
 
+def preflight(jobs: Sequence[RunJob], source: Any, device: str) -> None:
+    """Apply each arm's recipe to a freshly built model (CPU) before any training.
+
+    Refuses (ValueError naming the arm) a recipe that does not fit the model, e.g. a rule that
+    matches no module. Arms whose backend cannot run on `device` are left to the runner, which
+    records them as skipped.
+    """
+    from mxlab.models import build_model
+    from mxlab.recipe import apply_recipe
+    from mxlab.te_backend import recipe_unavailable_reason
+
+    checked: set[str] = set()
+    for job in jobs:
+        if job.arm in checked:
+            continue
+        checked.add(job.arm)
+        if recipe_unavailable_reason(job.recipe, torch.device(device)) is not None:
+            continue
+        model = build_model(job.spec.model, source.info)
+        try:
+            apply_recipe(model, job.recipe, seed=job.seed)
+        except ValueError as error:
+            raise ValueError(f"arm {job.arm!r} ({job.recipe_source}) does not fit the model: {error}") from error
+
+
 def _existing_runs(runs_root: Path) -> list[Path]:
     if not runs_root.is_dir():
         return []
@@ -421,7 +446,12 @@ def run_study(
 
     jobs = study_jobs(spec, out_dir / "runs")
     done_before = {job.label for job in jobs if run_is_done(job.run_dir)}
-    results = run_jobs(jobs, devices, on_step=on_step, show_progress=show_progress, log_dir=out_dir / "logs")
+    source = None
+    if len(done_before) < len(jobs):
+        source = make_data_source(spec)
+        preflight([job for job in jobs if job.label not in done_before], source, devices[0])
+    results = run_jobs(jobs, devices, source=source if len(devices) <= 1 else None, on_step=on_step,
+                       show_progress=show_progress, log_dir=out_dir / "logs")
     outcome = StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],

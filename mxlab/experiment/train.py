@@ -137,6 +137,8 @@ def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
     from mxlab.recipe import apply_recipe
 
     torch.manual_seed(job.seed)
+    np.random.seed(job.seed)
+    random.seed(job.seed)
     model = build_model(job.spec.model, info)
     plan = apply_recipe(model, job.recipe, seed=job.seed)
     return model, plan

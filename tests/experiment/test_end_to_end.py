@@ -48,7 +48,8 @@ def test_cli_run_report_and_compare(tmp_path):
     from mxlab.cli import app
 
     out = tmp_path / "study"
-    args = ["run", str(QUICKSTART), "--device", "cpu", "--out", str(out)] + [item for o in MICRO for item in ("--set", o)]
+    overrides = MICRO + ["train.diagnostics_every=2"]
+    args = ["run", str(QUICKSTART), "--device", "cpu", "--out", str(out)] + [item for o in overrides for item in ("--set", o)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "report.md" in result.output and "report.html" in result.output
@@ -64,6 +65,10 @@ def test_cli_run_report_and_compare(tmp_path):
     assert "towers.ctr.out" in plan["quantized"]
     assert json.loads((out / "runs/bf16/seed0/plan.json").read_text())["quantized"] == []
     assert (out / "report.md").is_file() and (out / "report.html").is_file()
+    numerics = [json.loads(line) for line in (out / "runs/mxfp8-rceil-sr/seed0/numerics.jsonl").read_text().splitlines()]
+    assert {record["step"] for record in numerics} == {2, 4}
+    assert {"module", "gemm", "sqnr_db", "saturated_frac"} <= set(numerics[0])
+    assert any(record["module"] == "towers.ctr.out" and record["gemm"] == "wgrad" for record in numerics)
 
     rerun = CliRunner().invoke(app, ["report", str(out)])
     assert rerun.exit_code == 0, rerun.output
@@ -130,3 +135,17 @@ def test_parallel_workers_match_the_sequential_runner(tmp_path):
         run = f"runs/bf16/seed{seed}"
         assert _eval_bytes(tmp_path / "sequential" / run) == _eval_bytes(tmp_path / "parallel" / run)
     assert not list((tmp_path / "parallel/runs").glob("*/*/job.pt"))
+
+
+def test_a_recipe_that_does_not_fit_the_model_is_refused_before_any_training(tmp_path):
+    recipes = QUICKSTART.parent / "recipes"
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "bf16.toml").write_text((recipes / "bf16.toml").read_text())
+    misfit = (recipes / "mxfp8-rceil.toml").read_text().replace('name = "mxfp8-rceil"', 'name = "misfit"')
+    (tmp_path / "recipes" / "misfit.toml").write_text(misfit + '\n[[rules]]\nmatch = "no.such.module"\npolicy = "mx"\n')
+    spec_path = tmp_path / "study.toml"
+    spec_path.write_text(QUICKSTART.read_text())
+    spec = load_spec(spec_path, MICRO + ['arms=["bf16", "misfit"]'])
+    with pytest.raises(ValueError, match=r"arm 'misfit' .* does not fit the model: .*no\.such\.module"):
+        run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
+    assert not (tmp_path / "out/runs").exists()

@@ -74,6 +74,7 @@ def test_pairing_same_data_order_and_init_within_a_seed(source, spec_path, tmp_p
     import sys
 
     monkeypatch.setattr(sys.modules["mxlab.models"], "build_model", recording_build)
+    monkeypatch.setattr("mxlab.experiment.runner.preflight", lambda jobs, source, device: None)  # count run builds only
     spec = load_spec(spec_path)
     run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
 
