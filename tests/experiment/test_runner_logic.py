@@ -130,6 +130,9 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
 
     with pytest.raises(ValueError, match="--resume"):
         run_study(spec, interrupted, device="cpu", report=False, show_progress=False)
+    changed = load_spec(spec_path, ["seeds=[0]", "train.lr=0.5"])
+    with pytest.raises(ValueError, match=r"cannot resume .*\[train\] differs"):
+        run_study(changed, interrupted, device="cpu", resume=True, report=False, show_progress=False)
 
     steps_seen: list[tuple[str, int]] = []
     result = run_study(spec, interrupted, device="cpu", resume=True, report=False, show_progress=False,
