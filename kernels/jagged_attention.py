@@ -178,6 +178,18 @@ def _load_rows(base, rows, row_ok, offs_d, stride_t, DOT_DTYPE: tl.constexpr):
     return x.to(DOT_DTYPE)
 
 
+@triton.jit(do_not_specialize=["rows", "tokens"])
+def _row_dot(A, B, OUT, rows, heads, tokens, HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr):
+    """OUT[h, t] = sum_d A[t, h, d] * B[t, h, d] in float32, for contiguous (tokens, heads, head_dim) A, B."""
+    row = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = row < rows
+    offs_d = tl.arange(0, HEAD_DIM)
+    index = row[:, None] * HEAD_DIM + offs_d[None, :]
+    a = tl.load(A + index, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    b = tl.load(B + index, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    tl.store(OUT + (row % heads) * tokens + row // heads, tl.sum(a * b, 1), mask=row_ok)
+
+
 @triton.jit
 def _prequantize(
     X, OUT_ALONG_D, OUT_ALONG_T, offsets, tile_seq, tile_start, stride_t, stride_h,
@@ -608,6 +620,17 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
     return along_d, along_t
 
 
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(heads, tokens) float32 sums over the head dim of a * b, both contiguous (tokens, heads, head_dim)."""
+    tokens, heads, head_dim = a.shape
+    out = torch.empty(heads, tokens, device=a.device, dtype=torch.float32)
+    rows = tokens * heads
+    if rows:
+        block_rows = 64
+        _row_dot[(triton.cdiv(rows, block_rows),)](a, b, out, rows, heads, tokens, HEAD_DIM=head_dim, BLOCK_ROWS=block_rows, num_warps=4)
+    return out
+
+
 def _launch_options(x: torch.Tensor, silu: bool, causal: bool, quant: bool, tiles: TileSizes) -> dict[str, Any]:
     dtype = _dtype_constexpr(x.dtype)
     op_dtype = tl.bfloat16 if quant else dtype
@@ -664,11 +687,10 @@ class _JaggedAttentionFunction(torch.autograd.Function):
             q_t, k_t, do_d, do_t = q, k, grad_out, grad_out
         if silu:
             delta = m  # not read
-        elif write_ou:
-            # sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both along the head dim.
-            delta = (do_d.float() * out_u).sum(-1).transpose(0, 1).contiguous()
         else:
-            delta = (grad_out.float() * out.float()).sum(-1).transpose(0, 1).contiguous()
+            # MX: sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both along the head dim;
+            # BF16: the flash-attention row term rowsum(dO * O).
+            delta = _row_dots(do_d, out_u) if write_ou else _row_dots(grad_out, out)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k)
         options = _launch_options(q, silu, causal, quant, tiles)
         strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5)
