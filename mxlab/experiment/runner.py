@@ -441,6 +441,8 @@ def run_study(
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
     devices = list(devices) if devices else resolve_devices(device)
     check_out_dir(spec, out_dir, resume)
+    if spec.train.cpu_threads and all(d == "cpu" for d in devices):
+        torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
     out_dir.mkdir(parents=True, exist_ok=True)
     write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides))
 
