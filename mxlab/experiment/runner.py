@@ -23,6 +23,7 @@ import torch
 
 from mxlab.experiment import io
 from mxlab.experiment.spec import ExperimentSpec
+from mxlab.experiment.worker import ANSWER_TAG
 from mxlab.experiment.train import RunJob, RunResult, StepHook, run_is_done, train_run
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
@@ -321,6 +322,8 @@ def _run_parallel(jobs: Sequence[RunJob], devices: Sequence[str], progress: Rich
             for key, _ in selector.select():
                 index = key.data
                 line = key.fileobj.readline()
+                if line and not line.startswith(ANSWER_TAG):
+                    continue  # not an answer (the worker sends everything else to its log)
                 job = busy.pop(index, None)
                 if not line:  # the worker exited
                     selector.unregister(key.fileobj)
@@ -329,7 +332,7 @@ def _run_parallel(jobs: Sequence[RunJob], devices: Sequence[str], progress: Rich
                     continue
                 if job is None:
                     continue
-                status, _, message = line.strip().partition(" ")
+                status, _, message = line[len(ANSWER_TAG):].strip().partition(" ")
                 if status == "ok":
                     results[job.label] = _read_result(job.run_dir)
                     progress.run_done(job.label, _describe(results[job.label]))
@@ -387,8 +390,11 @@ def _existing_runs(runs_root: Path) -> list[Path]:
     return sorted(path for path in runs_root.glob("*/seed*") if path.is_dir() and any(path.iterdir()))
 
 
-def check_out_dir(spec: ExperimentSpec, out_dir: Path, resume: bool, runs_root: Path | None = None) -> None:
-    """Refuse to start over existing runs without `resume`, or to resume a study whose data/model/train differ."""
+def check_out_dir(
+    spec: ExperimentSpec, out_dir: Path, resume: bool, runs_root: Path | None = None, recorded: str = "study.json"
+) -> None:
+    """Refuse to start over existing runs without `resume`, or to resume a study whose data/model/train
+    differ from those recorded in `out_dir/recorded`."""
     runs_root = runs_root or Path(out_dir) / "runs"
     existing = _existing_runs(runs_root)
     if existing and not resume:
@@ -396,7 +402,7 @@ def check_out_dir(spec: ExperimentSpec, out_dir: Path, resume: bool, runs_root: 
             f"{out_dir} already holds runs ({len(existing)}, e.g. {existing[0].relative_to(out_dir)}); "
             f"pass --resume to continue that study, or choose a fresh --out"
         )
-    study_path = Path(out_dir) / "study.json"
+    study_path = Path(out_dir) / recorded
     if resume and study_path.exists():
         recorded = json.loads(study_path.read_text())
         current = spec.to_dict()

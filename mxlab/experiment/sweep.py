@@ -158,7 +158,7 @@ def sweep_layers(
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
     sweep_dir = out_dir / "sweep"
     runs_root = sweep_dir / "runs"
-    check_out_dir(sweep_spec, sweep_dir, resume, runs_root=runs_root)
+    check_out_dir(sweep_spec, sweep_dir, resume, runs_root=runs_root, recorded="sweep_spec.json")
 
     from mxlab.recipe import load_recipe
 

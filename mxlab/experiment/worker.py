@@ -1,17 +1,20 @@
 """A runner worker bound to one device: reads job-file paths on stdin, trains each, answers one line per job.
 
 Started by mxlab.experiment.runner for parallel runs (one per GPU); not a user command.
-Answers `ok PATH` or `error MESSAGE`; logs (tracebacks) go to stderr.
+Answers `mxlab-worker: ok PATH` or `mxlab-worker: error MESSAGE` on stdout; everything else goes to stderr.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from typing import Any
 
 import torch
+
+ANSWER_TAG = "mxlab-worker:"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +25,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mxlab.experiment.worker")
     parser.add_argument("--device", required=True)
     args = parser.parse_args(argv)
+    # Answers go to the original stdout; everything else that writes to stdout (libraries, C code)
+    # lands in stderr, the worker's log, so it cannot be mistaken for an answer.
+    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     if args.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(args.device))
     sources: dict[str, Any] = {}
@@ -42,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc(file=sys.stderr)
             message = " ".join(f"{type(error).__name__}: {error}".split())
             answer = f"error {message}"
-        print(answer, flush=True)
+        print(f"{ANSWER_TAG} {answer}", file=protocol, flush=True)
     return 0
 
 
