@@ -253,6 +253,7 @@ def train_run(
         progress.finish("skipped")
         return result
 
+    (run_dir / DONE).unlink(missing_ok=True)  # a "skipped" record of an earlier attempt; this one runs
     if device.type == "cpu" and train.cpu_threads:
         torch.set_num_threads(train.cpu_threads)
     model, plan = build_run_model(job, source.info)
