@@ -25,7 +25,7 @@ def _guarded(body: Callable[[], int], interrupted_hint: str = "") -> int:
     except KeyboardInterrupt:
         typer.secho(f"interrupted. {interrupted_hint}".rstrip(), err=True, fg=typer.colors.YELLOW)
         return 130
-    except ValueError as error:
+    except (ValueError, FileNotFoundError) as error:
         return _fail(str(error))
     except RuntimeError as error:
         return _fail(str(error), EXIT_FAILED)

@@ -449,15 +449,14 @@ def run_study(
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides))
-
     jobs = study_jobs(spec, out_dir / "runs")
     done_before = {job.label for job in jobs if run_is_done(job.run_dir)}
     source = None
-    if len(done_before) < len(jobs):
+    if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
         source = make_data_source(spec)
         preflight([job for job in jobs if job.label not in done_before], source, devices[0])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides))
     results = run_jobs(jobs, devices, source=source if len(devices) <= 1 else None, on_step=on_step,
                        show_progress=show_progress, log_dir=out_dir / "logs")
     outcome = StudyResult(
