@@ -84,6 +84,18 @@ def _run_deltas(run_dir: Path, baseline_dir: Path) -> dict[str, float] | None:
     return deltas
 
 
+def _baseline_noise_floor(baseline_dir: Path, seeds: Sequence[int]) -> float | None:
+    """Mean |NE delta %| of the baseline of one seed against the baseline of another (all pairs, all tasks); None with one seed."""
+    if len(seeds) < 2:
+        return None
+    metrics = {seed: _ne_and_auc(baseline_dir / f"seed{seed}" / "eval.npz") for seed in seeds}
+    deltas = [
+        abs(100.0 * (metrics[b][task]["ne"] - metrics[a][task]["ne"]) / metrics[a][task]["ne"])
+        for index, a in enumerate(seeds) for b in seeds[index + 1:] for task in SWEEP_TASKS
+    ]
+    return float(np.mean(deltas))
+
+
 def _mean_deltas(per_seed: Sequence[dict[str, float] | None]) -> tuple[dict[str, float], int]:
     finished = [deltas for deltas in per_seed if deltas is not None]
     diverged = len(per_seed) - len(finished)
@@ -94,7 +106,10 @@ def _mean_deltas(per_seed: Sequence[dict[str, float] | None]) -> tuple[dict[str,
     return mean, diverged
 
 
-def _format_table(recipe: str, layers: Sequence[LayerSensitivity], full: dict[str, float], seeds: Sequence[int], steps: int) -> str:
+def _format_table(
+    recipe: str, layers: Sequence[LayerSensitivity], full: dict[str, float], seeds: Sequence[int], steps: int,
+    noise_floor: float | None,
+) -> str:
     lines = [
         f"# Layer sensitivity of `{recipe}`",
         "",
@@ -105,6 +120,11 @@ def _format_table(recipe: str, layers: Sequence[LayerSensitivity], full: dict[st
         "",
         f"Full recipe (every module quantized): NE {full['ne_pct_mean']:+.3f}% (mean over tasks), "
         f"CTR AUC {full['auc_ctr']:+.5f}.",
+        "",
+        (f"Noise floor: the baseline against itself under another seed moves NE by {noise_floor:.3f}% (mean |delta| over "
+         "tasks and seed pairs); layer deltas of that size are not distinguishable from seed noise."
+         if noise_floor is not None else
+         "Noise floor: not measured (one seed); run with several seeds (--seeds 0,1,2) before trusting small differences."),
         "",
         "| rank | module | only: NE % | only: CTR AUC | all but: NE % | all but: CTR AUC | recovers NE % | diverged |",
         "|---:|---|---:|---:|---:|---:|---:|---|",
@@ -201,7 +221,8 @@ def sweep_layers(
         layers.append(LayerSensitivity(module, only, allbut, only_diverged, allbut_diverged))
     layers.sort(key=lambda layer: (-layer.score, layer.only["auc_mean"]))
 
-    table = _format_table(recipe_name, layers, full, seeds, steps)
+    noise_floor = _baseline_noise_floor(runs_root / spec.baseline, seeds)
+    table = _format_table(recipe_name, layers, full, seeds, steps, noise_floor)
     markdown_path, json_path = sweep_dir / "sweep.md", sweep_dir / "sweep.json"
     io.write_text(markdown_path, table)
     io.write_json(
@@ -213,6 +234,7 @@ def sweep_layers(
             "seeds": list(seeds),
             "steps": steps,
             "full_recipe": full,
+            "noise_floor_ne_pct": noise_floor,
             "ranking": [
                 {"rank": rank, "module": layer.module, "only": layer.only, "allbut": layer.allbut,
                  "only_diverged": layer.only_diverged, "allbut_diverged": layer.allbut_diverged}

@@ -204,6 +204,13 @@ def test_sweep_layers_command_ranks_every_module(source, spec_path, tmp_path):
             assert done["steps"] == 2 and done["status"] == "finished"
     table = (out / "sweep/sweep.md").read_text()
     assert all(f"`{module}`" in table for module in modules)
+    assert "Noise floor: not measured (one seed)" in table
+
+    two_seeds = CliRunner().invoke(app, ["sweep-layers", str(spec_path), "--recipe", "noisy", "--seeds", "0,1", "--steps", "2",
+                                         "--device", "cpu", "--out", str(tmp_path / "two")])
+    assert two_seeds.exit_code == 0, two_seeds.output
+    noise = json.loads((tmp_path / "two/sweep/sweep.json").read_text())["noise_floor_ne_pct"]
+    assert noise > 0 and f"moves NE by {noise:.3f}%" in two_seeds.output
 
     again = CliRunner().invoke(app, ["sweep-layers", str(spec_path), "--recipe", "noisy", "--seeds", "0", "--steps", "2",
                                      "--device", "cpu", "--out", str(out)])
