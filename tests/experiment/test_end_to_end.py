@@ -149,3 +149,17 @@ def test_a_recipe_that_does_not_fit_the_model_is_refused_before_any_training(tmp
     with pytest.raises(ValueError, match=r"arm 'misfit' .* does not fit the model: .*no\.such\.module"):
         run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
     assert not (tmp_path / "out/runs").exists()
+
+
+@pytest.mark.gpu
+def test_cuda_study_runs_one_job_per_gpu(tmp_path):
+    spec = load_spec(QUICKSTART, MICRO + ["seeds=[0, 1]", "train.max_steps=3"])
+    result = run_study(spec, tmp_path / "out", device="cuda", report=False, show_progress=False)
+    assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1", "mxfp8-rceil-sr/seed0", "mxfp8-rceil-sr/seed1"]
+    study = json.loads((tmp_path / "out/study.json").read_text())
+    assert study["environment"]["devices"] == [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    for label in result.trained:
+        done = json.loads((tmp_path / "out/runs" / label / "done.json").read_text())
+        assert done["status"] == "finished" and done["steps"] == 3
+        config = json.loads((tmp_path / "out/runs" / label / "config.json").read_text())
+        assert config["device"].startswith("cuda")
