@@ -387,24 +387,3 @@ def load_spec(path: str | Path, overrides: Sequence[str] = ()) -> ExperimentSpec
         raise ValueError(f"{path} is not valid TOML: {error}") from error
     raw = apply_overrides(raw, overrides)
     return spec_from_dict(raw, recipe_dir=recipe_dir_for(path), spec_path=path)
-
-
-def spec_from_study(study: Mapping[str, Any]) -> ExperimentSpec:
-    """Rebuild the ExperimentSpec recorded in a study.json (recipe files at their recorded paths)."""
-    recipes = {arm: Path(path) for arm, path in study.get("recipes", {}).items()}
-    for arm in study["arms"]:
-        if arm not in recipes or not recipes[arm].is_file():
-            raise ValueError(f"study.json names recipe file {recipes.get(arm)} for arm {arm!r}, which is missing")
-    return ExperimentSpec(
-        name=study["name"],
-        seeds=tuple(study["seeds"]),
-        baseline=study["baseline"],
-        arms=tuple(study["arms"]),
-        data=dict(study["data"]),
-        model=dict(study["model"]),
-        train=_build_table(TrainConfig, study["train"], "train"),
-        report=report_settings(study.get("report", {})),
-        description=study.get("description", ""),
-        recipe_paths=recipes,
-        spec_path=Path(study["spec_path"]) if study.get("spec_path") else None,
-    )
