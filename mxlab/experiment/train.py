@@ -215,6 +215,20 @@ class _LogInterval:
         values = [entry[index] for entry in self.losses]
         return float(sum(values) / len(values)) if values else float("nan")
 
+    def record(self, step: int, epoch: int, scaler: Any, time_s: float) -> dict[str, Any]:
+        """The metrics.jsonl record of this interval: mean losses, the loss scale now, throughput."""
+        return {
+            "step": step,
+            "epoch": epoch,
+            "loss": self.mean(0),
+            "loss_ctr": self.mean(1),
+            "loss_ctcvr": self.mean(2),
+            "loss_scale": _scale_value(scaler),
+            "skipped": int(getattr(scaler, "skipped_steps", 0)),
+            "examples_per_s": self.examples / self.seconds if self.seconds > 0 else 0.0,
+            "time_s": time_s,
+        }
+
 
 def train_run(
     job: RunJob,
@@ -369,21 +383,8 @@ def train_run(
 
                 last_step = diverged_at is not None or (train.max_steps and step >= train.max_steps)
                 if step % train.log_every == 0 or last_step:
-                    examples_per_s = interval.examples / interval.seconds if interval.seconds > 0 else 0.0
-                    metrics.append(
-                        {
-                            "step": step,
-                            "epoch": epoch,
-                            "loss": interval.mean(0),
-                            "loss_ctr": interval.mean(1),
-                            "loss_ctcvr": interval.mean(2),
-                            "loss_scale": scale,
-                            "skipped": int(getattr(scaler, "skipped_steps", 0)),
-                            "examples_per_s": examples_per_s,
-                            "time_s": elapsed_before + (time.perf_counter() - started),
-                        }
-                    )
-                    progress.advance(step, metrics[-1]["loss"], examples_per_s)
+                    metrics.append(interval.record(step, epoch, scaler, elapsed_before + (time.perf_counter() - started)))
+                    progress.advance(step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
                     interval = _LogInterval()
                 if diverged_at is not None or last_step:
                     break
@@ -398,19 +399,8 @@ def train_run(
             status = "diverged"
         # a last record for a partial log interval at the end of training
         if interval.losses:
-            metrics.append(
-                {
-                    "step": step,
-                    "epoch": min(epoch, train.epochs - 1),
-                    "loss": interval.mean(0),
-                    "loss_ctr": interval.mean(1),
-                    "loss_ctcvr": interval.mean(2),
-                    "loss_scale": _scale_value(scaler),
-                    "skipped": int(getattr(scaler, "skipped_steps", 0)),
-                    "examples_per_s": interval.examples / interval.seconds if interval.seconds > 0 else 0.0,
-                    "time_s": elapsed_before + (time.perf_counter() - started),
-                }
-            )
+            last_epoch = min(epoch, train.epochs - 1)
+            metrics.append(interval.record(step, last_epoch, scaler, elapsed_before + (time.perf_counter() - started)))
             interval = _LogInterval()
         if status == "finished":
             save_checkpoint()
