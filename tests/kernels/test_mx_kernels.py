@@ -121,9 +121,14 @@ def test_rowwise_every_format_scale_and_rounding(kernels, device, fmt, scale_mod
     check_fake_quantize(kernels, x, fmt, tile=row_tile(kernels), **options)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("scale_mode, rounding", [("floor", "nearest_even"), ("rceil", "stochastic")])
+HALF_CASES = [(torch.bfloat16, fmt, "floor", "nearest_even") for fmt in FMTS] + [
+    (torch.float16, fmt, "rceil", "stochastic") for fmt in FMTS
+] + [(torch.float16, fmt, "floor", "nearest_even") for fmt in ("e4m3", "int8")] + [
+    (torch.bfloat16, fmt, "rceil", "stochastic") for fmt in ("e4m3", "int8")
+]
+
+
+@pytest.mark.parametrize("dtype, fmt, scale_mode, rounding", HALF_CASES)
 def test_rowwise_half_precision_inputs(kernels, device, dtype, fmt, scale_mode, rounding):
     x = awkward_rows(32, 64, dtype, seed=1).to(device)
     options = dict(scale_mode=scale_mode, rounding=rounding, seed=2**40 + 5 if rounding == "stochastic" else None)
@@ -140,25 +145,28 @@ def test_exact_path_equals_fast_path_on_ordinary_blocks(kernels, device, fmt):
     check_quantize(kernels, x, fmt, fast=False)
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("scale_mode, rounding", [("floor", "nearest_even"), ("even", "stochastic")])
+@pytest.mark.parametrize(
+    "fmt, scale_mode, rounding",
+    [(fmt, *(("floor", "nearest_even"), ("even", "stochastic"))[i % 2]) for i, fmt in enumerate(FMTS)],
+)
 def test_columnwise(kernels, device, fmt, scale_mode, rounding):
-    x = awkward_rows(32, 64, torch.float32, seed=4).t().contiguous().to(device)  # specials now in columns
+    x = awkward_rows(32, 64, torch.float32, seed=4).t().contiguous()  # specials now in columns
+    x[:32] = torch.randn(32, 32, generator=torch.Generator().manual_seed(4)) * 100  # an ordinary 32-row block
+    x = x.to(device)
     options = dict(axis=0, scale_mode=scale_mode, rounding=rounding, seed=99 if rounding == "stochastic" else None)
     check_quantize(kernels, x, fmt, **options)
     check_fake_quantize(kernels, x, fmt, **options)
 
 
-@pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+@pytest.mark.parametrize("fmt, rounding", [("e4m3", "nearest_even"), ("e4m3", "stochastic"), ("int8", "stochastic"), ("e2m1", "nearest_even")])
 def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rounding):
-    x = awkward_rows(64, 96, torch.bfloat16, seed=5)
-    if fmt in ("e4m3", "int8"):  # padded along both dims, one ordinary 32-row block (fast path) and one awkward
-        x = x[:50, :70]
-        x[:32] = torch.randn(32, 70, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    x = awkward_rows(64, 64, torch.bfloat16, seed=5)
+    if fmt != "e2m1":  # padded along both dims, one ordinary 32-row block (fast path) and one awkward
+        x = x[:50, :45]
+        x[:32] = torch.randn(32, 45, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     x = x.to(device)
     options = dict(scale_mode="rceil", rounding=rounding, seed=7 if rounding == "stochastic" else None,
-                   pad=fmt in ("e4m3", "int8"))
+                   pad=fmt != "e2m1")
     (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], **options)
     expected_row = reference_quantize(x.cpu(), fmt, axis=-1, **options)
     expected_col = reference_quantize(x.cpu(), fmt, axis=0, **options)
@@ -186,10 +194,8 @@ def test_square_tiles_batched_and_padded(kernels, device, fmt, rounding):
 )
 def test_padding_and_other_axes(kernels, device, shape, axis, pad):
     x = (torch.randn(shape, generator=torch.Generator().manual_seed(8)) * 3).to(device)
-    for rounding in ("nearest_even", "stochastic"):
-        options = dict(axis=axis, pad=pad, rounding=rounding, seed=5)
-        check_quantize(kernels, x, "e4m3", **options)
-        check_fake_quantize(kernels, x, "e2m1", **options)
+    check_quantize(kernels, x, "e4m3", axis=axis, pad=pad, rounding="stochastic", seed=5)
+    check_fake_quantize(kernels, x, "e2m1", axis=axis, pad=pad)
 
 
 def test_non_contiguous_rows(kernels, device):
