@@ -70,6 +70,11 @@ def test_cli_run_report_and_compare(tmp_path):
     assert {"module", "gemm", "sqnr_db", "saturated_frac"} <= set(numerics[0])
     assert any(record["module"] == "towers.ctr.out" and record["gemm"] == "wgrad" for record in numerics)
 
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 2 and "--resume" in again.output
+    resumed = CliRunner().invoke(app, args + ["--resume"])
+    assert resumed.exit_code == 0 and "0 runs trained, 2 already done" in resumed.output, resumed.output
+
     rerun = CliRunner().invoke(app, ["report", str(out)])
     assert rerun.exit_code == 0, rerun.output
     compared = CliRunner().invoke(app, ["compare", str(out), str(out)])
