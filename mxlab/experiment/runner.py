@@ -195,11 +195,6 @@ class RichProgress:
 # jobs
 
 
-def run_dir_for(out_dir: Path, arm: str, seed: int) -> Path:
-    """DIR/runs/ARM/seedK."""
-    return Path(out_dir) / "runs" / arm / f"seed{seed}"
-
-
 def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
     """One RunJob per seed x arm (seed-major, arms in spec order), recipes loaded from spec.recipe_paths."""
     from mxlab.recipe import load_recipe
