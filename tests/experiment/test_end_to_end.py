@@ -168,3 +168,43 @@ def test_cuda_study_runs_one_job_per_gpu(tmp_path):
         assert done["status"] == "finished" and done["steps"] == 3
         config = json.loads((tmp_path / "out/runs" / label / "config.json").read_text())
         assert config["device"].startswith("cuda")
+
+
+def test_pairing_with_the_real_source_and_model(tmp_path, monkeypatch):
+    import hashlib
+
+    import mxlab.experiment.runner as runner_module
+    import mxlab.models
+
+    served: list[tuple[int, str]] = []
+    initial: list[dict[str, torch.Tensor]] = []
+    make_source, build = runner_module.make_data_source, mxlab.models.build_model
+
+    def recording_source(spec):
+        source = make_source(spec)
+        train_batches = source.train_batches
+
+        def recorded(batch_size, seed, epoch):
+            for batch in train_batches(batch_size, seed, epoch):
+                digest = hashlib.sha256(batch.history_items.numpy().tobytes() + batch.click.numpy().tobytes()).hexdigest()
+                served.append((seed, digest))
+                yield batch
+
+        source.train_batches = recorded
+        return source
+
+    def recording_build(config, info):
+        model = build(config, info)
+        initial.append({key: value.clone() for key, value in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(runner_module, "make_data_source", recording_source)
+    monkeypatch.setattr(runner_module, "preflight", lambda jobs, source, device: None)
+    monkeypatch.setattr(mxlab.models, "build_model", recording_build)
+    spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16", "mxfp8-floor"]', "seeds=[0, 1]", "train.max_steps=3"])
+    run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
+
+    runs = [served[index * 3 : index * 3 + 3] for index in range(4)]  # (seed0 bf16, seed0 mx, seed1 bf16, seed1 mx)
+    assert runs[0] == runs[1] and runs[2] == runs[3] and runs[0] != runs[2]
+    assert all(torch.equal(initial[0][key], initial[1][key]) and torch.equal(initial[2][key], initial[3][key]) for key in initial[0])
+    assert not all(torch.equal(initial[0][key], initial[2][key]) for key in initial[0])
