@@ -280,31 +280,40 @@ def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.conste
 
 
 @triton.jit
-def _quantize_elements(bits, s, special, inert, ok, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
-                       EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
-                       BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr):
-    """(codes, dequantized values as bits of the output dtype) of a tile; s, special, inert broadcast
-    against bits; ok: the tile may take the fast path."""
-    if FAST and (ROUNDING == 0 or ROUNDING == 3):
-        if ok:
-            if ROUNDING == 0:
-                code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS,
-                                             IS_INT)
-            else:
-                code, value = _quantize_fast_stochastic(bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE,
-                                                        NMAX, BITS, IS_INT)
-            value = tl.where(special, F32_NAN_BITS, value)
-            if OUT_KIND == 1:
-                out = (value >> 16).to(tl.int16)  # exact: at most 8 significant bits, normal or zero
-            else:
-                out = _f32_bits_to_output(value, OUT_KIND)
-        else:
-            code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
-            out = _f32_bits_to_output(tl.where(special, F32_NAN_BITS, value), OUT_KIND)
+def _fast_elements(bits, s, special, inert, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                   EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
+                   IS_INT: tl.constexpr, ROUNDING: tl.constexpr):
+    """(codes, values as bits of the output dtype) on the fast path (ROUNDING nearest_even or stochastic)."""
+    if ROUNDING == 0:
+        code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT)
     else:
-        code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
-        out = _f32_bits_to_output(tl.where(special, F32_NAN_BITS, value), OUT_KIND)
+        code, value = _quantize_fast_stochastic(bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE, NMAX,
+                                                BITS, IS_INT)
+    value = tl.where(special, F32_NAN_BITS, value)
+    if OUT_KIND == 1:
+        out = (value >> 16).to(tl.int16)  # exact: at most 8 significant bits, normal or zero
+    else:
+        out = _f32_bits_to_output(value, OUT_KIND)
     return tl.where(special, 0, code), out
+
+
+@triton.jit
+def _exact_elements(bits, s, special, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                    EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
+                    IS_INT: tl.constexpr, ROUNDING: tl.constexpr):
+    """(codes, values as bits of the output dtype) by the exact integer path, any block."""
+    code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+    out = _f32_bits_to_output(tl.where(special, F32_NAN_BITS, value), OUT_KIND)
+    return tl.where(special, 0, code), out
+
+
+@triton.jit
+def _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+           WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr):
+    if WANT_CODES:
+        tl.store(codes_ptr + out_offsets, code.to(tl.uint8), mask=out_mask)
+    if WANT_VALUES:
+        tl.store(values_ptr + values_offsets, out, mask=values_mask)
 
 
 @triton.jit
@@ -313,17 +322,31 @@ def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, va
           MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
           NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
           FAST: tl.constexpr, PROBE: tl.constexpr):
+    """Quantize a tile (s, special, inert broadcast against bits; ok: the tile may take the fast path) and
+    store its codes and/or values. Each branch stores its own results, so no tile-sized value is merged
+    across the branch (which would keep both paths' registers live)."""
     if PROBE:  # benchmark probe: same loads, reductions and stores, no element arithmetic
         probe_bits = bits + r24
         code = (probe_bits >> 24) + s
         out = _f32_bits_to_output(probe_bits, 0) if OUT_KIND == 0 else (probe_bits >> 16).to(tl.int16)
+        _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+               WANT_CODES, WANT_VALUES)
+    elif FAST and (ROUNDING == 0 or ROUNDING == 3):
+        if ok:
+            code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
+                                       BITS, IS_INT, ROUNDING)
+            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                   WANT_CODES, WANT_VALUES)
+        else:
+            code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS,
+                                        IS_INT, ROUNDING)
+            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                   WANT_CODES, WANT_VALUES)
     else:
-        code, out = _quantize_elements(bits, s, special, inert, ok, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
-                                       BITS, IS_INT, ROUNDING, FAST)
-    if WANT_CODES:
-        tl.store(codes_ptr + out_offsets, code.to(tl.uint8), mask=out_mask)
-    if WANT_VALUES:
-        tl.store(values_ptr + values_offsets, out, mask=values_mask)
+        code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
+                                    ROUNDING)
+        _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+               WANT_CODES, WANT_VALUES)
 
 
 # ----------------------------------------------------------------------------- the kernel
