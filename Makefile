@@ -1,5 +1,6 @@
 # The two set-up commands: `make demo` (the main job) and `make test`.
-# Each creates or updates .venv by itself on a fresh machine.
+# Each creates or updates .venv by itself on a fresh machine. `make demo` resumes: a second
+# run re-renders the report from the finished runs (make clean starts afresh).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -18,7 +19,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/mxlab run experiments/quickstart.toml --device cpu
+	$(VENV)/bin/mxlab run experiments/quickstart.toml --device cpu --resume
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
