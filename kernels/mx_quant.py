@@ -462,12 +462,13 @@ def _mx_columns_kernel(
 
     column_amax = tl.zeros((CB, 32), dtype=tl.int32)
     smallest = tl.full((CB, 32), 0x7FFFFFFF, dtype=tl.int32)
-    for r in range(32):
-        row = first_row + r
-        magnitude = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND) & 0x7FFFFFFF
-        column_amax = tl.maximum(column_amax, magnitude)
-        if LAYOUT == 2:
-            smallest = tl.minimum(smallest, tl.where(magnitude == 0, 0x7FFFFFFF, magnitude))
+    for r0 in range(0, 32, 4):  # four loads in one basic block, so they are in flight together
+        for r1 in tl.static_range(4):
+            row = first_row + r0 + r1
+            magnitude = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND) & 0x7FFFFFFF
+            column_amax = tl.maximum(column_amax, magnitude)
+            if LAYOUT == 2:
+                smallest = tl.minimum(smallest, tl.where(magnitude == 0, 0x7FFFFFFF, magnitude))
     s_col, special_col = _scale_exponent(column_amax, MBITS, EMAX, MMAX, SCALE_MODE)
     inert_col = special_col | (column_amax == 0)
     ok_col = tl.min(_fast_path_ok(s_col, inert_col, MBITS, EMIN, EMAX).to(tl.int32)) > 0
@@ -483,30 +484,50 @@ def _mx_columns_kernel(
     else:
         ok_rows = ok_col
 
-    nbp = BP // 32
-    block_index = pid_b * CB + tl.arange(0, CB)
-    for r in range(32):
-        row = first_row + r
-        bits = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
-        if ROUNDING == 3:
-            r24 = _random_bits24((pid_a * L + row) * B + col, seed_key, WIDE_INDEX)
-        else:
-            r24 = 0
-        values_offsets = (pid_a * L + row) * B + col
-        values_mask = col_in & (row < L)
-        _emit(bits, s_col, special_col, inert_col, ok_col, r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
-              col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+    for r0 in range(0, 32, 2):  # both rows loaded before either is quantized
+        row = first_row + r0
+        bits_even = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
+        bits_odd = _load_bits(base + (row + 1) * stride_l, col_in & (row + 1 < L), IN_KIND)
+        _columns_row(bits_even, row, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
+                     row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
+                     seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS,
+                     IS_INT, SCALE_MODE, ROUNDING, FAST, WIDE_INDEX, PROBE, CB)
+        _columns_row(bits_odd, row + 1, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
+                     row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
+                     seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS,
+                     IS_INT, SCALE_MODE, ROUNDING, FAST, WIDE_INDEX, PROBE, CB)
+
+
+@triton.jit
+def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
+                 row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP, seed_key,
+                 OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr, WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
+                 MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
+                 NMAX: tl.constexpr, MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
+                 SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, WIDE_INDEX: tl.constexpr,
+                 PROBE: tl.constexpr, CB: tl.constexpr):
+    """Pass 2 of `_mx_columns_kernel` for one row: column-wise codes/values, and row-wise ones for LAYOUT_BOTH."""
+    if ROUNDING == 3:
+        r24 = _random_bits24((pid_a * L + row) * B + col, seed_key, WIDE_INDEX)
+    else:
+        r24 = 0
+    values_offsets = (pid_a * L + row) * B + col
+    values_mask = col_in & (row < L)
+    _emit(bits, s_col, special_col, inert_col, ok_col, r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
+          col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+          MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+    if LAYOUT == 2:
+        nbp = BP // 32
+        block_index = pid_b * CB + tl.arange(0, CB)
+        row_amax = tl.max(bits & 0x7FFFFFFF, axis=1)
+        s_row, special_row = _scale_exponent(row_amax, MBITS, EMAX, MMAX, SCALE_MODE)
+        tl.store(row_scales_ptr + (pid_a * L + row) * nbp + block_index,
+                 (s_row + 127 + special_row.to(tl.int32) * (128 - s_row)).to(tl.uint8),
+                 mask=(block_index < nbp) & (row < L))
+        _emit(bits, s_row[:, None], special_row[:, None], (special_row | (row_amax == 0))[:, None], ok_rows, r24,
+              (pid_a * L + row) * BP + col, (col < BP) & (row < L), row_codes_ptr, row_values_ptr,
+              values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
-        if LAYOUT == 2:
-            row_amax = tl.max(bits & 0x7FFFFFFF, axis=1)
-            s_row, special_row = _scale_exponent(row_amax, MBITS, EMAX, MMAX, SCALE_MODE)
-            tl.store(row_scales_ptr + (pid_a * L + row) * nbp + block_index,
-                     (s_row + 127 + special_row.to(tl.int32) * (128 - s_row)).to(tl.uint8),
-                     mask=(block_index < nbp) & (row < L))
-            _emit(bits, s_row[:, None], special_row[:, None], (special_row | (row_amax == 0))[:, None], ok_rows, r24,
-                  (pid_a * L + row) * BP + col, (col < BP) & (row < L), row_codes_ptr, row_values_ptr,
-                  values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-                  MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
 
 
 # ----------------------------------------------------------------------------- launchers
