@@ -719,11 +719,13 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     return outputs
 
 
-def _check_call(x: torch.Tensor, rounding: str, seed: int | None) -> None:
+def _check_call(x: torch.Tensor, scale_mode: str, rounding: str, seed: int | None) -> None:
     if x.dtype not in DTYPE_KINDS:
         raise ValueError(f"unsupported dtype {x.dtype}; accepted: float32, bfloat16, float16")
     if rounding not in ROUNDING_IDS:
         raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(ROUNDING_IDS)}")
+    if scale_mode not in SCALE_MODE_IDS:
+        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(SCALE_MODE_IDS)}")
     if rounding == "stochastic" and not isinstance(seed, int):
         raise ValueError(f"rounding='stochastic' needs an integer seed, got seed={seed!r}")
 
@@ -738,7 +740,7 @@ def quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int
     seed, and a blocked dim that is not a multiple of 32 unless pad=True. `fast=False` forces the
     exact integer path everywhere (for tests); `tile` overrides the launch shape (for benchmarks).
     """
-    _check_call(x, rounding, seed)
+    _check_call(x, scale_mode, rounding, seed)
     view = _make_view(x, block, axis, pad)
     out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=True, want_values=False, fast=fast, tile=tile)
     prefix = "col" if view.layout == LAYOUT_COL else "row"
@@ -749,7 +751,7 @@ def fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int
                   scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
                   pad: bool = False, fast: bool = True, tile: TileConfig | None = None) -> torch.Tensor:
     """dequantize(quantize(x)) in x's dtype and shape, one read and one write. Refuses what `quantize` refuses."""
-    _check_call(x, rounding, seed)
+    _check_call(x, scale_mode, rounding, seed)
     view = _make_view(x, block, axis, pad)
     out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=False, want_values=True, fast=fast, tile=tile)
     prefix = "col" if view.layout == LAYOUT_COL else "row"
@@ -758,7 +760,7 @@ def fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int
 
 def _rowcol(x: torch.Tensor, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None, pad: bool,
             want_codes: bool, want_values: bool, fast: bool, tile: TileConfig | None) -> tuple[_View, dict]:
-    _check_call(x, rounding, seed)
+    _check_call(x, scale_mode, rounding, seed)
     if x.dim() != 2:
         raise ValueError(f"row-and-column quantization takes a 2-D tensor, got shape {tuple(x.shape)}")
     view = _make_view(x, 32, 0, pad, layout=LAYOUT_BOTH)

@@ -219,6 +219,8 @@ def test_kernels_refuse_bad_input(kernels, device):
         kernels.quantize(torch.randn(4, 40, device=device), FORMATS["e4m3"])
     with pytest.raises(ValueError, match="seed"):
         kernels.quantize(torch.randn(4, 32, device=device), FORMATS["e4m3"], rounding="stochastic")
+    with pytest.raises(ValueError, match="scale_mode"):
+        kernels.quantize(torch.randn(4, 32, device=device), FORMATS["e4m3"], scale_mode="round")
     with pytest.raises(ValueError, match="dtype"):
         kernels.quantize(torch.randn(4, 32, device=device, dtype=torch.float64), FORMATS["e4m3"])
 
