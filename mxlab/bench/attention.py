@@ -65,6 +65,22 @@ class AttentionBenchResult:
     checks: dict[str, float] = field(default_factory=dict)
 
 
+def _jagged_kernels() -> Any:
+    """mxlab.kernels.jagged_attention; from the repository's kernels/ folder when the installed
+    package does not map mxlab.kernels (an editable install)."""
+    import importlib
+
+    try:
+        return importlib.import_module("mxlab.kernels.jagged_attention")
+    except ModuleNotFoundError as error:
+        if error.name not in ("mxlab.kernels", "mxlab.kernels.jagged_attention"):
+            raise
+    from mxlab.quant import _import_kernels  # registers kernels/ as mxlab.kernels
+
+    _import_kernels()
+    return importlib.import_module("mxlab.kernels.jagged_attention")
+
+
 def sample_lengths(n: int = N_SEQUENCES, seed: int = 0) -> torch.Tensor:
     """Log-normal history lengths (mu 5.5, sigma 0.8) rounded and clipped to [8, 1024], int64."""
     generator = torch.Generator().manual_seed(seed)
@@ -146,7 +162,8 @@ def run_attention_bench(
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    from mxlab.kernels.jagged_attention import TileSizes, jagged_attention
+    kernels = _jagged_kernels()
+    TileSizes, jagged_attention = kernels.TileSizes, kernels.jagged_attention
 
     device = torch.device("cuda")
     dtype = torch.bfloat16
@@ -308,7 +325,7 @@ def _summarize(result: AttentionBenchResult, shapes: list[Shape]) -> None:
 def _compile_one(mode: str, causal: bool, activation: str, tiles: Any) -> str:
     """Run the kernel once, forward + backward, on a tiny batch with the benchmark's heads and head
     dim, so that its compiled variants land in Triton's on-disk cache. Returns what it did."""
-    from mxlab.kernels.jagged_attention import jagged_attention
+    jagged_attention = _jagged_kernels().jagged_attention
 
     device = torch.device("cuda")
     lengths = torch.tensor([40, 70, 5], device=device)
@@ -357,7 +374,7 @@ def _tiles_text(tiles: Any) -> str:
 
 
 def _sweep_candidates() -> list[Any]:
-    from mxlab.kernels.jagged_attention import TileSizes
+    TileSizes = _jagged_kernels().TileSizes
 
     return [
         TileSizes(128, 64, 128, 64, 128, 64, 8, 2),  # the BF16 default
