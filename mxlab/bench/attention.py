@@ -18,7 +18,7 @@ import platform
 import tempfile
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, astuple, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -271,16 +271,18 @@ def run_attention_bench(
                 record(shape, "flex document mask", _time_ms(_fwd_bwd(flex, inputs, grad), warmup, repeat), flops)
                 if shape.name in ("self", "self-causal"):
                     record(shape, "flex fwd only", _time_ms(flex, warmup, repeat), flops / 3.5)
-                difference = float((flex_out.float() - kernel_out.float()).abs().max())
+                difference = float((flex_out.detach().float() - kernel_out.detach().float()).abs().max())
                 result.checks[f"{shape.name}: max |kernel bf16 - flex|"] = difference
             except Exception as error:  # report, keep the other numbers
                 record(shape, "flex document mask", None, flops, f"failed: {type(error).__name__}: {error}"[:200])
 
-            # Padded SDPA with a key mask.
+            # Padded SDPA with a key mask, as an additive BF16 bias (a boolean mask sent SDPA to its
+            # math kernel in an earlier run: 1.1 s per step).
             q_width = int(q_lengths.max())
             key_mask = (torch.arange(max_length, device=device)[None, :] < lengths[:, None])[:, None, None, :]
             if causal:
                 key_mask = key_mask & torch.ones(q_width, max_length, dtype=torch.bool, device=device).tril()[None, None]
+            key_mask = torch.zeros(key_mask.shape, device=device, dtype=dtype).masked_fill(~key_mask, float("-inf"))
 
             def padded_sdpa() -> torch.Tensor:
                 qp, kp, vp = _padded(q, q_lengths, q_width), _padded(k, lengths, max_length), _padded(v, lengths, max_length)
@@ -322,10 +324,13 @@ def _summarize(result: AttentionBenchResult, shapes: list[Shape]) -> None:
                 result.ratios[f"{shape.name}: {method} / padded sdpa speed-up"] = sdpa_ms / ms
 
 
-def _compile_one(mode: str, causal: bool, activation: str, tiles: Any) -> str:
+def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional[tuple]) -> str:
     """Run the kernel once, forward + backward, on a tiny batch with the benchmark's heads and head
-    dim, so that its compiled variants land in Triton's on-disk cache. Returns what it did."""
-    jagged_attention = _jagged_kernels().jagged_attention
+    dim, so that its compiled variants land in Triton's on-disk cache. Returns what it did.
+    (Tiles travel as a tuple of TileSizes fields: a worker imports the kernels only here.)"""
+    kernels = _jagged_kernels()
+    jagged_attention = kernels.jagged_attention
+    tiles = kernels.TileSizes(*tile_fields) if tile_fields is not None else None
 
     device = torch.device("cuda")
     lengths = torch.tensor([40, 70, 5], device=device)
@@ -354,7 +359,7 @@ def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Calla
         for mode in ("bf16", "mxfp8") for causal in (False, True) for activation in ("softmax", "silu")
     ]
     if sweep:
-        jobs += [(mode, False, "softmax", tiles) for tiles in _sweep_candidates() for mode in ("bf16", "mxfp8")
+        jobs += [(mode, False, "softmax", astuple(tiles)) for tiles in _sweep_candidates() for mode in ("bf16", "mxfp8")
                  if mode == "bf16" or all(getattr(tiles, n) % 32 == 0 for n in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"))]
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")
