@@ -42,7 +42,6 @@ def _eval_bytes(run_dir: Path) -> dict[str, bytes]:
 
 
 def test_cli_run_report_and_compare(tmp_path):
-    pytest.importorskip("mxlab.report")
     from typer.testing import CliRunner
 
     from mxlab.cli import app
