@@ -77,16 +77,22 @@ def _cpu_name() -> str:
 
 
 def _git_commit() -> dict[str, Any]:
+    """The commit of the mxlab checkout and whether it has uncommitted changes.
+
+    Where the source tree is not a git checkout (a copy shipped to another machine), the
+    environment variable MXLAB_GIT_COMMIT names the commit instead (dirty is then unknown).
+    """
     root = Path(__file__).resolve().parents[2]
+    shipped_commit = os.environ.get("MXLAB_GIT_COMMIT") or None
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         status = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
         )
     except (OSError, subprocess.SubprocessError):
-        return {"commit": None, "dirty": None}
+        return {"commit": shipped_commit, "dirty": None}
     if commit.returncode != 0:
-        return {"commit": None, "dirty": None}
+        return {"commit": shipped_commit, "dirty": None}
     return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
 
 
