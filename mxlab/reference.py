@@ -195,8 +195,8 @@ def quantize_blocks(
 
 
 def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, fmt: ElementFormat, rounding: str) -> bool:
-    """Whether `_fake_quantize_nearest_even_fp32` is exact for this input (see its docstring)."""
-    if rounding != "nearest_even" or x.dtype != torch.float32:
+    """Whether `_fake_quantize_fp32` is exact for this input (see its docstring)."""
+    if rounding not in ("nearest_even", "stochastic") or x.dtype != torch.float32:
         return False
     finite_scales = scale_exp[~nonfinite_block]
     if finite_scales.numel() == 0:
@@ -204,19 +204,36 @@ def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block
     return bool(finite_scales.min() + fmt.emin >= -127) and bool(finite_scales.max() + fmt.emax <= 100)
 
 
-def _fake_quantize_nearest_even_fp32(x: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
-    """Nearest-even fake quantization in float32 arithmetic, for finite blocks (the common case, fast).
+def _power_of_two_fp32(exponent: torch.Tensor) -> torch.Tensor:
+    """2^exponent as float32, built from its bits (exact for exponents in [-149, 127])."""
+    normal = (exponent + 127) << 23
+    subnormal = torch.ones_like(exponent) << (exponent + 149).clamp(0, 30)
+    return torch.where(exponent >= -126, normal, subnormal).view(torch.float32)
+
+
+def _fake_quantize_fp32(
+    x: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat, rounding: str, random_bits: torch.Tensor | None
+) -> torch.Tensor:
+    """Nearest-even or stochastic fake quantization in float32 arithmetic, for finite blocks (fast).
 
     With C = 2^(qe + 23), the float32 sum |x| + C lies in [C, 2C), whose spacing is exactly the
     quantum 2^qe, so (|x| + C) - C is |x| rounded to nearest even at that quantum by the FPU.
-    It needs 2^(qe + 23) to be a float32 normal (qe <= 104, ensured by S + emax <= 100) and the
-    exponent of a float32-subnormal |x| to be irrelevant (S + emin >= -127, so qe is set by S).
+    Stochastic rounding steps back to the value below, `lower`; |x| - lower is exact, and
+    (|x| - lower) * 2^(25 - qe) (exact in float64) compared with 2r + 1 is the documented test
+    u < frac. It needs 2^(qe + 23) to be a float32 normal (qe <= 104, ensured by S + emax <= 100)
+    and the exponent of a float32-subnormal |x| to be irrelevant (S + emin >= -127, so qe is set by S).
     """
     magnitude = x.abs()
     log2_floor = (magnitude.view(torch.int32) >> 23) - 127
     quantum_exp = torch.maximum(log2_floor, (scale_exp + fmt.emin).to(torch.int32)) - fmt.mbits
     magic = ((quantum_exp + (23 + 127)) << 23).view(torch.float32)
     rounded = (magnitude + magic) - magic
+    if rounding == "stochastic":
+        quantum = _power_of_two_fp32(quantum_exp)
+        lower = torch.where(rounded > magnitude, rounded - quantum, rounded)
+        fraction_2pow25 = torch.ldexp((magnitude - lower).double(), 25 - quantum_exp)
+        round_up = (2 * random_bits + 1).double() < fraction_2pow25
+        rounded = torch.where(round_up, lower + quantum, lower)
     max_magnitude = torch.ldexp(torch.full(scale_exp.shape, fmt.max_normal, dtype=torch.float32, device=x.device), scale_exp.to(torch.int32))
     rounded = torch.minimum(rounded, max_magnitude)
     if fmt.is_int:
@@ -235,7 +252,7 @@ def fake_quantize_blocks(
     """dequantize(quantize(x)) as float32, computed without materializing codes."""
     scale_exp, nonfinite_block = _block_scales(x, reduce_dims, fmt, scale_mode)
     if _fast_path_applies(x, scale_exp, nonfinite_block, fmt, rounding):
-        values = _fake_quantize_nearest_even_fp32(x, scale_exp, fmt)
+        values = _fake_quantize_fp32(x, scale_exp, fmt, rounding, random_bits)
     else:
         values = _fake_quantize_exact(x, scale_exp, fmt, rounding, random_bits)
     return torch.where(nonfinite_block, torch.full_like(values, float("nan")), values)

@@ -33,7 +33,8 @@ def test_random_bits_look_uniform():
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 @pytest.mark.parametrize("scale_mode", ["floor", "ceil", "rceil", "even"])
-def test_fast_float32_path_equals_exact_path(fmt, scale_mode):
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_fast_float32_path_equals_exact_path(fmt, scale_mode, rounding):
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(3000, 32, generator=generator) * torch.exp2(torch.randint(-140, 120, (3000, 1), generator=generator).float())
     x[::7, 3] = 0.0
@@ -41,11 +42,12 @@ def test_fast_float32_path_equals_exact_path(fmt, scale_mode):
     x[::11] = torch.randn(32, generator=generator) * 2.0**-135
     element_format = FORMATS[fmt]
     scale_exp, nonfinite = reference._block_scales(x, (1,), element_format, scale_mode)
-    exact = reference._fake_quantize_exact(x, scale_exp, element_format, "nearest_even", None)
+    bits = reference.random_bits24(torch.arange(x.numel()).view(x.shape), seed=9)
+    exact = reference._fake_quantize_exact(x, scale_exp, element_format, rounding, bits)
     guard = ((scale_exp + element_format.emin >= -127) & (scale_exp + element_format.emax <= 100)).squeeze(1)
     assert guard.sum() > 1000 and (~guard).sum() > 100  # both sides of the guard are exercised
-    fast = reference._fake_quantize_nearest_even_fp32(x[guard], scale_exp[guard], element_format)
+    fast = reference._fake_quantize_fp32(x[guard], scale_exp[guard], element_format, rounding, bits[guard])
     assert torch.equal(fast, exact[guard]) and torch.equal(torch.signbit(fast), torch.signbit(exact[guard]))
     # and the public path (which picks per tensor) equals dequantize(quantize(.)) everywhere
-    public = fake_quantize(x, fmt, scale_mode=scale_mode)
-    assert torch.equal(public, dequantize(quantize(x, fmt, scale_mode=scale_mode)))
+    options = dict(scale_mode=scale_mode, rounding=rounding, seed=9)
+    assert torch.equal(fake_quantize(x, fmt, **options), dequantize(quantize(x, fmt, **options)))
