@@ -44,14 +44,17 @@ from typing import Any, Callable, Optional
 
 import torch
 
-HIGH_PRECISION_FORMATS = ("bf16", "fp32")
-MX_FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8")
-TENSOR_FORMATS = ("fp8_tensor_e4m3", "fp8_tensor_e5m2")
+from mxlab.formats import FORMATS
+from mxlab.hadamard import HADAMARD_BLOCKS
+from mxlab.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
+from mxlab.quant import PER_TENSOR_FP8, SQUARE_BLOCK
+from mxlab.reference import BLOCK_SIZE, SCALE_MODES
+from mxlab.reference import ROUNDING_MODES as ROUNDINGS
+
+MX_FORMATS = tuple(FORMATS)
+TENSOR_FORMATS = tuple(PER_TENSOR_FP8)
 OPERAND_FORMATS = MX_FORMATS + TENSOR_FORMATS + HIGH_PRECISION_FORMATS
-SCALE_MODES = ("floor", "ceil", "rceil", "even")
-ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
-BLOCKS = (32, (32, 32))
-HADAMARD_BLOCKS = (16, 32, 64, 128, 256)  # as mxlab.hadamard
+BLOCKS = (BLOCK_SIZE, SQUARE_BLOCK)
 
 # Seed slots: one seed per operand per GEMM per call, and one per GEMM for its Hadamard signs
 # (shared by the GEMM's two operands). Seed of slot s at call c: derive_seed(seed, c, SEED_SLOTS[s]).
