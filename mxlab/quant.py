@@ -181,33 +181,15 @@ def last_backend() -> str | None:
 
 
 def _import_kernels():
-    """mxlab.kernels.mx_quant (the MX cast kernels), or None when Triton is missing.
-
-    Also works from a source tree whose editable install predates kernels/ (the package is then
-    loaded from the repository's kernels/ folder).
-    """
+    """mxlab.kernels.mx_quant (the MX cast kernels), or None when Triton is not installed."""
     import importlib
-    import importlib.util
-    import sys
-    from pathlib import Path
 
     try:
         return importlib.import_module("mxlab.kernels.mx_quant")
     except ModuleNotFoundError as error:
-        if error.name not in ("mxlab.kernels", "mxlab.kernels.mx_quant"):
-            return None  # Triton (or another dependency) is not installed
-    root = Path(__file__).resolve().parent.parent / "kernels"
-    if not (root / "__init__.py").exists():
-        return None
-    spec = importlib.util.spec_from_file_location("mxlab.kernels", root / "__init__.py", submodule_search_locations=[str(root)])
-    package = importlib.util.module_from_spec(spec)
-    sys.modules["mxlab.kernels"] = package
-    try:
-        spec.loader.exec_module(package)
-    except ModuleNotFoundError:
-        del sys.modules["mxlab.kernels"]
-        return None
-    return importlib.import_module("mxlab.kernels.mx_quant")
+        if error.name and error.name.split(".")[0] == "triton":
+            return None
+        raise
 
 
 def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int):

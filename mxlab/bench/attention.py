@@ -66,18 +66,9 @@ class AttentionBenchResult:
 
 
 def _jagged_kernels() -> Any:
-    """mxlab.kernels.jagged_attention; from the repository's kernels/ folder when the installed
-    package does not map mxlab.kernels (an editable install)."""
+    """mxlab.kernels.jagged_attention (refuses with ImportError when Triton is missing)."""
     import importlib
 
-    try:
-        return importlib.import_module("mxlab.kernels.jagged_attention")
-    except ModuleNotFoundError as error:
-        if error.name not in ("mxlab.kernels", "mxlab.kernels.jagged_attention"):
-            raise
-    from mxlab.quant import _import_kernels  # registers kernels/ as mxlab.kernels
-
-    _import_kernels()
     return importlib.import_module("mxlab.kernels.jagged_attention")
 
 

@@ -72,19 +72,15 @@ def _flex_available() -> bool:
 
 
 def _triton_kernel() -> Any:
-    """The module mxlab.kernels.jagged_attention, or None when Triton or the kernels are missing."""
+    """The module mxlab.kernels.jagged_attention, or None when Triton is not installed."""
     import importlib
 
     try:
         return importlib.import_module("mxlab.kernels.jagged_attention")
     except ModuleNotFoundError as error:
-        if error.name not in ("mxlab.kernels", "mxlab.kernels.jagged_attention"):
-            return None  # Triton itself is missing
-    from mxlab.quant import _import_kernels  # registers kernels/ from a source tree
-
-    if _import_kernels() is None:
-        return None
-    return importlib.import_module("mxlab.kernels.jagged_attention")
+        if error.name and error.name.split(".")[0] == "triton":
+            return None
+        raise
 
 
 def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Any, activation: str) -> str | None:

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
-import types
 
 import pytest
 import torch
@@ -39,23 +37,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _import_kernels() -> types.ModuleType:
-    """mxlab.kernels.jagged_attention; an editable install made before kernels/ existed lacks the
-    package mapping, so fall back to the repository's kernels/ folder."""
-    try:
-        return importlib.import_module("mxlab.kernels.jagged_attention")
-    except ModuleNotFoundError as error:
-        if error.name not in ("mxlab.kernels", "mxlab.kernels.jagged_attention"):
-            raise
-        import mxlab
-
-        package = types.ModuleType("mxlab.kernels")
-        package.__path__ = [os.path.join(os.path.dirname(os.path.dirname(mxlab.__file__)), "kernels")]
-        sys.modules["mxlab.kernels"] = package
-        return importlib.import_module("mxlab.kernels.jagged_attention")
-
-
-jagged_attention_module = _import_kernels()
+jagged_attention_module = importlib.import_module("mxlab.kernels.jagged_attention")
 jagged_attention = jagged_attention_module.jagged_attention
 unsupported_reason = jagged_attention_module.unsupported_reason
 
