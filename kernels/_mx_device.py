@@ -11,20 +11,17 @@ An operand's format, scale mode and rounding travel as one packed integer conste
 """
 from __future__ import annotations
 
-import struct
-
 import triton
 import triton.language as tl
 
 from mxlab.formats import ElementFormat, get_format
+from mxlab.kernels.mx_quant import _floor_log2
+from mxlab.kernels.mx_quant import _scale_exponent as _scale_exponent_and_special
+from mxlab.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
-DEVICE_SCALE_MODES = ("floor", "ceil", "rceil", "even")
-DEVICE_ROUNDINGS = ("nearest_even", "nearest_away", "toward_zero")
+DEVICE_SCALE_MODES = SCALE_MODES
+DEVICE_ROUNDINGS = tuple(mode for mode in ROUNDING_MODES if mode != "stochastic")
 BLOCK = 32
-
-
-def _fraction23(value: float) -> int:
-    return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
 
 
 def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str) -> int:
@@ -39,7 +36,7 @@ def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str) -> in
         raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(DEVICE_SCALE_MODES)}")
     if rounding not in DEVICE_ROUNDINGS:
         raise ValueError(f"rounding {rounding!r} is not available inside fused kernels; accepted: {', '.join(DEVICE_ROUNDINGS)}")
-    mmax = _fraction23(element.max_normal)
+    mmax = float32_fraction_bits(element.max_normal)
     if mmax & 0xFFFF or not 0 <= element.mbits <= 7 or not -16 <= element.emin <= 15 or not 0 <= element.emax <= 15:
         raise ValueError(f"format {element.name} does not fit the packed operand code")
     return (
@@ -54,12 +51,6 @@ def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str) -> in
 
 
 @triton.jit
-def _floor_log2_small(v):
-    """floor(log2 v) for int32 v in [1, 2^24) (the int-to-float conversion is exact)."""
-    return (v.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
-
-
-@triton.jit
 def _pow2(e):
     """float32 2^e for int32 e in [-149, 127] (subnormal powers included)."""
     normal = ((tl.maximum(e, -126) + 127) << 23).to(tl.float32, bitcast=True)
@@ -69,26 +60,9 @@ def _pow2(e):
 
 @triton.jit
 def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
-    """Clamped unbiased E8M0 exponent S of blocks with amax bit patterns `amax` (finite, >= 0)."""
-    exponent = amax >> 23
-    fraction = amax & 0x7FFFFF
-    p = tl.maximum(_floor_log2_small(tl.maximum(fraction, 1)), 0)
-    is_normal = exponent > 0
-    log2_floor = tl.where(is_normal, exponent - 127, p - 149)
-    m = tl.where(is_normal, fraction, (fraction << (23 - p)) & 0x7FFFFF)
-    s = log2_floor - EMAX
-    if SCALE_MODE == 1:
-        s += (m != 0).to(tl.int32)
-    elif SCALE_MODE == 2:
-        s += (m > MMAX).to(tl.int32)
-    elif SCALE_MODE == 3:
-        keep = m >> (23 - MBITS)
-        rest = m & ((1 << (23 - MBITS)) - 1)
-        half = 1 << (22 - MBITS)
-        up = (rest > half) | ((rest == half) & ((keep & 1) == 1))
-        s += (keep + up.to(tl.int32)) >> MBITS
-    s = tl.minimum(tl.maximum(s, -127), 127)
-    return tl.where(amax == 0, -127, s)
+    """Clamped unbiased E8M0 exponent S of finite blocks (the cast kernels' scale rule)."""
+    s, _ = _scale_exponent_and_special(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+    return s
 
 
 @triton.jit
@@ -102,7 +76,7 @@ def _fake_quant_elements(x, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl
     is_normal = exponent > 0
     significand = tl.where(is_normal, fraction | 0x800000, fraction)
     value_exp = tl.where(is_normal, exponent - 150, -149)  # |x| = significand * 2^value_exp
-    log2_floor = tl.where(is_normal, exponent - 127, _floor_log2_small(tl.maximum(fraction, 1)) - 149)
+    log2_floor = tl.where(is_normal, exponent - 127, _floor_log2(tl.maximum(fraction, 1)) - 149)
     if IS_INT:
         quantum_exp = s - MBITS + log2_floor * 0
     else:

@@ -538,6 +538,7 @@ from dataclasses import dataclass  # noqa: E402
 import torch  # noqa: E402
 
 from mxlab.formats import ElementFormat  # noqa: E402
+from mxlab.reference import float32_fraction_bits  # noqa: E402
 
 BLOCK = 32
 SCALE_MODE_IDS = {"floor": SCALE_FLOOR, "ceil": SCALE_CEIL, "rceil": SCALE_RCEIL, "even": SCALE_EVEN}
@@ -575,19 +576,13 @@ def _mix32_host(z: int) -> int:
     return z ^ (z >> 16)
 
 
-def _fraction23(value: float) -> int:
-    import struct
-
-    return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
-
-
 def _format_constants(fmt: ElementFormat) -> dict:
     nmax = fmt.max_normal / 2.0 ** (fmt.emax - fmt.mbits)
     if nmax != int(nmax):
         raise ValueError(f"format {fmt.name}: max normal {fmt.max_normal} is not an integer multiple of its top quantum")
     return dict(
         MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, MAXCODE=fmt.max_code, NMAX=int(nmax),
-        MMAX=_fraction23(fmt.max_normal), BITS=fmt.bits, IS_INT=fmt.is_int,
+        MMAX=float32_fraction_bits(fmt.max_normal), BITS=fmt.bits, IS_INT=fmt.is_int,
     )
 
 

@@ -59,8 +59,8 @@ def random_bits24(index: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- scales
-def _fraction23(value: float) -> int:
-    """The 23-bit fraction field of a positive float32 normal value."""
+def float32_fraction_bits(value: float) -> int:
+    """The 23-bit fraction field of a positive float32 normal value (an int)."""
     return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
 
 
@@ -94,7 +94,7 @@ def scale_exponents(amax: torch.Tensor, fmt: ElementFormat, scale_mode: str) -> 
     if scale_mode == "ceil":
         exponent = exponent + (fraction != 0).to(torch.int64)
     elif scale_mode == "rceil":
-        exponent = exponent + (fraction > _fraction23(fmt.max_normal)).to(torch.int64)
+        exponent = exponent + (fraction > float32_fraction_bits(fmt.max_normal)).to(torch.int64)
     elif scale_mode == "even":
         exponent = exponent + _round_fraction_carries(fraction, fmt.mbits)
     elif scale_mode != "floor":
