@@ -767,6 +767,24 @@ def jagged_attention(
         raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
     if causal and not torch.equal(q_offsets, k_offsets):
         raise ValueError("causal attention needs as many queries as keys in every example")
+    return jagged_attention_checked(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
+
+
+def jagged_attention_checked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    k_offsets: torch.Tensor,
+    *,
+    causal: bool,
+    activation: str,
+    policy: Any,
+    tiles: Optional[TileSizes] = None,
+) -> torch.Tensor:
+    """`jagged_attention` for inputs a caller has already validated (shapes, dtypes, offsets,
+    activation, and `unsupported_reason` is None): skips the offset checks, which cost host syncs.
+    mxlab.nn.attention.JaggedAttention validates once and calls this."""
     codes = _codes(policy)
     if tiles is None:
         tiles = default_tiles(codes is not None, q.device)
@@ -777,4 +795,4 @@ def jagged_attention(
     return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles)
 
 
-__all__ = ["jagged_attention", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]
+__all__ = ["jagged_attention", "jagged_attention_checked", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]

@@ -183,9 +183,13 @@ class JaggedAttention(nn.Module):
 
         if self.backend == "triton" or (self.backend == "auto" and q.is_cuda):
             reason = _triton_unsupported(q, k, v, self.policy, activation)
+            if reason is None and not (q_offsets.device == k_offsets.device == q.device):
+                reason = f"offsets on {q_offsets.device}/{k_offsets.device}, tensors on {q.device}"
             if reason is None:
                 kernel = _triton_kernel()
-                return kernel.jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy)
+                return kernel.jagged_attention_checked(  # inputs validated above
+                    q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy
+                )
             if self.backend == "triton":
                 raise ValueError(f"the Triton attention backend cannot run these inputs: {reason}")
         use_flex = activation == "softmax" and self.policy is None and (
