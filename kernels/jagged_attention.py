@@ -61,6 +61,7 @@ import torch
 import triton
 import triton.language as tl
 
+from mxlab.formats import FORMATS
 from mxlab.kernels._mx_device import fake_quant_tile, operand_code
 
 ACTIVATIONS = ("softmax", "silu")
@@ -508,7 +509,7 @@ class _OperandCodes:
 
 
 def _operand(quant: Any, where: str) -> int:
-    if quant.fmt not in ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8"):
+    if quant.fmt not in FORMATS:
         raise ValueError(f"{where}: operand format {quant.fmt!r} is not an MX format; the kernel quantizes every operand in MX mode")
     if quant.block != 32:
         raise ValueError(f"{where}: block {quant.block!r} is not supported by the kernel; accepted: 32")
