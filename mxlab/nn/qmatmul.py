@@ -19,6 +19,15 @@ dims and blocks never cross them: in a padded per-sequence attention layout (B, 
 key-axis blocks of P @ V and of the gradients start at each sequence's first key, and keys
 padded with zeros change neither the blocks of the real keys nor the product.
 
+On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation and a
+float32 result (`torch.mm(..., out_dtype=torch.float32)`) whenever both quantized operands are
+exactly representable in bfloat16, which is the case for every MX element value quantized from
+a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a point of
+a grid of powers of two no finer than bfloat16's). Operands quantized from float32 or float16
+(via float32) are checked (no nonzero magnitude below 2^-126, where bfloat16 loses bits). Other GEMMs (per-tensor
+FP8 values carry a float32 scale, float32 high-precision operands, the CPU) multiply float32
+operands. The two differ only in the order of float32 accumulation, as any two GEMM kernels do.
+
 A GEMM whose two operands are both high precision (`bf16` or `fp32`) is a plain
 `torch.matmul` of the unmodified operands: "bf16" means the precision the baseline model runs
 in (under `torch.autocast(dtype=bfloat16)` such a GEMM follows autocast exactly as nn.Linear
@@ -233,10 +242,16 @@ def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver
 
 
 def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> torch.Tensor:
-    """x in float32, quantized and dequantized as `quant` says (unchanged if high precision)."""
-    x32 = x.float()
+    """x quantized and dequantized as `quant` says (unchanged if high precision), in float32."""
+    return _quantized_operand(x, quant, axis, seed).float()
+
+
+def _quantized_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> torch.Tensor:
+    """x quantized and dequantized as `quant` says, in bfloat16 where that holds the values exactly
+    (see `_exact_in_bfloat16`), else in float32. High-precision operands are x itself (bfloat16
+    stays bfloat16, anything else becomes float32)."""
     if quant.high_precision:
-        return x32
+        return x if x.dtype == torch.bfloat16 else x.float()
     from mxlab.quant import fake_quantize
 
     kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True}
@@ -245,7 +260,34 @@ def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed
         kwargs["axis"] = axis if quant.block == 32 else -1
     if quant.rounding == "stochastic":
         kwargs["seed"] = seed
-    return fake_quantize(x32, quant.fmt, **kwargs)
+    if quant.block_scaled and x.dtype == torch.bfloat16:
+        return fake_quantize(x, quant.fmt, **kwargs)  # exact in bfloat16, see the module docstring
+    values = fake_quantize(x.float(), quant.fmt, **kwargs)
+    if quant.block_scaled and x.is_cuda and _exact_in_bfloat16(values):
+        return values.to(torch.bfloat16)
+    return values
+
+
+BFLOAT16_EXACT_FLOOR = 2.0 ** -126  # below it, bfloat16 (8 significant bits) is subnormal
+
+
+def _exact_in_bfloat16(mx_values: torch.Tensor) -> bool:
+    """Whether MX fake-quantized values (at most 8 significant bits) are all exact in bfloat16: true
+    unless some nonzero magnitude lies below 2^-126. One reduction and a host sync."""
+    magnitude = mx_values.abs()
+    return not bool(((magnitude < BFLOAT16_EXACT_FLOOR) & (magnitude != 0)).any())
+
+
+def _float32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b accumulated and returned in float32: BF16 tensor cores when both are bfloat16 CUDA
+    tensors, else a float32 matmul. a, b: (..., M, K) and (..., K, N) with equal leading dims."""
+    if a.dtype == b.dtype == torch.bfloat16 and a.is_cuda:
+        if a.dim() == 2:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        batch = a.shape[:-2]
+        out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+        return out.reshape(*batch, *out.shape[-2:])
+    return torch.matmul(a.float(), b.float())
 
 
 def _pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
@@ -287,8 +329,8 @@ def _gemm(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """op(a) @ op(b), op = transpose of the last two dims where asked, with a quantized along
     `a_axis` and b along `b_axis` of their stored layouts (or b's quantized values given as
-    `b_quantized`). Returns (out, a_q, b_q); a_q, b_q are the float32 operands actually
-    multiplied (None for a high-precision GEMM)."""
+    `b_quantized`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied,
+    bfloat16 or float32 (None for a high-precision GEMM)."""
 
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
         return x.transpose(-1, -2) if transpose else x
@@ -299,13 +341,13 @@ def _gemm(
         a_in, b_in = a, b
         if quant.hadamard is not None:
             a_in, b_in = _hadamard_pair(a, b, a_axis, b_axis, quant.hadamard, seeds[2])
-        a_q = _fake_quantize_operand(a_in, quant.a, a_axis, seeds[0])
-        b_q = b_quantized if b_quantized is not None else _fake_quantize_operand(b_in, quant.b, b_axis, seeds[1])
-        out = torch.matmul(op(a_q, transpose_a), op(b_q, transpose_b))
+        a_q = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
+        b_q = b_quantized if b_quantized is not None else _quantized_operand(b_in, quant.b, b_axis, seeds[1])
+        out = _float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
         if _observer is not None:
             _observer(
                 name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
-                a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_axis=a_axis, b_axis=b_axis,
+                a=a_in, b=b_in, a_q=a_q.float(), b_q=b_q.float(), a_axis=a_axis, b_axis=b_axis,
             )
     return out.to(out_dtype), a_q, b_q
 
