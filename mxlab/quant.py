@@ -331,6 +331,14 @@ def fake_quantize_rowcol(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Te
     return fake_quantize(x, fmt, axis=-1, **options), fake_quantize(x, fmt, axis=0, **options)
 
 
+def per_tensor_fp8_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The float32 current scale fp8_max / amax of per-tensor FP8 `fmt`, as Transformer Engine forms
+    it: 1 for amax 0, capped at float32 max when the quotient overflows."""
+    fp8_max = torch.finfo(PER_TENSOR_FP8[fmt]).max
+    float32_max = torch.finfo(torch.float32).max
+    return torch.where(amax > 0, (fp8_max / amax).clamp(max=float32_max), torch.ones_like(amax))
+
+
 def fake_quantize_per_tensor_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Per-tensor FP8 with current scaling, as Transformer Engine's Float8CurrentScaling.
 
@@ -342,9 +350,7 @@ def fake_quantize_per_tensor_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
     fp8_max = torch.finfo(dtype).max
     values = x.float()
     amax = values.abs().amax() if values.numel() else torch.zeros((), device=x.device)
-    float32_max = torch.finfo(torch.float32).max
-    # as Transformer Engine: scale 1 for amax 0, and a scale that overflows is capped at float32 max
-    scale = torch.where(amax > 0, (fp8_max / amax).clamp(max=float32_max), torch.ones_like(amax))
+    scale = per_tensor_fp8_scale(amax, fmt)
     scaled = (values * scale).clamp(-fp8_max, fp8_max)
     quantized = scaled.to(dtype).float() * torch.reciprocal(scale)
     if not torch.isfinite(amax):
