@@ -126,17 +126,17 @@ def _conclusions(analysis: StudyAnalysis) -> list[Block]:
     finished = sum(r.status == "finished" for r in runs)
     diverged = [f"{r.arm}/seed{r.seed} (step {r.diverged_at_step})" for r in runs if r.status == "diverged"]
     missing = [f"{r.arm}/seed{r.seed}" for r in runs if r.status == "missing"]
-    skipped = [f"{r.arm}/seed{r.seed} ({r.reason or 'no reason recorded'})" for r in runs if r.status == "skipped"]
+    skipped_by_reason: dict[str, list[str]] = {}
+    for r in runs:
+        if r.status == "skipped":
+            skipped_by_reason.setdefault(r.reason or "no reason recorded", []).append(f"{r.arm}/seed{r.seed}")
     status = f"{finished} of {len(analysis.study.runs)} runs finished"
     if diverged:
         status += "; diverged (left out of every delta): " + ", ".join(diverged)
-    if skipped:
-        status += "; skipped because their backend could not run here (left out): " + ", ".join(skipped)
+    for reason, names in skipped_by_reason.items():
+        status += f"; skipped before training, the backend cannot run here (left out): {', '.join(names)} ({reason})"
     if missing:
         status += "; not run or not finished (left out): " + ", ".join(missing)
-    skipped = [f"{r.arm}/seed{r.seed} ({r.reason})" for r in runs if r.status == "skipped"]
-    if skipped:
-        status += "; skipped before training, the backend cannot run here (left out): " + ", ".join(skipped)
     return [Heading("Conclusions", 2), BulletList(items or ["The study has no arm besides the baseline."]),
             Paragraph(status + ".")]
 
