@@ -30,9 +30,10 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   | dK = dS^T Q | Q: queries (qk.grad_b.a), dS: queries (qk.grad_b.b) |
 
   dS is the gradient of the rounded S, i.e. rounded to the input dtype after the scale. Q, K,
-  V and dO are fake-quantized once per call into bfloat16 copies, one per orientation needed
-  (`_prequantize`, blocks of 32 tokens from each sequence's first token); P and dS are quantized
-  inside the attention kernels. The softmax P that is quantized is the normalized one, so the
+  V and dO are fake-quantized once per call into bfloat16 copies, one per orientation needed,
+  both orientations of a tensor from one read (`_prequantize`, blocks of 32 tokens from each
+  sequence's first token; the forward also makes the backward's copies of Q and K when
+  gradients are needed); P and dS are quantized inside the attention kernels. The softmax P that is quantized is the normalized one, so the
   MX softmax forward takes two passes over the keys (statistics, then P and PV). The backward's
   row term ``sum_j P_ij dP_ij`` is ``sum_d quant(dO)_id (P @ quant(V))_id`` (both along the head
   dim), with ``P @ quant(V)`` accumulated in the forward from P split into two bfloat16 parts
@@ -46,6 +47,12 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   input dtype before normalisation (the reference rounds it after), and the backward's row
   term is ``rowsum(dO * O)``; SiLU is exact as above.
 
+Host side: the kernels' tile tables (`_tiles`) are cached on the offsets tensors themselves
+(a Python attribute), valid while neither the offsets nor the tensor that orders the tiles is
+changed in place; layers that share offsets, and the backward, compute them once. Changing
+the offsets in place between a forward and its backward is refused (RuntimeError), as autograd
+refuses it for saved tensors.
+
 Refused (`unsupported_reason` says why; the caller falls back to the reference): stochastic
 rounding (its counter is an element's index in the reference's padded tensor), (32, 32) blocks,
 per-tensor FP8 or high-precision operands inside an MX policy, per-layer gradient scaling,
@@ -53,7 +60,9 @@ installed GEMM observers, head dims that are not a power of two in [16, 256] (MX
 """
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -564,19 +573,51 @@ def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax"
     return None
 
 
-def _tiles(offsets: torch.Tensor, tokens: int, work: Optional[torch.Tensor], block: int, skip: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sequence index, start) int32 of every `block`-row tile of every non-empty run, the tiles of
-    sequences with the most `work` first (None: in order); sequences where `skip` is true get none.
+_TILE_CACHE_ATTRIBUTE = "_mxlab_jagged_attention_tiles"
+
+
+def _tensor_version(tensor: torch.Tensor) -> Optional[int]:
+    """tensor._version, or None for tensors without a version counter (inference mode)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
+def _tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sequence index, start) int32 of every `block`-row tile of every non-empty run of `offsets`,
+    the tiles of sequences with the longest runs in `work_offsets` first (None: in order).
 
     Computed on the device without a host synchronization: the table has a fixed size (tokens //
     block + sequences, an upper bound; `tokens` is the run's total length), and spare entries
-    have sequence index -1.
+    have sequence index -1. Cached on the offsets tensor itself (a Python attribute), keyed by
+    tokens, block, and the identity and version of `work_offsets`, for the current version of
+    `offsets`: the layers of a model that share offsets, and the backward, compute it once; an
+    in-place change of either tensor computes it again.
     """
+    version = _tensor_version(offsets)
+    work_version = _tensor_version(work_offsets) if work_offsets is not None else -1
+    if version is None or work_version is None:
+        return _compute_tiles(offsets, tokens, work_offsets, block)
+    cache = offsets.__dict__.get(_TILE_CACHE_ATTRIBUTE)
+    if cache is None or cache[0] != version:  # a new or changed offsets tensor: drop every entry
+        cache = (version, {})
+        setattr(offsets, _TILE_CACHE_ATTRIBUTE, cache)
+    key = (tokens, block, id(work_offsets), work_version)
+    entry = cache[1].get(key)
+    # The weak reference tells a live work tensor from a new one that reuses a freed one's id.
+    if entry is not None and (work_offsets is None or entry[0]() is work_offsets):
+        return entry[1]
+    tables = _compute_tiles(offsets, tokens, work_offsets, block)
+    cache[1][key] = (weakref.ref(work_offsets) if work_offsets is not None else None, tables)
+    return tables
+
+
+def _compute_tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The uncached `_tiles`."""
     n = offsets.numel() - 1
     bound = tokens // block + n
     lengths = offsets[1:] - offsets[:-1]
-    if skip is not None:
-        lengths = torch.where(skip, torch.zeros_like(lengths), lengths)
     counts = (lengths + block - 1) // block
     ends = torch.cumsum(counts, 0)
     index = torch.arange(bound, device=offsets.device)
@@ -584,12 +625,13 @@ def _tiles(offsets: torch.Tensor, tokens: int, work: Optional[torch.Tensor], blo
     live = seq < n
     seq_clamped = seq.clamp(max=max(n - 1, 0))
     start = (index - (ends - counts)[seq_clamped]) * block if n else index
-    seq = torch.where(live, seq, torch.full_like(seq, -1))
-    if work is not None and n:
-        key = torch.where(live, work[seq_clamped], torch.full_like(seq, -1))
+    seq = torch.where(live, seq, -1)
+    if work_offsets is not None and n:
+        work = work_offsets[1:] - work_offsets[:-1]
+        key = torch.where(live, work[seq_clamped], -1)
         order = torch.argsort(key, descending=True, stable=True)
         seq, start = seq[order], start[order]
-    return seq.to(torch.int32).contiguous(), start.to(torch.int32).contiguous()
+    return seq.to(torch.int32), start.to(torch.int32)
 
 
 def _dtype_constexpr(dtype: torch.dtype) -> Any:
@@ -635,11 +677,18 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_options(x: torch.Tensor, silu: bool, causal: bool, quant: bool, tiles: TileSizes) -> dict[str, Any]:
-    dtype = _dtype_constexpr(x.dtype)
-    op_dtype = tl.bfloat16 if quant else dtype
+    """Constexpr arguments and launch options shared by the three attention kernels (a cached
+    dict: callers unpack it and never change it)."""
+    return _cached_launch_options(x.dtype, x.shape[2], silu, causal, quant, tiles, _interpreting())
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_launch_options(dtype: torch.dtype, head_dim: int, silu: bool, causal: bool, quant: bool, tiles: TileSizes, interpreting: bool) -> dict[str, Any]:
+    s_dtype = _dtype_constexpr(dtype)
+    op_dtype = tl.bfloat16 if quant else s_dtype
     return dict(
-        HEAD_DIM=x.shape[2], CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=dtype, OP_DTYPE=op_dtype,
-        DOT_DTYPE=tl.float32 if _interpreting() else op_dtype, BY_BITS=_interpreting(),
+        HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=s_dtype, OP_DTYPE=op_dtype,
+        DOT_DTYPE=tl.float32 if interpreting else op_dtype, BY_BITS=interpreting,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
@@ -651,19 +700,22 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
-        out = torch.zeros_like(q)
+        # Every query row of every sequence is written, zeros where a sequence has no keys.
+        out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         m = torch.empty(heads, total_q, device=q.device, dtype=torch.float32)
         l = torch.empty_like(m)
         write_ou = quant and not silu
         out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
         if quant:
-            q_d, _ = _prequantized(q, q_offsets, codes.q_d, None)
-            k_d, _ = _prequantized(k, k_offsets, codes.k_d, None)
+            # The backward's along-token copies of Q and K come from the same read when it will run.
+            backward_too = any(ctx.needs_input_grad[:3])
+            q_d, q_t = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_too else None)
+            k_d, k_t = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_too else None)
             v_d, v_t = _prequantized(v, k_offsets, codes.v_d, codes.v_n)
         else:
-            q_d, k_d, v_d, v_t = q, k, v, v
-        k_lengths = k_offsets[1:] - k_offsets[:-1]
-        tile_seq, tile_start = _tiles(q_offsets, total_q, k_lengths, tiles.fwd_m)
+            q_d, k_d, v_d, v_t, q_t, k_t = q, k, v, v, q, k
+            backward_too = False
+        tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
                 q_d, k_d, v_t, v_d, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
@@ -671,36 +723,45 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou, P_CODE=codes.p_n if quant else 0,
                 **_launch_options(q, silu, causal, quant, tiles),
             )
-        ctx.save_for_backward(q, k, out, out_u, m, l, q_offsets, k_offsets, q_d, k_d, v_d)
-        ctx.settings = (causal, silu, codes, tiles, write_ou)
+        ctx.save_for_backward(q, k, out, out_u, m, l, q_d, k_d, v_d, q_t, k_t)
+        # The offsets stay on ctx as the same Python objects, so the backward finds their tile
+        # tables cached on them; their versions are checked as saved tensors' would be.
+        ctx.offsets = (q_offsets, k_offsets, _tensor_version(q_offsets), _tensor_version(k_offsets))
+        ctx.settings = (causal, silu, codes, tiles, write_ou, backward_too)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        q, k, out, out_u, m, l, q_offsets, k_offsets, q_d, k_d, v_d = ctx.saved_tensors
-        causal, silu, codes, tiles, write_ou = ctx.settings
+        q, k, out, out_u, m, l, q_d, k_d, v_d, q_t, k_t = ctx.saved_tensors
+        q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
+        if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
+            raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
+        causal, silu, codes, tiles, write_ou, along_tokens_saved = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
         if quant:
-            _, q_t = _prequantized(q, q_offsets, None, codes.q_m)
-            _, k_t = _prequantized(k, k_offsets, None, codes.k_n)
+            if not along_tokens_saved:  # the forward expected no backward; quantize along the tokens now
+                _, q_t = _prequantized(q, q_offsets, None, codes.q_m)
+                _, k_t = _prequantized(k, k_offsets, None, codes.k_n)
             do_d, do_t = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m)
         else:
-            q_t, k_t, do_d, do_t = q, k, grad_out, grad_out
+            do_d, do_t = grad_out, grad_out
         if silu:
             delta = m  # not read
         else:
             # MX: sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both along the head dim;
             # BF16: the flash-attention row term rowsum(dO * O).
             delta = _row_dots(do_d, out_u) if write_ou else _row_dots(grad_out, out)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(k)
+        # Every key row of every sequence with keys is written (zeros where a sequence has no
+        # queries), and so is every query row by the dQ kernel; the fused dQ accumulates atomically.
+        dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+        dv = torch.empty(k.shape, device=k.device, dtype=k.dtype)
+        dq = None if tiles.fused_dq else torch.empty(q.shape, device=q.device, dtype=q.dtype)
+        dq_accumulator = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if tiles.fused_dq else dq
         options = _launch_options(q, silu, causal, quant, tiles)
         strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5)
-        q_lengths = q_offsets[1:] - q_offsets[:-1]
-        k_lengths = k_offsets[1:] - k_offsets[:-1]
-        kv_seq, kv_start = _tiles(k_offsets, k.shape[0], q_lengths, tiles.dkdv_n, skip=q_lengths == 0)
-        dq_accumulator = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if tiles.fused_dq else dq
+        kv_seq, kv_start = _tiles(k_offsets, k.shape[0], q_offsets, tiles.dkdv_n)
         if kv_seq.numel() and heads:
             _jagged_attention_bwd_dkdv[(kv_seq.numel(), heads)](
                 q_d, q_t, k_d, k_t, v_d, do_d, do_t, m, l, delta, dk, dv, dq_accumulator,
@@ -710,7 +771,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
             )
         if tiles.fused_dq:
             return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None
-        q_seq, q_start = _tiles(q_offsets, total_q, k_lengths, tiles.dq_m)
+        q_seq, q_start = _tiles(q_offsets, total_q, k_offsets, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
                 q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides,

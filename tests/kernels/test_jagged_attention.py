@@ -196,6 +196,79 @@ def test_empty_histories_and_empty_query_sets_give_zeros():
             assert torch.equal(reference_dk[:5], dk[:5]) and torch.equal(reference_dv[:5], dv[:5])
 
 
+@pytest.fixture
+def nan_filled_empty(monkeypatch):
+    """torch.empty / empty_like return NaN-filled floating tensors, so that an output row the
+    kernels leave unwritten shows up instead of reading whatever memory held."""
+    original_empty, original_empty_like = torch.empty, torch.empty_like
+
+    def empty(*args, **kwargs):
+        tensor = original_empty(*args, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    def empty_like(*args, **kwargs):
+        tensor = original_empty_like(*args, **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
+
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", empty_like)
+
+
+@pytest.mark.parametrize("fused_dq", [False, True], ids=["dq-kernel", "fused-dq"])
+def test_unwritten_outputs_are_exact_zeros_not_uninitialized_memory(nan_filled_empty, fused_dq):
+    # Sequence 0 has queries but no keys, sequence 1 keys but no queries (and a 33-key run: two tiles).
+    q_lengths, k_lengths = [3, 0, 2], [0, 33, 4]
+    q, k, v, grad = _inputs(q_lengths, k_lengths, 2, 32, seed=5)
+    tiles = FUSED_DQ_TILES if fused_dq else None
+    for policy in (None, _policy()):
+        for activation in ("softmax", "silu"):
+            out = jagged_attention(q, k, v, _offsets(q_lengths), _offsets(k_lengths), activation=activation, policy=policy, tiles=tiles)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
+            for name, tensor in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
+                assert torch.isfinite(tensor).all(), f"{name}: rows left unwritten ({activation}, policy {policy is not None})"
+            assert torch.equal(out[:3].float(), torch.zeros(3, 2, 32)) and torch.equal(dq[:3].float(), torch.zeros(3, 2, 32))
+            assert torch.equal(dk[:33].float(), torch.zeros(33, 2, 32)) and torch.equal(dv[:33].float(), torch.zeros(33, 2, 32))
+            assert out[3:].abs().sum() > 0 and dk[33:].abs().sum() > 0 and dq[3:].abs().sum() > 0
+
+
+def test_tile_tables_are_cached_on_the_offsets_until_changed_in_place(monkeypatch):
+    computed = []
+    compute_tiles = jagged_attention_module._compute_tiles
+
+    def counting(offsets, tokens, work_offsets, block):
+        computed.append((tokens, block))
+        return compute_tiles(offsets, tokens, work_offsets, block)
+
+    monkeypatch.setattr(jagged_attention_module, "_compute_tiles", counting)
+    lengths, permuted = [31, 0, 1, 33, 65], [65, 31, 0, 33, 1]
+    q, k, v, grad = _inputs(lengths, lengths, 1, 32, seed=11)
+    offsets = _offsets(lengths)
+
+    def forward_backward(policy):
+        out = jagged_attention(q, k, v, offsets, offsets, policy=policy)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+    first = forward_backward(None)
+    # Self-attention with the interpreter's 32-row tiles: forward, dK/dV and dQ share one table.
+    assert len(computed) == 1
+    second = forward_backward(None)
+    assert len(computed) == 1, "the same offsets object must reuse its tables"
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    forward_backward(_policy())
+    assert len(computed) == 2, "MX mode adds only the (unsorted) 32-token table of the pre-quantization"
+
+    offsets.copy_(_offsets(permuted))  # same total, other sequences: stale tables would be wrong
+    changed = forward_backward(None)
+    assert len(computed) == 3, "an in-place change must invalidate the cached tables"
+    fresh = jagged_attention(q, k, v, _offsets(permuted), _offsets(permuted))
+    assert torch.equal(changed[0], fresh)
+
+    out = jagged_attention(q, k, v, offsets, offsets)
+    offsets.add_(0)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        out.backward(grad)
+
+
 def test_all_empty_batch():
     offsets = _offsets([0, 0])
     q = torch.zeros(0, 2, 32, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
