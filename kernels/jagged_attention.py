@@ -64,7 +64,7 @@ import functools
 import os
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 import triton
@@ -573,7 +573,8 @@ def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax"
     return None
 
 
-_TILE_CACHE_ATTRIBUTE = "_mxlab_jagged_attention_tiles"
+_OFFSETS_CACHE_ATTRIBUTE = "_mxlab_jagged_attention_cache"
+_Cached = TypeVar("_Cached")
 
 
 def _tensor_version(tensor: torch.Tensor) -> Optional[int]:
@@ -584,33 +585,41 @@ def _tensor_version(tensor: torch.Tensor) -> Optional[int]:
         return None
 
 
+def _cached_on_offsets(offsets: torch.Tensor, tag: tuple, other: Optional[torch.Tensor], compute: Callable[[], _Cached]) -> _Cached:
+    """compute(), cached on the offsets tensor itself (a Python attribute) under `tag` and the
+    identity and version of `other` (a second tensor the result depends on, or None), for the
+    current version of `offsets`: an in-place change of either tensor computes it again.
+    Tensors without a version counter (inference mode) are not cached."""
+    version = _tensor_version(offsets)
+    other_version = _tensor_version(other) if other is not None else -1
+    if version is None or other_version is None:
+        return compute()
+    cache = offsets.__dict__.get(_OFFSETS_CACHE_ATTRIBUTE)
+    if cache is None or cache[0] != version:  # a new or changed offsets tensor: drop every entry
+        cache = (version, {})
+        setattr(offsets, _OFFSETS_CACHE_ATTRIBUTE, cache)
+    key = (*tag, id(other), other_version)
+    entry = cache[1].get(key)
+    # The weak reference tells a live `other` from a new tensor that reuses a freed one's id.
+    if entry is not None and (other is None or entry[0]() is other):
+        return entry[1]
+    value = compute()
+    cache[1][key] = (weakref.ref(other) if other is not None else None, value)
+    return value
+
+
 def _tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(sequence index, start) int32 of every `block`-row tile of every non-empty run of `offsets`,
     the tiles of sequences with the longest runs in `work_offsets` first (None: in order).
 
     Computed on the device without a host synchronization: the table has a fixed size (tokens //
     block + sequences, an upper bound; `tokens` is the run's total length), and spare entries
-    have sequence index -1. Cached on the offsets tensor itself (a Python attribute), keyed by
-    tokens, block, and the identity and version of `work_offsets`, for the current version of
-    `offsets`: the layers of a model that share offsets, and the backward, compute it once; an
-    in-place change of either tensor computes it again.
+    have sequence index -1. Cached on `offsets` (`_cached_on_offsets`): the layers of a model
+    that share offsets, and the backward, compute it once.
     """
-    version = _tensor_version(offsets)
-    work_version = _tensor_version(work_offsets) if work_offsets is not None else -1
-    if version is None or work_version is None:
-        return _compute_tiles(offsets, tokens, work_offsets, block)
-    cache = offsets.__dict__.get(_TILE_CACHE_ATTRIBUTE)
-    if cache is None or cache[0] != version:  # a new or changed offsets tensor: drop every entry
-        cache = (version, {})
-        setattr(offsets, _TILE_CACHE_ATTRIBUTE, cache)
-    key = (tokens, block, id(work_offsets), work_version)
-    entry = cache[1].get(key)
-    # The weak reference tells a live work tensor from a new one that reuses a freed one's id.
-    if entry is not None and (work_offsets is None or entry[0]() is work_offsets):
-        return entry[1]
-    tables = _compute_tiles(offsets, tokens, work_offsets, block)
-    cache[1][key] = (weakref.ref(work_offsets) if work_offsets is not None else None, tables)
-    return tables
+    return _cached_on_offsets(
+        offsets, ("tiles", tokens, block), work_offsets, lambda: _compute_tiles(offsets, tokens, work_offsets, block)
+    )
 
 
 def _compute_tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -785,10 +794,16 @@ def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.d
         raise ValueError(f"{name} must be a 1-D int64 tensor of batch+1 offsets; got dtype {offsets.dtype}, shape {tuple(offsets.shape)}")
     if offsets.device != device:
         raise ValueError(f"{name} is on {offsets.device}, the tensors on {device}; put them on one device")
+    # The value checks synchronize with the device: done once per offsets tensor and version.
+    _cached_on_offsets(offsets, ("checked", total), None, lambda: _check_offset_values(name, offsets, total))
+
+
+def _check_offset_values(name: str, offsets: torch.Tensor, total: int) -> bool:
     if int(offsets[0]) != 0 or int(offsets[-1]) != total:
         raise ValueError(f"{name} must start at 0 and end at the number of tokens ({total}); got {int(offsets[0])}..{int(offsets[-1])}")
     if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
         raise ValueError(f"{name} must be non-decreasing")
+    return True
 
 
 def jagged_attention(
@@ -827,7 +842,7 @@ def jagged_attention(
     _check_offsets("k_offsets", k_offsets, k.shape[0], q.device)
     if q_offsets.numel() != k_offsets.numel():
         raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
-    if causal and not torch.equal(q_offsets, k_offsets):
+    if causal and not (q_offsets is k_offsets or _cached_on_offsets(q_offsets, ("equal",), k_offsets, lambda: torch.equal(q_offsets, k_offsets))):
         raise ValueError("causal attention needs as many queries as keys in every example")
     return jagged_attention_checked(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
 

@@ -269,6 +269,32 @@ def test_tile_tables_are_cached_on_the_offsets_until_changed_in_place(monkeypatc
         out.backward(grad)
 
 
+def test_offset_checks_run_once_per_offsets_version(monkeypatch):
+    checked = []
+    check_offset_values = jagged_attention_module._check_offset_values
+
+    def counting(name, offsets, total):
+        checked.append(name)
+        return check_offset_values(name, offsets, total)
+
+    monkeypatch.setattr(jagged_attention_module, "_check_offset_values", counting)
+    q, k, v, _ = _inputs([4, 3], [4, 3], 1, 32, seed=2)
+    offsets = _offsets([4, 3])
+    with torch.no_grad():
+        jagged_attention(q, k, v, offsets, offsets, causal=True)
+        jagged_attention(q, k, v, offsets, offsets, causal=True)
+        assert checked == ["q_offsets"], "the second call and the k_offsets check (the same tensor) hit the cache"
+        offsets[1] = 8  # now ends beyond the tokens: the next call must check again and refuse
+        with pytest.raises(ValueError, match="must be non-decreasing"):
+            jagged_attention(q, k, v, offsets, offsets)
+        offsets[1] = 4
+        other = _offsets([4, 3])
+        jagged_attention(q, k, v, offsets, other, causal=True)
+        other[1] = 5  # still valid offsets, no longer equal to the queries'
+        with pytest.raises(ValueError, match="causal attention needs as many queries as keys"):
+            jagged_attention(q, k, v, offsets, other, causal=True)
+
+
 def test_all_empty_batch():
     offsets = _offsets([0, 0])
     q = torch.zeros(0, 2, 32, dtype=torch.bfloat16, device=DEVICE, requires_grad=True)
