@@ -1,11 +1,13 @@
 """Quantized matrix products with their own precision for the forward and both backward GEMMs.
 
 `qmatmul(a, b, precision)` computes `a @ b` for a (..., M, K) and b (..., K, N) (or a 2-D b
-shared by every batch entry). Every GEMM is emulated exactly: each operand is quantized and
-dequantized with `mxlab.quant.fake_quantize` in float32 (blocks of 32 along the contraction
-dimension, zero-padded when that dimension is not a multiple of 32), the product is
-accumulated in float32, and the result is returned in a's dtype. Per-tensor FP8 operands
-(`fp8_tensor_e4m3`, `fp8_tensor_e5m2`) use one current scale for the whole tensor.
+shared by every batch entry). Every GEMM is emulated exactly: each MX operand is quantized and
+dequantized with `mxlab.quant.fake_quantize` (blocks of 32 along the contraction dimension,
+zero-padded when that dimension is not a multiple of 32), the product is accumulated in
+float32, and the result is returned in a's dtype. Per-tensor FP8 operands (`fp8_tensor_e4m3`,
+`fp8_tensor_e5m2`) use one current scale for the whole tensor: their FP8 values are multiplied
+and the float32 accumulator is then multiplied by the scale_inv of each such operand, as FP8
+GEMM hardware (and Transformer Engine) applies per-tensor scales.
 
 | GEMM | product | operand blocks run along |
 |---|---|---|
@@ -20,13 +22,13 @@ key-axis blocks of P @ V and of the gradients start at each sequence's first key
 padded with zeros change neither the blocks of the real keys nor the product.
 
 On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation and a
-float32 result (`torch.mm(..., out_dtype=torch.float32)`) whenever both quantized operands are
-exactly representable in bfloat16, which is the case for every MX element value quantized from
-a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a point of
-a grid of powers of two no finer than bfloat16's). Operands quantized from float32 or float16
-(via float32) are checked (no nonzero magnitude below 2^-126, where bfloat16 loses bits). Other GEMMs (per-tensor
-FP8 values carry a float32 scale, float32 high-precision operands, the CPU) multiply float32
-operands. The two differ only in the order of float32 accumulation, as any two GEMM kernels do.
+float32 result (`torch.mm(..., out_dtype=torch.float32)`) whenever both operands are exactly
+representable in bfloat16. That holds for FP8 values, and for every MX element value quantized
+from a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a
+point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
+or float16 (via float32) are checked: no nonzero magnitude below 2^-126, where bfloat16 loses
+bits. Other GEMMs (float32 high-precision operands, the CPU) multiply float32 operands. The two
+differ only in the order of float32 accumulation, as any two GEMM kernels do.
 
 A GEMM whose two operands are both high precision (`bf16` or `fp32`) is a plain
 `torch.matmul` of the unmodified operands: "bf16" means the precision the baseline model runs
@@ -243,29 +245,38 @@ def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver
 
 def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> torch.Tensor:
     """x quantized and dequantized as `quant` says (unchanged if high precision), in float32."""
-    return _quantized_operand(x, quant, axis, seed).float()
+    values, factor = _quantized_operand(x, quant, axis, seed)
+    return values.float() if factor is None else values.float() * factor
 
 
-def _quantized_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> torch.Tensor:
-    """x quantized and dequantized as `quant` says, in bfloat16 where that holds the values exactly
-    (see `_exact_in_bfloat16`), else in float32. High-precision operands are x itself (bfloat16
-    stays bfloat16, anything else becomes float32)."""
+QuantizedOperand = tuple[torch.Tensor, Optional[torch.Tensor]]
+
+
+def _quantized_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> QuantizedOperand:
+    """(values, factor): x quantized and dequantized as `quant` says is values * factor (factor None: 1).
+
+    MX operands: their dequantized values, in bfloat16 where that holds them exactly (see
+    `_exact_in_bfloat16`), else float32. Per-tensor FP8: the FP8 values (bfloat16 on CUDA, exact)
+    and the 0-d float32 scale_inv, applied to the float32 product as FP8 hardware does. High
+    precision: x itself (bfloat16 stays bfloat16, anything else becomes float32)."""
     if quant.high_precision:
-        return x if x.dtype == torch.bfloat16 else x.float()
-    from mxlab.quant import fake_quantize
+        return (x if x.dtype == torch.bfloat16 else x.float()), None
+    from mxlab.quant import fake_quantize, quantize_per_tensor_fp8
 
+    if not quant.block_scaled:
+        q, scale_inv = quantize_per_tensor_fp8(x, quant.fmt)
+        return q.to(torch.bfloat16 if x.is_cuda else torch.float32), scale_inv
     kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True}
-    if quant.block_scaled:
-        kwargs["block"] = quant.block
-        kwargs["axis"] = axis if quant.block == 32 else -1
+    kwargs["block"] = quant.block
+    kwargs["axis"] = axis if quant.block == 32 else -1
     if quant.rounding == "stochastic":
         kwargs["seed"] = seed
-    if quant.block_scaled and x.dtype == torch.bfloat16:
-        return fake_quantize(x, quant.fmt, **kwargs)  # exact in bfloat16, see the module docstring
+    if x.dtype == torch.bfloat16:
+        return fake_quantize(x, quant.fmt, **kwargs), None  # exact in bfloat16, see the module docstring
     values = fake_quantize(x.float(), quant.fmt, **kwargs)
-    if quant.block_scaled and x.is_cuda and _exact_in_bfloat16(values):
-        return values.to(torch.bfloat16)
-    return values
+    if x.is_cuda and _exact_in_bfloat16(values):
+        return values.to(torch.bfloat16), None
+    return values, None
 
 
 BFLOAT16_EXACT_FLOOR = 2.0 ** -126  # below it, bfloat16 (8 significant bits) is subnormal
@@ -325,12 +336,12 @@ def _gemm(
     out_dtype: torch.dtype,
     name: str,
     label: str,
-    b_quantized: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    b_quantized: Optional[QuantizedOperand] = None,
+) -> tuple[torch.Tensor, Optional[QuantizedOperand], Optional[QuantizedOperand]]:
     """op(a) @ op(b), op = transpose of the last two dims where asked, with a quantized along
     `a_axis` and b along `b_axis` of their stored layouts (or b's quantized values given as
-    `b_quantized`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied,
-    bfloat16 or float32 (None for a high-precision GEMM)."""
+    `b_quantized`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
+    `_quantized_operand` gives them (None for a high-precision GEMM)."""
 
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
         return x.transpose(-1, -2) if transpose else x
@@ -341,15 +352,22 @@ def _gemm(
         a_in, b_in = a, b
         if quant.hadamard is not None:
             a_in, b_in = _hadamard_pair(a, b, a_axis, b_axis, quant.hadamard, seeds[2])
-        a_q = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
-        b_q = b_quantized if b_quantized is not None else _quantized_operand(b_in, quant.b, b_axis, seeds[1])
+        a_q, a_factor = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
+        b_q, b_factor = b_quantized if b_quantized is not None else _quantized_operand(b_in, quant.b, b_axis, seeds[1])
         out = _float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
+        factors = [f for f in (a_factor, b_factor) if f is not None]
+        if factors:  # per-tensor scales multiply the float32 accumulator, as FP8 GEMM hardware does
+            out = out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
         if _observer is not None:
             _observer(
                 name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
-                a=a_in, b=b_in, a_q=a_q.float(), b_q=b_q.float(), a_axis=a_axis, b_axis=b_axis,
+                a=a_in, b=b_in, a_q=_dequantized(a_q, a_factor), b_q=_dequantized(b_q, b_factor), a_axis=a_axis, b_axis=b_axis,
             )
-    return out.to(out_dtype), a_q, b_q
+    return out.to(out_dtype), (a_q, a_factor), (b_q, b_factor)
+
+
+def _dequantized(values: torch.Tensor, factor: Optional[torch.Tensor]) -> torch.Tensor:
+    return values.float() if factor is None else values.float() * factor
 
 
 # A power-of-two scale can recover bits of an MX-quantized element only if the element is below

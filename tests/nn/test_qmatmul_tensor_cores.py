@@ -43,32 +43,49 @@ def test_exactness_check_rejects_values_bfloat16_would_round() -> None:
     assert not qm._exact_in_bfloat16(torch.tensor([2.0 ** -140]))
 
 
-def test_float32_operands_stay_float32_on_the_cpu() -> None:
+def test_operand_dtypes_and_factors_on_the_cpu() -> None:
     quant = qm.OperandQuant("e4m3")
     x = torch.randn(8, 64)
-    assert qm._quantized_operand(x, quant, -1, 0).dtype == torch.float32
-    assert qm._quantized_operand(x.to(torch.bfloat16), quant, -1, 0).dtype == torch.bfloat16
-    assert qm._quantized_operand(x, qm.OperandQuant("fp8_tensor_e4m3"), -1, 0).dtype == torch.float32
+    values, factor = qm._quantized_operand(x, quant, -1, 0)
+    assert values.dtype == torch.float32 and factor is None
+    values, factor = qm._quantized_operand(x.to(torch.bfloat16), quant, -1, 0)
+    assert values.dtype == torch.bfloat16 and factor is None
+    values, factor = qm._quantized_operand(x, qm.OperandQuant("fp8_tensor_e4m3"), -1, 0)
+    assert values.dtype == torch.float32 and factor is not None and factor.dim() == 0
+    assert torch.equal(values * factor, fake_quantize(x, "fp8_tensor_e4m3"))
+
+
+def test_per_tensor_scales_multiply_the_accumulator() -> None:
+    """A per-tensor FP8 GEMM is (q_a @ q_b) * (scale_inv_a * scale_inv_b), the FP8 hardware form."""
+    generator = torch.Generator().manual_seed(5)
+    a, b = torch.randn(40, 96, generator=generator), torch.randn(96, 24, generator=generator) * 1e-3
+    quant = qm.OperandQuant("fp8_tensor_e4m3")
+    gemm = qm.GemmQuant(quant, quant)
+    out = qm.qmatmul(a, b, qm.MatmulPrecision(fwd=gemm, grad_a=gemm, grad_b=gemm))
+    (qa, fa), (qb, fb) = qm._quantized_operand(a, quant, -1, 0), qm._quantized_operand(b, quant, -2, 0)
+    expected = (qa.double() @ qb.double()) * (fa.double() * fb.double())
+    assert torch.allclose(out.double(), expected, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("operand", [qm.OperandQuant("e4m3", scale_mode="rceil"), qm.OperandQuant("fp8_tensor_e4m3")])
+def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.dtype, operand: qm.OperandQuant) -> None:
     generator = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randn(1000, 512, device="cuda", generator=generator).to(dtype).requires_grad_()
     b = (torch.randn(512, 384, device="cuda", generator=generator) * 0.05).to(dtype).requires_grad_()
-    quant = qm.OperandQuant("e4m3", scale_mode="rceil")
-    gemm = qm.GemmQuant(quant, quant)
+    gemm = qm.GemmQuant(operand, operand)
     precision = qm.MatmulPrecision(fwd=gemm, grad_a=gemm, grad_b=gemm)
-    a_q = qm._quantized_operand(a.detach(), quant, -1, 0)
-    b_q = qm._quantized_operand(b.detach(), quant, -2, 0)
-    assert a_q.dtype == b_q.dtype == torch.bfloat16  # the float32 inputs pass the exactness check
+    a_q, a_factor = qm._quantized_operand(a.detach(), operand, -1, 0)
+    b_q, b_factor = qm._quantized_operand(b.detach(), operand, -2, 0)
+    assert a_q.dtype == b_q.dtype == torch.bfloat16  # float32 MX inputs pass the exactness check
     out = qm.qmatmul(a, b, precision)
-    exact = a_q.double() @ b_q.double()
-    bound = 512 * 2.0 ** -23 * (a_q.double().abs() @ b_q.double().abs())  # float32 accumulation, any order
+    factor = 1.0 if a_factor is None else float(a_factor.double() * b_factor.double())
+    exact = (a_q.double() @ b_q.double()) * factor
+    bound = 512 * 2.0 ** -23 * (a_q.double().abs() @ b_q.double().abs()) * abs(factor)  # float32 accumulation, any order
     assert bool(((out.double() - exact).abs() <= bound + exact.abs() * 2.0 ** -8).all())
-    if dtype == torch.float32:  # float32 result: only accumulation order separates it from the float32 GEMM
-        assert bool(((out.double() - exact).abs() <= bound).all())
+    if dtype == torch.float32:  # float32 result: only accumulation order separates it from a float32 GEMM
+        assert bool(((out.double() - exact).abs() <= bound + exact.abs() * 2.0 ** -23).all())
     out.backward(torch.randn_like(out))
     assert a.grad is not None and torch.isfinite(a.grad).all() and b.grad is not None
