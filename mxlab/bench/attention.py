@@ -5,6 +5,9 @@ sigma 0.8, rounded and clipped to [8, 1024]); self-attention over the history (s
 and not; SiLU), cross-attention (5 tokens per example attend to its history) and pooled
 attention (4 seed queries per example attend to its history). Everything runs forward +
 backward in BF16, timed with CUDA events after warm-up; the baselines run in the same process.
+For the self shape, "loop" rows time 50 back-to-back steps with one synchronization (a training
+loop's throughput; the note gives the host's enqueue time per step) and "graph" rows replay the
+step from a CUDA graph (device time alone): their gap is the host overhead.
 
 Useful FLOPs count only pairs inside a sequence: 4 * Lq * Lk * D per head forward (causal: the
 pairs j <= i), x 3.5 for forward + backward ("fwd only" rows: the forward's share alone). The kernel's MX mode (MXFP8 e4m3 operands, floor
@@ -30,6 +33,7 @@ HEAD_DIM = 64
 LENGTH_MU, LENGTH_SIGMA, LENGTH_MIN, LENGTH_MAX = 5.5, 0.8, 8, 1024
 CROSS_TOKENS = 5  # candidate + 3 other fields + dense token of the synthetic source
 PMA_SEEDS = 4
+LOOP_STEPS = 50  # back-to-back steps of the "loop" rows
 
 
 @dataclass
@@ -52,6 +56,7 @@ class Measurement:
     ms: Optional[float]
     useful_tflops: Optional[float]
     note: str = ""
+    host_ms: Optional[float] = None  # loop rows: host time to enqueue one step
 
 
 @dataclass
@@ -107,6 +112,42 @@ def _time_ms(step: Callable[[], None], warmup: int, repeat: int) -> float:
         times.append(start.elapsed_time(end))
     times.sort()
     return times[len(times) // 2]
+
+
+def _time_loop_ms(step: Callable[[], None], warmup: int, steps: int) -> tuple[float, float]:
+    """(wall ms per step, host ms per step) over `steps` back-to-back steps with one
+    synchronization at the end: the throughput of a training loop. The wall time equals the
+    host time when the host cannot enqueue work faster than the device runs it."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    host_started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    host_ms = (time.perf_counter() - host_started) * 1e3 / steps
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / steps, host_ms
+
+
+def _time_graph_ms(step: Callable[[], None], warmup: int, repeat: int) -> float:
+    """Median ms of one replay of `step` captured in a CUDA graph: the device time alone, no
+    host overhead. `step` must not synchronize with the host once warmed up."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(max(warmup, 2)):
+            step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    try:
+        return _time_ms(graph.replay, warmup, repeat)
+    finally:
+        del graph
 
 
 def _fwd_bwd(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], grad: torch.Tensor) -> Callable[[], None]:
@@ -195,11 +236,25 @@ def run_attention_bench(
         Shape("self-silu", "self", False, "silu"),
     ]
 
-    def record(shape: Shape, method: str, ms: Optional[float], flops: float, note: str = "") -> None:
+    def record(shape: Shape, method: str, ms: Optional[float], flops: float, note: str = "", host_ms: Optional[float] = None) -> None:
         tflops = flops / (ms * 1e-3) / 1e12 if ms else None
-        result.measurements.append(Measurement(shape.name, method, ms, tflops, note))
+        result.measurements.append(Measurement(shape.name, method, ms, tflops, note, host_ms))
         shown = f"{ms:9.3f} ms {tflops:7.1f} useful TFLOP/s" if ms else f"{'-':>9}    {'':>7}"
         print_fn(f"  {shape.name:<12} {method:<24} {shown} {note}")
+
+    def record_host_split(shape: Shape, method: str, step: Callable[[], None], flops: float) -> None:
+        """`method loop`: N back-to-back steps, one sync (note: host enqueue ms per step);
+        `method graph`: the same step replayed from a CUDA graph (device time only)."""
+        try:
+            loop_ms, host_ms = _time_loop_ms(step, warmup, LOOP_STEPS)
+            record(shape, f"{method} loop", loop_ms, flops, f"{LOOP_STEPS} steps, one sync; host enqueue {host_ms:.3f} ms/step", host_ms)
+        except Exception as error:  # report, keep the other numbers
+            record(shape, f"{method} loop", None, flops, f"failed: {type(error).__name__}: {error}"[:200])
+        try:
+            record(shape, f"{method} graph", _time_graph_ms(step, warmup, repeat), flops, "CUDA graph replay: device time")
+        except Exception as error:
+            torch.cuda.synchronize()
+            record(shape, f"{method} graph", None, flops, f"failed: {type(error).__name__}: {error}"[:200])
 
     for shape in shapes:
         if shape.kind == "self":
@@ -223,6 +278,10 @@ def run_attention_bench(
         if shape.name in ("self", "self-causal"):  # forward alone: where the time goes
             record(shape, "kernel bf16 fwd only", _time_ms(kernel, warmup, repeat), flops / 3.5)
             record(shape, "kernel mxfp8 fwd only", _time_ms(lambda: kernel(mx_policy), warmup, repeat), flops / 3.5)
+        if shape.name == "self":  # host overhead apart from device time
+            record_host_split(shape, "kernel bf16", _fwd_bwd(kernel, inputs, grad), flops)
+            record_host_split(shape, "kernel mxfp8", _fwd_bwd(lambda: kernel(mx_policy), inputs, grad), flops)
+            record_host_split(shape, "kernel bf16 fwd only", kernel, flops / 3.5)
         if sweep_tiles and shape.name == "self":
             for tiles in _sweep_candidates():
                 for mode, policy in (("bf16", None), ("mxfp8", mx_policy)):
@@ -262,6 +321,8 @@ def run_attention_bench(
                 record(shape, "flex document mask", _time_ms(_fwd_bwd(flex, inputs, grad), warmup, repeat), flops)
                 if shape.name in ("self", "self-causal"):
                     record(shape, "flex fwd only", _time_ms(flex, warmup, repeat), flops / 3.5)
+                if shape.name == "self":
+                    record_host_split(shape, "flex document mask", _fwd_bwd(flex, inputs, grad), flops)
                 difference = float((flex_out.detach().float() - kernel_out.detach().float()).abs().max())
                 result.checks[f"{shape.name}: max |kernel bf16 - flex|"] = difference
             except Exception as error:  # report, keep the other numbers
@@ -313,6 +374,11 @@ def _summarize(result: AttentionBenchResult, shapes: list[Shape]) -> None:
                 result.ratios[f"{shape.name}: {method} / flex speed-up"] = flex_ms / ms
             if ms and sdpa_ms:
                 result.ratios[f"{shape.name}: {method} / padded sdpa speed-up"] = sdpa_ms / ms
+            for timing in ("loop", "graph"):  # both sides timed the same way
+                kernel_ms = by_key.get((shape.name, f"{method} {timing}"))
+                flex_timed_ms = by_key.get((shape.name, f"flex document mask {timing}"))
+                if kernel_ms and flex_timed_ms:
+                    result.ratios[f"{shape.name}: {method} {timing} / flex {timing} speed-up"] = flex_timed_ms / kernel_ms
 
 
 def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional[tuple]) -> str:
@@ -373,8 +439,11 @@ def _sweep_candidates() -> list[Any]:
     TileSizes = _jagged_kernels().TileSizes
 
     return [
-        TileSizes(128, 64, 128, 64, 128, 64, 8, 2),  # the BF16 default
-        TileSizes(128, 64, 64, 64, 64, 64, 4, 2),
+        TileSizes(128, 64, 128, 64, 128, 64, 8, 2),
+        TileSizes(128, 64, 64, 64, 64, 64, 4, 2),  # the BF16 default
+        TileSizes(128, 64, 64, 64, 64, 64, 4, 3),
+        TileSizes(128, 128, 64, 64, 64, 64, 8, 3),
+        TileSizes(128, 128, 64, 64, 64, 64, 8, 2),
         TileSizes(128, 128, 64, 128, 128, 64, 8, 2),
         TileSizes(128, 64, 128, 64, 128, 64, 8, 3),
         TileSizes(64, 32, 32, 64, 64, 32, 4, 2),  # the MX default
