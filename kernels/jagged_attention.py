@@ -202,14 +202,16 @@ def _row_dot(A, B, OUT, rows, heads, tokens, HEAD_DIM: tl.constexpr, BLOCK_ROWS:
 
 @triton.jit
 def _prequantize(
-    X, OUT_ALONG_D, OUT_ALONG_T, offsets, tile_seq, tile_start, stride_t, stride_h,
-    HEAD_DIM: tl.constexpr, D_CODE: tl.constexpr, T_CODE: tl.constexpr, ALONG_D: tl.constexpr, ALONG_T: tl.constexpr,
+    X, OUT_ALONG_D, OUT_ALONG_T, offsets, tile_seq, tile_start, stride_t, width,
+    COLS: tl.constexpr, D_CODE: tl.constexpr, T_CODE: tl.constexpr, ALONG_D: tl.constexpr, ALONG_T: tl.constexpr,
 ):
-    """Fake-quantize 32 tokens x head_dim of one head of a jagged (tokens, heads, head_dim) tensor,
-    along the head dim (OUT_ALONG_D) and/or along the tokens (OUT_ALONG_T, blocks of 32 tokens
-    from each sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits)."""
+    """Fake-quantize 32 tokens x COLS columns of a jagged (tokens, heads * head_dim) tensor (rows
+    of `width` contiguous elements, token stride `stride_t`) along the columns (OUT_ALONG_D: blocks
+    of 32 of the head dim; COLS and the column start are multiples of 32 and head_dim, so no
+    block crosses a head) and/or along the tokens (OUT_ALONG_T, blocks of 32 tokens from each
+    sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits)."""
     pid = tl.program_id(0)
-    head = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
     seq = tl.load(tile_seq + pid)
     live = seq >= 0  # the grid is an upper bound on the tile count; spare programs see empty runs
     seq = tl.maximum(seq, 0)
@@ -217,14 +219,13 @@ def _prequantize(
     begin = tl.load(offsets + seq)
     length = tl.where(live, (tl.load(offsets + seq + 1) - begin).to(tl.int32), 0)
     rows = start + tl.arange(0, 32)
-    row_ok = rows < length
-    offs_d = tl.arange(0, HEAD_DIM)
-    index = (begin + rows)[:, None] * stride_t + head * stride_h + offs_d[None, :]
-    x = tl.load(X + index, mask=row_ok[:, None], other=0.0).to(tl.float32)
+    ok = (rows < length)[:, None] & (cols < width)[None, :]
+    index = (begin + rows)[:, None] * stride_t + cols[None, :]
+    x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
     if ALONG_D:
-        tl.store(OUT_ALONG_D + index, fake_quant_tile(x, 32, HEAD_DIM, 1, D_CODE).to(tl.bfloat16), mask=row_ok[:, None])
+        tl.store(OUT_ALONG_D + index, fake_quant_tile(x, 32, COLS, 1, D_CODE).to(tl.bfloat16), mask=ok)
     if ALONG_T:
-        tl.store(OUT_ALONG_T + index, fake_quant_tile(x, 32, HEAD_DIM, 0, T_CODE).to(tl.bfloat16), mask=row_ok[:, None])
+        tl.store(OUT_ALONG_T + index, fake_quant_tile(x, 32, COLS, 0, T_CODE).to(tl.bfloat16), mask=ok)
 
 
 @triton.jit(do_not_specialize=["total_q"])
@@ -662,16 +663,29 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
     """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
     sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
     itself is returned in that slot."""
+    if not x.is_contiguous():
+        raise ValueError(f"_prequantized needs a contiguous (tokens, heads, head_dim) tensor; got strides {x.stride()}")
     seq, start = _tiles(offsets, x.shape[0], None, 32)
     along_d = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if d_code is not None else x
     along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if t_code is not None else x
-    if seq.numel() and x.shape[1]:
-        _prequantize[(seq.numel(), x.shape[1])](
-            x, along_d, along_t, offsets, seq, start, x.stride(0), x.stride(1),
-            HEAD_DIM=x.shape[2], D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
-            num_warps=4,
+    width = x.shape[1] * x.shape[2]  # a token's heads side by side: one program covers all of them
+    if seq.numel() and width:
+        columns = min(triton.next_power_of_2(width), _PREQUANTIZE_COLUMNS)
+        _prequantize[(seq.numel(), triton.cdiv(width, columns))](
+            x, along_d, along_t, offsets, seq, start, width, width,
+            COLS=columns, D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
+            num_warps=_prequantize_warps(columns),
         )
     return along_d, along_t
+
+
+# Columns (heads x head_dim) of one `_prequantize` program: at most 256 (a multiple of every
+# supported head dim up to 256); 32 x 256 float32 values take 64 registers per thread at 4 warps.
+_PREQUANTIZE_COLUMNS = 256
+
+
+def _prequantize_warps(columns: int) -> int:
+    return 1 if _interpreting() else max(1, min(8, columns // 32))
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -705,7 +719,7 @@ def _cached_launch_options(dtype: torch.dtype, head_dim: int, silu: bool, causal
 class _JaggedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
-                causal: bool, silu: bool, codes: Optional[_OperandCodes], tiles: TileSizes) -> torch.Tensor:  # type: ignore[override]
+                causal: bool, silu: bool, codes: Optional[_OperandCodes], tiles: TileSizes, backward_expected: bool) -> torch.Tensor:  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -716,14 +730,12 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         write_ou = quant and not silu
         out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
         if quant:
-            # The backward's along-token copies of Q and K come from the same read when it will run.
-            backward_too = any(ctx.needs_input_grad[:3])
-            q_d, q_t = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_too else None)
-            k_d, k_t = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_too else None)
+            # The backward's along-token copies of Q and K come from the same read.
+            q_d, q_t = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_expected else None)
+            k_d, k_t = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_expected else None)
             v_d, v_t = _prequantized(v, k_offsets, codes.v_d, codes.v_n)
         else:
             q_d, k_d, v_d, v_t, q_t, k_t = q, k, v, v, q, k
-            backward_too = False
         tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
@@ -736,7 +748,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         # The offsets stay on ctx as the same Python objects, so the backward finds their tile
         # tables cached on them; their versions are checked as saved tensors' would be.
         ctx.offsets = (q_offsets, k_offsets, _tensor_version(q_offsets), _tensor_version(k_offsets))
-        ctx.settings = (causal, silu, codes, tiles, write_ou, backward_too)
+        ctx.settings = (causal, silu, codes, tiles, write_ou)
         return out
 
     @staticmethod
@@ -745,14 +757,11 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
         if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
             raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
-        causal, silu, codes, tiles, write_ou, along_tokens_saved = ctx.settings
+        causal, silu, codes, tiles, write_ou = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
         if quant:
-            if not along_tokens_saved:  # the forward expected no backward; quantize along the tokens now
-                _, q_t = _prequantized(q, q_offsets, None, codes.q_m)
-                _, k_t = _prequantized(k, k_offsets, None, codes.k_n)
             do_d, do_t = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m)
         else:
             do_d, do_t = grad_out, grad_out
@@ -779,14 +788,14 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
         if tiles.fused_dq:
-            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None
+            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None
         q_seq, q_start = _tiles(q_offsets, total_q, k_offsets, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
                 q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides,
                 BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.device) -> None:
@@ -869,7 +878,8 @@ def jagged_attention_checked(
         for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
             if getattr(tiles, name) % 32:
                 raise ValueError(f"MX mode needs tile sizes that are multiples of 32; got {name}={getattr(tiles, name)}")
-    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles)
+    backward_expected = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles, backward_expected)
 
 
 __all__ = ["jagged_attention", "jagged_attention_checked", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]

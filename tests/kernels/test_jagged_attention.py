@@ -128,7 +128,7 @@ MX_CASES = [
     # id, q lengths, k lengths, causal, activation, heads, policy arguments, tiles
     ("self-causal-softmax-e4m3-floor", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(), None),
     ("self-silu-e4m3-even-away", SELF_LENGTHS, SELF_LENGTHS, False, "silu", 1, dict(scale_mode="even", rounding="nearest_away"), None),
-    ("cross-softmax-e4m3-e5m2grad-rceil-wide", CROSS_Q, CROSS_K, False, "softmax", 1, dict(grad="e5m2", scale_mode="rceil"), WIDE_TILES),
+    ("cross-softmax-e4m3-e5m2grad-rceil-wide-3heads", CROSS_Q, CROSS_K, False, "softmax", 3, dict(grad="e5m2", scale_mode="rceil"), WIDE_TILES),
     ("pma-silu-e3m2-e2m3grad-ceil-tz", PMA_Q, PMA_K, False, "silu", 1, dict(fwd="e3m2", grad="e2m3", scale_mode="ceil", rounding="toward_zero"), None),
     ("self-causal-softmax-int8-wide", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(fwd="int8", grad="e2m1"), WIDE_TILES),
     ("self-causal-softmax-fused-dq", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(), FUSED_DQ_TILES),
