@@ -11,6 +11,8 @@ An operand's format, scale mode and rounding travel as one packed integer conste
 """
 from __future__ import annotations
 
+import functools
+
 import triton
 import triton.language as tl
 
@@ -31,7 +33,17 @@ def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str) -> in
     ROUNDING 15-16, MMAX >> 16 at 17-23 (the top 7 bits of the max normal's 23-bit fraction;
     its lower 16 bits are zero in every format). Refuses stochastic rounding and unknown names.
     """
-    element = get_format(fmt) if isinstance(fmt, str) else fmt
+    if isinstance(fmt, str):  # the common case, once per name: kernels' host code calls this per launch
+        return _operand_code_of_name(fmt, scale_mode, rounding)
+    return _operand_code(fmt, scale_mode, rounding)
+
+
+@functools.lru_cache(maxsize=512)
+def _operand_code_of_name(fmt: str, scale_mode: str, rounding: str) -> int:
+    return _operand_code(get_format(fmt), scale_mode, rounding)
+
+
+def _operand_code(element: ElementFormat, scale_mode: str, rounding: str) -> int:
     if scale_mode not in DEVICE_SCALE_MODES:
         raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(DEVICE_SCALE_MODES)}")
     if rounding not in DEVICE_ROUNDINGS:
