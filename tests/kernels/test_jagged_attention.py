@@ -374,3 +374,25 @@ def test_benchmark_cross_and_pma_shapes_match_reference_on_gpu(mode, queries, fu
             _assert_exact_up_to_accumulation(name, actual, expected, 3)
         else:
             _assert_bf16_flash_close(name, actual, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+def test_repeated_calls_do_not_synchronize_with_the_host(mode):
+    """Once an offsets tensor's checks and tile tables are cached, forward + backward only enqueue work."""
+    lengths, q, k, v, grad = _benchmark_inputs(64)
+    offsets = _offsets(lengths)
+    policy = _policy() if mode == "mxfp8" else None
+
+    def step():
+        out = jagged_attention(q, k, v, offsets, offsets, policy=policy)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+    first = step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        second = step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert all(torch.equal(a, b) for a, b in zip(first, second)), "the cached tables give the same result"
