@@ -36,7 +36,8 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   gradients are needed); P and dS are quantized inside the attention kernels. The softmax P that is quantized is the normalized one, so the
   MX softmax forward takes two passes over the keys (statistics, then P and PV). The backward's
   row term ``sum_j P_ij dP_ij`` is ``sum_d quant(dO)_id (P @ quant(V))_id`` (both along the head
-  dim), with ``P @ quant(V)`` accumulated in the forward from P split into two bfloat16 parts
+  dim, summed in the launch that quantizes dO), with ``P @ quant(V)`` accumulated in the forward
+  from P split into two bfloat16 parts
   (relative error below 2^-16: the one approximation beyond accumulation order). Quantized
   values are exact in bfloat16, so every product is an exact bfloat16 tensor-core product with
   float32 accumulation: otherwise the kernel and the reference differ only in the order of
@@ -202,14 +203,17 @@ def _row_dot(A, B, OUT, rows, heads, tokens, HEAD_DIM: tl.constexpr, BLOCK_ROWS:
 
 @triton.jit
 def _prequantize(
-    X, OUT_ALONG_D, OUT_ALONG_T, offsets, tile_seq, tile_start, stride_t, width,
+    X, OUT_ALONG_D, OUT_ALONG_T, DOT_WITH, ROW_DOTS, offsets, tile_seq, tile_start, stride_t, width, tokens,
     COLS: tl.constexpr, D_CODE: tl.constexpr, T_CODE: tl.constexpr, ALONG_D: tl.constexpr, ALONG_T: tl.constexpr,
+    ROW_DOT: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """Fake-quantize 32 tokens x COLS columns of a jagged (tokens, heads * head_dim) tensor (rows
     of `width` contiguous elements, token stride `stride_t`) along the columns (OUT_ALONG_D: blocks
     of 32 of the head dim; COLS and the column start are multiples of 32 and head_dim, so no
     block crosses a head) and/or along the tokens (OUT_ALONG_T, blocks of 32 tokens from each
-    sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits)."""
+    sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits).
+    ROW_DOT (with ALONG_D) also writes ROW_DOTS[h, t] = sum_d along_d[t, h, d] * DOT_WITH[t, h, d]
+    in float32, (heads, tokens)."""
     pid = tl.program_id(0)
     cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
     seq = tl.load(tile_seq + pid)
@@ -223,7 +227,15 @@ def _prequantize(
     index = (begin + rows)[:, None] * stride_t + cols[None, :]
     x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
     if ALONG_D:
-        tl.store(OUT_ALONG_D + index, fake_quant_tile(x, 32, COLS, 1, D_CODE).to(tl.bfloat16), mask=ok)
+        along_d = fake_quant_tile(x, 32, COLS, 1, D_CODE)
+        tl.store(OUT_ALONG_D + index, along_d.to(tl.bfloat16), mask=ok)
+        if ROW_DOT:
+            other = tl.load(DOT_WITH + index, mask=ok, other=0.0).to(tl.float32)
+            sums = tl.sum(tl.reshape(along_d * other, (32, COLS // HEAD_DIM, HEAD_DIM)), 2)
+            head = tl.min(tl.reshape(cols, (COLS // HEAD_DIM, HEAD_DIM)), 1) // HEAD_DIM
+            token_ok = rows < length
+            tl.store(ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None], sums,
+                     mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :])
     if ALONG_T:
         tl.store(OUT_ALONG_T + index, fake_quant_tile(x, 32, COLS, 0, T_CODE).to(tl.bfloat16), mask=ok)
 
@@ -659,24 +671,32 @@ def default_tiles(quantized: bool, device: torch.device) -> TileSizes:
     return DEFAULT_MX_TILES if quantized else DEFAULT_TILES
 
 
-def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int], t_code: Optional[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int], t_code: Optional[int],
+                  dot_with: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
     sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
-    itself is returned in that slot."""
+    itself is returned in that slot. Third: with `dot_with` (contiguous, x's shape; needs
+    d_code), the (heads, tokens) float32 sums over the head dim of along_d * dot_with, else None."""
     if not x.is_contiguous():
         raise ValueError(f"_prequantized needs a contiguous (tokens, heads, head_dim) tensor; got strides {x.stride()}")
     seq, start = _tiles(offsets, x.shape[0], None, 32)
     along_d = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if d_code is not None else x
     along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if t_code is not None else x
+    row_dots = None
+    if dot_with is not None:
+        if d_code is None or dot_with.shape != x.shape or not dot_with.is_contiguous():
+            raise ValueError(f"_prequantized: dot_with needs d_code and a contiguous tensor of shape {tuple(x.shape)}")
+        row_dots = torch.empty(x.shape[1], x.shape[0], device=x.device, dtype=torch.float32)
     width = x.shape[1] * x.shape[2]  # a token's heads side by side: one program covers all of them
     if seq.numel() and width:
         columns = min(triton.next_power_of_2(width), _PREQUANTIZE_COLUMNS)
         _prequantize[(seq.numel(), triton.cdiv(width, columns))](
-            x, along_d, along_t, offsets, seq, start, width, width,
+            x, along_d, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
+            offsets, seq, start, width, width, x.shape[0],
             COLS=columns, D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
-            num_warps=_prequantize_warps(columns),
+            ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns),
         )
-    return along_d, along_t
+    return along_d, along_t, row_dots
 
 
 # Columns (heads x head_dim) of one `_prequantize` program: at most 256 (a multiple of every
@@ -731,9 +751,9 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
         if quant:
             # The backward's along-token copies of Q and K come from the same read.
-            q_d, q_t = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_expected else None)
-            k_d, k_t = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_expected else None)
-            v_d, v_t = _prequantized(v, k_offsets, codes.v_d, codes.v_n)
+            q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_expected else None)
+            k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_expected else None)
+            v_d, v_t, _ = _prequantized(v, k_offsets, codes.v_d, codes.v_n)
         else:
             q_d, k_d, v_d, v_t, q_t, k_t = q, k, v, v, q, k
         tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
@@ -761,16 +781,15 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
+        # The softmax row term: MX: sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both
+        # along the head dim, from the launch that quantizes dO; BF16: the flash-attention
+        # rowsum(dO * O). SiLU reads none.
         if quant:
-            do_d, do_t = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m)
+            do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=out_u if write_ou else None)
         else:
-            do_d, do_t = grad_out, grad_out
-        if silu:
+            do_d, do_t, delta = grad_out, grad_out, None if silu else _row_dots(grad_out, out)
+        if delta is None:
             delta = m  # not read
-        else:
-            # MX: sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both along the head dim;
-            # BF16: the flash-attention row term rowsum(dO * O).
-            delta = _row_dots(do_d, out_u) if write_ou else _row_dots(grad_out, out)
         # Every key row of every sequence with keys is written (zeros where a sequence has no
         # queries), and so is every query row by the dQ kernel; the fused dQ accumulates atomically.
         dk = torch.empty(k.shape, device=k.device, dtype=k.dtype)
