@@ -33,12 +33,12 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   V and dO are fake-quantized once per call into bfloat16 copies, one per orientation needed,
   both orientations of a tensor from one read (`_prequantize`, blocks of 32 tokens from each
   sequence's first token; the forward also makes the backward's copies of Q and K when
-  gradients are needed); P and dS are quantized inside the attention kernels. The softmax P that is quantized is the normalized one, so the
-  MX softmax forward takes two passes over the keys (statistics, then P and PV). The backward's
-  row term ``sum_j P_ij dP_ij`` is ``sum_d quant(dO)_id (P @ quant(V))_id`` (both along the head
-  dim, summed in the launch that quantizes dO), with ``P @ quant(V)`` accumulated in the forward
-  from P split into two bfloat16 parts
-  (relative error below 2^-16: the one approximation beyond accumulation order). Quantized
+  gradients are needed); P and dS are quantized inside the attention kernels. The softmax P
+  that is quantized is the normalized one, so the MX softmax forward takes two passes over the
+  keys (statistics, then P and PV). The backward's row term ``sum_j P_ij dP_ij`` is
+  ``sum_d quant(dO)_id (P @ quant(V))_id`` (both along the head dim, summed in the launch that
+  quantizes dO), with ``P @ quant(V)`` accumulated in the forward from P split into two
+  bfloat16 parts (relative error below 2^-16: the one approximation beyond accumulation order). Quantized
   values are exact in bfloat16, so every product is an exact bfloat16 tensor-core product with
   float32 accumulation: otherwise the kernel and the reference differ only in the order of
   float32 accumulation (tiles, the softmax denominator's sum).
