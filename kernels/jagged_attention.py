@@ -232,7 +232,7 @@ def _prequantize(
         if ROW_DOT:
             other = tl.load(DOT_WITH + index, mask=ok, other=0.0).to(tl.float32)
             sums = tl.sum(tl.reshape(along_d * other, (32, COLS // HEAD_DIM, HEAD_DIM)), 2)
-            head = tl.min(tl.reshape(cols, (COLS // HEAD_DIM, HEAD_DIM)), 1) // HEAD_DIM
+            head = (tl.min(tl.reshape(cols, (COLS // HEAD_DIM, HEAD_DIM)), 1) // HEAD_DIM).to(tl.int64)
             token_ok = rows < length
             tl.store(ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None], sums,
                      mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :])
