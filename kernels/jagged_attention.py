@@ -617,7 +617,12 @@ def _cached_on_offsets(offsets: torch.Tensor, tag: tuple, other: Optional[torch.
     if entry is not None and (other is None or entry[0]() is other):
         return entry[1]
     value = compute()
-    cache[1][key] = (weakref.ref(other) if other is not None else None, value)
+    entries = cache[1]
+    # Drop the entries of freed `other` tensors (offsets reused with per-batch partners would
+    # otherwise keep every batch's tables alive).
+    for dead in [key for key, (reference, _) in entries.items() if reference is not None and reference() is None]:
+        del entries[dead]
+    entries[key] = (weakref.ref(other) if other is not None else None, value)
     return value
 
 

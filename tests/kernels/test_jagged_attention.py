@@ -269,6 +269,16 @@ def test_tile_tables_are_cached_on_the_offsets_until_changed_in_place(monkeypatc
         out.backward(grad)
 
 
+def test_tile_cache_drops_the_tables_of_freed_partner_offsets():
+    queries = _offsets([2, 2, 2])  # e.g. pooled attention's fixed seed queries, with per-batch keys
+    for batch in range(5):
+        keys = _offsets([batch + 1, 3, 40])
+        jagged_attention_module._tiles(queries, 6, keys, 32)
+        del keys
+    _, entries = queries.__dict__[jagged_attention_module._OFFSETS_CACHE_ATTRIBUTE]
+    assert len(entries) <= 2, f"{len(entries)} cached tables for one live partner"
+
+
 def test_offset_checks_run_once_per_offsets_version(monkeypatch):
     checked = []
     check_offset_values = jagged_attention_module._check_offset_values
