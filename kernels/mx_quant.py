@@ -4,7 +4,7 @@ Every step is the integer algorithm of docs/numerics.md on float32 bit patterns:
 is an integer max of `bits & 0x7FFFFFFF`, the scale exponent comes from the exponent and
 fraction fields, elements are rounded by integer shift and remainder, and stochastic rounding
 draws its 24 bits from the counter-based mixer. Nothing depends on the GPU's float
-flush-to-zero behaviour, with one exception that is proven safe below (the fast path).
+flush-to-zero behaviour, with two exceptions that are proven safe below (the fast paths).
 
 One kernel, `_mx_kernel`, covers every layout. A program loads a 4-D tile of a 3-D view
 (A, L, B) of x: (RB, RS, CB, 32), rows `(pid_l * RB + rb) * RS + rs` of L and columns
@@ -25,6 +25,31 @@ pattern, and element-subnormal values with one float32 addition of the power of 
 2^qe; both operands and the sum are normal floats when qe >= -125, and an input that is a
 float32 subnormal is below half the quantum, so it rounds to 0 whether or not the hardware
 flushes it. Any other tile takes the exact integer path.
+
+Hardware FP8 conversion (constexpr HW_FP8, chosen by `hardware_fp8_applies`: e4m3/e5m2, round to
+nearest even, CUDA compute capability >= 9.0, never under TRITON_INTERPRET=1). On a fast-path tile an
+element becomes scaled = float32(x) * 2^-S, converted by `.to(float8e4nv | float8e5, "rtne")`, which
+Triton 3.6 lowers on sm_90+ to cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (on sm_89 it goes through an fp16
+rounded toward zero, a double rounding, so sm_89 keeps the integer path). The code is the FP8 byte, the
+value float32(fp8) * 2^S. This is the reference bit for bit, because `_fast_path_ok` gives
+S + emin - mbits >= -125 and S + emax <= 126 (S in [-116, 113] for e4m3, [-109, 111] for e5m2), so:
+- 2^-S and 2^S are normal floats; x * 2^-S is exact when the product is a normal float, and never
+  overflows (|x| <= amax < 2^(S + emax + 1)). Exact scaled values rounded to nearest even on the FP8
+  grid (quantum 2^(e - mbits) in binade e >= emin, 2^(emin - mbits) below: FP8 subnormals) are the
+  reference's rounding at quantum 2^qe, divided by 2^S, ties included.
+- A product below 2^-126 and a float32-subnormal input (|x| / 2^S < 2^(-126 - S) <= 2^(emin - mbits - 1)
+  by the bound on S), however the multiply rounds or flushes them, lie below half the smallest FP8
+  subnormal: zero on both sides.
+- Saturation: the reference rounds, then clamps a code above the max to the max normal; satfinite
+  returns the max normal for every value that rounds above it (where e4m3 has NaN, e5m2 Inf), and
+  values below it round alike.
+- Signed zero: the reference ORs x's sign into every FP code, so a negative x that rounds to zero gives
+  0x80 and -0.0. So does the hardware: x * 2^-S keeps x's sign when it underflows (Triton emits mul.f32,
+  without .ftz; a flush would keep the sign too), an IEEE conversion that rounds a negative value to
+  zero returns -0, and -0 * 2^S = -0. Blocks with amax 0 run with S = 0 (codes 0x00/0x80, values +-0),
+  and NaN/Inf blocks are `special`, overwritten with code 0 and NaN, as on every path.
+- float32(fp8) is exact (Triton converts through fp16, which holds every e4m3/e5m2 value), and times 2^S
+  it is n * 2^qe with qe >= -125 and magnitude <= 1.75 * 2^126: exact, normal or zero.
 """
 from __future__ import annotations
 
@@ -280,11 +305,29 @@ def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.conste
 
 
 @triton.jit
+def _quantize_hw_fp8(bits, s, MBITS: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
+    """(codes, float32 value bits) of e4m3/e5m2 with round to nearest even through the GPU's saturating FP8
+    conversion (sm_90+), for blocks where `_fast_path_ok` holds; the module docstring says why it is exact."""
+    tl.static_assert(BITS == 8 and not IS_INT and (MBITS == 2 or MBITS == 3), "hardware FP8 path: e4m3 or e5m2 only")
+    x = bits.to(tl.float32, bitcast=True)
+    scaled = x * ((127 - s) << 23).to(tl.float32, bitcast=True)  # x * 2^-S, exact where it matters
+    if MBITS == 3:
+        element = scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e4m3x2.f32
+    else:
+        element = scaled.to(tl.float8e5, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e5m2x2.f32
+    value = element.to(tl.float32) * ((127 + s) << 23).to(tl.float32, bitcast=True)  # exact, normal or zero
+    return element.to(tl.uint8, bitcast=True).to(tl.int32), value.to(tl.int32, bitcast=True)
+
+
+@triton.jit
 def _fast_elements(bits, s, special, inert, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                    EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
-                   IS_INT: tl.constexpr, ROUNDING: tl.constexpr):
-    """(codes, values as bits of the output dtype) on the fast path (ROUNDING nearest_even or stochastic)."""
-    if ROUNDING == 0:
+                   IS_INT: tl.constexpr, ROUNDING: tl.constexpr, HW_FP8: tl.constexpr):
+    """(codes, values as bits of the output dtype) on the fast path (ROUNDING nearest_even or stochastic);
+    HW_FP8 (nearest_even, e4m3/e5m2, sm_90+) converts with the GPU's FP8 instructions instead of integer steps."""
+    if ROUNDING == 0 and HW_FP8:
+        code, value = _quantize_hw_fp8(bits, tl.where(inert, 0, s), MBITS, BITS, IS_INT)
+    elif ROUNDING == 0:
         code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT)
     else:
         code, value = _quantize_fast_stochastic(bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE, NMAX,
@@ -321,7 +364,7 @@ def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, va
           WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr,
           MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
           NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
-          FAST: tl.constexpr, PROBE: tl.constexpr):
+          FAST: tl.constexpr, HW_FP8: tl.constexpr, PROBE: tl.constexpr):
     """Quantize a tile (s, special, inert broadcast against bits; ok: the tile may take the fast path) and
     store its codes and/or values. Each branch stores its own results, so no tile-sized value is merged
     across the branch (which would keep both paths' registers live)."""
@@ -334,7 +377,7 @@ def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, va
     elif FAST and (ROUNDING == 0 or ROUNDING == 3):
         if ok:
             code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
-                                       BITS, IS_INT, ROUNDING)
+                                       BITS, IS_INT, ROUNDING, HW_FP8)
             _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
                    WANT_CODES, WANT_VALUES)
         else:
@@ -358,7 +401,7 @@ def _mx_kernel(
     WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
     MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
     PROBE: tl.constexpr, RB: tl.constexpr, RS: tl.constexpr, CB: tl.constexpr,
 ):
     """Quantize one (RB, RS, CB, 32) tile of the (A, L, B) view of x; see the module docstring.
@@ -400,7 +443,7 @@ def _mx_kernel(
                  mask=(srow < L) & (sblk < nbp))
         _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], ok, r24, (pid_a * L + row) * BP + col,
               (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 1 or LAYOUT == 2:
         amax = tl.max(magnitude, axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
@@ -412,7 +455,7 @@ def _mx_kernel(
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=(sblk < LP // 32) & (scol < B))
         _emit(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], ok, r24, (pid_a * LP + row) * B + col,
               (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 3:
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
@@ -425,7 +468,7 @@ def _mx_kernel(
                  mask=(sblk < LP // 32) & (sbcol < BP // 32))
         _emit(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], ok, r24, (pid_a * LP + row) * BP + col,
               (row < LP) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
 
 
 @triton.jit
@@ -436,7 +479,7 @@ def _mx_columns_kernel(
     WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
     MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
     PROBE: tl.constexpr, CB: tl.constexpr,
 ):
     """LAYOUT_COL / LAYOUT_BOTH for one 32-row block and CB * 32 columns, in two passes over the rows.
@@ -491,11 +534,11 @@ def _mx_columns_kernel(
         _columns_row(bits_even, row, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
                      row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
                      seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS,
-                     IS_INT, SCALE_MODE, ROUNDING, FAST, WIDE_INDEX, PROBE, CB)
+                     IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, CB)
         _columns_row(bits_odd, row + 1, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
                      row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
                      seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS,
-                     IS_INT, SCALE_MODE, ROUNDING, FAST, WIDE_INDEX, PROBE, CB)
+                     IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, CB)
 
 
 @triton.jit
@@ -504,7 +547,7 @@ def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, ok_col, 
                  OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr, WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
                  MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
                  NMAX: tl.constexpr, MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
-                 SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, WIDE_INDEX: tl.constexpr,
+                 SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
                  PROBE: tl.constexpr, CB: tl.constexpr):
     """Pass 2 of `_mx_columns_kernel` for one row: column-wise codes/values, and row-wise ones for LAYOUT_BOTH."""
     if ROUNDING == 3:
@@ -515,7 +558,7 @@ def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, ok_col, 
     values_mask = col_in & (row < L)
     _emit(bits, s_col, special_col, inert_col, ok_col, r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
           col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-          MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+          MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 2:
         nbp = BP // 32
         block_index = pid_b * CB + tl.arange(0, CB)
@@ -527,10 +570,11 @@ def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, ok_col, 
         _emit(bits, s_row[:, None], special_row[:, None], (special_row | (row_amax == 0))[:, None], ok_rows, r24,
               (pid_a * L + row) * BP + col, (col < BP) & (row < L), row_codes_ptr, row_values_ptr,
               values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, PROBE)
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
 
 
 # ----------------------------------------------------------------------------- launchers
+import functools  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -551,6 +595,9 @@ ROUNDING_IDS = {
 DTYPE_KINDS = {torch.float32: KIND_FP32, torch.bfloat16: KIND_BF16, torch.float16: KIND_FP16}
 _BITS_DTYPES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 _MAX_GRID_YZ = 65535
+HARDWARE_FP8_FORMATS = ("e4m3", "e5m2")
+# sm_89 is left out: Triton 3.6 lowers float32 -> FP8 there through an fp16 rounded toward zero (double rounding)
+HARDWARE_FP8_MIN_CAPABILITY = (9, 0)
 
 
 @dataclass(frozen=True)
@@ -654,9 +701,33 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int)
     return None
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> tuple[int, int]:
+    major, minor = torch.cuda.get_device_capability(index)
+    return int(major), int(minor)
+
+
+def hardware_fp8_applies(device: torch.device | str, fmt: ElementFormat, rounding: str) -> bool:
+    """Whether the fast path of a call on `device` converts elements with the GPU's FP8 instructions.
+
+    True for e4m3/e5m2 with round to nearest even on a CUDA device of compute capability >= 9.0,
+    unless TRITON_INTERPRET=1 (whose numpy FP8 emulation is not the hardware's). Every other call
+    (other formats and roundings, older GPUs, the interpreter, CPU tensors) keeps the integer path.
+    """
+    device = torch.device(device)
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    if fmt.name not in HARDWARE_FP8_FORMATS or rounding != "nearest_even":
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_capability(index) >= HARDWARE_FP8_MIN_CAPABILITY
+
+
 def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None,
             want_codes: bool, want_values: bool, fast: bool = True, tile: TileConfig | None = None,
-            probe: bool = False):
+            probe: bool = False, hw_fp8: bool = True) -> dict:
+    """Run the kernel on a view; returns the output tensors by name, and under "kernel" what the launch
+    returned (the compiled kernel on a GPU, whose .asm shows the instructions)."""
     x3 = view.x3
     count, length, width = x3.shape
     layout = view.layout
@@ -670,7 +741,7 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     spans = [(size - 1) * abs(stride) for size, stride in zip(x3.shape, x3.stride())]
     wide = max(sum(spans) + 1, count * view.lp * view.bp) >= 2**31 - 1
     empty = torch.empty(0, dtype=torch.uint8, device=device)
-    outputs: dict[str, torch.Tensor] = {}
+    outputs: dict[str, object] = {}
 
     def codes_and_scales(codes_shape, scale_shape):
         codes = torch.empty(codes_shape, dtype=torch.uint8, device=device) if want_codes else empty
@@ -702,15 +773,16 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     options = dict(
         IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=DTYPE_KINDS[x3.dtype], LAYOUT=layout,
         WANT_CODES=want_codes, WANT_VALUES=want_values, **_format_constants(fmt),
-        SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast, WIDE_INDEX=wide, PROBE=probe,
-        CB=col_blocks, num_warps=tile.num_warps,
+        SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast,
+        HW_FP8=fast and hw_fp8 and not probe and hardware_fp8_applies(device, fmt, rounding),
+        WIDE_INDEX=wide, PROBE=probe, CB=col_blocks, num_warps=tile.num_warps,
     )
     if layout in (LAYOUT_COL, LAYOUT_BOTH):
-        _mx_columns_kernel[grid](*arguments, **options)
+        kernel = _mx_columns_kernel[grid](*arguments, **options)
     else:
-        _mx_kernel[grid](*arguments, RB=rb, RS=rs, **options)
+        kernel = _mx_kernel[grid](*arguments, RB=rb, RS=rs, **options)
     outputs.update(row_codes=row_codes, row_scales=row_scales, row_values=row_values,
-                   col_codes=col_codes, col_scales=col_scales, col_values=col_values)
+                   col_codes=col_codes, col_scales=col_scales, col_values=col_values, kernel=kernel)
     return outputs
 
 
@@ -727,49 +799,58 @@ def _check_call(x: torch.Tensor, scale_mode: str, rounding: str, seed: int | Non
 
 def quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int] = 32, axis: int = -1,
              scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None, pad: bool = False,
-             fast: bool = True, tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             fast: bool = True, tile: TileConfig | None = None, hw_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(codes, scales) as mxlab.reference computes them: codes uint8 of the padded shape, scale bytes
     uint8 of the padded shape with the blocked dims divided by 32.
 
     Refuses (ValueError) an unsupported dtype, an unknown rounding, stochastic rounding without a
     seed, and a blocked dim that is not a multiple of 32 unless pad=True. `fast=False` forces the
-    exact integer path everywhere (for tests); `tile` overrides the launch shape (for benchmarks).
+    exact integer path everywhere (for tests); `hw_fp8=False` keeps the integer fast path where the
+    hardware FP8 conversion would run (`hardware_fp8_applies`; for tests and benchmarks); `tile`
+    overrides the launch shape (for benchmarks). Every choice gives the same bits.
     """
     _check_call(x, scale_mode, rounding, seed)
     view = _make_view(x, block, axis, pad)
-    out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=True, want_values=False, fast=fast, tile=tile)
+    out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=True, want_values=False, fast=fast, tile=tile,
+                  hw_fp8=hw_fp8)
     prefix = "col" if view.layout == LAYOUT_COL else "row"
     return out[f"{prefix}_codes"].reshape(view.padded_shape), out[f"{prefix}_scales"].reshape(view.scale_shape)
 
 
 def fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int] = 32, axis: int = -1,
                   scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
-                  pad: bool = False, fast: bool = True, tile: TileConfig | None = None) -> torch.Tensor:
-    """dequantize(quantize(x)) in x's dtype and shape, one read and one write. Refuses what `quantize` refuses."""
+                  pad: bool = False, fast: bool = True, tile: TileConfig | None = None,
+                  hw_fp8: bool = True) -> torch.Tensor:
+    """dequantize(quantize(x)) in x's dtype and shape, one read and one write. Refuses what `quantize` refuses;
+    `fast`, `hw_fp8`, `tile` as in `quantize`."""
     _check_call(x, scale_mode, rounding, seed)
     view = _make_view(x, block, axis, pad)
-    out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=False, want_values=True, fast=fast, tile=tile)
+    out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=False, want_values=True, fast=fast, tile=tile,
+                  hw_fp8=hw_fp8)
     prefix = "col" if view.layout == LAYOUT_COL else "row"
     return out[f"{prefix}_values"].reshape(x.shape)
 
 
 def _rowcol(x: torch.Tensor, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None, pad: bool,
-            want_codes: bool, want_values: bool, fast: bool, tile: TileConfig | None) -> tuple[_View, dict]:
+            want_codes: bool, want_values: bool, fast: bool, tile: TileConfig | None,
+            hw_fp8: bool) -> tuple[_View, dict]:
     _check_call(x, scale_mode, rounding, seed)
     if x.dim() != 2:
         raise ValueError(f"row-and-column quantization takes a 2-D tensor, got shape {tuple(x.shape)}")
     view = _make_view(x, 32, 0, pad, layout=LAYOUT_BOTH)
-    return view, _launch(view, fmt, scale_mode, rounding, seed, want_codes, want_values, fast=fast, tile=tile)
+    return view, _launch(view, fmt, scale_mode, rounding, seed, want_codes, want_values, fast=fast, tile=tile,
+                         hw_fp8=hw_fp8)
 
 
 def quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "floor", rounding: str = "nearest_even",
-                    seed: int | None = None, pad: bool = False, fast: bool = True, tile: TileConfig | None = None):
+                    seed: int | None = None, pad: bool = False, fast: bool = True, tile: TileConfig | None = None,
+                    hw_fp8: bool = True):
     """((row codes, row scales), (column codes, column scales)) of a 2-D x from one read.
 
     The row-wise pair equals quantize(x, axis=-1), the column-wise pair quantize(x, axis=0), both
     from x itself (padded shapes as `quantize`). Refuses a tensor that is not 2-D.
     """
-    view, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, True, False, fast, tile)
+    view, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, True, False, fast, tile, hw_fp8)
     rows, cols = x.shape
     row_pair = (out["row_codes"].reshape(rows, view.bp), out["row_scales"].reshape(rows, view.bp // BLOCK))
     col_pair = (out["col_codes"].reshape(view.lp, cols), out["col_scales"].reshape(view.lp // BLOCK, cols))
@@ -778,7 +859,8 @@ def quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "f
 
 def fake_quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "floor",
                          rounding: str = "nearest_even", seed: int | None = None, pad: bool = False,
-                         fast: bool = True, tile: TileConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                         fast: bool = True, tile: TileConfig | None = None,
+                         hw_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(along_last, along_first): fake_quantize(x, axis=-1) and fake_quantize(x, axis=0) of a 2-D x, one read."""
-    _, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, False, True, fast, tile)
+    _, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, False, True, fast, tile, hw_fp8)
     return out["row_values"].reshape(x.shape), out["col_values"].reshape(x.shape)

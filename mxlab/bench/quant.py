@@ -7,6 +7,9 @@ graph (Python launch overhead excluded), the compiled reference with CUDA events
 
 Diagnostic rows ("probe ...") run the same kernel with the element arithmetic removed (same loads,
 block reductions and stores): when a cast is slower than its probe, the element arithmetic bounds it.
+Where the GPU's FP8 conversion applies (e4m3/e5m2, nearest even, sm_90+; see
+`mxlab.kernels.mx_quant.hardware_fp8_applies`) the casts use it (note "hardware FP8 convert"), and rows
+"..., integer fast path" time the same casts with it switched off, in the same run.
 """
 from __future__ import annotations
 
@@ -81,6 +84,12 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
         "row stochastic cast": (lambda: kernels.quantize(x, fmt, rounding="stochastic", seed=1), size_in + codes + scales),
         "row stochastic fake-quantize": (
             lambda: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1), size_in + values),
+        "row cast, integer fast path": (lambda: kernels.quantize(x, fmt, hw_fp8=False), size_in + codes + scales),
+        "row fake-quantize, integer fast path": (lambda: kernels.fake_quantize(x, fmt, hw_fp8=False), size_in + values),
+        "column cast, integer fast path": (
+            lambda: kernels.quantize(x, fmt, axis=0, hw_fp8=False), size_in + codes + scales),
+        "both cast (one read), integer fast path": (
+            lambda: kernels.quantize_rowcol(x, fmt, hw_fp8=False), size_in + 2 * (codes + scales)),
         "row cast, exact integer path only": (lambda: kernels.quantize(x, fmt, fast=False), size_in + codes + scales),
         "probe row cast": (probe(mx_quant.LAYOUT_ROW, True, False), size_in + codes + scales),
         "probe column cast": (probe(mx_quant.LAYOUT_COL, True, False), size_in + codes + scales),
@@ -183,7 +192,7 @@ def run_quant_bench(
     from mxlab.formats import get_format
     from mxlab.quant import _import_kernels
 
-    kernels = _import_kernels()
+    kernels = _import_kernels()  # mxlab.kernels.mx_quant
     if kernels is None:
         raise RuntimeError("mxlab bench quant needs Triton")
     element_format = get_format(fmt)
@@ -202,6 +211,14 @@ def run_quant_bench(
     def make_input(rows: int, cols: int) -> torch.Tensor:
         return torch.randn(rows, cols, device="cuda", dtype=torch.float32, generator=generator).to(torch.bfloat16)
 
+    hardware_fp8 = kernels.hardware_fp8_applies(torch.device("cuda"), element_format, "nearest_even")
+    console.print(f"hardware FP8 conversion for {fmt} nearest_even casts: {'yes' if hardware_fp8 else 'no'}")
+
+    def note_for(name: str) -> str:
+        nearest_even_cast = not name.startswith("probe") and "stochastic" not in name
+        uses_hardware = hardware_fp8 and nearest_even_cast and "integer" not in name
+        return "hardware FP8 convert" if uses_hardware else ""
+
     for index, (rows, cols) in enumerate(sizes):
         x = make_input(rows, cols)
         destination = torch.empty_like(x)
@@ -209,9 +226,9 @@ def run_quant_bench(
         record(rows, cols, "copy (device to device)", _time_graph(lambda: destination.copy_(x)), copy_bytes)
         copy_rates[(rows, cols)] = copy_bytes / measurements[-1].ms / 1e6
         for name, (fn, moved) in _operations(x, kernels, element_format).items():
-            if (name.startswith("probe") or "exact" in name) and index > 0:
+            if (name.startswith("probe") or "integer" in name) and index > 0:
                 continue
-            record(rows, cols, name, _time_graph(fn), moved)
+            record(rows, cols, name, _time_graph(fn), moved, note_for(name))
         if index == 0 and sweep_tiles:
             sweep = _tile_sweep(x, kernels, element_format)
             for entry in sweep:
@@ -228,6 +245,7 @@ def run_quant_bench(
             "triton": triton.__version__,
             "format": fmt,
             "input_dtype": "bfloat16",
+            "hardware_fp8": hardware_fp8,
             "measurements": [asdict(m) for m in measurements],
             "tile_sweep": sweep,
         }
