@@ -172,6 +172,17 @@ class JaggedAttention(nn.Module):
             raise ValueError(f"q, k, v must be (tokens, heads, head_dim); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
         if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree on heads/head_dim or k != v")
+        if self.backend == "triton" or (self.backend == "auto" and q.is_cuda):
+            reason = _triton_unsupported(q, k, v, self.policy, activation)
+            if reason is None and not (q_offsets.device == k_offsets.device == q.device):
+                reason = f"offsets on {q_offsets.device}/{k_offsets.device}, tensors on {q.device}"
+            if reason is None:
+                # validates the offsets itself, once per offsets tensor and version (their checks sync with the device)
+                return _triton_kernel().jagged_attention(
+                    q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy
+                )
+            if self.backend == "triton":
+                raise ValueError(f"the Triton attention backend cannot run these inputs: {reason}")
         _check_offsets("q_offsets", q_offsets, q.shape[0])
         _check_offsets("k_offsets", k_offsets, k.shape[0])
         if q_offsets.numel() != k_offsets.numel():
@@ -181,17 +192,6 @@ class JaggedAttention(nn.Module):
         if causal and bool((q_lengths != k_lengths).any()):
             raise ValueError("causal attention needs as many queries as keys in every example")
 
-        if self.backend == "triton" or (self.backend == "auto" and q.is_cuda):
-            reason = _triton_unsupported(q, k, v, self.policy, activation)
-            if reason is None and not (q_offsets.device == k_offsets.device == q.device):
-                reason = f"offsets on {q_offsets.device}/{k_offsets.device}, tensors on {q.device}"
-            if reason is None:
-                kernel = _triton_kernel()
-                return kernel.jagged_attention_checked(  # inputs validated above
-                    q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy
-                )
-            if self.backend == "triton":
-                raise ValueError(f"the Triton attention backend cannot run these inputs: {reason}")
         use_flex = activation == "softmax" and self.policy is None and (
             self.backend == "flex" or (self.backend == "auto" and q.is_cuda and _flex_available())
         )

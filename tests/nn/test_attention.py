@@ -174,7 +174,7 @@ def test_triton_backend_dispatch(monkeypatch):
     calls = []
     fake = types.ModuleType("mxlab.kernels.jagged_attention")
     fake.unsupported_reason = lambda q, policy, activation: None if q.dtype == torch.bfloat16 else f"dtype {q.dtype}"
-    fake.jagged_attention_checked = lambda q, k, v, qo, ko, *, causal, activation, policy: calls.append((causal, activation, policy)) or q * 2
+    fake.jagged_attention = lambda q, k, v, qo, ko, *, causal, activation, policy: calls.append((causal, activation, policy)) or q * 2
     monkeypatch.setitem(sys.modules, "mxlab.kernels.jagged_attention", fake)
     q = torch.randn(3, 1, 32, dtype=torch.bfloat16)
     attention = JaggedAttention(backend="triton")
