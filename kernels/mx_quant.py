@@ -46,8 +46,8 @@ S + emin - mbits >= -125 and S + emax <= 126 (S in [-116, 113] for e4m3, [-109, 
 - Signed zero: the reference ORs x's sign into every FP code, so a negative x that rounds to zero gives
   0x80 and -0.0. So does the hardware: x * 2^-S keeps x's sign when it underflows (Triton emits mul.f32,
   without .ftz; a flush would keep the sign too), an IEEE conversion that rounds a negative value to
-  zero returns -0, and -0 * 2^S = -0. Blocks with amax 0 run with S = 0 (codes 0x00/0x80, values +-0),
-  and NaN/Inf blocks are `special`, overwritten with code 0 and NaN, as on every path.
+  zero returns -0, and -0 * 2^S = -0. Blocks with amax 0 run with S = 0 (codes 0x00/0x80, values +-0);
+  NaN/Inf blocks are `special`: code 0 as on every path, values NaN through a NaN factor in place of 2^S.
 - float32(fp8) is exact (Triton converts through fp16, which holds every e4m3/e5m2 value), and times 2^S
   it is n * 2^qe with qe >= -125 and magnitude <= 1.75 * 2^126: exact, normal or zero.
 """
@@ -305,9 +305,10 @@ def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.conste
 
 
 @triton.jit
-def _quantize_hw_fp8(bits, s, MBITS: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
+def _quantize_hw_fp8(bits, s, special, MBITS: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
     """(codes, float32 value bits) of e4m3/e5m2 with round to nearest even through the GPU's saturating FP8
-    conversion (sm_90+), for blocks where `_fast_path_ok` holds; the module docstring says why it is exact."""
+    conversion (sm_90+), for blocks where `_fast_path_ok` holds; the module docstring says why it is exact.
+    Values of `special` blocks are NaN (their per-block dequantization factor is NaN); their codes are not set."""
     tl.static_assert(BITS == 8 and not IS_INT and (MBITS == 2 or MBITS == 3), "hardware FP8 path: e4m3 or e5m2 only")
     x = bits.to(tl.float32, bitcast=True)
     scaled = x * ((127 - s) << 23).to(tl.float32, bitcast=True)  # x * 2^-S, exact where it matters
@@ -315,7 +316,8 @@ def _quantize_hw_fp8(bits, s, MBITS: tl.constexpr, BITS: tl.constexpr, IS_INT: t
         element = scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e4m3x2.f32
     else:
         element = scaled.to(tl.float8e5, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e5m2x2.f32
-    value = element.to(tl.float32) * ((127 + s) << 23).to(tl.float32, bitcast=True)  # exact, normal or zero
+    factor = tl.where(special, F32_NAN_BITS, (127 + s) << 23).to(tl.float32, bitcast=True)  # 2^S, NaN if special
+    value = element.to(tl.float32) * factor  # exact, normal or zero
     return element.to(tl.uint8, bitcast=True).to(tl.int32), value.to(tl.int32, bitcast=True)
 
 
@@ -326,13 +328,14 @@ def _fast_elements(bits, s, special, inert, r24, OUT_KIND: tl.constexpr, MBITS: 
     """(codes, values as bits of the output dtype) on the fast path (ROUNDING nearest_even or stochastic);
     HW_FP8 (nearest_even, e4m3/e5m2, sm_90+) converts with the GPU's FP8 instructions instead of integer steps."""
     if ROUNDING == 0 and HW_FP8:
-        code, value = _quantize_hw_fp8(bits, tl.where(inert, 0, s), MBITS, BITS, IS_INT)
-    elif ROUNDING == 0:
-        code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT)
+        code, value = _quantize_hw_fp8(bits, tl.where(inert, 0, s), special, MBITS, BITS, IS_INT)
     else:
-        code, value = _quantize_fast_stochastic(bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE, NMAX,
-                                                BITS, IS_INT)
-    value = tl.where(special, F32_NAN_BITS, value)
+        if ROUNDING == 0:
+            code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT)
+        else:
+            code, value = _quantize_fast_stochastic(bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE,
+                                                    NMAX, BITS, IS_INT)
+        value = tl.where(special, F32_NAN_BITS, value)
     if OUT_KIND == 1:
         out = (value >> 16).to(tl.int16)  # exact: at most 8 significant bits, normal or zero
     else:
