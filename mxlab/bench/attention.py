@@ -151,11 +151,11 @@ def _time_graph_ms(step: Callable[[], None], warmup: int, repeat: int) -> float:
 
 
 def _fwd_bwd(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], grad: torch.Tensor) -> Callable[[], None]:
+    """One forward + backward step. Gradients come from `torch.autograd.grad`, not `.backward()`:
+    no accumulation into the leaves' `.grad`, whose AccumulateGrad nodes would tie the step to
+    the stream they were created on and break CUDA graph capture on a side stream."""
     def step() -> None:
-        for tensor in inputs:
-            tensor.grad = None
-        out = fn()
-        out.backward(grad)
+        torch.autograd.grad(fn(), inputs, grad)
 
     return step
 
