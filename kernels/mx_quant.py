@@ -18,6 +18,17 @@ One kernel, `_mx_kernel`, covers every layout. A program loads a 4-D tile of a 3
 Outputs are element codes (uint8, padded shape), scale bytes, and/or fake-quantized values in
 the input dtype (unpadded shape), each contiguous in (A, L, B) order.
 
+Random Hadamard transform (constexpr HADAMARD, LAYOUT_ROW and LAYOUT_COL of `_mx_kernel`): the loaded
+tile first becomes mxlab.hadamard.random_hadamard of the zero-padded input with block 32 along the
+blocked axis (the Hadamard blocks are the MX blocks): the sign of element k of each block is flipped where
+bit 0 of the counter bits of (k, hadamard seed) is 1 (an XOR of the float32 sign bit, which is the
+reference's exact multiply by -1), the butterfly runs in float32 in the reference's order (`_walsh_hadamard_rows`),
+then one float32 multiply by float32(1/sqrt(32)). Everything after works on those float32 bits as on an
+input. The transformed tensor has the padded shape, so values are float32 of the padded shape and the
+stochastic-rounding counter is the element index in it. These launches compile with enable_fp_fusion=False
+(no multiply-add contraction); Triton emits float32 add/sub/mul without .ftz, so subnormals behave as in
+PyTorch.
+
 The fast path (round to nearest even, every block of the tile with a scale in the range where
 it is valid) rounds element-normal values by adding a rounding bias to the float32 bit
 pattern, and element-subnormal values with one float32 addition of the power of two
@@ -69,6 +80,7 @@ SCALE_FLOOR, SCALE_CEIL, SCALE_RCEIL, SCALE_EVEN = 0, 1, 2, 3
 ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_TOWARD_ZERO, ROUND_STOCHASTIC = 0, 1, 2, 3
 
 F32_NAN_BITS = tl.constexpr(0x7FC00000)
+HADAMARD_NORM_BITS = tl.constexpr(0x3E3504F3)  # float32(1 / sqrt(32)), the factor mxlab.hadamard multiplies by
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -158,6 +170,45 @@ def _f32_bits_to_output(bits, OUT_KIND: tl.constexpr):
         half = tl.where(magnitude > 0x7F800000, 0x7E00, half)
         out = (half | ((bits >> 16) & 0x8000)).to(tl.int16)
     return out
+
+
+# ----------------------------------------------------------------------------- random Hadamard transform
+@triton.jit
+def _walsh_hadamard_rows(v):
+    """Unnormalized Walsh-Hadamard transform of each row of a float32 (M, 32) tile, in mxlab.hadamard's order.
+
+    Stage h = 1, 2, 4, 8, 16 replaces the elements i and i + h (bit h of i clear) by (a + c, a - c). Each
+    stage pairs the last bit of the current arrangement, then rotates the arrangement's index bits right by
+    one (join of the sums and differences, transposed to (2, 16)), so stage h sees bit h of the original
+    index last, and after five stages the original order is back.
+    """
+    M: tl.constexpr = v.shape[0]
+    for _ in tl.static_range(5):
+        a, c = tl.split(tl.reshape(v, (M, 16, 2)))
+        v = tl.reshape(tl.permute(tl.join(a + c, a - c), (0, 2, 1)), (M, 32))
+    return v
+
+
+@triton.jit
+def _random_hadamard_bits(bits, hadamard_key, AXIS: tl.constexpr):
+    """float32 bits of random_hadamard(x, 32, seed) of a 4-D tile of float32 bits along AXIS (3: the tile's
+    last axis, 1: its row axis); hadamard_key = mix32(seed). See the module docstring."""
+    flip = (_random_bits24(tl.arange(0, 32), hadamard_key, False) & 1) << 31  # sign bit where the sign is -1
+    S0: tl.constexpr = bits.shape[0]
+    S1: tl.constexpr = bits.shape[1]
+    S2: tl.constexpr = bits.shape[2]
+    S3: tl.constexpr = bits.shape[3]
+    norm = tl.full((1, 1, 1, 1), HADAMARD_NORM_BITS, tl.int32).to(tl.float32, bitcast=True)
+    if AXIS == 3:
+        signed = (bits ^ flip[None, None, None, :]).to(tl.float32, bitcast=True)
+        rows = _walsh_hadamard_rows(tl.reshape(signed, (S0 * S1 * S2, 32)))
+        transformed = tl.reshape(rows, (S0, S1, S2, S3))
+    else:
+        tl.static_assert(AXIS == 1, "the Hadamard axis of the tile is 1 or 3")
+        signed = (bits ^ flip[None, :, None, None]).to(tl.float32, bitcast=True)
+        rows = _walsh_hadamard_rows(tl.reshape(tl.permute(signed, (0, 2, 3, 1)), (S0 * S2 * S3, 32)))
+        transformed = tl.permute(tl.reshape(rows, (S0, S2, S3, S1)), (0, 3, 1, 2))
+    return (transformed * norm).to(tl.int32, bitcast=True)
 
 
 # ----------------------------------------------------------------------------- scales
@@ -399,18 +450,20 @@ def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, va
 @triton.jit
 def _mx_kernel(
     x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
-    L, B, LP, BP, stride_a, stride_l, stride_b, seed_key,
+    L, B, LP, BP, stride_a, stride_l, stride_b, seed_key, hadamard_key,
     IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr,
     WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
     MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    PROBE: tl.constexpr, RB: tl.constexpr, RS: tl.constexpr, CB: tl.constexpr,
+    PROBE: tl.constexpr, RB: tl.constexpr, RS: tl.constexpr, CB: tl.constexpr, HADAMARD: tl.constexpr = False,
 ):
     """Quantize one (RB, RS, CB, 32) tile of the (A, L, B) view of x; see the module docstring.
 
     L, B: the view's sizes; LP, BP: the padded sizes of the codes (multiples of 32 along blocked
-    dims). Codes and scales cover the padded shape, values the unpadded one.
+    dims). Codes and scales cover the padded shape, values the unpadded one. HADAMARD (LAYOUT_ROW or
+    LAYOUT_COL, OUT_KIND float32): quantize the random Hadamard transform of the tile along the blocked
+    axis (hadamard_key = mix32(Hadamard seed)); values then cover the padded shape too.
     """
     pid_l = tl.program_id(0)
     pid_b = tl.program_id(1)
@@ -427,12 +480,25 @@ def _mx_kernel(
     col = (pid_b * CB + cb) * 32 + ce
     in_mask = (row < L) & (col < B)
     bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND)
+    if HADAMARD:  # the transformed tensor has the padded shape: its values and counters are the codes' places
+        tl.static_assert(OUT_KIND == 0, "the Hadamard transform writes float32 values")
+        if LAYOUT == 0:
+            bits = _random_hadamard_bits(bits, hadamard_key, 3)
+            values_offsets = (pid_a * L + row) * BP + col
+            values_mask = (row < L) & (col < BP)
+        else:
+            tl.static_assert(LAYOUT == 1, "the Hadamard transform runs with LAYOUT_ROW or LAYOUT_COL")
+            bits = _random_hadamard_bits(bits, hadamard_key, 1)
+            values_offsets = (pid_a * LP + row) * B + col
+            values_mask = (row < LP) & (col < B)
+    else:
+        values_offsets = (pid_a * L + row) * B + col
+        values_mask = in_mask
     magnitude = bits & 0x7FFFFFFF
     if ROUNDING == 3:
-        r24 = _random_bits24((pid_a * L + row) * B + col, seed_key, WIDE_INDEX)
+        r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
     else:
         r24 = 0
-    values_offsets = (pid_a * L + row) * B + col
 
     if LAYOUT == 0 or LAYOUT == 2:
         amax = tl.max(magnitude, axis=3)
@@ -445,7 +511,7 @@ def _mx_kernel(
         tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk, (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
                  mask=(srow < L) & (sblk < nbp))
         _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], ok, r24, (pid_a * L + row) * BP + col,
-              (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 1 or LAYOUT == 2:
         amax = tl.max(magnitude, axis=1)
@@ -457,7 +523,7 @@ def _mx_kernel(
         tl.store(col_scales_ptr + (pid_a * (LP // 32) + sblk) * B + scol,
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=(sblk < LP // 32) & (scol < B))
         _emit(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], ok, r24, (pid_a * LP + row) * B + col,
-              (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 3:
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
@@ -470,7 +536,7 @@ def _mx_kernel(
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
                  mask=(sblk < LP // 32) & (sbcol < BP // 32))
         _emit(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], ok, r24, (pid_a * LP + row) * BP + col,
-              (row < LP) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              (row < LP) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
 
 
@@ -615,6 +681,17 @@ class TileConfig:
 ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_ROW
 COL_TILE = TileConfig(rows=32, col_blocks=32, num_warps=4)  # _mx_columns_kernel: 32 rows x 1024 columns
 SQUARE_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_TILE
+HADAMARD_COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_COL with HADAMARD
+HADAMARD_BLOCK = 32  # the transform's block: the MX block, so one tile holds whole Hadamard blocks
+HADAMARD_COMPILE_OPTIONS = dict(enable_fp_fusion=False)  # no multiply-add contraction: float32 rounds as in PyTorch
+
+
+def _default_tile(layout: int, hadamard: bool) -> TileConfig:
+    if layout == LAYOUT_ROW:
+        return ROW_TILE
+    if layout == LAYOUT_TILE:
+        return SQUARE_TILE
+    return HADAMARD_COL_TILE if hadamard else COL_TILE
 
 
 def _mix32_host(z: int) -> int:
@@ -685,12 +762,15 @@ def _make_view(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bo
     return _View(x3, layout, lp, bp, padded_shape, scale_shape)
 
 
-def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int) -> str | None:
+def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int, hadamard: int | None = None) -> str | None:
     """Why the Triton kernels cannot run this call (None when they can).
 
     They need a float32/bfloat16/float16 tensor on a CUDA device (or any device under
-    TRITON_INTERPRET=1) with a grid that fits the launch limits.
+    TRITON_INTERPRET=1) with a grid that fits the launch limits. `hadamard`: the block of a random
+    Hadamard transform applied first (None: none); the kernels fuse only block 32 with 1-D MX blocks.
     """
+    if hadamard is not None and (hadamard != HADAMARD_BLOCK or block != BLOCK):
+        return f"Hadamard block {hadamard} with MX block {block} (the kernels fuse Hadamard block 32 with MX block 32)"
     if x.dtype not in DTYPE_KINDS:
         return f"dtype {x.dtype} (the kernels take float32, bfloat16, float16)"
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -698,7 +778,7 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int)
     if x.numel() == 0:
         return "an empty tensor"
     view = _make_view(x, block, axis, pad=True)
-    tile = {LAYOUT_ROW: ROW_TILE, LAYOUT_TILE: SQUARE_TILE}.get(view.layout, COL_TILE)
+    tile = _default_tile(view.layout, hadamard is not None)
     if view.x3.shape[0] > _MAX_GRID_YZ or triton.cdiv(view.bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
         return f"shape {tuple(x.shape)} needs a grid beyond the launch limit"
     return None
@@ -728,14 +808,19 @@ def hardware_fp8_applies(device: torch.device | str, fmt: ElementFormat, roundin
 
 def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None,
             want_codes: bool, want_values: bool, fast: bool = True, tile: TileConfig | None = None,
-            probe: bool = False, hw_fp8: bool = True) -> dict:
+            probe: bool = False, hw_fp8: bool = True, hadamard_seed: int | None = None) -> dict:
     """Run the kernel on a view; returns the output tensors by name, and under "kernel" what the launch
-    returned (the compiled kernel on a GPU, whose .asm shows the instructions)."""
+    returned (the compiled kernel on a GPU, whose .asm shows the instructions). `hadamard_seed` (LAYOUT_ROW
+    or LAYOUT_COL only): quantize the random Hadamard transform (block 32) of x along the blocked axis;
+    the values are then float32 of the padded shape."""
     x3 = view.x3
     count, length, width = x3.shape
     layout = view.layout
     device = x3.device
-    tile = tile or {LAYOUT_ROW: ROW_TILE, LAYOUT_TILE: SQUARE_TILE}.get(layout, COL_TILE)
+    hadamard = hadamard_seed is not None
+    if hadamard and layout not in (LAYOUT_ROW, LAYOUT_COL):
+        raise ValueError(f"the fused Hadamard transform runs with 1-D blocks along one axis, not layout {layout}")
+    tile = tile or _default_tile(layout, hadamard)
     col_blocks = _pow2_at_most(triton.cdiv(view.bp, BLOCK), tile.col_blocks)
     if layout == LAYOUT_ROW:
         rb, rs = _pow2_at_most(length, tile.rows), 1
@@ -753,8 +838,11 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     def values():
         if not want_values:
             return empty, empty
-        out = torch.empty((count, length, width), dtype=x3.dtype, device=device)
-        return out, out.view(_BITS_DTYPES[x3.dtype])
+        if hadamard:  # the transformed tensor: float32, padded shape
+            out = torch.empty((count, view.lp, view.bp), dtype=torch.float32, device=device)
+        else:
+            out = torch.empty((count, length, width), dtype=x3.dtype, device=device)
+        return out, out.view(_BITS_DTYPES[out.dtype])
 
     row_codes = row_scales = row_values = row_bits = empty
     col_codes = col_scales = col_values = col_bits = empty
@@ -774,16 +862,20 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
         length, width, view.lp, view.bp, x3.stride(0), x3.stride(1), x3.stride(2), seed_key,
     )
     options = dict(
-        IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=DTYPE_KINDS[x3.dtype], LAYOUT=layout,
+        IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=KIND_FP32 if hadamard else DTYPE_KINDS[x3.dtype], LAYOUT=layout,
         WANT_CODES=want_codes, WANT_VALUES=want_values, **_format_constants(fmt),
         SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast,
         HW_FP8=fast and hw_fp8 and not probe and hardware_fp8_applies(device, fmt, rounding),
         WIDE_INDEX=wide, PROBE=probe, CB=col_blocks, num_warps=tile.num_warps,
     )
-    if layout in (LAYOUT_COL, LAYOUT_BOTH):
+    if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard:
         kernel = _mx_columns_kernel[grid](*arguments, **options)
+    elif hadamard:
+        hadamard_key = _mix32_host(hadamard_seed & 0xFFFFFFFF)
+        kernel = _mx_kernel[grid](*arguments, hadamard_key, RB=rb, RS=rs, HADAMARD=True, **HADAMARD_COMPILE_OPTIONS,
+                                  **options)
     else:
-        kernel = _mx_kernel[grid](*arguments, RB=rb, RS=rs, **options)
+        kernel = _mx_kernel[grid](*arguments, 0, RB=rb, RS=rs, **options)
     outputs.update(row_codes=row_codes, row_scales=row_scales, row_values=row_values,
                    col_codes=col_codes, col_scales=col_scales, col_values=col_values, kernel=kernel)
     return outputs
@@ -832,6 +924,45 @@ def fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int
                   hw_fp8=hw_fp8)
     prefix = "col" if view.layout == LAYOUT_COL else "row"
     return out[f"{prefix}_values"].reshape(x.shape)
+
+
+def _hadamard_launch(x: torch.Tensor, fmt: ElementFormat, axis: int, hadamard_seed: int, scale_mode: str,
+                     rounding: str, seed: int | None, pad: bool, want_codes: bool, fast: bool,
+                     tile: TileConfig | None, hw_fp8: bool) -> tuple[_View, dict, str]:
+    _check_call(x, scale_mode, rounding, seed)
+    if isinstance(hadamard_seed, bool) or not isinstance(hadamard_seed, int):
+        raise ValueError(f"hadamard_seed must be an integer, got {hadamard_seed!r}")
+    view = _make_view(x, BLOCK, axis, pad)
+    out = _launch(view, fmt, scale_mode, rounding, seed, want_codes=want_codes, want_values=not want_codes,
+                  fast=fast, tile=tile, hw_fp8=hw_fp8, hadamard_seed=hadamard_seed)
+    return view, out, "col" if view.layout == LAYOUT_COL else "row"
+
+
+def hadamard_quantize(x: torch.Tensor, fmt: ElementFormat, *, axis: int = -1, hadamard_seed: int,
+                      scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
+                      pad: bool = False, fast: bool = True, tile: TileConfig | None = None,
+                      hw_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, scales) of mxlab.hadamard.random_hadamard(x zero-padded along `axis` to a multiple of 32, 32,
+    axis, hadamard_seed) quantized along `axis` with 1-D blocks of 32, from one read of x: shapes as `quantize`.
+
+    Refuses what `quantize` refuses, and a hadamard_seed that is not an integer. Stochastic rounding counts
+    elements of the transformed (padded) tensor. `fast`, `hw_fp8`, `tile` as in `quantize`.
+    """
+    view, out, prefix = _hadamard_launch(x, fmt, axis, hadamard_seed, scale_mode, rounding, seed, pad, True, fast,
+                                         tile, hw_fp8)
+    return out[f"{prefix}_codes"].reshape(view.padded_shape), out[f"{prefix}_scales"].reshape(view.scale_shape)
+
+
+def hadamard_fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, axis: int = -1, hadamard_seed: int,
+                           scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
+                           pad: bool = False, fast: bool = True, tile: TileConfig | None = None,
+                           hw_fp8: bool = True) -> torch.Tensor:
+    """float32 fake_quantize(random_hadamard(x.float() zero-padded along `axis` to a multiple of 32, 32, axis,
+    hadamard_seed), fmt, axis=axis) in one read and one write; the shape is x's, padded along `axis` when
+    pad=True. Refuses what `hadamard_quantize` refuses."""
+    view, out, prefix = _hadamard_launch(x, fmt, axis, hadamard_seed, scale_mode, rounding, seed, pad, False, fast,
+                                         tile, hw_fp8)
+    return out[f"{prefix}_values"].reshape(view.padded_shape)
 
 
 def _rowcol(x: torch.Tensor, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None, pad: bool,

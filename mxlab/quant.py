@@ -192,8 +192,9 @@ def _import_kernels():
         raise
 
 
-def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int):
-    """("triton", kernels module) or ("reference", None) for this call; refuses an unknown or impossible MXLAB_BACKEND."""
+def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int, hadamard: int | None = None):
+    """("triton", kernels module) or ("reference", None) for this call (`hadamard`: the block of a random
+    Hadamard transform fused in front, None for none); refuses an unknown or impossible MXLAB_BACKEND."""
     import os
 
     forced = os.environ.get("MXLAB_BACKEND", "")
@@ -202,7 +203,12 @@ def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int):
     if forced == "reference" or (not forced and x.device.type != "cuda"):
         return "reference", None
     kernels = _import_kernels()
-    reason = "Triton is not installed" if kernels is None else kernels.unsupported_reason(x, block, axis)
+    if kernels is None:
+        reason = "Triton is not installed"
+    elif hadamard is None:
+        reason = kernels.unsupported_reason(x, block, axis)
+    else:
+        reason = kernels.unsupported_reason(x, block, axis, hadamard=hadamard)
     if reason is None:
         return "triton", kernels
     if forced == "triton":
@@ -329,6 +335,63 @@ def fake_quantize_rowcol(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Te
     if fused is not None:
         return fused
     return fake_quantize(x, fmt, axis=-1, **options), fake_quantize(x, fmt, axis=0, **options)
+
+
+def hadamard_fake_quantize(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    block: int = 32,
+    axis: int = -1,
+    hadamard_seed: int,
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    seed: int | None = None,
+    pad: bool = False,
+) -> torch.Tensor:
+    """fake_quantize(random_hadamard(x.float(), block, axis, hadamard_seed), fmt, axis=axis, ...) as float32.
+
+    `block` is the Hadamard block (mxlab.hadamard.HADAMARD_BLOCKS); MX blocks are 32 along `axis`.
+    pad=True first zero-pads `axis` to a multiple of `block` (the output keeps that padded size; a
+    transformed tensor cropped back would lose what the padding received) and then pads the MX blocks
+    as fake_quantize(pad=True) does. Stochastic rounding (`seed`) counts elements of the transformed
+    tensor. With an MX format and block 32, CUDA tensors (or MXLAB_BACKEND=triton) run the fused kernel,
+    one read of x; other blocks run the transform in PyTorch, then `fake_quantize`. `fmt` may also be a
+    non-MX precision of `fake_quantize`. last_backend() says which backend quantized.
+
+    Refuses (ValueError): an unknown precision, Hadamard block, scale mode or rounding; an axis out of
+    range; a non-integer hadamard_seed; stochastic rounding without an integer seed; an input dtype other
+    than float32/bfloat16/float16; an axis whose size is not a multiple of `block` unless pad=True.
+    """
+    global _last_backend
+    from mxlab.hadamard import HADAMARD_BLOCKS, random_hadamard
+
+    if fmt not in PRECISIONS:
+        raise ValueError(f"unknown precision {fmt!r}; accepted: {', '.join(PRECISIONS)}")
+    if isinstance(block, bool) or block not in HADAMARD_BLOCKS:
+        raise ValueError(f"unsupported Hadamard block {block!r}; accepted: {', '.join(map(str, HADAMARD_BLOCKS))}")
+    if isinstance(hadamard_seed, bool) or not isinstance(hadamard_seed, int):
+        raise ValueError(f"hadamard_seed must be an integer, got {hadamard_seed!r}")
+    _, axis = _check_options(x, BLOCK_SIZE, axis, scale_mode, rounding, seed)
+    missing = -x.shape[axis] % block
+    if missing and not pad:
+        raise ValueError(
+            f"dimension {axis} of x has size {x.shape[axis]}, not a multiple of the Hadamard block {block}; "
+            f"pass pad=True to pad it with zeros (the output keeps the padded size)"
+        )
+    if fmt in FORMATS and block == BLOCK_SIZE:
+        backend, kernels = _choose_backend(x, BLOCK_SIZE, axis, hadamard=block)
+        if backend == "triton":
+            _last_backend = backend
+            return kernels.hadamard_fake_quantize(
+                x, FORMATS[fmt], axis=axis, hadamard_seed=hadamard_seed, scale_mode=scale_mode, rounding=rounding,
+                seed=seed, pad=pad,
+            )
+    values = x.float()
+    if missing:
+        values = F.pad(values, [0, 0] * (x.dim() - 1 - axis) + [0, missing])
+    transformed = random_hadamard(values, block, axis, hadamard_seed)
+    return fake_quantize(transformed, fmt, axis=axis, scale_mode=scale_mode, rounding=rounding, seed=seed, pad=pad)
 
 
 def per_tensor_fp8_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
