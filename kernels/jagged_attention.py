@@ -73,8 +73,8 @@ import triton.language as tl
 
 from mxlab.formats import FORMATS
 from mxlab.kernels._mx_device import fake_quant_tile, operand_code
+from mxlab.nn.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 
-ACTIVATIONS = ("softmax", "silu")
 
 
 def _interpreter_loop_bounds() -> None:
@@ -823,20 +823,11 @@ class _JaggedAttentionFunction(torch.autograd.Function):
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.device) -> None:
-    if offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() < 1:
-        raise ValueError(f"{name} must be a 1-D int64 tensor of batch+1 offsets; got dtype {offsets.dtype}, shape {tuple(offsets.shape)}")
+    check_offsets_layout(name, offsets)
     if offsets.device != device:
         raise ValueError(f"{name} is on {offsets.device}, the tensors on {device}; put them on one device")
     # The value checks synchronize with the device: done once per offsets tensor and version.
-    _cached_on_offsets(offsets, ("checked", total), None, lambda: _check_offset_values(name, offsets, total))
-
-
-def _check_offset_values(name: str, offsets: torch.Tensor, total: int) -> bool:
-    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
-        raise ValueError(f"{name} must start at 0 and end at the number of tokens ({total}); got {int(offsets[0])}..{int(offsets[-1])}")
-    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError(f"{name} must be non-decreasing")
-    return True
+    _cached_on_offsets(offsets, ("checked", total), None, lambda: check_offsets_values(name, offsets, total))
 
 
 def jagged_attention(
@@ -858,12 +849,7 @@ def jagged_attention(
     (ValueError) what `unsupported_reason` names, mismatched shapes, devices or offsets, and
     ``causal=True`` when an example has a different number of queries and keys.
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}")
-    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"q, k, v must be (tokens, heads, head_dim); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree on heads/head_dim or k != v")
+    check_attention_inputs(q, k, v, activation)
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):

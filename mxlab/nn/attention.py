@@ -45,7 +45,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-ACTIVATIONS = ("softmax", "silu")
+from mxlab.nn.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
+
 BACKENDS = ("auto", "reference", "flex", "triton")
 
 _compiled_flex: Callable[..., torch.Tensor] | None = None
@@ -96,12 +97,8 @@ def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, polic
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
-    if offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() < 1:
-        raise ValueError(f"{name} must be a 1-D int64 tensor of batch+1 offsets; got dtype {offsets.dtype}, shape {tuple(offsets.shape)}")
-    if int(offsets[0]) != 0 or int(offsets[-1]) != total:
-        raise ValueError(f"{name} must start at 0 and end at the number of tokens ({total}); got {int(offsets[0])}..{int(offsets[-1])}")
-    if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError(f"{name} must be non-decreasing")
+    check_offsets_layout(name, offsets)
+    check_offsets_values(name, offsets, total)
 
 
 def _bucket_ids(lengths: torch.Tensor, min_bucket_length: int) -> torch.Tensor:
@@ -166,12 +163,7 @@ class JaggedAttention(nn.Module):
         Refuses (ValueError) an unknown activation, mismatched shapes or offsets, and
         ``causal=True`` when an example has a different number of queries and keys.
         """
-        if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}")
-        if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
-            raise ValueError(f"q, k, v must be (tokens, heads, head_dim); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-        if k.shape != v.shape or q.shape[1:] != k.shape[1:]:
-            raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} disagree on heads/head_dim or k != v")
+        check_attention_inputs(q, k, v, activation)
         if self.backend == "triton" or (self.backend == "auto" and q.is_cuda):
             reason = _triton_unsupported(q, k, v, self.policy, activation)
             if reason is None and not (q_offsets.device == k_offsets.device == q.device):

@@ -281,13 +281,13 @@ def test_tile_cache_drops_the_tables_of_freed_partner_offsets():
 
 def test_offset_checks_run_once_per_offsets_version(monkeypatch):
     checked = []
-    check_offset_values = jagged_attention_module._check_offset_values
+    check_offset_values = jagged_attention_module.check_offsets_values
 
     def counting(name, offsets, total):
         checked.append(name)
         return check_offset_values(name, offsets, total)
 
-    monkeypatch.setattr(jagged_attention_module, "_check_offset_values", counting)
+    monkeypatch.setattr(jagged_attention_module, "check_offsets_values", counting)
     q, k, v, _ = _inputs([4, 3], [4, 3], 1, 32, seed=2)
     offsets = _offsets([4, 3])
     with torch.no_grad():
