@@ -57,7 +57,9 @@ refuses it for saved tensors.
 Refused (`unsupported_reason` says why; the caller falls back to the reference): stochastic
 rounding (its counter is an element's index in the reference's padded tensor), (32, 32) blocks,
 per-tensor FP8 or high-precision operands inside an MX policy, per-layer gradient scaling,
-installed GEMM observers, head dims that are not a power of two in [16, 256] (MX: >= 32).
+head dims that are not a power of two in [16, 256] (MX: >= 32). An installed GEMM observer
+(`mxlab.diagnostics`) sees no kernel products: a sampled step runs the same kernel as every
+other step, so sampling neither changes the training numerics nor needs the reference's memory.
 """
 from __future__ import annotations
 
@@ -576,13 +578,6 @@ def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax"
         _codes(policy)
     except ValueError as error:
         return str(error)
-    try:
-        from mxlab.nn import qmatmul as qmatmul_module
-
-        if policy is not None and getattr(qmatmul_module, "_observer", None) is not None:
-            return "a GEMM observer is installed (diagnostics need the reference's operands)"
-    except ImportError:
-        pass
     return None
 
 

@@ -5,7 +5,9 @@ attention products (those `apply_recipe` set up). Inside `with monitor.sampling(
 sampled step (step % every == 0) it installs an observer in mxlab.nn.qmatmul; on other steps
 nothing is installed and a GEMM pays one `is None` check. Run the forward and the backward
 inside the block to see all three GEMMs of a linear layer (fwd, dgrad, wgrad) and the six of
-attention (qk, pv and their `_grad_a` / `_grad_b` backward products).
+attention (qk, pv and their `_grad_a` / `_grad_b` backward products). Attention products that
+run in the fused Triton kernel (CUDA) are not observed: a sampled step takes the same path as
+any other, so sampling does not change the training numerics (or its memory).
 
 For each (step, module, gemm) the record (`monitor.drain()`) holds:
 

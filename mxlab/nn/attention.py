@@ -32,7 +32,8 @@ imported).
 Backends (``backend="auto"``): on CUDA, the Triton kernel `mxlab.kernels.jagged_attention`
 (no padding, no materialized score matrix, the same semantics with MX operands quantized
 inside the kernel) whenever its `unsupported_reason` is None (BF16/FP16 inputs, or an MX policy
-without stochastic rounding, power-of-two head dims, no GEMM observer installed); otherwise,
+without stochastic rounding, power-of-two head dims; an installed GEMM observer sees no kernel
+products, see `mxlab.diagnostics`); otherwise,
 with ``policy is None`` and softmax, FlexAttention per bucket (compiled, fused) with a
 per-example length mask; everything else, and every CPU tensor, uses the reference.
 """

@@ -406,3 +406,16 @@ def test_repeated_calls_do_not_synchronize_with_the_host(mode):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert all(torch.equal(a, b) for a, b in zip(first, second)), "the cached tables give the same result"
+
+
+def test_an_installed_gemm_observer_does_not_send_attention_to_the_reference():
+    """Diagnostics sample a step without changing its path: the kernel still takes MX attention."""
+    from mxlab.nn import qmatmul as qmatmul_module
+
+    q = torch.zeros(4, 2, 32, dtype=torch.bfloat16)
+    policy = _policy()
+    previous = qmatmul_module.set_gemm_observer(lambda **_: None)
+    try:
+        assert jagged_attention_module.unsupported_reason(q, policy) is None
+    finally:
+        qmatmul_module.set_gemm_observer(previous)
