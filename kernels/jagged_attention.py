@@ -825,6 +825,19 @@ def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.d
     _cached_on_offsets(offsets, ("checked", total), None, lambda: check_offsets_values(name, offsets, total))
 
 
+def check_jagged_offsets(q_offsets: torch.Tensor, k_offsets: torch.Tensor, total_q: int, total_k: int,
+                         device: torch.device, causal: bool) -> None:
+    """Refuses (ValueError) offsets that are not int64 batch+1 runs on `device` from 0 to the token
+    counts, of different batch sizes, or (causal) not equal. The value checks read the device (a host
+    sync), so they run once per offsets tensor and version (cached on the tensors)."""
+    _check_offsets("q_offsets", q_offsets, total_q, device)
+    _check_offsets("k_offsets", k_offsets, total_k, device)
+    if q_offsets.numel() != k_offsets.numel():
+        raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
+    if causal and not (q_offsets is k_offsets or _cached_on_offsets(q_offsets, ("equal",), k_offsets, lambda: torch.equal(q_offsets, k_offsets))):
+        raise ValueError("causal attention needs as many queries as keys in every example")
+
+
 def jagged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -852,12 +865,7 @@ def jagged_attention(
     reason = unsupported_reason(q, policy, activation)
     if reason is not None:
         raise ValueError(reason)
-    _check_offsets("q_offsets", q_offsets, q.shape[0], q.device)
-    _check_offsets("k_offsets", k_offsets, k.shape[0], q.device)
-    if q_offsets.numel() != k_offsets.numel():
-        raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
-    if causal and not (q_offsets is k_offsets or _cached_on_offsets(q_offsets, ("equal",), k_offsets, lambda: torch.equal(q_offsets, k_offsets))):
-        raise ValueError("causal attention needs as many queries as keys in every example")
+    check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
     return jagged_attention_checked(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
 
 
@@ -887,4 +895,4 @@ def jagged_attention_checked(
     return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles, backward_expected)
 
 
-__all__ = ["jagged_attention", "jagged_attention_checked", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]
+__all__ = ["check_jagged_offsets", "jagged_attention", "jagged_attention_checked", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]

@@ -703,7 +703,8 @@ def _mix32_host(z: int) -> int:
     return z ^ (z >> 16)
 
 
-def _format_constants(fmt: ElementFormat) -> dict:
+@functools.lru_cache(maxsize=None)
+def _format_constants(fmt: ElementFormat) -> dict:  # cached: callers only unpack it
     nmax = fmt.max_normal / 2.0 ** (fmt.emax - fmt.mbits)
     if nmax != int(nmax):
         raise ValueError(f"format {fmt.name}: max normal {fmt.max_normal} is not an integer multiple of its top quantum")

@@ -203,12 +203,7 @@ def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int, ha
     if forced == "reference" or (not forced and x.device.type != "cuda"):
         return "reference", None
     kernels = _import_kernels()
-    if kernels is None:
-        reason = "Triton is not installed"
-    elif hadamard is None:
-        reason = kernels.unsupported_reason(x, block, axis)
-    else:
-        reason = kernels.unsupported_reason(x, block, axis, hadamard=hadamard)
+    reason = "Triton is not installed" if kernels is None else kernels.unsupported_reason(x, block, axis, hadamard=hadamard)
     if reason is None:
         return "triton", kernels
     if forced == "triton":

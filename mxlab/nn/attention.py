@@ -170,8 +170,10 @@ class JaggedAttention(nn.Module):
             if reason is None and not (q_offsets.device == k_offsets.device == q.device):
                 reason = f"offsets on {q_offsets.device}/{k_offsets.device}, tensors on {q.device}"
             if reason is None:
-                # validates the offsets itself, once per offsets tensor and version (their checks sync with the device)
-                return _triton_kernel().jagged_attention(
+                kernel = _triton_kernel()
+                # offset checks sync with the device: the kernel runs them once per offsets tensor and version
+                kernel.check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
+                return kernel.jagged_attention_checked(
                     q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy
                 )
             if self.backend == "triton":

@@ -266,9 +266,8 @@ def _quantized_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: in
     if not quant.block_scaled:
         q, scale_inv = quantize_per_tensor_fp8(x, quant.fmt)
         return q.to(torch.bfloat16 if x.is_cuda else torch.float32), scale_inv
-    kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True}
-    kwargs["block"] = quant.block
-    kwargs["axis"] = axis if quant.block == 32 else -1
+    kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True,
+                              "block": quant.block, "axis": axis if quant.block == 32 else -1}
     if quant.rounding == "stochastic":
         kwargs["seed"] = seed
     if x.dtype == torch.bfloat16:

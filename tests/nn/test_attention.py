@@ -174,16 +174,17 @@ def test_triton_backend_dispatch(monkeypatch):
     calls = []
     fake = types.ModuleType("mxlab.kernels.jagged_attention")
     fake.unsupported_reason = lambda q, policy, activation: None if q.dtype == torch.bfloat16 else f"dtype {q.dtype}"
-    fake.jagged_attention = lambda q, k, v, qo, ko, *, causal, activation, policy: calls.append((causal, activation, policy)) or q * 2
+    fake.check_jagged_offsets = lambda qo, ko, total_q, total_k, device, causal: calls.append(("checked", total_q, total_k))
+    fake.jagged_attention_checked = lambda q, k, v, qo, ko, *, causal, activation, policy: calls.append((causal, activation, policy)) or q * 2
     monkeypatch.setitem(sys.modules, "mxlab.kernels.jagged_attention", fake)
     q = torch.randn(3, 1, 32, dtype=torch.bfloat16)
     attention = JaggedAttention(backend="triton")
     attention.policy = _RecordingPolicy()
     out = attention(q, q, q, _offsets([3]), _offsets([3]), causal=True, activation="silu")
-    assert torch.equal(out, q * 2) and calls == [(True, "silu", attention.policy)]
+    assert torch.equal(out, q * 2) and calls == [("checked", 3, 3), (True, "silu", attention.policy)]
     with pytest.raises(ValueError, match="cannot run these inputs: dtype torch.float32"):
         attention(q.float(), q.float(), q.float(), _offsets([3]), _offsets([3]))
     # "auto" never takes the kernel for CPU tensors
     auto = JaggedAttention()
     auto(q, q, q, _offsets([3]), _offsets([3]))
-    assert len(calls) == 1
+    assert len(calls) == 2
