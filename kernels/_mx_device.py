@@ -6,8 +6,15 @@ for bit (deterministic roundings: nearest_even, nearest_away, toward_zero; stoch
 is not offered here because its counter is the element's index in the quantized tensor, which a
 fused kernel does not have).
 
-An operand's format, scale mode and rounding travel as one packed integer constexpr
-(`operand_code`), so a kernel with many quantized operands keeps a short signature.
+Hardware FP8 conversion (the HW_FP8 bit of the operand code, set by the host where
+`mxlab.kernels.mx_quant.hardware_fp8_applies` holds: e4m3/e5m2, nearest even, CUDA sm_90+, never
+under TRITON_INTERPRET=1): a tile whose every block has a scale inside the cast kernels' fast-path
+range (`_fast_path_ok`) converts its elements with `_quantize_hw_fp8` of the cast kernels
+(float32(x) * 2^-S, `cvt.rn.satfinite` to FP8 and back, times 2^S); any other tile takes the integer
+steps. Both give the same bits (kernels/mx_quant.py's module docstring has the argument).
+
+An operand's format, scale mode, rounding and the hardware switch travel as one packed integer
+constexpr (`operand_code`), so a kernel with many quantized operands keeps a short signature.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ import triton
 import triton.language as tl
 
 from mxlab.formats import ElementFormat, get_format
-from mxlab.kernels.mx_quant import _floor_log2
+from mxlab.kernels.mx_quant import HARDWARE_FP8_FORMATS, _fast_path_ok, _floor_log2, _quantize_hw_fp8
 from mxlab.kernels.mx_quant import _scale_exponent as _scale_exponent_and_special
 from mxlab.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
@@ -26,24 +33,27 @@ DEVICE_ROUNDINGS = tuple(mode for mode in ROUNDING_MODES if mode != "stochastic"
 BLOCK = 32
 
 
-def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str) -> int:
+def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str, *, hw_fp8: bool = False) -> int:
     """Pack an MX element format, scale mode and rounding into one int for `fake_quant_tile`.
 
     Layout (bits): MBITS 0-2, EMIN + 16 at 3-7, EMAX 8-11, IS_INT 12, SCALE_MODE 13-14,
     ROUNDING 15-16, MMAX >> 16 at 17-23 (the top 7 bits of the max normal's 23-bit fraction;
-    its lower 16 bits are zero in every format). Refuses stochastic rounding and unknown names.
+    its lower 16 bits are zero in every format), HW_FP8 24. `hw_fp8` asks for the hardware FP8
+    conversion; the caller decides it with `mx_quant.hardware_fp8_applies` for the tensor's device.
+    Refuses stochastic rounding, unknown names, and `hw_fp8` for anything but e4m3/e5m2 with
+    nearest_even.
     """
     if isinstance(fmt, str):  # the common case, once per name: kernels' host code calls this per launch
-        return _operand_code_of_name(fmt, scale_mode, rounding)
-    return _operand_code(fmt, scale_mode, rounding)
+        return _operand_code_of_name(fmt, scale_mode, rounding, hw_fp8)
+    return _operand_code(fmt, scale_mode, rounding, hw_fp8)
 
 
 @functools.lru_cache(maxsize=512)
-def _operand_code_of_name(fmt: str, scale_mode: str, rounding: str) -> int:
-    return _operand_code(get_format(fmt), scale_mode, rounding)
+def _operand_code_of_name(fmt: str, scale_mode: str, rounding: str, hw_fp8: bool) -> int:
+    return _operand_code(get_format(fmt), scale_mode, rounding, hw_fp8)
 
 
-def _operand_code(element: ElementFormat, scale_mode: str, rounding: str) -> int:
+def _operand_code(element: ElementFormat, scale_mode: str, rounding: str, hw_fp8: bool) -> int:
     if scale_mode not in DEVICE_SCALE_MODES:
         raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(DEVICE_SCALE_MODES)}")
     if rounding not in DEVICE_ROUNDINGS:
@@ -51,6 +61,8 @@ def _operand_code(element: ElementFormat, scale_mode: str, rounding: str) -> int
     mmax = float32_fraction_bits(element.max_normal)
     if mmax & 0xFFFF or not 0 <= element.mbits <= 7 or not -16 <= element.emin <= 15 or not 0 <= element.emax <= 15:
         raise ValueError(f"format {element.name} does not fit the packed operand code")
+    if hw_fp8 and (element.name not in HARDWARE_FP8_FORMATS or rounding != "nearest_even"):
+        raise ValueError(f"hw_fp8=True needs format {' or '.join(HARDWARE_FP8_FORMATS)} with nearest_even; got {element.name} with {rounding}")
     return (
         element.mbits
         | ((element.emin + 16) << 3)
@@ -59,6 +71,7 @@ def _operand_code(element: ElementFormat, scale_mode: str, rounding: str) -> int
         | (DEVICE_SCALE_MODES.index(scale_mode) << 13)
         | (DEVICE_ROUNDINGS.index(rounding) << 15)
         | ((mmax >> 16) << 17)
+        | (int(hw_fp8) << 24)
     )
 
 
@@ -128,12 +141,29 @@ def _fake_quant_blocks(x3, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     SCALE_MODE: tl.constexpr = (CODE >> 13) & 3
     ROUNDING: tl.constexpr = (CODE >> 15) & 3
     MMAX: tl.constexpr = ((CODE >> 17) & 127) << 16
+    HW_FP8: tl.constexpr = (CODE >> 24) & 1
     magnitude = x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     amax = tl.max(magnitude, axis=BLOCK_AXIS)
     special = amax >= 0x7F800000
     s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
-    s = tl.expand_dims(s, BLOCK_AXIS)
-    values = _fake_quant_elements(x3, s, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+    if HW_FP8:
+        inert = special | (amax == 0)  # all-zero and NaN/Inf blocks: any scale in range gives their values
+        if tl.min(_fast_path_ok(s, inert, MBITS, EMIN, EMAX).to(tl.int32)) > 0:
+            _, value_bits = _quantize_hw_fp8(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
+                                             tl.expand_dims(special, BLOCK_AXIS), MBITS, 8, False)
+            y = value_bits.to(tl.float32, bitcast=True)  # special blocks: NaN through the NaN factor
+        else:
+            y = _fake_quant_integer(x3, s, special, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+    else:
+        y = _fake_quant_integer(x3, s, special, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+    return y
+
+
+@triton.jit
+def _fake_quant_integer(x3, s, special, BLOCK_AXIS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                        IS_INT: tl.constexpr, MMAX: tl.constexpr, ROUNDING: tl.constexpr):
+    """The integer steps for blocks along BLOCK_AXIS with scale exponents s; NaN in `special` blocks."""
+    values = _fake_quant_elements(x3, tl.expand_dims(s, BLOCK_AXIS), MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     nan = (x3.to(tl.int32, bitcast=True) * 0 + 0x7FC00000).to(tl.float32, bitcast=True)
     return tl.where(tl.expand_dims(special, BLOCK_AXIS), nan, values)
 

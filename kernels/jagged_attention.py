@@ -75,6 +75,7 @@ import triton.language as tl
 
 from mxlab.formats import FORMATS
 from mxlab.kernels._mx_device import fake_quant_tile, operand_code
+from mxlab.kernels.mx_quant import hardware_fp8_applies
 from mxlab.nn.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 
 
@@ -532,16 +533,19 @@ class _OperandCodes:
     ds_m: int
 
 
-def _operand(quant: Any, where: str) -> int:
+def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:
     if quant.fmt not in FORMATS:
         raise ValueError(f"{where}: operand format {quant.fmt!r} is not an MX format; the kernel quantizes every operand in MX mode")
     if quant.block != 32:
         raise ValueError(f"{where}: block {quant.block!r} is not supported by the kernel; accepted: 32")
-    return operand_code(quant.fmt, quant.scale_mode, quant.rounding)
+    hw_fp8 = device is not None and hardware_fp8_applies(device, FORMATS[quant.fmt], quant.rounding)
+    return operand_code(quant.fmt, quant.scale_mode, quant.rounding, hw_fp8=hw_fp8)
 
 
-def _codes(policy: Any) -> Optional[_OperandCodes]:
-    """Operand codes of an attention policy; None for policy None. ValueError if unsupported."""
+def _codes(policy: Any, device: Optional[torch.device] = None) -> Optional[_OperandCodes]:
+    """Operand codes of an attention policy; None for policy None. ValueError if unsupported.
+    With `device`, operands convert with the hardware FP8 instructions where
+    `mx_quant.hardware_fp8_applies` holds for it (None: integer steps everywhere)."""
     if policy is None:
         return None
     qk, pv = getattr(policy, "qk", None), getattr(policy, "pv", None)
@@ -554,12 +558,12 @@ def _codes(policy: Any) -> Optional[_OperandCodes]:
             if gemm.hadamard is not None:
                 raise ValueError(f"policy.{name}.{gemm_name} uses a Hadamard transform; not supported by the kernel")
     return _OperandCodes(
-        q_d=_operand(qk.fwd.a, "qk.fwd.a"), k_d=_operand(qk.fwd.b, "qk.fwd.b"),
-        p_n=_operand(pv.fwd.a, "pv.fwd.a"), v_n=_operand(pv.fwd.b, "pv.fwd.b"),
-        do_d=_operand(pv.grad_a.a, "pv.grad_a.a"), v_d=_operand(pv.grad_a.b, "pv.grad_a.b"),
-        p_m=_operand(pv.grad_b.a, "pv.grad_b.a"), do_m=_operand(pv.grad_b.b, "pv.grad_b.b"),
-        ds_n=_operand(qk.grad_a.a, "qk.grad_a.a"), k_n=_operand(qk.grad_a.b, "qk.grad_a.b"),
-        q_m=_operand(qk.grad_b.a, "qk.grad_b.a"), ds_m=_operand(qk.grad_b.b, "qk.grad_b.b"),
+        q_d=_operand(qk.fwd.a, "qk.fwd.a", device), k_d=_operand(qk.fwd.b, "qk.fwd.b", device),
+        p_n=_operand(pv.fwd.a, "pv.fwd.a", device), v_n=_operand(pv.fwd.b, "pv.fwd.b", device),
+        do_d=_operand(pv.grad_a.a, "pv.grad_a.a", device), v_d=_operand(pv.grad_a.b, "pv.grad_a.b", device),
+        p_m=_operand(pv.grad_b.a, "pv.grad_b.a", device), do_m=_operand(pv.grad_b.b, "pv.grad_b.b", device),
+        ds_n=_operand(qk.grad_a.a, "qk.grad_a.a", device), k_n=_operand(qk.grad_a.b, "qk.grad_a.b", device),
+        q_m=_operand(qk.grad_b.a, "qk.grad_b.a", device), ds_m=_operand(qk.grad_b.b, "qk.grad_b.b", device),
     )
 
 
@@ -849,11 +853,14 @@ def jagged_attention(
     activation: str = "softmax",
     policy: Any = None,
     tiles: Optional[TileSizes] = None,
+    hw_fp8: bool = True,
 ) -> torch.Tensor:
     """Attention over packed jagged sequences in Triton; returns (total_q, heads, head_dim) in q's dtype.
 
     Differentiable with respect to q, k, v. ``policy`` is None (BF16 mode) or an attention policy
-    with ``qk`` and ``pv`` MatmulPrecisions (MX mode, see the module docstring). Refuses
+    with ``qk`` and ``pv`` MatmulPrecisions (MX mode, see the module docstring). ``hw_fp8=False``
+    keeps the integer quantization steps where the hardware FP8 conversion would run (the same
+    bits; for tests and benchmarks). Refuses
     (ValueError) what `unsupported_reason` names, mismatched shapes, devices or offsets, and
     ``causal=True`` when an example has a different number of queries and keys.
     """
@@ -866,7 +873,8 @@ def jagged_attention(
     if reason is not None:
         raise ValueError(reason)
     check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
-    return jagged_attention_checked(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
+    return jagged_attention_checked(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles,
+                                    hw_fp8=hw_fp8)
 
 
 def jagged_attention_checked(
@@ -880,11 +888,12 @@ def jagged_attention_checked(
     activation: str,
     policy: Any,
     tiles: Optional[TileSizes] = None,
+    hw_fp8: bool = True,
 ) -> torch.Tensor:
     """`jagged_attention` for inputs a caller has already validated (shapes, dtypes, offsets,
     activation, and `unsupported_reason` is None): skips the offset checks, which cost host syncs.
     mxlab.nn.attention.JaggedAttention validates once and calls this."""
-    codes = _codes(policy)
+    codes = _codes(policy, q.device if hw_fp8 else None)
     if tiles is None:
         tiles = default_tiles(codes is not None, q.device)
     if codes is not None:

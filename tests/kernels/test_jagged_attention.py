@@ -335,6 +335,101 @@ def test_refusals_name_the_problem():
     assert unsupported_reason(q, _policy()) is None and unsupported_reason(q, None) is None
 
 
+# ----------------------------------------------------------------------------- hardware FP8 conversion
+def _device_module():
+    return importlib.import_module("mxlab.kernels._mx_device")
+
+
+def test_operand_code_packs_the_hardware_switch_and_refuses_it_where_it_is_not_exact():
+    operand_code = _device_module().operand_code
+    plain = operand_code("e4m3", "rceil", "nearest_even")
+    assert operand_code("e4m3", "rceil", "nearest_even", hw_fp8=True) == plain | (1 << 24)
+    assert operand_code("e5m2", "floor", "nearest_even", hw_fp8=True) >> 24 == 1
+    for fmt, rounding in (("e3m2", "nearest_even"), ("int8", "nearest_even"), ("e4m3", "toward_zero")):
+        with pytest.raises(ValueError, match="hw_fp8=True needs format e4m3 or e5m2 with nearest_even"):
+            operand_code(fmt, "floor", rounding, hw_fp8=True)
+
+
+def test_host_sets_the_hardware_switch_per_operand_where_the_cast_kernels_would(monkeypatch):
+    from mxlab.kernels import mx_quant
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    capability = {"value": (9, 0)}
+    monkeypatch.setattr(mx_quant, "_cuda_capability", lambda index: capability["value"])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    cuda = torch.device("cuda", 0)
+
+    def switches(policy):
+        codes = jagged_attention_module._codes(policy, cuda)
+        return {name: (code >> 24) & 1 for name, code in vars(codes).items()}
+
+    assert set(switches(_policy(fwd="e4m3", grad="e5m2")).values()) == {1}
+    assert set(switches(_policy(rounding="nearest_away")).values()) == {0}
+    assert set(switches(_policy(fwd="e3m2", grad="e2m3")).values()) == {0}
+    mixed = switches(_policy(fwd="e4m3", grad="e2m1"))  # forward operands e4m3, incoming gradients e2m1
+    assert mixed["q_d"] == mixed["p_n"] == 1 and mixed["do_d"] == mixed["ds_n"] == mixed["ds_m"] == 0
+    capability["value"] = (8, 9)  # Triton 3.6 converts float32 -> FP8 there in two roundings
+    assert set(switches(_policy()).values()) == {0}
+    capability["value"] = (9, 0)
+    assert set(vars(jagged_attention_module._codes(_policy(), None)).values()) == set(vars(jagged_attention_module._codes(_policy(), torch.device("cpu"))).values())
+    assert all(code >> 24 == 0 for code in vars(jagged_attention_module._codes(_policy(), None)).values())
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert set(switches(_policy()).values()) == {0}
+
+
+COMPILE_ATTENTION_SCRIPT = r"""
+import json, sys
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from mxlab.kernels import jagged_attention as ja
+from mxlab.kernels._mx_device import operand_code
+
+def conversions(kernel, runtime, constants, num_warps):
+    signature = {name: runtime.get(name, "constexpr") for name in kernel.arg_names}
+    compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
+    return sorted({line.split()[0] for line in compiled.asm["ptx"].splitlines() if line.strip().startswith("cvt.") and "satfinite" in line})
+
+pointers = {name: "*bf16" for name in ("QD", "KD", "VT", "VD", "O", "X", "OUT_ALONG_D", "OUT_ALONG_T", "DOT_WITH")}
+pointers.update({name: "*fp32" for name in ("OU", "M", "L", "ROW_DOTS")})
+pointers.update({name: "*i64" for name in ("q_offsets", "k_offsets", "offsets")})
+pointers.update({name: "*i32" for name in ("tile_seq", "tile_start")})
+pointers.update({name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "total_q", "stride_t", "width", "tokens")})
+pointers["sm_scale"] = "fp32"
+common = dict(HEAD_DIM=64, CAUSAL=False, SILU=False, QUANT=True, S_DTYPE=tl.bfloat16, OP_DTYPE=tl.bfloat16,
+              DOT_DTYPE=tl.bfloat16, BY_BITS=False)
+result = []
+for kernel, fmt, hw in json.loads(sys.argv[1]):
+    code = operand_code(fmt, "floor", "nearest_even", hw_fp8=hw)
+    if kernel == "forward":
+        constants, warps = dict(common, BLOCK_M=64, BLOCK_N=32, WRITE_OU=True, P_CODE=code), 4
+        result.append(conversions(ja._jagged_attention_fwd, pointers, constants, warps))
+    else:
+        constants = dict(COLS=256, D_CODE=code, T_CODE=code, ALONG_D=True, ALONG_T=True, ROW_DOT=False, HEAD_DIM=64)
+        result.append(conversions(ja._prequantize, pointers, constants, 8))
+print(json.dumps(result))
+"""
+
+
+def test_attention_kernels_compile_the_hardware_switch_to_the_fp8_conversion_for_sm90():
+    """Compiles the MX forward and the pre-quantization kernels for sm_90 in a fresh process (no GPU needed):
+    the switch turns P's and the operands' element rounding into cvt.rn.satfinite, and only the switch does."""
+    import json
+    import subprocess
+    import sys
+
+    cases = [("forward", "e4m3", True), ("prequantize", "e5m2", True), ("forward", "e4m3", False)]
+    environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", COMPILE_ATTENTION_SCRIPT, json.dumps(cases)],
+                            capture_output=True, text=True, env=environment, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    instructions = json.loads(result.stdout.strip().splitlines()[-1])
+    expected = [[f"cvt.rn.satfinite.{fmt}x2.f32"] if hw else [] for _, fmt, hw in cases]
+    assert instructions == expected
+
+
 # ----------------------------------------------------------------------------- GPU, benchmark size
 @pytest.fixture
 def full_precision_reductions(monkeypatch):
@@ -384,6 +479,57 @@ def test_benchmark_cross_and_pma_shapes_match_reference_on_gpu(mode, queries, fu
             _assert_exact_up_to_accumulation(name, actual, expected, 3)
         else:
             _assert_bf16_flash_close(name, actual, expected)
+
+
+HARDWARE_FP8_POLICIES = [
+    ("e4m3-floor", dict()),
+    ("e4m3-e5m2grad-rceil", dict(grad="e5m2", scale_mode="rceil")),
+    ("e4m3-e2m1grad-even", dict(grad="e2m1", scale_mode="even")),  # gradients keep the integer steps
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation, causal", [("softmax", False), ("softmax", True), ("silu", False)])
+@pytest.mark.parametrize("policy_id, policy_arguments", HARDWARE_FP8_POLICIES, ids=[case[0] for case in HARDWARE_FP8_POLICIES])
+def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(policy_id, policy_arguments, activation, causal):
+    """Same kernels, same accumulation order: the outputs and gradients must be equal bit for bit."""
+    lengths, q, k, v, grad = _benchmark_inputs()
+    policy = _policy(**policy_arguments)
+    codes = jagged_attention_module._codes(policy, q.device)
+    assert (codes.p_n >> 24) & 1 == 1, "this GPU must take the hardware FP8 path (sm_90+)"
+    offsets = _offsets(lengths)
+    results = []
+    for hw_fp8 in (True, False):
+        out = jagged_attention(q, k, v, offsets, offsets, causal=causal, activation=activation, policy=policy, hw_fp8=hw_fp8)
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
+    for name, hardware, integer in zip(("out", "dq", "dk", "dv"), *results):
+        assert torch.equal(hardware, integer), f"{name}: {(hardware != integer).sum().item()} elements differ"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
+    """Q/K/V/dO copies (both orientations, from one read) against mxlab.reference, bit for bit, on values spread
+    over many binades (some blocks outside the fast-path range)."""
+    from mxlab import reference
+    from mxlab.formats import FORMATS
+
+    lengths, q, _, _, _ = _benchmark_inputs()
+    generator = torch.Generator().manual_seed(3)
+    exponents = torch.randint(-100, 100, (q.shape[0], q.shape[1], 1), generator=generator).float()
+    x = (q.detach().float().cpu() * torch.exp2(exponents)).to(torch.bfloat16).to(q.device)
+    offsets = _offsets(lengths)
+    code = jagged_attention_module.operand_code(fmt, "rceil", "nearest_even", hw_fp8=True)
+    along_d, along_t, _ = jagged_attention_module._prequantized(x, offsets, code, code)
+    flat = x.float().reshape(x.shape[0], x.shape[1], x.shape[2] // 32, 32)
+    expected_d = reference.fake_quantize_blocks(flat, (3,), FORMATS[fmt], "rceil", "nearest_even").reshape(x.shape)
+    assert torch.equal(along_d.float().view(torch.int32), expected_d.view(torch.int32))
+    for sequence, (begin, end) in enumerate(zip(offsets[:-1].tolist(), offsets[1:].tolist())):
+        rows = x[begin:end].float()
+        padded = torch.cat([rows, rows.new_zeros(-rows.shape[0] % 32, *rows.shape[1:])])
+        blocks = padded.reshape(padded.shape[0] // 32, 32, *padded.shape[1:])
+        expected_t = reference.fake_quantize_blocks(blocks, (1,), FORMATS[fmt], "rceil", "nearest_even").reshape(padded.shape)
+        assert torch.equal(along_t[begin:end].float().view(torch.int32), expected_t[: end - begin].view(torch.int32)), f"sequence {sequence}"
 
 
 @pytest.mark.gpu
