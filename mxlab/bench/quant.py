@@ -10,6 +10,8 @@ block reductions and stores): when a cast is slower than its probe, the element 
 Where the GPU's FP8 conversion applies (e4m3/e5m2, nearest even, sm_90+; see
 `mxlab.kernels.mx_quant.hardware_fp8_applies`) the casts use it (note "hardware FP8 convert"), and rows
 "..., integer fast path" time the same casts with it switched off, in the same run.
+Random Hadamard rows (block 32) time the fused transform + fake-quantize kernel next to the random
+Hadamard transform in PyTorch followed by the fake-quantize kernel (float32 values out, as qmatmul uses them).
 """
 from __future__ import annotations
 
@@ -73,6 +75,12 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
                                    layout=None if layout != mx_quant.LAYOUT_BOTH else layout)
         return lambda: mx_quant._launch(view, fmt, "floor", rounding, 0, want_codes, want_values, probe=True)
 
+    def hadamard_then_cast(axis: int):
+        from mxlab.hadamard import random_hadamard
+
+        return lambda: kernels.fake_quantize(random_hadamard(x.float(), 32, axis, 7), fmt, axis=axis)
+
+    float32_values = n * 4  # Hadamard-transformed values are float32
     return {
         "row cast": (lambda: kernels.quantize(x, fmt), size_in + codes + scales),
         "column cast": (lambda: kernels.quantize(x, fmt, axis=0), size_in + codes + scales),
@@ -84,6 +92,12 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
         "row stochastic cast": (lambda: kernels.quantize(x, fmt, rounding="stochastic", seed=1), size_in + codes + scales),
         "row stochastic fake-quantize": (
             lambda: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1), size_in + values),
+        "row Hadamard fake-quantize (fused)": (
+            lambda: kernels.hadamard_fake_quantize(x, fmt, axis=-1, hadamard_seed=7), size_in + float32_values),
+        "row Hadamard fake-quantize, torch transform then cast": (hadamard_then_cast(-1), size_in + float32_values),
+        "column Hadamard fake-quantize (fused)": (
+            lambda: kernels.hadamard_fake_quantize(x, fmt, axis=0, hadamard_seed=7), size_in + float32_values),
+        "column Hadamard fake-quantize, torch transform then cast": (hadamard_then_cast(0), size_in + float32_values),
         "row cast, integer fast path": (lambda: kernels.quantize(x, fmt, hw_fp8=False), size_in + codes + scales),
         "row fake-quantize, integer fast path": (lambda: kernels.fake_quantize(x, fmt, hw_fp8=False), size_in + values),
         "column cast, integer fast path": (

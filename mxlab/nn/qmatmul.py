@@ -272,10 +272,14 @@ def _quantized_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: in
         kwargs["seed"] = seed
     if x.dtype == torch.bfloat16:
         return fake_quantize(x, quant.fmt, **kwargs), None  # exact in bfloat16, see the module docstring
-    values = fake_quantize(x.float(), quant.fmt, **kwargs)
-    if x.is_cuda and _exact_in_bfloat16(values):
-        return values.to(torch.bfloat16), None
-    return values, None
+    return _narrowed_to_bfloat16(fake_quantize(x.float(), quant.fmt, **kwargs)), None
+
+
+def _narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
+    """float32 MX values as bfloat16 where that is exact on CUDA (see `_exact_in_bfloat16`), else unchanged."""
+    if mx_values.is_cuda and _exact_in_bfloat16(mx_values):
+        return mx_values.to(torch.bfloat16)
+    return mx_values
 
 
 BFLOAT16_EXACT_FLOOR = 2.0 ** -126  # below it, bfloat16 (8 significant bits) is subnormal
@@ -310,16 +314,30 @@ def _pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(pad_shape)], dim=axis)
 
 
-def _hadamard_pair(
-    a: torch.Tensor, b: torch.Tensor, a_axis: int, b_axis: int, block: int, seed: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both operands zero-padded along their contraction axes to a multiple of `block` and
-    transformed by the same random Hadamard matrix H there, so (a H^T)(H b) = a b."""
+def _hadamard_transformed(x: torch.Tensor, axis: int, block: int, hadamard_seed: int) -> torch.Tensor:
+    """x in float32, zero-padded along `axis` to a multiple of `block` and transformed there by the
+    random Hadamard matrix H of `hadamard_seed` (both operands of a GEMM get the same H, so
+    (a H^T)(H b) = a b)."""
     from mxlab.hadamard import random_hadamard
 
-    a = _pad_to_multiple(a.float(), a_axis, block)
-    b = _pad_to_multiple(b.float(), b_axis, block)
-    return random_hadamard(a, block, a_axis, seed), random_hadamard(b, block, b_axis, seed)
+    return random_hadamard(_pad_to_multiple(x.float(), axis, block), block, axis, hadamard_seed)
+
+
+def _hadamard_quantized_operand(
+    x: torch.Tensor, quant: OperandQuant, axis: int, block: int, hadamard_seed: int, seed: int
+) -> QuantizedOperand:
+    """`_quantized_operand` of `_hadamard_transformed(x, axis, block, hadamard_seed)`. An MX operand
+    with 1-D blocks goes through `mxlab.quant.hadamard_fake_quantize`: one fused Triton kernel (one
+    read of x) on CUDA when the Hadamard block is 32, bit-identical to transforming and then quantizing."""
+    if not (quant.block_scaled and quant.block == BLOCK_SIZE):
+        return _quantized_operand(_hadamard_transformed(x, axis, block, hadamard_seed), quant, axis, seed)
+    from mxlab.quant import hadamard_fake_quantize
+
+    values = hadamard_fake_quantize(
+        x, quant.fmt, block=block, axis=axis, hadamard_seed=hadamard_seed, scale_mode=quant.scale_mode,
+        rounding=quant.rounding, seed=seed if quant.rounding == "stochastic" else None, pad=True,
+    )
+    return _narrowed_to_bfloat16(values), None
 
 
 def _gemm(
@@ -349,10 +367,17 @@ def _gemm(
         return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
     with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
         a_in, b_in = a, b
-        if quant.hadamard is not None:
-            a_in, b_in = _hadamard_pair(a, b, a_axis, b_axis, quant.hadamard, seeds[2])
-        a_q, a_factor = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
-        b_q, b_factor = b_quantized if b_quantized is not None else _quantized_operand(b_in, quant.b, b_axis, seeds[1])
+        if quant.hadamard is None:
+            a_q, a_factor = _quantized_operand(a, quant.a, a_axis, seeds[0])
+            b_q, b_factor = b_quantized if b_quantized is not None else _quantized_operand(b, quant.b, b_axis, seeds[1])
+        elif _observer is None:
+            a_q, a_factor = _hadamard_quantized_operand(a, quant.a, a_axis, quant.hadamard, seeds[2], seeds[0])
+            b_q, b_factor = _hadamard_quantized_operand(b, quant.b, b_axis, quant.hadamard, seeds[2], seeds[1])
+        else:  # the observer is shown the transformed operands
+            a_in = _hadamard_transformed(a, a_axis, quant.hadamard, seeds[2])
+            b_in = _hadamard_transformed(b, b_axis, quant.hadamard, seeds[2])
+            a_q, a_factor = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
+            b_q, b_factor = _quantized_operand(b_in, quant.b, b_axis, seeds[1])
         out = _float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
         factors = [f for f in (a_factor, b_factor) if f is not None]
         if factors:  # per-tensor scales multiply the float32 accumulator, as FP8 GEMM hardware does
