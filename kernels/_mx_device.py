@@ -2,9 +2,11 @@
 
 These Triton device functions follow docs/numerics.md step by step with integer operations on
 float32 bit patterns, so a tile quantized here equals `mxlab.reference.fake_quantize_blocks` bit
-for bit (deterministic roundings: nearest_even, nearest_away, toward_zero; stochastic rounding
-is not offered here because its counter is the element's index in the quantized tensor, which a
-fused kernel does not have).
+for bit, for every rounding. Stochastic rounding takes the tile's 24 random bits per element as an
+argument (`r24`): the caller draws them from a counter of its own choice with `token_random_bits`
+(an element's linear index in a packed (tokens, heads, head_dim) tensor) or `score_random_bits`
+(a score's query row, head and key index), which are `mxlab.reference.random_bits24` of those
+counters (docs/numerics.md, "Jagged attention").
 
 Hardware FP8 conversion (the HW_FP8 bit of the operand code, set by the host where
 `mxlab.kernels.mx_quant.hardware_fp8_applies` holds: e4m3/e5m2, nearest even, CUDA sm_90+, never
@@ -24,12 +26,13 @@ import triton
 import triton.language as tl
 
 from mxlab.formats import ElementFormat, get_format
-from mxlab.kernels.mx_quant import HARDWARE_FP8_FORMATS, _fast_path_ok, _floor_log2, _quantize_hw_fp8
+from mxlab.kernels.mx_quant import HARDWARE_FP8_FORMATS, _fast_path_ok, _floor_log2, _mix32, _quantize_hw_fp8, _random_bits24
 from mxlab.kernels.mx_quant import _scale_exponent as _scale_exponent_and_special
 from mxlab.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
 DEVICE_SCALE_MODES = SCALE_MODES
-DEVICE_ROUNDINGS = tuple(mode for mode in ROUNDING_MODES if mode != "stochastic")
+DEVICE_ROUNDINGS = ROUNDING_MODES  # nearest_even, nearest_away, toward_zero, stochastic: the ROUNDING field's values
+ROUND_STOCHASTIC = tl.constexpr(DEVICE_ROUNDINGS.index("stochastic"))  # a constexpr: device code compares with it
 BLOCK = 32
 
 
@@ -40,7 +43,7 @@ def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str, *, hw
     ROUNDING 15-16, MMAX >> 16 at 17-23 (the top 7 bits of the max normal's 23-bit fraction;
     its lower 16 bits are zero in every format), HW_FP8 24. `hw_fp8` asks for the hardware FP8
     conversion; the caller decides it with `mx_quant.hardware_fp8_applies` for the tensor's device.
-    Refuses stochastic rounding, unknown names, and `hw_fp8` for anything but e4m3/e5m2 with
+    Refuses unknown names, formats that do not fit, and `hw_fp8` for anything but e4m3/e5m2 with
     nearest_even.
     """
     if isinstance(fmt, str):  # the common case, once per name: kernels' host code calls this per launch
@@ -57,7 +60,7 @@ def _operand_code(element: ElementFormat, scale_mode: str, rounding: str, hw_fp8
     if scale_mode not in DEVICE_SCALE_MODES:
         raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(DEVICE_SCALE_MODES)}")
     if rounding not in DEVICE_ROUNDINGS:
-        raise ValueError(f"rounding {rounding!r} is not available inside fused kernels; accepted: {', '.join(DEVICE_ROUNDINGS)}")
+        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(DEVICE_ROUNDINGS)}")
     mmax = float32_fraction_bits(element.max_normal)
     if mmax & 0xFFFF or not 0 <= element.mbits <= 7 or not -16 <= element.emin <= 15 or not 0 <= element.emax <= 15:
         raise ValueError(f"format {element.name} does not fit the packed operand code")
@@ -91,9 +94,10 @@ def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.cons
 
 
 @triton.jit
-def _fake_quant_elements(x, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
+def _fake_quant_elements(x, s, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
                          MMAX: tl.constexpr, ROUNDING: tl.constexpr):
-    """dequantize(quantize(x)) in float32 for float32 x at unbiased scale exponents s (broadcast)."""
+    """dequantize(quantize(x)) in float32 for float32 x at unbiased scale exponents s (broadcast);
+    r24: the elements' 24 random bits (stochastic rounding only)."""
     bits = x.to(tl.int32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
     exponent = magnitude >> 23
@@ -107,7 +111,8 @@ def _fake_quant_elements(x, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl
     else:
         quantum_exp = tl.maximum(log2_floor, s + EMIN) - MBITS
     shift = quantum_exp - value_exp
-    # shift >= 25 rounds every mode used here to 0 (significand < 2^24 <= half); clamping keeps that.
+    # shift >= 25 rounds the deterministic modes to 0 (significand < 2^24 <= half); clamping keeps
+    # that. Stochastic rounding compares 2r + 1 with the fraction scaled to 25 bits (docs/numerics.md).
     clamped = tl.minimum(tl.maximum(shift, 1), 25)
     quotient = significand >> clamped
     remainder = significand & ((1 << clamped) - 1)
@@ -117,8 +122,13 @@ def _fake_quant_elements(x, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl
         n = quotient + up.to(tl.int32)
     elif ROUNDING == 1:
         n = quotient + (remainder >= half).to(tl.int32)
-    else:
+    elif ROUNDING == 2:
         n = quotient
+    else:
+        odd = 2 * r24 + 1  # u = odd / 2^25
+        near = odd < (remainder << (25 - clamped))
+        far = odd <= ((significand - 1) >> tl.minimum(tl.maximum(shift - 25, 0), 31))
+        n = quotient + tl.where(shift <= 25, near, far).to(tl.int32)
     max_in_element_units = (((EMAX + 127) << 23) | MMAX + s * 0).to(tl.float32, bitcast=True)
     element = tl.minimum(n.to(tl.float32) * _pow2(quantum_exp - s), max_in_element_units)
     rounded = element * _pow2(s)
@@ -132,7 +142,7 @@ def _fake_quant_elements(x, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl
 
 
 @triton.jit
-def _fake_quant_blocks(x3, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
+def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     """Fake-quantize a float32 view whose blocks of 32 run along BLOCK_AXIS (the whole axis)."""
     MBITS: tl.constexpr = CODE & 7
     EMIN: tl.constexpr = ((CODE >> 3) & 31) - 16
@@ -153,37 +163,62 @@ def _fake_quant_blocks(x3, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
                                              tl.expand_dims(special, BLOCK_AXIS), MBITS, 8, False)
             y = value_bits.to(tl.float32, bitcast=True)  # special blocks: NaN through the NaN factor
         else:
-            y = _fake_quant_integer(x3, s, special, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+            y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     else:
-        y = _fake_quant_integer(x3, s, special, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+        y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     return y
 
 
 @triton.jit
-def _fake_quant_integer(x3, s, special, BLOCK_AXIS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+def _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                         IS_INT: tl.constexpr, MMAX: tl.constexpr, ROUNDING: tl.constexpr):
     """The integer steps for blocks along BLOCK_AXIS with scale exponents s; NaN in `special` blocks."""
-    values = _fake_quant_elements(x3, tl.expand_dims(s, BLOCK_AXIS), MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+    values = _fake_quant_elements(x3, tl.expand_dims(s, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     nan = (x3.to(tl.int32, bitcast=True) * 0 + 0x7FC00000).to(tl.float32, bitcast=True)
     return tl.where(tl.expand_dims(special, BLOCK_AXIS), nan, values)
 
 
 @triton.jit
-def fake_quant_tile(x, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr):
+def fake_quant_tile(x, r24, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr):
     """Fake-quantize a float32 (ROWS, COLS) tile in blocks of 32 along AXIS (0: down the rows,
     1: along each row); the blocks start at the tile's first row/column. Returns float32.
-    A tile exactly one block long along AXIS is reduced in place (no reshape)."""
+    r24: the elements' 24 random bits, an int32 (ROWS, COLS) tile when CODE rounds stochastically
+    (anything, e.g. 0, otherwise). A tile exactly one block long along AXIS is reduced in place."""
+    STOCHASTIC: tl.constexpr = ((CODE >> 15) & 3) == ROUND_STOCHASTIC
     if AXIS == 1:
         if COLS == 32:
-            y = _fake_quant_blocks(x, 1, CODE)
+            y = _fake_quant_blocks(x, r24, 1, CODE)
         else:
-            y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (ROWS, COLS // 32, 32)), 2, CODE), (ROWS, COLS))
+            bits = tl.reshape(r24, (ROWS, COLS // 32, 32)) if STOCHASTIC else r24
+            y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (ROWS, COLS // 32, 32)), bits, 2, CODE), (ROWS, COLS))
     else:
         if ROWS == 32:
-            y = _fake_quant_blocks(x, 0, CODE)
+            y = _fake_quant_blocks(x, r24, 0, CODE)
         else:
-            y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (ROWS // 32, 32, COLS)), 1, CODE), (ROWS, COLS))
+            bits = tl.reshape(r24, (ROWS // 32, 32, COLS)) if STOCHASTIC else r24
+            y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (ROWS // 32, 32, COLS)), bits, 1, CODE), (ROWS, COLS))
     return y
 
 
-__all__ = ["operand_code", "fake_quant_tile", "DEVICE_SCALE_MODES", "DEVICE_ROUNDINGS", "BLOCK"]
+@triton.jit
+def token_random_bits(tokens, columns, width, seed_key):
+    """24 random bits (int32, (len(tokens), len(columns))) of the elements (token, column) of a packed
+    (tokens, width) tensor: `random_bits24` of the linear index token * width + column (int64), with
+    seed_key = mix32(seed). For (tokens, heads, head_dim) tensors, column = head * head_dim + d."""
+    index = tokens.to(tl.int64)[:, None] * width + columns[None, :]
+    return _random_bits24(index, seed_key, True)
+
+
+@triton.jit
+def score_random_bits(query_rows, head, heads, keys, seed_key):
+    """24 random bits (int32, (len(query_rows), len(keys))) of the scores (query row, head, key): query_rows
+    are global rows of the packed queries, keys indices within the sequence; `random_bits24` of the
+    counter keys * 2^32 + query_row * heads + head (the host keeps query_row * heads + head < 2^32),
+    with seed_key = mix32(seed). The first mix runs once per row."""
+    row_key = _mix32((query_rows.to(tl.int64) * heads + head).to(tl.uint32) ^ seed_key.to(tl.uint32))
+    hashed = _mix32(row_key[:, None] ^ keys.to(tl.uint32)[None, :])
+    return (hashed >> 8).to(tl.int32)
+
+
+__all__ = ["operand_code", "fake_quant_tile", "token_random_bits", "score_random_bits", "DEVICE_SCALE_MODES", "DEVICE_ROUNDINGS",
+           "ROUND_STOCHASTIC", "BLOCK"]

@@ -29,6 +29,14 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   | dQ = dS K | dS: keys (qk.grad_a.a), K: keys (qk.grad_a.b) |
   | dK = dS^T Q | Q: queries (qk.grad_b.a), dS: queries (qk.grad_b.b) |
 
+  Every operand takes the recipe's scale mode and rounding. Stochastic rounding draws its bits from
+  layout-independent counters (docs/numerics.md, "Jagged attention"), the same ones the reference
+  path uses: Q, K, V, dO elements count by their linear index in the packed (tokens, heads,
+  head_dim) tensor, P and dS elements by (key index within the sequence) * 2^32 + query row *
+  heads + head; each operand's seed is its qmatmul seed slot of the product's `next_call_seeds()`,
+  drawn once per call (`_seed_keys`). e4m3/e5m2 operands with nearest-even rounding convert with
+  the GPU's FP8 instructions on sm_90+ (`_mx_device`), bit-identical to the integer steps.
+
   dS is the gradient of the rounded S, i.e. rounded to the input dtype after the scale. Q, K,
   V and dO are fake-quantized once per call into bfloat16 copies, one per orientation needed,
   both orientations of a tensor from one read (`_prequantize`, blocks of 32 tokens from each
@@ -54,8 +62,7 @@ changed in place; layers that share offsets, and the backward, compute them once
 the offsets in place between a forward and its backward is refused (RuntimeError), as autograd
 refuses it for saved tensors.
 
-Refused (`unsupported_reason` says why; the caller falls back to the reference): stochastic
-rounding (its counter is an element's index in the reference's padded tensor), (32, 32) blocks,
+Refused (`unsupported_reason` says why; the caller falls back to the reference): (32, 32) blocks,
 per-tensor FP8 or high-precision operands inside an MX policy, per-layer gradient scaling,
 head dims that are not a power of two in [16, 256] (MX: >= 32). An installed GEMM observer
 (`mxlab.diagnostics`) sees no kernel products: a sampled step runs the same kernel as every
@@ -74,8 +81,8 @@ import triton
 import triton.language as tl
 
 from mxlab.formats import FORMATS
-from mxlab.kernels._mx_device import fake_quant_tile, operand_code
-from mxlab.kernels.mx_quant import hardware_fp8_applies
+from mxlab.kernels._mx_device import ROUND_STOCHASTIC, fake_quant_tile, operand_code, score_random_bits, token_random_bits
+from mxlab.kernels.mx_quant import _mix32_host, hardware_fp8_applies
 from mxlab.nn.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 
 
@@ -109,12 +116,32 @@ _F32_LOWEST = tl.constexpr(-3.4028234663852886e38)  # a global used in @jit code
 
 # ----------------------------------------------------------------------------- device code
 @triton.jit
-def _maybe_quant(x, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr, QUANT: tl.constexpr):
-    """x (float32) fake-quantized along AXIS when QUANT, else x."""
+def _maybe_quant(x, r24, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr, QUANT: tl.constexpr):
+    """x (float32) fake-quantized along AXIS when QUANT (r24: random bits, see `_score_bits`), else x."""
     if QUANT:
-        return fake_quant_tile(x, ROWS, COLS, AXIS, CODE)
+        return fake_quant_tile(x, r24, ROWS, COLS, AXIS, CODE)
     else:
         return x
+
+
+@triton.jit
+def _score_bits(query_rows, head, keys, seed_key, CODE: tl.constexpr):
+    """Random bits of the scores (query_rows x keys) of `head` for the operand CODE (the grid's second
+    axis runs over the heads); 0 when CODE does not round stochastically."""
+    if ((CODE >> 15) & 3) == ROUND_STOCHASTIC:
+        return score_random_bits(query_rows, head, tl.num_programs(1), keys, seed_key)
+    else:
+        return 0
+
+
+@triton.jit
+def _token_bits(tokens, columns, width, seed_key, CODE: tl.constexpr):
+    """Random bits of the elements (tokens x columns) of a packed (tokens, width) tensor for the operand
+    CODE; 0 when CODE does not round stochastically."""
+    if ((CODE >> 15) & 3) == ROUND_STOCHASTIC:
+        return token_random_bits(tokens, columns, width, seed_key)
+    else:
+        return 0
 
 
 @triton.jit
@@ -204,10 +231,10 @@ def _row_dot(A, B, OUT, rows, heads, tokens, HEAD_DIM: tl.constexpr, BLOCK_ROWS:
     tl.store(OUT + (row % heads) * tokens + row // heads, tl.sum(a * b, 1), mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["d_seed_key", "t_seed_key"])  # seeds change every call: one compiled kernel
 def _prequantize(
     X, OUT_ALONG_D, OUT_ALONG_T, DOT_WITH, ROW_DOTS, offsets, tile_seq, tile_start, stride_t, width, tokens,
-    COLS: tl.constexpr, D_CODE: tl.constexpr, T_CODE: tl.constexpr, ALONG_D: tl.constexpr, ALONG_T: tl.constexpr,
+    d_seed_key, t_seed_key, COLS: tl.constexpr, D_CODE: tl.constexpr, T_CODE: tl.constexpr, ALONG_D: tl.constexpr, ALONG_T: tl.constexpr,
     ROW_DOT: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
     """Fake-quantize 32 tokens x COLS columns of a jagged (tokens, heads * head_dim) tensor (rows
@@ -216,7 +243,8 @@ def _prequantize(
     block crosses a head) and/or along the tokens (OUT_ALONG_T, blocks of 32 tokens from each
     sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits).
     ROW_DOT (with ALONG_D) also writes ROW_DOTS[h, t] = sum_d along_d[t, h, d] * DOT_WITH[t, h, d]
-    in float32, (heads, tokens)."""
+    in float32, (heads, tokens). Stochastic rounding draws `token_random_bits` of the packed tensor
+    (d_seed_key, t_seed_key: mix32 of each orientation's seed)."""
     pid = tl.program_id(0)
     cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
     seq = tl.load(tile_seq + pid)
@@ -230,7 +258,7 @@ def _prequantize(
     index = (begin + rows)[:, None] * stride_t + cols[None, :]
     x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
     if ALONG_D:
-        along_d = fake_quant_tile(x, 32, COLS, 1, D_CODE)
+        along_d = fake_quant_tile(x, _token_bits(begin + rows, cols, width, d_seed_key, D_CODE), 32, COLS, 1, D_CODE)
         tl.store(OUT_ALONG_D + index, along_d.to(tl.bfloat16), mask=ok)
         if ROW_DOT:
             other = tl.load(DOT_WITH + index, mask=ok, other=0.0).to(tl.float32)
@@ -240,15 +268,16 @@ def _prequantize(
             tl.store(ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None], sums,
                      mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :])
     if ALONG_T:
-        tl.store(OUT_ALONG_T + index, fake_quant_tile(x, 32, COLS, 0, T_CODE).to(tl.bfloat16), mask=ok)
+        along_t = fake_quant_tile(x, _token_bits(begin + rows, cols, width, t_seed_key, T_CODE), 32, COLS, 0, T_CODE)
+        tl.store(OUT_ALONG_T + index, along_t.to(tl.bfloat16), mask=ok)
 
 
-@triton.jit(do_not_specialize=["total_q"])
+@triton.jit(do_not_specialize=["total_q", "p_seed_key"])
 def _jagged_attention_fwd(
     QD, KD, VT, VD, O, OU, M, L,
     q_offsets, k_offsets, tile_seq, tile_start,
     stride_qt, stride_qh, stride_kt, stride_kh,
-    total_q, sm_scale,
+    total_q, sm_scale, p_seed_key,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr, WRITE_OU: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
@@ -295,7 +324,8 @@ def _jagged_attention_fwd(
             allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
             if SILU:
                 p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
-                p_dot = _dot_operand(_maybe_quant(p, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
+                p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
                 acc += tl.dot(p_dot, v_dot)
             else:
                 s = tl.where(allowed, s, _F32_LOWEST)
@@ -329,7 +359,8 @@ def _jagged_attention_fwd(
             s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
             allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
             p = _probabilities(s, allowed, m_i, l_safe, n_keys, False)
-            p_dot = _dot_operand(fake_quant_tile(p, BLOCK_M, BLOCK_N, 1, P_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
+            p_dot = _dot_operand(fake_quant_tile(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
             acc += tl.dot(p_dot, v_dot)
             if WRITE_OU:
                 # P @ quant(V along head dim), P split in two bfloat16 parts (relative error < 2^-16).
@@ -347,12 +378,12 @@ def _jagged_attention_fwd(
         tl.store(OU + out_index, acc_u, mask=row_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["total_q"])
+@triton.jit(do_not_specialize=["total_q", "pm_seed_key", "dsm_seed_key", "dsn_seed_key"])
 def _jagged_attention_bwd_dkdv(
     QD, QT, KD, KT, VD, DOD, DOT, M, L, DELTA, DK, DV, DQ_ACC,
     q_offsets, k_offsets, tile_seq, tile_start,
     stride_qt, stride_qh, stride_kt, stride_kh,
-    total_q, sm_scale,
+    total_q, sm_scale, pm_seed_key, dsm_seed_key, dsn_seed_key,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
@@ -401,7 +432,9 @@ def _jagged_attention_bwd_dkdv(
         s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
         allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
         p = _probabilities(s, allowed, m_row, tl.where(l_row > 0, l_row, 1.0), n_keys, SILU)
-        p_dot = _dot_operand(_maybe_quant(p, BLOCK_M, BLOCK_N, 0, PM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        query_rows = q_begin + offs_m
+        p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE)
+        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 0, PM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
         dot_dot = _load_rows(DOT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dv += tl.dot(tl.trans(p_dot), dot_dot)
         dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
@@ -409,11 +442,13 @@ def _jagged_attention_bwd_dkdv(
         if not QUANT:
             dp = _round_to(dp, S_DTYPE, BY_BITS)
         ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
-        ds_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        ds_bits = _score_bits(query_rows, head, offs_n, dsm_seed_key, DSM_CODE)
+        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
         qt_dot = _load_rows(QT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dk += tl.dot(tl.trans(ds_dot), qt_dot)
         if FUSED_DQ:
-            dsn_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            dsn_bits = _score_bits(query_rows, head, offs_n, dsn_seed_key, DSN_CODE)
+            dsn_dot = _dot_operand(_maybe_quant(ds, dsn_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
             dq_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
             tl.atomic_add(DQ_ACC + dq_index, tl.dot(dsn_dot, kt_dot), mask=row_ok[:, None], sem="relaxed")
 
@@ -422,12 +457,12 @@ def _jagged_attention_bwd_dkdv(
     tl.store(DV + out_index, _round_to(dv, DV.dtype.element_ty, BY_BITS).to(DV.dtype.element_ty), mask=key_ok[:, None])
 
 
-@triton.jit(do_not_specialize=["total_q"])
+@triton.jit(do_not_specialize=["total_q", "dsn_seed_key"])
 def _jagged_attention_bwd_dq(
     QD, KD, KT, VD, DOD, M, L, DELTA, DQ,
     q_offsets, k_offsets, tile_seq, tile_start,
     stride_qt, stride_qh, stride_kt, stride_kh,
-    total_q, sm_scale,
+    total_q, sm_scale, dsn_seed_key,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
@@ -477,7 +512,8 @@ def _jagged_attention_bwd_dq(
         if not QUANT:
             dp = _round_to(dp, S_DTYPE, BY_BITS)
         ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
-        ds_dot = _dot_operand(_maybe_quant(ds, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        ds_bits = _score_bits(q_begin + offs_m, head, offs_n, dsn_seed_key, DSN_CODE)
+        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
         kt_dot = _load_rows(KT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         dq += tl.dot(ds_dot, kt_dot)
     out_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
@@ -531,6 +567,55 @@ class _OperandCodes:
     k_n: int
     q_m: int
     ds_m: int
+
+
+@dataclass(frozen=True)
+class _SeedKeys:
+    """mix32 of the per-call stochastic-rounding seed of each of the 12 operands, as signed int32
+    (0 where an operand does not round stochastically)."""
+
+    q_d: int = 0
+    k_d: int = 0
+    p_n: int = 0
+    v_n: int = 0
+    do_d: int = 0
+    v_d: int = 0
+    p_m: int = 0
+    do_m: int = 0
+    ds_n: int = 0
+    k_n: int = 0
+    q_m: int = 0
+    ds_m: int = 0
+
+
+_NO_SEEDS = _SeedKeys()
+def _stochastic(code: int) -> bool:
+    return (code >> 15) & 3 == ROUND_STOCHASTIC.value
+
+
+def _seed_key(seed: int) -> int:
+    key = _mix32_host(seed & 0xFFFFFFFF)
+    return key - (1 << 32) if key >= 1 << 31 else key  # int32 bits: one kernel signature for every seed
+
+
+def _seed_keys(policy: Any, codes: Optional[_OperandCodes]) -> _SeedKeys:
+    """The seed keys of one attention call. When any operand rounds stochastically, draws the next call's
+    seeds of both products (`MatmulPrecision.next_call_seeds`: advances each product's call counter by one)
+    and maps qmatmul's seed slots to the operands: fwd.a, fwd.b, grad_a.g, grad_a.b, grad_b.a, grad_b.g are
+    Q, K, dS (along keys), K (along keys), Q (along queries), dS (along queries) for qk and P, V, dO, V (along
+    the head dim), P (along queries), dO (along queries) for pv."""
+    if codes is None or not any(_stochastic(code) for code in vars(codes).values()):
+        return _NO_SEEDS
+    from mxlab.nn.qmatmul import SEED_SLOTS
+
+    qk, pv = policy.qk.next_call_seeds(), policy.pv.next_call_seeds()
+    slots = {
+        "q_d": (qk, "fwd.a"), "k_d": (qk, "fwd.b"), "ds_n": (qk, "grad_a.g"), "k_n": (qk, "grad_a.b"), "q_m": (qk, "grad_b.a"),
+        "ds_m": (qk, "grad_b.g"), "p_n": (pv, "fwd.a"), "v_n": (pv, "fwd.b"), "do_d": (pv, "grad_a.g"), "v_d": (pv, "grad_a.b"),
+        "p_m": (pv, "grad_b.a"), "do_m": (pv, "grad_b.g"),
+    }
+    return _SeedKeys(**{name: _seed_key(seeds[SEED_SLOTS[slot]]) if _stochastic(getattr(codes, name)) else 0
+                        for name, (seeds, slot) in slots.items()})
 
 
 def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:
@@ -676,11 +761,13 @@ def default_tiles(quantized: bool, device: torch.device) -> TileSizes:
 
 
 def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int], t_code: Optional[int],
-                  dot_with: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+                  dot_with: Optional[torch.Tensor] = None, d_seed_key: int = 0,
+                  t_seed_key: int = 0) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
     sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
     itself is returned in that slot. Third: with `dot_with` (contiguous, x's shape; needs
-    d_code), the (heads, tokens) float32 sums over the head dim of along_d * dot_with, else None."""
+    d_code), the (heads, tokens) float32 sums over the head dim of along_d * dot_with, else None.
+    d_seed_key, t_seed_key: `_seed_key` of each orientation's seed (stochastic codes only)."""
     if not x.is_contiguous():
         raise ValueError(f"_prequantized needs a contiguous (tokens, heads, head_dim) tensor; got strides {x.stride()}")
     seq, start = _tiles(offsets, x.shape[0], None, 32)
@@ -696,7 +783,7 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
         columns = min(triton.next_power_of_2(width), _PREQUANTIZE_COLUMNS)
         _prequantize[(seq.numel(), triton.cdiv(width, columns))](
             x, along_d, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
-            offsets, seq, start, width, width, x.shape[0],
+            offsets, seq, start, width, width, x.shape[0], d_seed_key, t_seed_key,
             COLS=columns, D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
             ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns),
         )
@@ -743,7 +830,8 @@ def _cached_launch_options(dtype: torch.dtype, head_dim: int, silu: bool, causal
 class _JaggedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
-                causal: bool, silu: bool, codes: Optional[_OperandCodes], tiles: TileSizes, backward_expected: bool) -> torch.Tensor:  # type: ignore[override]
+                causal: bool, silu: bool, codes: Optional[_OperandCodes], seeds: _SeedKeys, tiles: TileSizes,
+                backward_expected: bool) -> torch.Tensor:  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -755,16 +843,18 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
         if quant:
             # The backward's along-token copies of Q and K come from the same read.
-            q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_expected else None)
-            k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_expected else None)
-            v_d, v_t, _ = _prequantized(v, k_offsets, codes.v_d, codes.v_n)
+            q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_expected else None,
+                                        d_seed_key=seeds.q_d, t_seed_key=seeds.q_m)
+            k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_expected else None,
+                                        d_seed_key=seeds.k_d, t_seed_key=seeds.k_n)
+            v_d, v_t, _ = _prequantized(v, k_offsets, codes.v_d, codes.v_n, d_seed_key=seeds.v_d, t_seed_key=seeds.v_n)
         else:
             q_d, k_d, v_d, v_t, q_t, k_t = q, k, v, v, q, k
         tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
                 q_d, k_d, v_t, v_d, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5,
+                q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5, seeds.p_n,
                 BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou, P_CODE=codes.p_n if quant else 0,
                 **_launch_options(q, silu, causal, quant, tiles),
             )
@@ -772,7 +862,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         # The offsets stay on ctx as the same Python objects, so the backward finds their tile
         # tables cached on them; their versions are checked as saved tensors' would be.
         ctx.offsets = (q_offsets, k_offsets, _tensor_version(q_offsets), _tensor_version(k_offsets))
-        ctx.settings = (causal, silu, codes, tiles, write_ou)
+        ctx.settings = (causal, silu, codes, seeds, tiles, write_ou)
         return out
 
     @staticmethod
@@ -781,7 +871,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
         if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
             raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
-        causal, silu, codes, tiles, write_ou = ctx.settings
+        causal, silu, codes, seeds, tiles, write_ou = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -789,7 +879,8 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         # along the head dim, from the launch that quantizes dO; BF16: the flash-attention
         # rowsum(dO * O). SiLU reads none.
         if quant:
-            do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=out_u if write_ou else None)
+            do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=out_u if write_ou else None,
+                                              d_seed_key=seeds.do_d, t_seed_key=seeds.do_m)
         else:
             do_d, do_t, delta = grad_out, grad_out, None if silu else _row_dots(grad_out, out)
         if delta is None:
@@ -806,19 +897,19 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         if kv_seq.numel() and heads:
             _jagged_attention_bwd_dkdv[(kv_seq.numel(), heads)](
                 q_d, q_t, k_d, k_t, v_d, do_d, do_t, m, l, delta, dk, dv, dq_accumulator,
-                q_offsets, k_offsets, kv_seq, kv_start, *strides,
+                q_offsets, k_offsets, kv_seq, kv_start, *strides, seeds.p_m, seeds.ds_m, seeds.ds_n,
                 BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes.p_m if quant else 0,
                 DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
         if tiles.fused_dq:
-            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None
+            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None
         q_seq, q_start = _tiles(q_offsets, total_q, k_offsets, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
-                q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides,
+                q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides, seeds.ds_n,
                 BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.device) -> None:
@@ -900,8 +991,13 @@ def jagged_attention_checked(
         for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
             if getattr(tiles, name) % 32:
                 raise ValueError(f"MX mode needs tile sizes that are multiples of 32; got {name}={getattr(tiles, name)}")
+    seeds = _seed_keys(policy, codes)
+    scores_stochastic = codes is not None and any(_stochastic(code) for code in (codes.p_n, codes.p_m, codes.ds_n, codes.ds_m))
+    if scores_stochastic and q.shape[0] * q.shape[1] >= 1 << 32:
+        raise ValueError(f"stochastic rounding of P or dS counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
     backward_expected = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, tiles, backward_expected)
+    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, seeds, tiles,
+                                          backward_expected)
 
 
 __all__ = ["check_jagged_offsets", "jagged_attention", "jagged_attention_checked", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]

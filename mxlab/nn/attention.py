@@ -22,6 +22,12 @@ entries are exact zeros, and
   axis; in the padded layout each example's key axis starts at its own first key, so a block
   never mixes two examples.
 
+Stochastic rounding (a policy with a stochastically rounded MX operand) does not use qmatmul's
+counter (an element's index in the padded, bucketed tensor) but layout-independent ones
+(`token_counter`, `score_counter`; docs/numerics.md, "Jagged attention"), through
+`counted_qmatmul`, with one `next_call_seeds()` per product per call for every bucket and chunk:
+the bits depend neither on the buckets nor on the chunking, and the Triton kernel draws the same.
+
 ``causal=True`` lets query ``j`` of an example see its keys ``0..j`` only; it needs each example
 to have as many queries as keys. An example with no keys (an empty history) gets an output of
 exact zeros; an example with no queries contributes nothing.
@@ -32,8 +38,8 @@ imported).
 Backends (``backend="auto"``): on CUDA, the Triton kernel `mxlab.kernels.jagged_attention`
 (no padding, no materialized score matrix, the same semantics with MX operands quantized
 inside the kernel) whenever its `unsupported_reason` is None (BF16/FP16 inputs, or an MX policy
-without stochastic rounding, power-of-two head dims; an installed GEMM observer sees no kernel
-products, see `mxlab.diagnostics`); otherwise,
+with 1-D blocks of 32, any scale mode and rounding, power-of-two head dims; an installed GEMM
+observer sees no kernel products, see `mxlab.diagnostics`); otherwise,
 with ``policy is None`` and softmax, FlexAttention per bucket (compiled, fused) with a
 per-example length mask; everything else, and every CPU tensor, uses the reference.
 """
@@ -193,6 +199,11 @@ class JaggedAttention(nn.Module):
         out = q.new_zeros(q.shape)
         if q.shape[0] == 0:
             return out
+        # Stochastic rounding counts elements by where they are in the packed tensors (see
+        # `token_counter`, `score_counter`), with one set of seeds per call, whatever the buckets and chunks.
+        seeds = _call_seeds(self.policy) if self.policy is not None and rounds_stochastically(self.policy) else None
+        if seeds is not None and q.shape[0] * q.shape[1] >= 1 << 32:
+            raise ValueError(f"stochastic rounding of the scores counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
         lengths = torch.maximum(q_lengths, k_lengths)
         buckets = _bucket_ids(lengths, self.min_bucket_length)
         active = q_lengths > 0
@@ -206,12 +217,13 @@ class JaggedAttention(nn.Module):
             for start in range(0, members.numel(), chunk):
                 index = members[start:start + chunk]
                 qp, q_valid, q_index = _gather_padded(q, q_offsets[index], q_lengths[index], q_width)
-                kp, k_valid, _ = _gather_padded(k, k_offsets[index], k_lengths[index], k_width)
+                kp, k_valid, k_index = _gather_padded(k, k_offsets[index], k_lengths[index], k_width)
                 vp, _, _ = _gather_padded(v, k_offsets[index], k_lengths[index], k_width)
                 if use_flex:
                     op = self._flex_padded(qp, kp, vp, q_lengths[index], k_lengths[index], causal)
                 else:
-                    op = self._reference_padded(qp, kp, vp, q_valid, k_valid, k_lengths[index], causal, activation)
+                    counted = None if seeds is None else _Counted(seeds, q_index, k_index, q.shape[1], q.shape[2])
+                    op = self._reference_padded(qp, kp, vp, q_valid, k_valid, k_lengths[index], causal, activation, counted)
                 results.append(op.transpose(1, 2)[q_valid])
                 destinations.append(q_index[q_valid])
         if not results:
@@ -228,14 +240,21 @@ class JaggedAttention(nn.Module):
         k_lengths: torch.Tensor,
         causal: bool,
         activation: str,
+        counted: "_Counted | None" = None,
     ) -> torch.Tensor:
         """Padded (n, H, Lq, D) attention. P is exactly 0 in padding rows and columns, so padding
         never enters a quantization block's amax (also in the backward products, whose blocks run
-        along the query axis); padding query outputs are discarded by the caller."""
+        along the query axis); padding query outputs are discarded by the caller. `counted`: the
+        call's seeds and the chunk's token rows, for policies with stochastic rounding."""
         qk_precision = self.policy.qk if self.policy is not None else None
         pv_precision = self.policy.pv if self.policy is not None else None
         scale = qp.shape[-1] ** -0.5
-        scores = self._product(qp, kp.transpose(-1, -2), qk_precision).float() * scale
+        if counted is not None:
+            q_counter, k_counter, s_counter = counted.token(counted.q_rows), counted.token(counted.k_rows), counted.scores()
+            scores = counted_qmatmul(qp, kp.transpose(-1, -2), qk_precision, counted.seeds[0],
+                                     (q_counter, k_counter.transpose(-1, -2), s_counter)).float() * scale
+        else:
+            scores = self._product(qp, kp.transpose(-1, -2), qk_precision).float() * scale
         allowed = k_valid[:, None, None, :] & q_valid[:, None, :, None]
         if causal:
             lq, lk = scores.shape[-2], scores.shape[-1]
@@ -251,6 +270,9 @@ class JaggedAttention(nn.Module):
             probabilities = torch.where(allowed, F.silu(scores), torch.zeros_like(scores)) / n_keys
         if self.policy is None:
             return torch.matmul(probabilities.to(vp.dtype), vp)
+        if counted is not None:
+            return counted_qmatmul(probabilities, vp.to(probabilities.dtype), pv_precision, counted.seeds[1],
+                                   (s_counter, k_counter, q_counter))
         return self._product(probabilities, vp.to(probabilities.dtype), pv_precision)
 
     def _product(self, a: torch.Tensor, b: torch.Tensor, precision: Any) -> torch.Tensor:
@@ -282,6 +304,182 @@ class JaggedAttention(nn.Module):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
             return _flex_attention_fn(qp.device)(qp, kp, vp, block_mask=block_mask, scale=qp.shape[-1] ** -0.5)
+
+# ---------------------------------------------------------------------------------------------
+# Stochastic rounding with layout-independent counters (docs/numerics.md, "Jagged attention").
+
+
+def rounds_stochastically(policy: Any) -> bool:
+    """Whether any operand of the attention policy's products (MatmulPrecisions) is MX with stochastic rounding."""
+    for precision in (getattr(policy, "qk", None), getattr(policy, "pv", None)):
+        gemms = [getattr(precision, name, None) for name in ("fwd", "grad_a", "grad_b")]
+        if any(getattr(operand, "block_scaled", False) and operand.rounding == "stochastic"
+               for gemm in gemms for operand in (getattr(gemm, "a", None), getattr(gemm, "b", None))):
+            return True
+    return False
+
+
+def _call_seeds(policy: Any) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """Seeds of one attention call, per product (qk, pv): `next_call_seeds()` once each (None: no precision)."""
+    return tuple(None if precision is None else precision.next_call_seeds() for precision in (policy.qk, policy.pv))  # type: ignore[return-value]
+
+
+def token_counter(rows: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+    """Stochastic-rounding counters (int64, (n, heads, L, head_dim)) of a padded gather of a packed
+    (tokens, heads, head_dim) tensor whose rows (n, L) come from the packed rows `rows`: each element's
+    linear index in the packed tensor, (row * heads + head) * head_dim + d."""
+    head = torch.arange(heads, device=rows.device)[None, :, None, None]
+    d = torch.arange(head_dim, device=rows.device)[None, None, None, :]
+    return (rows[:, None, :, None] * heads + head) * head_dim + d
+
+
+def score_counter(query_rows: torch.Tensor, heads: int, keys: int) -> torch.Tensor:
+    """Stochastic-rounding counters (int64, (n, heads, Lq, keys)) of scores-shaped operands (P, dS) for
+    queries from the packed rows `query_rows` (n, Lq): key * 2^32 + query_row * heads + head, with key the
+    key's index within its sequence (query_row * heads + head < 2^32)."""
+    head = torch.arange(heads, device=query_rows.device)[None, :, None, None]
+    key = torch.arange(keys, device=query_rows.device)[None, None, None, :]
+    return (key << 32) + query_rows[:, None, :, None] * heads + head
+
+
+class _Counted:
+    """One chunk's inputs to the counted products: the call's seeds (qk, pv) and the packed rows of its
+    padded queries and keys (n, Lq), (n, Lk)."""
+
+    def __init__(self, seeds: tuple, q_rows: torch.Tensor, k_rows: torch.Tensor, heads: int, head_dim: int) -> None:
+        self.seeds, self.q_rows, self.k_rows, self.heads, self.head_dim = seeds, q_rows, k_rows, heads, head_dim
+
+    def token(self, rows: torch.Tensor) -> torch.Tensor:
+        return token_counter(rows, self.heads, self.head_dim)
+
+    def scores(self) -> torch.Tensor:
+        return score_counter(self.q_rows, self.heads, self.k_rows.shape[1])
+
+
+def _stochastic_fake_quantize(x: torch.Tensor, quant: Any, axis: int, seed: int, counter: torch.Tensor) -> torch.Tensor:
+    """x fake-quantized (float32) as `quant` says with stochastic rounding whose random bits are
+    `mxlab.reference.random_bits24(counter, seed)` element by element (counter broadcast to x); blocks of
+    32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
+    from mxlab import reference
+    from mxlab.formats import get_format
+
+    dims = (x.dim() - 2, x.dim() - 1) if quant.block == (32, 32) else (axis % x.dim(),)
+    values, index = x.float(), counter.expand(x.shape)
+    for dim in dims:
+        missing = -x.shape[dim] % reference.BLOCK_SIZE
+        if missing:
+            padding = [0, 0] * (x.dim() - 1 - dim) + [0, missing]
+            values, index = F.pad(values, padding), F.pad(index, padding)
+    padded_shape = values.shape
+    split_shape: list[int] = []
+    reduce_dims: list[int] = []
+    for dim, size in enumerate(padded_shape):
+        if dim in dims:
+            split_shape += [size // reference.BLOCK_SIZE, reference.BLOCK_SIZE]
+            reduce_dims.append(len(split_shape) - 1)
+        else:
+            split_shape.append(size)
+    bits = reference.random_bits24(index.reshape(split_shape), seed)
+    quantized = reference.fake_quantize_blocks(values.reshape(split_shape), tuple(reduce_dims), get_format(quant.fmt),
+                                               quant.scale_mode, "stochastic", bits)
+    return quantized.reshape(padded_shape)[tuple(slice(0, size) for size in x.shape)]
+
+
+def _counted_operand(x: torch.Tensor, quant: Any, axis: int, seed: int, counter: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    """(values, factor) as qmatmul's operands, with stochastic MX rounding drawn from `counter`."""
+    from mxlab.nn.qmatmul import _quantized_operand
+
+    if quant.block_scaled and quant.rounding == "stochastic":
+        values = _stochastic_fake_quantize(x, quant, axis, seed, counter)
+        return (values.to(torch.bfloat16) if x.dtype == torch.bfloat16 else values), None  # exact in bfloat16
+    return _quantized_operand(x, quant, axis, seed)
+
+
+def _counted_gemm(a: torch.Tensor, b: torch.Tensor, quant: Any, *, a_axis: int, b_axis: int, transpose_a: bool, transpose_b: bool,
+                  seeds: tuple[int, int], counters: tuple[torch.Tensor, torch.Tensor], out_dtype: torch.dtype, name: str,
+                  label: str) -> torch.Tensor:
+    """op(a) @ op(b) as qmatmul's GEMM computes it, with the operands' stochastic rounding counted by
+    `counters` (each broadcast to its operand's stored layout)."""
+    from mxlab.nn import qmatmul as qmatmul_module
+
+    def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
+        return x.transpose(-1, -2) if transpose else x
+
+    if quant.hadamard is not None:
+        raise ValueError(f"{name} {label}: a Hadamard transform is not available in attention products")
+    if quant.high_precision:
+        return torch.matmul(op(a, transpose_a), op(b, transpose_b))
+    with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
+        a_q, a_factor = _counted_operand(a, quant.a, a_axis, seeds[0], counters[0])
+        b_q, b_factor = _counted_operand(b, quant.b, b_axis, seeds[1], counters[1])
+        out = qmatmul_module._float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
+        factors = [f for f in (a_factor, b_factor) if f is not None]
+        if factors:
+            out = out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
+        observer = qmatmul_module._observer
+        if observer is not None:
+            observer(name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
+                     a=a, b=b, a_q=qmatmul_module._dequantized(a_q, a_factor), b_q=qmatmul_module._dequantized(b_q, b_factor),
+                     a_axis=a_axis, b_axis=b_axis)
+    return out.to(out_dtype)
+
+
+class _CountedQMatmulFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, precision: Any, seeds: tuple[int, ...],
+                counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
+        from mxlab.nn.qmatmul import SEED_SLOTS
+
+        out = _counted_gemm(a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
+                            seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]]), counters=counters[:2],
+                            out_dtype=a.dtype, name=precision.name, label=precision.labels[0])
+        ctx.save_for_backward(a, b)
+        ctx.precision, ctx.seeds, ctx.counters = precision, seeds, counters
+        device_type = a.device.type
+        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
+        from mxlab.nn.qmatmul import SEED_SLOTS, _record_grad_stats
+
+        a, b = ctx.saved_tensors
+        precision, seeds, (a_counter, b_counter, g_counter) = ctx.precision, ctx.seeds, ctx.counters
+        device_type, enabled, dtype = ctx.autocast
+        scale = precision.grad_scale
+        if scale is not None:
+            g = g * scale
+        grad_a = grad_b = None
+        with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
+            if ctx.needs_input_grad[0]:  # g @ b^T: g along N, b along N
+                grad_a = _counted_gemm(g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
+                                       seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]]),
+                                       counters=(g_counter, b_counter), out_dtype=a.dtype, name=precision.name,
+                                       label=precision.labels[1])
+            if ctx.needs_input_grad[1]:  # a^T @ g: a along M, g along M
+                grad_b = _counted_gemm(a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
+                                       seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]]),
+                                       counters=(a_counter, g_counter), out_dtype=b.dtype, name=precision.name,
+                                       label=precision.labels[2])
+        if scale is not None:
+            _record_grad_stats(precision, g)
+            grad_a = grad_a / scale if grad_a is not None else None
+            grad_b = grad_b / scale if grad_b is not None else None
+        grad_a = grad_a.to(a.dtype) if grad_a is not None else None
+        grad_b = grad_b.to(b.dtype) if grad_b is not None else None
+        return grad_a, grad_b, None, None, None
+
+
+def counted_qmatmul(a: torch.Tensor, b: torch.Tensor, precision: Any, seeds: tuple[int, ...] | None,
+                    counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """a @ b with the three GEMMs of `qmatmul(a, b, precision)`, except that stochastic rounding of an MX
+    operand draws `mxlab.reference.random_bits24(counter, seed)` per element: counters (int64) of a, of b
+    and of the gradient of the output, each broadcastable to that tensor; seeds: one per qmatmul SEED_SLOTS
+    slot (the attention call's `next_call_seeds()`). a, b: (..., M, K), (..., K, N) with equal leading dims.
+    Returns torch.matmul(a, b) when `precision` is None."""
+    if precision is None:
+        return torch.matmul(a, b)
+    return _CountedQMatmulFunction.apply(a, b, precision, seeds, counters)
 
 
 def length_block_mask(
@@ -337,4 +535,5 @@ def segment_positions(offsets: torch.Tensor) -> torch.Tensor:
     return torch.arange(total, device=offsets.device) - starts
 
 
-__all__ = ["JaggedAttention", "rotary_embedding", "segment_positions", "ACTIVATIONS", "BACKENDS"]
+__all__ = ["JaggedAttention", "rotary_embedding", "segment_positions", "rounds_stochastically", "token_counter", "score_counter",
+           "counted_qmatmul", "ACTIVATIONS", "BACKENDS"]

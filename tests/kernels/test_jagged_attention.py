@@ -41,7 +41,11 @@ jagged_attention_module = importlib.import_module("mxlab.kernels.jagged_attentio
 jagged_attention = jagged_attention_module.jagged_attention
 unsupported_reason = jagged_attention_module.unsupported_reason
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from mxlab.formats import get_format  # noqa: E402
+from mxlab.kernels._mx_device import fake_quant_tile, score_random_bits  # noqa: E402
 from mxlab.nn.attention import JaggedAttention  # noqa: E402
 from mxlab.nn.qmatmul import OperandQuant  # noqa: E402
 from mxlab.recipe import AttentionPolicy, AttentionRecipe  # noqa: E402
@@ -54,9 +58,10 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() and not INTERPRETED el
 FLIP_SHARE = 0.10
 
 
-def _policy(fwd: str = "e4m3", grad: str = "e4m3", scale_mode: str = "floor", rounding: str = "nearest_even") -> AttentionPolicy:
+def _policy(fwd: str = "e4m3", grad: str = "e4m3", scale_mode: str = "floor", rounding: str = "nearest_even",
+            grad_rounding: str | None = None) -> AttentionPolicy:
     fwd_quant = OperandQuant(fwd, 32, scale_mode, rounding)
-    grad_quant = OperandQuant(grad, 32, scale_mode, rounding)
+    grad_quant = OperandQuant(grad, 32, scale_mode, grad_rounding or rounding)
     recipe = AttentionRecipe(fwd_quant, grad_quant, fwd_quant, grad_quant)
     return AttentionPolicy(qk=recipe.product_precision("qk", "test", 1), pv=recipe.product_precision("pv", "test", 2))
 
@@ -315,8 +320,6 @@ def test_all_empty_batch():
 def test_refusals_name_the_problem():
     q, k, v, _ = _inputs([4], [4], 1, 32, seed=0)
     offsets = _offsets([4])
-    with pytest.raises(ValueError, match="stochastic"):
-        jagged_attention(q, k, v, offsets, offsets, policy=_policy(rounding="stochastic"))
     with pytest.raises(ValueError, match="causal attention needs as many queries as keys"):
         jagged_attention(q[:2], k, v, _offsets([2]), offsets, causal=True)
     with pytest.raises(ValueError, match="unknown attention activation 'relu'"):
@@ -333,6 +336,7 @@ def test_refusals_name_the_problem():
     block_policy.qk.fwd = type(block_policy.qk.fwd)(OperandQuant("e4m3", (32, 32)), OperandQuant("e4m3", (32, 32)))
     assert "block" in unsupported_reason(q, block_policy)
     assert unsupported_reason(q, _policy()) is None and unsupported_reason(q, None) is None
+    assert unsupported_reason(q, _policy(rounding="stochastic")) is None
 
 
 # ----------------------------------------------------------------------------- hardware FP8 conversion
@@ -428,6 +432,113 @@ def test_attention_kernels_compile_the_hardware_switch_to_the_fp8_conversion_for
     instructions = json.loads(result.stdout.strip().splitlines()[-1])
     expected = [[f"cvt.rn.satfinite.{fmt}x2.f32"] if hw else [] for _, fmt, hw in cases]
     assert instructions == expected
+
+
+# ----------------------------------------------------------------------------- stochastic rounding
+def _run_kernel(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy, tiles=None):
+    out = jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
+    return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+
+def _run_reference(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy):
+    module = JaggedAttention(backend="reference")
+    module.policy = policy
+    out = module(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation)
+    return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+
+SR_LENGTHS = [31, 0, 1, 33]
+SR_CASES = [
+    # id, q lengths, k lengths, causal, activation, heads, policy arguments, tiles
+    ("self-causal-softmax-all-sr", SR_LENGTHS, SR_LENGTHS, True, "softmax", 2, dict(rounding="stochastic", scale_mode="rceil"), None),
+    ("cross-silu-grad-sr-e5m2-fused-dq", CROSS_Q, CROSS_K, False, "silu", 1,
+     dict(grad="e5m2", grad_rounding="stochastic", scale_mode="rceil"), FUSED_DQ_TILES),
+    ("pma-softmax-all-sr-e2m1-wide", PMA_Q, PMA_K, False, "softmax", 1, dict(fwd="e2m1", grad="e3m2", rounding="stochastic"), WIDE_TILES),
+]
+
+
+@pytest.mark.parametrize("case", SR_CASES, ids=[case[0] for case in SR_CASES])
+def test_stochastic_rounding_matches_the_reference_forward_and_backward(case):
+    """The kernel draws every stochastically rounded operand's bits from the reference's counters and seeds:
+    outputs and gradients agree up to accumulation order (at these sizes, in practice, exactly), where other
+    seeds change almost every element (`test_other_seeds_fail_the_comparison`)."""
+    _, q_lengths, k_lengths, causal, activation, heads, policy_arguments, tiles = case
+    q, k, v, grad = _inputs(q_lengths, k_lengths, heads, 32, seed=len(case[0]))
+    kernel_policy, reference_policy = _policy(**policy_arguments), _policy(**policy_arguments)
+    arguments = (q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation)
+    kernel = _run_kernel(*arguments, kernel_policy, tiles)
+    reference = _run_reference(*arguments, reference_policy)
+    for policy in (kernel_policy, reference_policy):  # one call: each product's seeds advanced once
+        assert policy.qk.calls == policy.pv.calls == 1
+    mbits = min(get_format(policy_arguments.get(key, "e4m3")).mbits for key in ("fwd", "grad"))
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        _assert_exact_up_to_accumulation(name, actual, expected, mbits)
+
+
+def test_other_seeds_fail_the_comparison():
+    """The comparison above can fail: the reference's next call (other seeds, same counters) differs."""
+    q, k, v, grad = _inputs(SR_LENGTHS, SR_LENGTHS, 1, 32, seed=4)
+    policy = _policy(rounding="stochastic")
+    arguments = (q, k, v, grad, _offsets(SR_LENGTHS), _offsets(SR_LENGTHS), False, "softmax")
+    kernel = _run_kernel(*arguments, policy)
+    later_call = _run_reference(*arguments, policy)
+    with pytest.raises(AssertionError, match="differ by more than one ulp"):
+        _assert_exact_up_to_accumulation("out", kernel[0], later_call[0], 3)
+
+
+def test_stochastic_prequantized_operands_equal_the_reference_bits():
+    """Q/K/V/dO copies (both orientations) against the reference's counter: the element's linear index in the
+    packed (tokens, heads, head_dim) tensor, bit for bit."""
+    from mxlab.nn.attention import _stochastic_fake_quantize
+
+    lengths = [31, 0, 1, 33, 70]
+    tokens, heads, head_dim = sum(lengths), 2, 64
+    generator = torch.Generator().manual_seed(8)
+    x = (torch.randn(tokens, heads, head_dim, generator=generator)
+         * torch.exp2(torch.randint(-30, 10, (tokens, heads, head_dim), generator=generator).float())).to(DEVICE)
+    quant = OperandQuant("e4m3", 32, "even", "stochastic")
+    code = jagged_attention_module.operand_code("e4m3", "even", "stochastic")
+    seeds = (12345, 2**32 - 7)
+    keys = [jagged_attention_module._seed_key(seed) for seed in seeds]
+    offsets = _offsets(lengths)
+    along_d, along_t, _ = jagged_attention_module._prequantized(x, offsets, code, code, d_seed_key=keys[0], t_seed_key=keys[1])
+    counter = torch.arange(x.numel(), device=DEVICE).view(x.shape)
+    assert torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, seeds[0], counter))
+    for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        expected = _stochastic_fake_quantize(x[begin:end], quant, 0, seeds[1], counter[begin:end])
+        assert torch.equal(along_t[begin:end].float(), expected), f"tokens {begin}:{end}"
+    assert not torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, seeds[1], counter))
+
+
+@triton.jit
+def _score_tile_kernel(X, Y, first_row, head, heads, seed_key, AXIS: tl.constexpr, CODE: tl.constexpr):
+    """Y = fake_quant_tile of the (32, 64) float32 score tile X of query rows first_row.. and keys 0..63."""
+    rows = tl.arange(0, 32)
+    keys = tl.arange(0, 64)
+    index = rows[:, None] * 64 + keys[None, :]
+    bits = score_random_bits(first_row + rows, head, heads, keys, seed_key)
+    tl.store(Y + index, fake_quant_tile(tl.load(X + index), bits, 32, 64, AXIS, CODE))
+
+
+@pytest.mark.parametrize("axis", [0, 1], ids=["along-queries", "along-keys"])
+def test_in_kernel_score_quantization_equals_the_reference_bits(axis):
+    """P and dS tiles: `score_random_bits` + `fake_quant_tile` against the reference's score counter
+    (key * 2^32 + query_row * heads + head), bit for bit; query rows x heads beyond 2^31 included."""
+    from mxlab.nn.attention import _stochastic_fake_quantize, score_counter
+
+    generator = torch.Generator().manual_seed(axis)
+    x = torch.randn(32, 64, generator=generator) * torch.exp2(torch.randint(-40, 8, (32, 64), generator=generator).float())
+    x[5, :] = 0.0
+    x = x.to(DEVICE)
+    quant = OperandQuant("e5m2", 32, "floor", "stochastic")
+    code = jagged_attention_module.operand_code("e5m2", "floor", "stochastic")
+    for first_row, heads, head, seed in ((0, 1, 0, 3), (2**30 + 17, 3, 2, 2**31 + 5)):
+        y = torch.empty_like(x)
+        _score_tile_kernel[(1,)](x, y, first_row, head, heads, jagged_attention_module._seed_key(seed), AXIS=axis, CODE=code)
+        rows = torch.arange(first_row, first_row + 32, device=DEVICE)[None, :]
+        counter = score_counter(rows, heads, 64)[0, head]
+        expected = _stochastic_fake_quantize(x, quant, axis, seed, counter)
+        assert torch.equal(y, expected), f"{(y != expected).sum().item()} elements differ (first row {first_row})"
 
 
 # ----------------------------------------------------------------------------- GPU, benchmark size
@@ -530,6 +641,61 @@ def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
         blocks = padded.reshape(padded.shape[0] // 32, 32, *padded.shape[1:])
         expected_t = reference.fake_quantize_blocks(blocks, (1,), FORMATS[fmt], "rceil", "nearest_even").reshape(padded.shape)
         assert torch.equal(along_t[begin:end].float().view(torch.int32), expected_t[: end - begin].view(torch.int32)), f"sequence {sequence}"
+
+
+SR_GPU_POLICIES = [
+    ("mxfp8-rceil-sr", dict(scale_mode="rceil", grad_rounding="stochastic")),  # the recipe: gradients only
+    ("all-stochastic", dict(scale_mode="rceil", rounding="stochastic")),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation, causal", [("softmax", False), ("softmax", True), ("silu", False)])
+@pytest.mark.parametrize("policy_id, policy_arguments", SR_GPU_POLICIES, ids=[case[0] for case in SR_GPU_POLICIES])
+def test_benchmark_size_stochastic_rounding_matches_reference_on_gpu(policy_id, policy_arguments, activation, causal,
+                                                                     full_precision_reductions):
+    lengths, q, k, v, grad = _benchmark_inputs()
+    offsets = _offsets(lengths)
+    arguments = (q, k, v, grad, offsets, offsets, causal, activation)
+    kernel = _run_kernel(*arguments, _policy(**policy_arguments))
+    reference = _run_reference(*arguments, _policy(**policy_arguments))
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        _assert_exact_up_to_accumulation(name, actual, expected, 3)
+
+
+@pytest.mark.gpu
+def test_benchmark_size_stochastic_cross_attention_matches_reference_on_gpu(full_precision_reductions):
+    lengths, _, k, v, _ = _benchmark_inputs()
+    q, _, _, grad = _inputs([5] * len(lengths), [0] * len(lengths), 4, 64, seed=1)
+    arguments = (q, k, v, grad, _offsets([5] * len(lengths)), _offsets(lengths), False, "softmax")
+    policy_arguments = dict(scale_mode="rceil", rounding="stochastic")
+    kernel = _run_kernel(*arguments, _policy(**policy_arguments))
+    reference = _run_reference(*arguments, _policy(**policy_arguments))
+    for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
+        _assert_exact_up_to_accumulation(name, actual, expected, 3)
+
+
+@pytest.mark.gpu
+def test_stochastic_operands_equal_the_reference_bits_on_gpu():
+    """The benchmark's Q in both orientations, and a P-shaped tile, against the reference counters, bit for bit."""
+    from mxlab.nn.attention import _stochastic_fake_quantize, score_counter
+
+    lengths, q, _, _, _ = _benchmark_inputs()
+    x = q.detach()
+    quant = OperandQuant("e4m3", 32, "rceil", "stochastic")
+    code = jagged_attention_module.operand_code("e4m3", "rceil", "stochastic")
+    offsets = _offsets(lengths)
+    along_d, along_t, _ = jagged_attention_module._prequantized(x, offsets, code, code, d_seed_key=jagged_attention_module._seed_key(5),
+                                                                t_seed_key=jagged_attention_module._seed_key(6))
+    counter = torch.arange(x.numel(), device=x.device).view(x.shape)
+    assert torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, 5, counter))
+    for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
+        assert torch.equal(along_t[begin:end].float(), _stochastic_fake_quantize(x[begin:end], quant, 0, 6, counter[begin:end]))
+    scores = x.float().reshape(-1, 64)[:32].contiguous()
+    y = torch.empty_like(scores)
+    _score_tile_kernel[(1,)](scores, y, 1000, 3, 4, jagged_attention_module._seed_key(9), AXIS=1, CODE=code)
+    expected = _stochastic_fake_quantize(scores, quant, 1, 9, score_counter(torch.arange(1000, 1032, device=x.device)[None], 4, 64)[0, 3])
+    assert torch.equal(y, expected)
 
 
 @pytest.mark.gpu
