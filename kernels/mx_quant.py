@@ -128,6 +128,28 @@ def _load_bits(pointers, mask, IN_KIND: tl.constexpr):
 
 
 @triton.jit
+def _load_magnitude_key(pointers, mask, IN_KIND: tl.constexpr):
+    """An int32 that orders like |x| (0 where masked), for block maxima: the float32 magnitude bits, and for
+    bfloat16 its 15 magnitude bits (`_magnitude_from_key` shifts them into place once per block, not per
+    element)."""
+    if IN_KIND == 1:
+        key = tl.load(pointers, mask=mask, other=0).to(tl.int32) & 0x7FFF
+    else:
+        key = _load_bits(pointers, mask, IN_KIND) & 0x7FFFFFFF
+    return key
+
+
+@triton.jit
+def _magnitude_from_key(key, IN_KIND: tl.constexpr):
+    """float32 magnitude bits of a `_load_magnitude_key` value (0x7FFFFFFF stays: it marks "none")."""
+    if IN_KIND == 1:
+        magnitude = tl.where(key == 0x7FFFFFFF, key, key << 16)
+    else:
+        magnitude = key
+    return magnitude
+
+
+@triton.jit
 def _rne_shift(value, shift):
     """value >> shift rounded to nearest even, for int32 value >= 0 and shift in [0, 30]."""
     quotient = value >> shift
@@ -243,6 +265,27 @@ def _fast_path_ok(s, inert, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.co
     qe = s + EMIN - MBITS
     ok = (qe >= -125) & (qe <= 104) & (s + EMAX <= 126)
     return ok | inert
+
+
+@triton.jit
+def _tile_path(s, special, inert, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr):
+    """The path of a whole tile (one reduction): 0 exact integer steps; 1 fast path (`_fast_path_ok` for every
+    block); 2 fast path and no NaN/Inf block (the hardware FP8 path then needs no per-element select)."""
+    ok = _fast_path_ok(s, inert, MBITS, EMIN, EMAX)
+    return tl.min(ok.to(tl.int32) + (ok & ~special).to(tl.int32))
+
+
+@triton.jit
+def _amax_range_path(tile_max, tile_min, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                     MMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
+    """`_tile_path` (0 or 2) for blocks whose amax lies in [tile_min, tile_max] (tile_min: the smallest nonzero
+    magnitude, 0x7FFFFFFF if none): the set of amax values the fast path accepts is an interval, and where
+    tile_max is below Inf no block is NaN/Inf."""
+    s_hi, special_hi = _scale_exponent(tile_max, MBITS, EMAX, MMAX, SCALE_MODE)
+    s_lo, special_lo = _scale_exponent(tile_min, MBITS, EMAX, MMAX, SCALE_MODE)
+    ok = (_fast_path_ok(s_hi, tile_max == 0, MBITS, EMIN, EMAX) & ~special_hi
+          & _fast_path_ok(s_lo, tile_min == 0x7FFFFFFF, MBITS, EMIN, EMAX))
+    return ok.to(tl.int32) * 2
 
 
 # ----------------------------------------------------------------------------- elements
@@ -373,6 +416,30 @@ def _quantize_hw_fp8(bits, s, special, MBITS: tl.constexpr, BITS: tl.constexpr, 
 
 
 @triton.jit
+def _hw_fp8_finite_elements(bits, s, OUT_KIND: tl.constexpr, MBITS: tl.constexpr):
+    """(uint8 codes, values as bits of the output dtype) of `_quantize_hw_fp8` for tiles without NaN/Inf blocks
+    (tile path 2): no per-element select, the FP8 bytes are the codes as converted (pairs stay packed), and the
+    value float32(fp8) * 2^S is converted to bfloat16/float16 by the GPU's round-to-nearest-even conversion,
+    which is `_f32_bits_to_output` on finite values (exact for bfloat16: at most 4 significant bits, normal or
+    zero). All-zero blocks run with their clamped S = -127: x * 2^127 is +-0, and +-0 * 2^-127 (factor bits 0,
+    +0.0) is the reference's signed zero."""
+    x = bits.to(tl.float32, bitcast=True)
+    scaled = x * ((127 - s) << 23).to(tl.float32, bitcast=True)  # x * 2^-S
+    if MBITS == 3:
+        element = scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e4m3x2.f32
+    else:
+        element = scaled.to(tl.float8e5, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e5m2x2.f32
+    value = element.to(tl.float32) * ((127 + s) << 23).to(tl.float32, bitcast=True)
+    if OUT_KIND == 1:
+        out = (value.to(tl.int32, bitcast=True) >> 16).to(tl.int16)  # exact: at most 4 significant bits
+    elif OUT_KIND == 2:
+        out = value.to(tl.float16, fp_downcast_rounding="rtne").to(tl.int16, bitcast=True)
+    else:
+        out = value.to(tl.int32, bitcast=True)
+    return element.to(tl.uint8, bitcast=True), out
+
+
+@triton.jit
 def _fast_elements(bits, s, special, inert, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                    EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
                    IS_INT: tl.constexpr, ROUNDING: tl.constexpr, HW_FP8: tl.constexpr):
@@ -414,22 +481,37 @@ def _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offse
 
 
 @triton.jit
-def _emit(bits, s, special, inert, ok, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+def _emit(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
           WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr,
           MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
           NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
           FAST: tl.constexpr, HW_FP8: tl.constexpr, PROBE: tl.constexpr):
-    """Quantize a tile (s, special, inert broadcast against bits; ok: the tile may take the fast path) and
-    store its codes and/or values. Each branch stores its own results, so no tile-sized value is merged
-    across the branch (which would keep both paths' registers live)."""
+    """Quantize a tile (s, special, inert broadcast against bits; path: `_tile_path` of the tile) and store its
+    codes and/or values. Each branch stores its own results, so no tile-sized value is merged across the branch
+    (which would keep both paths' registers live)."""
     if PROBE:  # benchmark probe: same loads, reductions and stores, no element arithmetic
         probe_bits = bits + r24
         code = (probe_bits >> 24) + s
         out = _f32_bits_to_output(probe_bits, 0) if OUT_KIND == 0 else (probe_bits >> 16).to(tl.int16)
         _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
                WANT_CODES, WANT_VALUES)
+    elif FAST and ROUNDING == 0 and HW_FP8:
+        if path == 2:
+            fp8_code, fp8_out = _hw_fp8_finite_elements(bits, s, OUT_KIND, MBITS)  # names of their own: other types
+            _store(fp8_code, fp8_out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                   WANT_CODES, WANT_VALUES)
+        elif path == 1:
+            code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
+                                       BITS, IS_INT, ROUNDING, HW_FP8)
+            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                   WANT_CODES, WANT_VALUES)
+        else:
+            code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS,
+                                        IS_INT, ROUNDING)
+            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                   WANT_CODES, WANT_VALUES)
     elif FAST and (ROUNDING == 0 or ROUNDING == 3):
-        if ok:
+        if path > 0:
             code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
                                        BITS, IS_INT, ROUNDING, HW_FP8)
             _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
@@ -504,40 +586,82 @@ def _mx_kernel(
         amax = tl.max(magnitude, axis=3)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
         inert = special | (amax == 0)
-        ok = tl.min(_fast_path_ok(s, inert, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
         nbp = BP // 32
         srow = (pid_l * RB + tl.arange(0, RB)[:, None, None]) * RS + tl.arange(0, RS)[None, :, None]
         sblk = pid_b * CB + tl.arange(0, CB)[None, None, :]
         tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk, (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
                  mask=(srow < L) & (sblk < nbp))
-        _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], ok, r24, (pid_a * L + row) * BP + col,
-              (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
+        if LAYOUT == 0 and FAST and not HADAMARD and not PROBE and (ROUNDING == 0 or ROUNDING == 3):
+            # The common tile (fast path, no NaN/Inf block) is quantized here; any other tile row by row from
+            # memory again, so the rarely taken paths do not hold tile-sized values in registers (the kernel's
+            # register count is that of its largest branch, and it bounds how many tiles are in flight).
+            if path == 2:
+                _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24,
+                      (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr, row_values_ptr,
+                      values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+                      MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
+            else:
+                for tile_row in range(RB):
+                    _row_refetched(x_ptr, row_codes_ptr, row_values_ptr, (pid_l * RB + tile_row) * RS + rs, col,
+                                   pid_a, L, B, BP, stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND,
+                                   WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT,
+                                   SCALE_MODE, ROUNDING, HW_FP8, WIDE_INDEX)
+        else:
+            _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24,
+                  (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets,
+                  values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+                  MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 1 or LAYOUT == 2:
         amax = tl.max(magnitude, axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
         inert = special | (amax == 0)
-        ok = tl.min(_fast_path_ok(s, inert, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None, None]
         scol = (pid_b * CB + tl.arange(0, CB)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
         tl.store(col_scales_ptr + (pid_a * (LP // 32) + sblk) * B + scol,
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=(sblk < LP // 32) & (scol < B))
-        _emit(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], ok, r24, (pid_a * LP + row) * B + col,
+        _emit(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], path, r24, (pid_a * LP + row) * B + col,
               (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 3:
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
         inert = special | (amax == 0)
-        ok = tl.min(_fast_path_ok(s, inert, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None]
         sbcol = pid_b * CB + tl.arange(0, CB)[None, :]
         tl.store(row_scales_ptr + (pid_a * (LP // 32) + sblk) * (BP // 32) + sbcol,
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
                  mask=(sblk < LP // 32) & (sbcol < BP // 32))
-        _emit(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], ok, r24, (pid_a * LP + row) * BP + col,
+        _emit(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], path, r24, (pid_a * LP + row) * BP + col,
               (row < LP) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
+
+
+@triton.jit
+def _row_refetched(x_ptr, codes_ptr, values_ptr, row, col, pid_a, L, B, BP, stride_a, stride_l, stride_b, seed_key,
+                   IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, WANT_CODES: tl.constexpr,
+                   WANT_VALUES: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                   MAXCODE: tl.constexpr, NMAX: tl.constexpr, MMAX: tl.constexpr, BITS: tl.constexpr,
+                   IS_INT: tl.constexpr, SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, HW_FP8: tl.constexpr,
+                   WIDE_INDEX: tl.constexpr):
+    """LAYOUT_ROW codes/values of one row (shape (1, 1, 1, 1)) of a tile, loaded again: the same steps as the
+    whole tile (its scales, already stored, are recomputed alike), with the path chosen for this row alone."""
+    in_mask = (row < L) & (col < B)
+    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND)
+    values_offsets = (pid_a * L + row) * B + col
+    if ROUNDING == 3:
+        r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
+    else:
+        r24 = 0
+    amax = tl.max(bits & 0x7FFFFFFF, axis=3)
+    s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+    inert = special | (amax == 0)
+    path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+    _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24, (pid_a * L + row) * BP + col,
+          (row < L) & (col < BP), codes_ptr, values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+          MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8, False)
 
 
 @triton.jit
@@ -549,7 +673,7 @@ def _mx_columns_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
     MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    PROBE: tl.constexpr, CB: tl.constexpr,
+    PROBE: tl.constexpr, CB: tl.constexpr, ROWS_IN_FLIGHT: tl.constexpr = 4,
 ):
     """LAYOUT_COL / LAYOUT_BOTH for one 32-row block and CB * 32 columns, in two passes over the rows.
 
@@ -574,44 +698,51 @@ def _mx_columns_kernel(
 
     column_amax = tl.zeros((CB, 32), dtype=tl.int32)
     smallest = tl.full((CB, 32), 0x7FFFFFFF, dtype=tl.int32)
-    for r0 in range(0, 32, 4):  # four loads in one basic block, so they are in flight together
-        for r1 in tl.static_range(4):
+    for r0 in range(0, 32, ROWS_IN_FLIGHT):  # loads in one basic block, so they are in flight together
+        for r1 in tl.static_range(ROWS_IN_FLIGHT):
             row = first_row + r0 + r1
-            magnitude = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND) & 0x7FFFFFFF
-            column_amax = tl.maximum(column_amax, magnitude)
+            key = _load_magnitude_key(base + row * stride_l, col_in & (row < L), IN_KIND)
+            column_amax = tl.maximum(column_amax, key)
             if LAYOUT == 2:
-                smallest = tl.minimum(smallest, tl.where(magnitude == 0, 0x7FFFFFFF, magnitude))
+                smallest = tl.minimum(smallest, tl.where(key == 0, 0x7FFFFFFF, key))
+    column_amax = _magnitude_from_key(column_amax, IN_KIND)
     s_col, special_col = _scale_exponent(column_amax, MBITS, EMAX, MMAX, SCALE_MODE)
     inert_col = special_col | (column_amax == 0)
-    ok_col = tl.min(_fast_path_ok(s_col, inert_col, MBITS, EMIN, EMAX).to(tl.int32)) > 0
+    path_col = _tile_path(s_col, special_col, inert_col, MBITS, EMIN, EMAX)
     tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + col,
              (s_col + 127 + special_col.to(tl.int32) * (128 - s_col)).to(tl.uint8), mask=col_in)
     if LAYOUT == 2:
         tile_max = tl.max(tl.max(column_amax, axis=1), axis=0)
-        tile_min = tl.min(tl.min(smallest, axis=1), axis=0)
-        s_hi, special_hi = _scale_exponent(tile_max, MBITS, EMAX, MMAX, SCALE_MODE)
-        s_lo, special_lo = _scale_exponent(tile_min, MBITS, EMAX, MMAX, SCALE_MODE)
-        ok_rows = (_fast_path_ok(s_hi, tile_max == 0, MBITS, EMIN, EMAX) & ~special_hi
-                   & _fast_path_ok(s_lo, tile_min == 0x7FFFFFFF, MBITS, EMIN, EMAX))
+        tile_min = _magnitude_from_key(tl.min(tl.min(smallest, axis=1), axis=0), IN_KIND)
+        path_rows = _amax_range_path(tile_max, tile_min, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
     else:
-        ok_rows = ok_col
+        path_rows = path_col
 
-    for r0 in range(0, 32, 2):  # both rows loaded before either is quantized
-        row = first_row + r0
-        bits_even = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
-        bits_odd = _load_bits(base + (row + 1) * stride_l, col_in & (row + 1 < L), IN_KIND)
-        _columns_row(bits_even, row, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
-                     row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
-                     seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS,
-                     IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, CB)
-        _columns_row(bits_odd, row + 1, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
-                     row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
-                     seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS,
-                     IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, CB)
+    if path_col == 2 and path_rows == 2:  # the common tile: fast path, no NaN/Inf (a constant 2 if not FAST)
+        for r0 in range(0, 32, 2):  # both rows loaded before either is quantized
+            row = first_row + r0
+            bits_even = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
+            bits_odd = _load_bits(base + (row + 1) * stride_l, col_in & (row + 1 < L), IN_KIND)
+            _columns_row(bits_even, row, col, col_in, s_col, special_col, inert_col, 2, 2, pid_a, pid_b,
+                         row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
+                         seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX,
+                         BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, CB)
+            _columns_row(bits_odd, row + 1, col, col_in, s_col, special_col, inert_col, 2, 2, pid_a, pid_b,
+                         row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
+                         seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX,
+                         BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, CB)
+    else:  # one row at a time, so the rarely taken paths need fewer registers than the loop above
+        for row_in_block in range(0, 32):
+            row = first_row + row_in_block
+            bits = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
+            _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, path_col, path_rows, pid_a, pid_b,
+                         row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
+                         seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX,
+                         BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, CB)
 
 
 @triton.jit
-def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, ok_col, ok_rows, pid_a, pid_b,
+def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, path_col, path_rows, pid_a, pid_b,
                  row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP, seed_key,
                  OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr, WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
                  MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
@@ -625,7 +756,7 @@ def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, ok_col, 
         r24 = 0
     values_offsets = (pid_a * L + row) * B + col
     values_mask = col_in & (row < L)
-    _emit(bits, s_col, special_col, inert_col, ok_col, r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
+    _emit(bits, s_col, special_col, inert_col, path_col, r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
           col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
           MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 2:
@@ -636,7 +767,7 @@ def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, ok_col, 
         tl.store(row_scales_ptr + (pid_a * L + row) * nbp + block_index,
                  (s_row + 127 + special_row.to(tl.int32) * (128 - s_row)).to(tl.uint8),
                  mask=(block_index < nbp) & (row < L))
-        _emit(bits, s_row[:, None], special_row[:, None], (special_row | (row_amax == 0))[:, None], ok_rows, r24,
+        _emit(bits, s_row[:, None], special_row[:, None], (special_row | (row_amax == 0))[:, None], path_rows, r24,
               (pid_a * L + row) * BP + col, (col < BP) & (row < L), row_codes_ptr, row_values_ptr,
               values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
@@ -671,11 +802,31 @@ HARDWARE_FP8_MIN_CAPABILITY = (9, 0)
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Elements per program and warps: a tile is (rows, columns) of the (L, B) view."""
+    """Elements per program and warps: a tile is (rows, columns) of the (L, B) view.
+
+    `column_passes` (column-wise and both-at-once casts without the Hadamard transform): 2 runs
+    `_mx_columns_kernel` (32 rows x col_blocks * 32 columns, a max pass then a quantize pass over the rows,
+    rows re-read from cache); 1 runs `_mx_kernel` on the same tile held in registers (one load of every
+    element, block reductions across threads). `rows_in_flight` (column_passes=2): rows the first pass loads
+    before it reduces them (a power of two up to 32). Every choice gives the same bits; `mxlab bench sass`
+    shows their static costs, `mxlab bench quant` their speed.
+    """
 
     rows: int = 16
     col_blocks: int = 8
     num_warps: int = 4
+    column_passes: int = 2
+    rows_in_flight: int = 4
+
+    def __post_init__(self) -> None:
+        if isinstance(self.rows_in_flight, int) and self.rows_in_flight > 32:
+            raise ValueError(f"TileConfig.rows_in_flight = {self.rows_in_flight!r}; accepted: 1, 2, 4, 8, 16, 32")
+        for name in ("rows", "col_blocks", "num_warps", "rows_in_flight"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1 or value & (value - 1):
+                raise ValueError(f"TileConfig.{name} = {value!r}; accepted: a power of two >= 1")
+        if self.column_passes not in (1, 2):
+            raise ValueError(f"TileConfig.column_passes = {self.column_passes!r}; accepted: 1, 2")
 
 
 ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_ROW
@@ -869,8 +1020,8 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
         HW_FP8=fast and hw_fp8 and not probe and hardware_fp8_applies(device, fmt, rounding),
         WIDE_INDEX=wide, PROBE=probe, CB=col_blocks, num_warps=tile.num_warps,
     )
-    if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard:
-        kernel = _mx_columns_kernel[grid](*arguments, **options)
+    if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard and tile.column_passes == 2:
+        kernel = _mx_columns_kernel[grid](*arguments, ROWS_IN_FLIGHT=tile.rows_in_flight, **options)
     elif hadamard:
         hadamard_key = _mix32_host(hadamard_seed & 0xFFFFFFFF)
         kernel = _mx_kernel[grid](*arguments, hadamard_key, RB=rb, RS=rs, HADAMARD=True, **HADAMARD_COMPILE_OPTIONS,

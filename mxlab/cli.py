@@ -41,6 +41,22 @@ def bench_quant_command(
     run_quant_bench(json_path, compile_reference=not no_compile, sweep_tiles=sweep_tiles)
 
 
+@bench_app.command("sass")
+def bench_sass_command(
+    tile: "Optional[str]" = typer.Option(None, "--tile", help="Launch shape for every cast: ROWSxCOL_BLOCKSxWARPS[xCOLUMN_PASSES[xROWS_IN_FLIGHT]]."),
+    integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer fast path instead of the hardware FP8 path."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the counts as JSON to this path."),
+) -> None:
+    """Static sm_90 machine code of the MX casts `bench quant` times (no GPU needed): instructions per element, registers, spills."""
+    from mxlab.bench.sass import parse_tile, run_sass_bench
+
+    try:
+        run_sass_bench(hw_fp8=not integer_path, tile=parse_tile(tile) if tile else None, json_path=json_path)
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+
+
 @bench_app.command("linear")
 def bench_linear_command(
     shapes: "List[str]" = typer.Option([], "--shape", help="MxKxN to time (repeatable; default M = 16384, 65536 x K = N = 512, 1024, 4096)."),

@@ -173,6 +173,8 @@ def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding):
                      ROUNDING=rounding, FAST=True, HW_FP8=hw_fp8, WIDE_INDEX=False, PROBE=False, CB=4)
     if kernel is mq._mx_kernel:
         constants.update(RB=8 if layout == mq.LAYOUT_ROW else 1, RS=1 if layout == mq.LAYOUT_ROW else 32)
+    else:
+        constants.update(ROWS_IN_FLIGHT=mq.COL_TILE.rows_in_flight)
     signature = {name: runtime.get(name, "constexpr") for name in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
@@ -216,10 +218,13 @@ def expand_blocks(per_block: torch.Tensor, block: int | tuple[int, int], axis: i
     return per_block.repeat_interleave(32, axis)
 
 
-def hardware_path_model(x: torch.Tensor, fmt_name: str, block, axis: int):
+def hardware_path_model(x: torch.Tensor, fmt_name: str, block, axis: int, finite_tile: bool = False):
     """(codes, values, fast) of the hardware path in PyTorch: scale bytes from the reference, then
     float32(x) * 2^-S, clamp to the max normal (satfinite), torch's nearest-even FP8 conversion, and
-    float32(fp8) * 2^S; `fast` marks the elements whose blocks take the fast path in the kernels."""
+    float32(fp8) * 2^S; `fast` marks the elements whose blocks take the fast path in the kernels.
+    `finite_tile`: the kernels' variant for tiles without NaN/Inf blocks (`_hw_fp8_finite_elements`): no
+    select per element, and all-zero blocks keep their clamped S = -127 (2^-S = 2^127, 2^S given by the
+    float32 bits 0, that is +0.0)."""
     fmt = FORMATS[fmt_name]
     fp8_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt_name]
     _, scale_bytes = reference_quantize(x, fmt_name, block=block, axis=axis)
@@ -235,9 +240,15 @@ def hardware_path_model(x: torch.Tensor, fmt_name: str, block, axis: int):
     inert = special | expand_blocks(amax == 0, block, axis)
     lowest_quantum = scale + fmt.emin - fmt.mbits
     fast = inert | ((lowest_quantum >= -125) & (lowest_quantum <= 104) & (scale + fmt.emax <= 126))
-    scale = torch.where(inert, 0, scale)
+    if finite_tile:
+        fast &= ~special
+    else:
+        scale = torch.where(inert, 0, scale)
     scaled = x.float() * ((127 - scale) << 23).view(torch.float32)
     element = scaled.clamp(-fmt.max_normal, fmt.max_normal).to(fp8_dtype)
+    if finite_tile:
+        codes = element.view(torch.uint8)
+        return codes, (element.float() * ((127 + scale) << 23).view(torch.float32)).to(x.dtype), fast
     codes = torch.where(special, 0, element.view(torch.uint8).to(torch.int32)).to(torch.uint8)
     values = element.float() * ((127 + scale) << 23).view(torch.float32)
     return codes, torch.where(special, float("nan"), values).to(x.dtype), fast
@@ -253,6 +264,24 @@ def test_model_of_the_hardware_path_equals_the_reference(fmt, dtype, block, axis
     codes, values, fast = hardware_path_model(x, fmt, block, axis)
     expected_codes, _ = reference_quantize(x, fmt, block=block, axis=axis)
     expected_values = reference_fake_quantize(x, fmt, block=block, axis=axis)
+    assert fast.float().mean() > 0.8
+    assert_same_bits(codes[fast], expected_codes[fast], "codes")
+    assert_same_bits(values[fast], expected_values[fast], "values")
+
+
+@pytest.mark.parametrize("fmt", FP8_FORMATS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block, axis", [(32, -1), (32, 0)])
+def test_model_of_the_finite_tile_hardware_path_equals_the_reference(fmt, dtype, block, axis):
+    """The variant for tiles without NaN/Inf blocks: no per-element select, all-zero blocks (signed zeros
+    included) run with their own S = -127, and values are rounded to the input dtype by a plain conversion."""
+    x = adversarial_input(256, 256, fmt, dtype, seed=DTYPES.index(dtype) * 10 + FP8_FORMATS.index(fmt) + 100)
+    x[32:64, 64:96] = torch.where(torch.arange(32)[:, None] % 3 == torch.arange(32)[None, :] % 2, -0.0, 0.0)
+    codes, values, fast = hardware_path_model(x, fmt, block, axis, finite_tile=True)
+    expected_codes, expected_scales = reference_quantize(x, fmt, block=block, axis=axis)
+    expected_values = reference_fake_quantize(x, fmt, block=block, axis=axis)
+    zero_blocks = fast & expand_blocks(expected_scales == 0, block, axis) & (x == 0)
+    assert zero_blocks.any() and (x[zero_blocks].view(BITS_DTYPES[dtype]) < 0).any()  # -0.0 among them
     assert fast.float().mean() > 0.8
     assert_same_bits(codes[fast], expected_codes[fast], "codes")
     assert_same_bits(values[fast], expected_values[fast], "values")
@@ -380,3 +409,31 @@ def test_gpu_hardware_path_other_scale_modes(kernels, fmt, scale_mode):
     x = adversarial_input(1024, 1024, fmt, torch.bfloat16, seed=9).cuda()
     check_against_reference_and_integer_path(kernels, x, fmt, "row", scale_mode=scale_mode)
     check_against_reference_and_integer_path(kernels, x, fmt, "both", scale_mode=scale_mode)
+
+
+SASS_SCRIPT = r"""
+import json
+from mxlab.bench import sass
+operations = sass.bench_operations()
+counts = sass.count_operations({name: operations[name] for name in ("row cast", "column cast")})
+print(json.dumps([dict(name=c.name, per_element=c.per_element, converts=c.fp8_converts_per_element,
+                       registers=c.registers, spill=c.spill_bytes, loops=c.loops) for c in counts]))
+"""
+
+
+def test_sm90_machine_code_of_the_bench_casts():
+    """`mxlab bench sass` on the casts the H200 bench times (compiled for sm_90 in a fresh process): the
+    counted path is the hardware FP8 path (one paired conversion per two elements), nothing spills, and the
+    rarely taken paths do not raise the register count (each launch's registers are its largest branch's)."""
+    environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", SASS_SCRIPT], capture_output=True, text=True, env=environment,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    row, column = json.loads(result.stdout.strip().splitlines()[-1])
+    for count in (row, column):
+        assert count["converts"] == 0.5, count
+        assert count["spill"] == 0, count
+        assert 4 < count["per_element"] < 14, count
+    assert row["registers"] <= 64, row  # 117 while the exact path shared the tile's registers
+    assert column["registers"] <= 64, column
+    assert [loop["trips"] for loop in column["loops"]] == [8, 16]  # the max pass and the quantize pass
