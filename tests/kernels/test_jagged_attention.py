@@ -396,20 +396,28 @@ def conversions(kernel, runtime, constants, num_warps):
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
     return sorted({line.split()[0] for line in compiled.asm["ptx"].splitlines() if line.strip().startswith("cvt.") and "satfinite" in line})
 
-pointers = {name: "*bf16" for name in ("QD", "KD", "VT", "VD", "O", "X", "OUT_ALONG_D", "OUT_ALONG_T", "DOT_WITH")}
-pointers.update({name: "*fp32" for name in ("OU", "M", "L", "ROW_DOTS")})
+pointers = {name: "*bf16" for name in ("QD", "KD", "VT", "VD", "O", "X", "OUT_ALONG_D", "OUT_ALONG_T", "DOT_WITH",
+                                       "QT", "KT", "DOD", "DOT", "DK", "DV")}
+pointers.update({name: "*fp32" for name in ("OU", "M", "L", "ROW_DOTS", "DELTA", "DQ_ACC")})
 pointers.update({name: "*i64" for name in ("q_offsets", "k_offsets", "offsets")})
 pointers.update({name: "*i32" for name in ("tile_seq", "tile_start")})
-pointers.update({name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "total_q", "stride_t", "width", "tokens")})
+pointers.update({name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "total_q", "stride_t", "width", "tokens",
+                                          "p_seed_key", "d_seed_key", "t_seed_key", "pm_seed_key", "dsm_seed_key", "dsn_seed_key")})
 pointers["sm_scale"] = "fp32"
 common = dict(HEAD_DIM=64, CAUSAL=False, SILU=False, QUANT=True, S_DTYPE=tl.bfloat16, OP_DTYPE=tl.bfloat16,
               DOT_DTYPE=tl.bfloat16, BY_BITS=False)
 result = []
-for kernel, fmt, hw in json.loads(sys.argv[1]):
-    code = operand_code(fmt, "floor", "nearest_even", hw_fp8=hw)
+for kernel, fmt, mode in json.loads(sys.argv[1]):
+    if mode == "stochastic":
+        code = operand_code(fmt, "floor", "stochastic")
+    else:
+        code = operand_code(fmt, "floor", "nearest_even", hw_fp8=mode == "hardware")
     if kernel == "forward":
-        constants, warps = dict(common, BLOCK_M=64, BLOCK_N=32, WRITE_OU=True, P_CODE=code), 4
-        result.append(conversions(ja._jagged_attention_fwd, pointers, constants, warps))
+        constants = dict(common, BLOCK_M=64, BLOCK_N=32, WRITE_OU=True, P_CODE=code)
+        result.append(conversions(ja._jagged_attention_fwd, pointers, constants, 4))
+    elif kernel == "dkdv":
+        constants = dict(common, BLOCK_M=32, BLOCK_N=64, PM_CODE=code, DSM_CODE=code, FUSED_DQ=True, DSN_CODE=code)
+        result.append(conversions(ja._jagged_attention_bwd_dkdv, pointers, constants, 4))
     else:
         constants = dict(COLS=256, D_CODE=code, T_CODE=code, ALONG_D=True, ALONG_T=True, ROW_DOT=False, HEAD_DIM=64)
         result.append(conversions(ja._prequantize, pointers, constants, 8))
@@ -418,19 +426,21 @@ print(json.dumps(result))
 
 
 def test_attention_kernels_compile_the_hardware_switch_to_the_fp8_conversion_for_sm90():
-    """Compiles the MX forward and the pre-quantization kernels for sm_90 in a fresh process (no GPU needed):
-    the switch turns P's and the operands' element rounding into cvt.rn.satfinite, and only the switch does."""
+    """Compiles the attention kernels for sm_90 in a fresh process (no GPU needed): the hardware switch turns
+    P's and the operands' element rounding into cvt.rn.satfinite, and only the switch does; the stochastic
+    rounding code paths build too."""
     import json
     import subprocess
     import sys
 
-    cases = [("forward", "e4m3", True), ("prequantize", "e5m2", True), ("forward", "e4m3", False)]
+    cases = [("forward", "e4m3", "hardware"), ("prequantize", "e5m2", "hardware"), ("forward", "e4m3", "integer"),
+             ("dkdv", "e4m3", "stochastic"), ("prequantize", "e4m3", "stochastic")]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", COMPILE_ATTENTION_SCRIPT, json.dumps(cases)],
                             capture_output=True, text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     instructions = json.loads(result.stdout.strip().splitlines()[-1])
-    expected = [[f"cvt.rn.satfinite.{fmt}x2.f32"] if hw else [] for _, fmt, hw in cases]
+    expected = [[f"cvt.rn.satfinite.{fmt}x2.f32"] if mode == "hardware" else [] for _, fmt, mode in cases]
     assert instructions == expected
 
 
@@ -477,13 +487,16 @@ def test_stochastic_rounding_matches_the_reference_forward_and_backward(case):
 
 def test_other_seeds_fail_the_comparison():
     """The comparison above can fail: the reference's next call (other seeds, same counters) differs."""
-    q, k, v, grad = _inputs(SR_LENGTHS, SR_LENGTHS, 1, 32, seed=4)
+    q, k, v, _ = _inputs(SR_LENGTHS, SR_LENGTHS, 1, 32, seed=4)
     policy = _policy(rounding="stochastic")
-    arguments = (q, k, v, grad, _offsets(SR_LENGTHS), _offsets(SR_LENGTHS), False, "softmax")
-    kernel = _run_kernel(*arguments, policy)
-    later_call = _run_reference(*arguments, policy)
+    offsets = _offsets(SR_LENGTHS)
+    reference_module = JaggedAttention(backend="reference")
+    reference_module.policy = policy
+    with torch.no_grad():
+        kernel = jagged_attention(q, k, v, offsets, offsets, policy=policy)
+        later_call = reference_module(q, k, v, offsets, offsets)
     with pytest.raises(AssertionError, match="differ by more than one ulp"):
-        _assert_exact_up_to_accumulation("out", kernel[0], later_call[0], 3)
+        _assert_exact_up_to_accumulation("out", kernel, later_call, 3)
 
 
 def test_stochastic_prequantized_operands_equal_the_reference_bits():
