@@ -533,18 +533,21 @@ def _score_tile_kernel(X, Y, first_row, head, heads, seed_key, AXIS: tl.constexp
     tl.store(Y + index, fake_quant_tile(tl.load(X + index), bits, 32, 64, AXIS, CODE))
 
 
-@pytest.mark.parametrize("axis", [0, 1], ids=["along-queries", "along-keys"])
-def test_in_kernel_score_quantization_equals_the_reference_bits(axis):
+@pytest.mark.parametrize("fmt, axis", [("e5m2", 0), ("e5m2", 1), ("int8", 1), ("e2m3", 0)])
+def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis):
     """P and dS tiles: `score_random_bits` + `fake_quant_tile` against the reference's score counter
-    (key * 2^32 + query_row * heads + head), bit for bit; query rows x heads beyond 2^31 included."""
+    (key * 2^32 + query_row * heads + head), bit for bit (axis 0: blocks along the queries, 1: along the
+    keys); query rows x heads beyond 2^31, fractions far below the quantum and float32 subnormals included."""
     from mxlab.nn.attention import _stochastic_fake_quantize, score_counter
 
     generator = torch.Generator().manual_seed(axis)
     x = torch.randn(32, 64, generator=generator) * torch.exp2(torch.randint(-40, 8, (32, 64), generator=generator).float())
     x[5, :] = 0.0
+    x[:, 7] = torch.randn(32, generator=generator) * 2.0**-130  # float32 subnormals, with or without larger neighbours
+    x[9, :] = torch.randn(64, generator=generator) * 2.0**-140
     x = x.to(DEVICE)
-    quant = OperandQuant("e5m2", 32, "floor", "stochastic")
-    code = jagged_attention_module.operand_code("e5m2", "floor", "stochastic")
+    quant = OperandQuant(fmt, 32, "floor", "stochastic")
+    code = jagged_attention_module.operand_code(fmt, "floor", "stochastic")
     for first_row, heads, head, seed in ((0, 1, 0, 3), (2**30 + 17, 3, 2, 2**31 + 5)):
         y = torch.empty_like(x)
         _score_tile_kernel[(1,)](x, y, first_row, head, heads, jagged_attention_module._seed_key(seed), AXIS=axis, CODE=code)
