@@ -37,6 +37,13 @@ pattern, and element-subnormal values with one float32 addition of the power of 
 float32 subnormal is below half the quantum, so it rounds to 0 whether or not the hardware
 flushes it. Any other tile takes the exact integer path.
 
+Paths per tile (`_tile_path`, one block-wide reduction): 2 when every block may take the fast path and none
+holds a NaN/Inf, 1 when every block may take the fast path, 0 otherwise. Path 2 is the common one; with the
+hardware FP8 conversion it needs no per-element select (`_hw_fp8_finite_elements`). `_mx_kernel` quantizes
+tiles off path 2 row by row, loading the rows again (`_quantize_tile`), and `_mx_columns_kernel` runs them in
+a second loop of one row per step: a kernel's register count is that of its largest branch, so the rarely
+taken paths no longer set it (the row cast on sm_90: 117 -> 48 registers, `mxlab bench sass`).
+
 Hardware FP8 conversion (constexpr HW_FP8, chosen by `hardware_fp8_applies`: e4m3/e5m2, round to
 nearest even, CUDA compute capability >= 9.0, never under TRITON_INTERPRET=1). On a fast-path tile an
 element becomes scaled = float32(x) * 2^-S, converted by `.to(float8e4nv | float8e5, "rtne")`, which
@@ -115,10 +122,16 @@ def _random_bits24(linear_index, seed_key, WIDE_INDEX: tl.constexpr):
 
 
 @triton.jit
-def _load_bits(pointers, mask, IN_KIND: tl.constexpr):
-    """float32 bit patterns (int32) of the input; 0 where masked."""
+def _load_bits(pointers, mask, IN_KIND: tl.constexpr, CONVERT_BF16: tl.constexpr = False):
+    """float32 bit patterns (int32) of the input; 0 where masked. CONVERT_BF16 (CUDA only, never under
+    TRITON_INTERPRET=1, whose numpy conversion flushes bfloat16 subnormals): widen bfloat16 with the GPU's
+    cvt.f32.bf16, which is exact (ptxas emits the left shift by 16 itself) and unpacks the high half of a
+    loaded register in fewer instructions than an integer sign extension and shift."""
     if IN_KIND == 0:
         bits = tl.load(pointers, mask=mask, other=0)
+    elif IN_KIND == 1 and CONVERT_BF16:
+        bits = tl.load(pointers, mask=mask, other=0).to(tl.bfloat16, bitcast=True).to(tl.float32).to(
+            tl.int32, bitcast=True)
     elif IN_KIND == 1:
         bits = tl.load(pointers, mask=mask, other=0).to(tl.int32) << 16
     else:
@@ -561,7 +574,7 @@ def _mx_kernel(
     row = (pid_l * RB + rb) * RS + rs
     col = (pid_b * CB + cb) * 32 + ce
     in_mask = (row < L) & (col < B)
-    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND)
+    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
     if HADAMARD:  # the transformed tensor has the padded shape: its values and counters are the codes' places
         tl.static_assert(OUT_KIND == 0, "the Hadamard transform writes float32 values")
         if LAYOUT == 0:
@@ -592,26 +605,12 @@ def _mx_kernel(
         sblk = pid_b * CB + tl.arange(0, CB)[None, None, :]
         tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk, (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
                  mask=(srow < L) & (sblk < nbp))
-        if LAYOUT == 0 and FAST and not HADAMARD and not PROBE and (ROUNDING == 0 or ROUNDING == 3):
-            # The common tile (fast path, no NaN/Inf block) is quantized here; any other tile row by row from
-            # memory again, so the rarely taken paths do not hold tile-sized values in registers (the kernel's
-            # register count is that of its largest branch, and it bounds how many tiles are in flight).
-            if path == 2:
-                _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24,
-                      (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr, row_values_ptr,
-                      values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-                      MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
-            else:
-                for tile_row in range(RB):
-                    _row_refetched(x_ptr, row_codes_ptr, row_values_ptr, (pid_l * RB + tile_row) * RS + rs, col,
-                                   pid_a, L, B, BP, stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND,
-                                   WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT,
-                                   SCALE_MODE, ROUNDING, HW_FP8, WIDE_INDEX)
-        else:
-            _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24,
-                  (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets,
-                  values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-                  MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
+        _quantize_tile(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24,
+                       (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr, row_values_ptr,
+                       values_offsets, values_mask, x_ptr, pid_l * (RB * RS), col, pid_a, L, B, L, BP,
+                       stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
+                       MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
+                       WIDE_INDEX, PROBE, HADAMARD, RB * RS, True)
     if LAYOUT == 1 or LAYOUT == 2:
         amax = tl.max(magnitude, axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
@@ -621,9 +620,12 @@ def _mx_kernel(
         scol = (pid_b * CB + tl.arange(0, CB)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
         tl.store(col_scales_ptr + (pid_a * (LP // 32) + sblk) * B + scol,
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=(sblk < LP // 32) & (scol < B))
-        _emit(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], path, r24, (pid_a * LP + row) * B + col,
-              (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
+        _quantize_tile(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], path, r24,
+                       (pid_a * LP + row) * B + col, (row < LP) & (col < B), col_codes_ptr, col_values_ptr,
+                       values_offsets, values_mask, x_ptr, pid_l * (RB * RS), col, pid_a, L, B, LP, B,
+                       stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
+                       MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
+                       WIDE_INDEX, PROBE, HADAMARD, RB * RS, False)
     if LAYOUT == 3:
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
@@ -634,34 +636,77 @@ def _mx_kernel(
         tl.store(row_scales_ptr + (pid_a * (LP // 32) + sblk) * (BP // 32) + sbcol,
                  (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
                  mask=(sblk < LP // 32) & (sbcol < BP // 32))
-        _emit(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], path, r24, (pid_a * LP + row) * BP + col,
-              (row < LP) & (col < BP), row_codes_ptr, row_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
+        _quantize_tile(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], path, r24,
+                       (pid_a * LP + row) * BP + col, (row < LP) & (col < BP), row_codes_ptr, row_values_ptr,
+                       values_offsets, values_mask, x_ptr, pid_l * (RB * RS), col, pid_a, L, B, LP, BP,
+                       stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
+                       MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
+                       WIDE_INDEX, PROBE, HADAMARD, RB * RS, False)
 
 
 @triton.jit
-def _row_refetched(x_ptr, codes_ptr, values_ptr, row, col, pid_a, L, B, BP, stride_a, stride_l, stride_b, seed_key,
-                   IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, WANT_CODES: tl.constexpr,
+def _quantize_tile(bits, s, special, inert, path, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
+                   values_mask, x_ptr, first_row, col, pid_a, L, B, code_rows, code_cols, stride_a, stride_l, stride_b,
+                   seed_key, IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, WANT_CODES: tl.constexpr,
                    WANT_VALUES: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                    MAXCODE: tl.constexpr, NMAX: tl.constexpr, MMAX: tl.constexpr, BITS: tl.constexpr,
-                   IS_INT: tl.constexpr, SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, HW_FP8: tl.constexpr,
-                   WIDE_INDEX: tl.constexpr):
-    """LAYOUT_ROW codes/values of one row (shape (1, 1, 1, 1)) of a tile, loaded again: the same steps as the
-    whole tile (its scales, already stored, are recomputed alike), with the path chosen for this row alone."""
+                   IS_INT: tl.constexpr, SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr,
+                   HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, PROBE: tl.constexpr, HADAMARD: tl.constexpr,
+                   TILE_ROWS: tl.constexpr, ROW_BLOCKS: tl.constexpr):
+    """`_emit` for a tile of `_mx_kernel` (rows first_row + [0, TILE_ROWS)), except that a tile off the common
+    path (fast path, no NaN/Inf block) is quantized row by row from memory again, so the rarely taken paths do
+    not hold tile-sized values in registers: a kernel's register count is that of its largest branch, and it
+    bounds how many tiles are in flight. Rows re-derive their scales when ROW_BLOCKS (blocks along the row),
+    else take the tile's (s etc. broadcast along the rows). Not with HADAMARD (memory holds x, not its
+    transform) or PROBE, nor for roundings without a fast path."""
+    if FAST and not HADAMARD and not PROBE and (ROUNDING == 0 or ROUNDING == 3):
+        if path == 2:
+            _emit(bits, s, special, inert, 2, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
+                  values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
+                  ROUNDING, FAST, HW_FP8, PROBE)
+        else:
+            for tile_row in range(TILE_ROWS):
+                _row_refetched(x_ptr, codes_ptr, values_ptr, tl.zeros((1, 1, 1, 1), tl.int32) + (first_row + tile_row),
+                               col, pid_a, L, B, code_rows, code_cols, stride_a, stride_l, stride_b, seed_key, s,
+                               special, inert, path, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX,
+                               MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, HW_FP8, WIDE_INDEX, ROW_BLOCKS)
+    else:
+        _emit(bits, s, special, inert, path, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
+              values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
+              ROUNDING, FAST, HW_FP8, PROBE)
+
+
+@triton.jit
+def _row_refetched(x_ptr, codes_ptr, values_ptr, row, col, pid_a, L, B, code_rows, code_cols, stride_a, stride_l,
+                   stride_b, seed_key, tile_s, tile_special, tile_inert, tile_path, IN_KIND: tl.constexpr,
+                   OUT_KIND: tl.constexpr, WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, MBITS: tl.constexpr,
+                   EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
+                   MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, SCALE_MODE: tl.constexpr,
+                   ROUNDING: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROW_BLOCKS: tl.constexpr):
+    """Codes/values of one row (row: shape (1, 1, 1, 1)) of a tile, loaded again, for `_quantize_tile`: with
+    ROW_BLOCKS the row's scales and path are derived again from the row (the same steps, so the same values as
+    the tile's, already stored), else the tile's are used."""
     in_mask = (row < L) & (col < B)
-    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND)
+    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
     values_offsets = (pid_a * L + row) * B + col
     if ROUNDING == 3:
         r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
     else:
         r24 = 0
-    amax = tl.max(bits & 0x7FFFFFFF, axis=3)
-    s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
-    inert = special | (amax == 0)
-    path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
-    _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24, (pid_a * L + row) * BP + col,
-          (row < L) & (col < BP), codes_ptr, values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-          MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8, False)
+    code_offsets = (pid_a * code_rows + row) * code_cols + col
+    code_mask = (row < code_rows) & (col < code_cols)
+    if ROW_BLOCKS:
+        amax = tl.max(bits & 0x7FFFFFFF, axis=3)
+        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+        inert = special | (amax == 0)
+        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+        _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24, code_offsets, code_mask,
+              codes_ptr, values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8, False)
+    else:
+        _emit(bits, tile_s, tile_special, tile_inert, tile_path, r24, code_offsets, code_mask, codes_ptr, values_ptr,
+              values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
+              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8, False)
 
 
 @triton.jit
@@ -721,8 +766,8 @@ def _mx_columns_kernel(
     if path_col == 2 and path_rows == 2:  # the common tile: fast path, no NaN/Inf (a constant 2 if not FAST)
         for r0 in range(0, 32, 2):  # both rows loaded before either is quantized
             row = first_row + r0
-            bits_even = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
-            bits_odd = _load_bits(base + (row + 1) * stride_l, col_in & (row + 1 < L), IN_KIND)
+            bits_even = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND, HW_FP8)
+            bits_odd = _load_bits(base + (row + 1) * stride_l, col_in & (row + 1 < L), IN_KIND, HW_FP8)
             _columns_row(bits_even, row, col, col_in, s_col, special_col, inert_col, 2, 2, pid_a, pid_b,
                          row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
                          seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX,
@@ -734,7 +779,7 @@ def _mx_columns_kernel(
     else:  # one row at a time, so the rarely taken paths need fewer registers than the loop above
         for row_in_block in range(0, 32):
             row = first_row + row_in_block
-            bits = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND)
+            bits = _load_bits(base + row * stride_l, col_in & (row < L), IN_KIND, HW_FP8)
             _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, path_col, path_rows, pid_a, pid_b,
                          row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_values_ptr, L, B, LP, BP,
                          seed_key, OUT_KIND, LAYOUT, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX,
