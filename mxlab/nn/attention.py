@@ -356,130 +356,15 @@ class _Counted:
         return score_counter(self.q_rows, self.heads, self.k_rows.shape[1])
 
 
-def _stochastic_fake_quantize(x: torch.Tensor, quant: Any, axis: int, seed: int, counter: torch.Tensor) -> torch.Tensor:
-    """x fake-quantized (float32) as `quant` says with stochastic rounding whose random bits are
-    `mxlab.reference.random_bits24(counter, seed)` element by element (counter broadcast to x); blocks of
-    32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
-    from mxlab import reference
-    from mxlab.formats import get_format
-
-    dims = (x.dim() - 2, x.dim() - 1) if quant.block == (32, 32) else (axis % x.dim(),)
-    values, index = x.float(), counter.expand(x.shape)
-    for dim in dims:
-        missing = -x.shape[dim] % reference.BLOCK_SIZE
-        if missing:
-            padding = [0, 0] * (x.dim() - 1 - dim) + [0, missing]
-            values, index = F.pad(values, padding), F.pad(index, padding)
-    padded_shape = values.shape
-    split_shape: list[int] = []
-    reduce_dims: list[int] = []
-    for dim, size in enumerate(padded_shape):
-        if dim in dims:
-            split_shape += [size // reference.BLOCK_SIZE, reference.BLOCK_SIZE]
-            reduce_dims.append(len(split_shape) - 1)
-        else:
-            split_shape.append(size)
-    bits = reference.random_bits24(index.reshape(split_shape), seed)
-    quantized = reference.fake_quantize_blocks(values.reshape(split_shape), tuple(reduce_dims), get_format(quant.fmt),
-                                               quant.scale_mode, "stochastic", bits)
-    return quantized.reshape(padded_shape)[tuple(slice(0, size) for size in x.shape)]
-
-
-def _counted_operand(x: torch.Tensor, quant: Any, axis: int, seed: int, counter: torch.Tensor) -> tuple[torch.Tensor, Any]:
-    """(values, factor) as qmatmul's operands, with stochastic MX rounding drawn from `counter`."""
-    from mxlab.nn.qmatmul import _quantized_operand
-
-    if quant.block_scaled and quant.rounding == "stochastic":
-        values = _stochastic_fake_quantize(x, quant, axis, seed, counter)
-        return (values.to(torch.bfloat16) if x.dtype == torch.bfloat16 else values), None  # exact in bfloat16
-    return _quantized_operand(x, quant, axis, seed)
-
-
-def _counted_gemm(a: torch.Tensor, b: torch.Tensor, quant: Any, *, a_axis: int, b_axis: int, transpose_a: bool, transpose_b: bool,
-                  seeds: tuple[int, int], counters: tuple[torch.Tensor, torch.Tensor], out_dtype: torch.dtype, name: str,
-                  label: str) -> torch.Tensor:
-    """op(a) @ op(b) as qmatmul's GEMM computes it, with the operands' stochastic rounding counted by
-    `counters` (each broadcast to its operand's stored layout)."""
-    from mxlab.nn import qmatmul as qmatmul_module
-
-    def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
-        return x.transpose(-1, -2) if transpose else x
-
-    if quant.hadamard is not None:
-        raise ValueError(f"{name} {label}: a Hadamard transform is not available in attention products")
-    if quant.high_precision:
-        return torch.matmul(op(a, transpose_a), op(b, transpose_b))
-    with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
-        a_q, a_factor = _counted_operand(a, quant.a, a_axis, seeds[0], counters[0])
-        b_q, b_factor = _counted_operand(b, quant.b, b_axis, seeds[1], counters[1])
-        out = qmatmul_module._float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
-        factors = [f for f in (a_factor, b_factor) if f is not None]
-        if factors:
-            out = out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
-        observer = qmatmul_module._observer
-        if observer is not None:
-            observer(name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
-                     a=a, b=b, a_q=qmatmul_module._dequantized(a_q, a_factor), b_q=qmatmul_module._dequantized(b_q, b_factor),
-                     a_axis=a_axis, b_axis=b_axis)
-    return out.to(out_dtype)
-
-
-class _CountedQMatmulFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, precision: Any, seeds: tuple[int, ...],
-                counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:  # type: ignore[override]
-        from mxlab.nn.qmatmul import SEED_SLOTS
-
-        out = _counted_gemm(a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
-                            seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]]), counters=counters[:2],
-                            out_dtype=a.dtype, name=precision.name, label=precision.labels[0])
-        ctx.save_for_backward(a, b)
-        ctx.precision, ctx.seeds, ctx.counters = precision, seeds, counters
-        device_type = a.device.type
-        ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor):  # type: ignore[override]
-        from mxlab.nn.qmatmul import SEED_SLOTS, _record_grad_stats
-
-        a, b = ctx.saved_tensors
-        precision, seeds, (a_counter, b_counter, g_counter) = ctx.precision, ctx.seeds, ctx.counters
-        device_type, enabled, dtype = ctx.autocast
-        scale = precision.grad_scale
-        if scale is not None:
-            g = g * scale
-        grad_a = grad_b = None
-        with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
-            if ctx.needs_input_grad[0]:  # g @ b^T: g along N, b along N
-                grad_a = _counted_gemm(g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
-                                       seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]]),
-                                       counters=(g_counter, b_counter), out_dtype=a.dtype, name=precision.name,
-                                       label=precision.labels[1])
-            if ctx.needs_input_grad[1]:  # a^T @ g: a along M, g along M
-                grad_b = _counted_gemm(a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
-                                       seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]]),
-                                       counters=(a_counter, g_counter), out_dtype=b.dtype, name=precision.name,
-                                       label=precision.labels[2])
-        if scale is not None:
-            _record_grad_stats(precision, g)
-            grad_a = grad_a / scale if grad_a is not None else None
-            grad_b = grad_b / scale if grad_b is not None else None
-        grad_a = grad_a.to(a.dtype) if grad_a is not None else None
-        grad_b = grad_b.to(b.dtype) if grad_b is not None else None
-        return grad_a, grad_b, None, None, None
-
-
 def counted_qmatmul(a: torch.Tensor, b: torch.Tensor, precision: Any, seeds: tuple[int, ...] | None,
                     counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """a @ b with the three GEMMs of `qmatmul(a, b, precision)`, except that stochastic rounding of an MX
-    operand draws `mxlab.reference.random_bits24(counter, seed)` per element: counters (int64) of a, of b
-    and of the gradient of the output, each broadcastable to that tensor; seeds: one per qmatmul SEED_SLOTS
-    slot (the attention call's `next_call_seeds()`). a, b: (..., M, K), (..., K, N) with equal leading dims.
+    """a @ b as `qmatmul(a, b, precision, counters=counters, seeds=seeds)`: stochastic rounding of an MX
+    operand draws `mxlab.reference.random_bits24(counter, seed)` per element (counters of a, of b and of
+    the output gradient, int64, broadcastable; seeds: the attention call's `next_call_seeds()`).
     Returns torch.matmul(a, b) when `precision` is None."""
-    if precision is None:
-        return torch.matmul(a, b)
-    return _CountedQMatmulFunction.apply(a, b, precision, seeds, counters)
+    from mxlab.nn.qmatmul import qmatmul
+
+    return qmatmul(a, b, precision, counters=counters, seeds=seeds)
 
 
 def length_block_mask(

@@ -250,10 +250,15 @@ def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed
 
 
 QuantizedOperand = tuple[torch.Tensor, Optional[torch.Tensor]]
+Counters = tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]  # of a, b, grad of the output
 
 
-def _quantized_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> QuantizedOperand:
+def _quantized_operand(
+    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: Optional[torch.Tensor] = None
+) -> QuantizedOperand:
     """(values, factor): x quantized and dequantized as `quant` says is values * factor (factor None: 1).
+    `counter` (int64, broadcastable to x): stochastic rounding draws its bits from it (see
+    `_counted_stochastic_fake_quantize`) instead of from each element's linear index.
 
     MX operands: their dequantized values, in bfloat16 where that holds them exactly (see
     `_exact_in_bfloat16`), else float32. Per-tensor FP8: the FP8 values (bfloat16 on CUDA, exact)
@@ -268,11 +273,47 @@ def _quantized_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: in
         return q.to(torch.bfloat16 if x.is_cuda else torch.float32), scale_inv
     kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True,
                               "block": quant.block, "axis": axis if quant.block == 32 else -1}
+    if quant.rounding == "stochastic" and counter is not None:
+        values = _counted_stochastic_fake_quantize(x, quant, axis, seed, counter)
+        return (values.to(torch.bfloat16) if x.dtype == torch.bfloat16 else _narrowed_to_bfloat16(values)), None
     if quant.rounding == "stochastic":
         kwargs["seed"] = seed
     if x.dtype == torch.bfloat16:
         return fake_quantize(x, quant.fmt, **kwargs), None  # exact in bfloat16, see the module docstring
     return _narrowed_to_bfloat16(fake_quantize(x.float(), quant.fmt, **kwargs)), None
+
+
+def _counted_stochastic_fake_quantize(
+    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: torch.Tensor
+) -> torch.Tensor:
+    """x fake-quantized (float32) as the MX operand `quant` says, with stochastic rounding whose random
+    bits are `mxlab.reference.random_bits24(counter, seed)` element by element (counter broadcast to x);
+    blocks of 32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
+    from torch.nn import functional as F
+
+    from mxlab import reference
+
+    dims = (x.dim() - 2, x.dim() - 1) if quant.block == SQUARE_BLOCK else (axis % x.dim(),)
+    values, index = x.float(), counter.expand(x.shape)
+    for dim in dims:
+        missing = -x.shape[dim] % BLOCK_SIZE
+        if missing:
+            padding = [0, 0] * (x.dim() - 1 - dim) + [0, missing]
+            values, index = F.pad(values, padding), F.pad(index, padding)
+    padded_shape = values.shape
+    split_shape: list[int] = []
+    reduce_dims: list[int] = []
+    for dim, size in enumerate(padded_shape):
+        if dim in dims:
+            split_shape += [size // BLOCK_SIZE, BLOCK_SIZE]
+            reduce_dims.append(len(split_shape) - 1)
+        else:
+            split_shape.append(size)
+    bits = reference.random_bits24(index.reshape(split_shape), seed)
+    quantized = reference.fake_quantize_blocks(
+        values.reshape(split_shape), tuple(reduce_dims), FORMATS[quant.fmt], quant.scale_mode, "stochastic", bits
+    )
+    return quantized.reshape(padded_shape)[tuple(slice(0, size) for size in x.shape)]
 
 
 def _narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
@@ -354,10 +395,11 @@ def _gemm(
     name: str,
     label: str,
     b_quantized: Optional[QuantizedOperand] = None,
+    counters: tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
 ) -> tuple[torch.Tensor, Optional[QuantizedOperand], Optional[QuantizedOperand]]:
     """op(a) @ op(b), op = transpose of the last two dims where asked, with a quantized along
     `a_axis` and b along `b_axis` of their stored layouts (or b's quantized values given as
-    `b_quantized`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
+    `b_quantized`); `counters`: stochastic-rounding counters of a and b (see `qmatmul`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
     `_quantized_operand` gives them (None for a high-precision GEMM)."""
 
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
@@ -368,8 +410,13 @@ def _gemm(
     with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
         a_in, b_in = a, b
         if quant.hadamard is None:
-            a_q, a_factor = _quantized_operand(a, quant.a, a_axis, seeds[0])
-            b_q, b_factor = b_quantized if b_quantized is not None else _quantized_operand(b, quant.b, b_axis, seeds[1])
+            a_q, a_factor = _quantized_operand(a, quant.a, a_axis, seeds[0], counters[0])
+            if b_quantized is not None:
+                b_q, b_factor = b_quantized
+            else:
+                b_q, b_factor = _quantized_operand(b, quant.b, b_axis, seeds[1], counters[1])
+        elif any(counter is not None for counter in counters):
+            raise ValueError(f"{name} {label}: stochastic-rounding counters cannot follow a Hadamard transform")
         elif _observer is None:
             a_q, a_factor = _hadamard_quantized_operand(a, quant.a, a_axis, quant.hadamard, seeds[2], seeds[0])
             b_q, b_factor = _hadamard_quantized_operand(b, quant.b, b_axis, quant.hadamard, seeds[2], seeds[1])
@@ -422,12 +469,14 @@ def _same_square_quantization(fwd: GemmQuant, grad_a: GemmQuant) -> bool:
 
 class _QMatmulFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, precision: MatmulPrecision) -> torch.Tensor:  # type: ignore[override]
-        seeds = precision.next_call_seeds()
+    def forward(
+        ctx: Any, a: torch.Tensor, b: torch.Tensor, precision: MatmulPrecision, counters: Counters, seeds: Optional[tuple[int, ...]]
+    ) -> torch.Tensor:  # type: ignore[override]
+        seeds = precision.next_call_seeds() if seeds is None else seeds
         out, _, b_q = _gemm(
             a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
-            out_dtype=a.dtype, name=precision.name, label=precision.labels[0],
+            out_dtype=a.dtype, name=precision.name, label=precision.labels[0], counters=(counters[0], counters[1]),
         )
         # A (32, 32) tile is transpose-invariant: when grad_a quantizes b exactly as the forward did
         # (same spec, deterministic rounding, no Hadamard), the forward's quantized b is reused.
@@ -435,21 +484,23 @@ class _QMatmulFunction(torch.autograd.Function):
         ctx.save_for_backward(a, b)
         ctx.precision = precision
         ctx.seeds = seeds
+        ctx.counters = counters
         device_type = a.device.type
         ctx.autocast = (device_type, torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type))
         return out
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], None]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], None, None, None]:  # type: ignore[override]
         device_type, enabled, dtype = ctx.autocast
         with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
-            return _QMatmulFunction._backward(ctx, g)
+            return (*_QMatmulFunction._backward(ctx, g), None, None, None)
 
     @staticmethod
-    def _backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], None]:
+    def _backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
         a, b = ctx.saved_tensors
         precision: MatmulPrecision = ctx.precision
         seeds = ctx.seeds
+        a_counter, b_counter, g_counter = ctx.counters
         scale = precision.grad_scale
         if scale is not None:
             g = g * scale
@@ -460,13 +511,14 @@ class _QMatmulFunction(torch.autograd.Function):
                 g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
                 seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]], seeds[SEED_SLOTS["grad_a.hadamard"]]),
                 out_dtype=a.dtype, name=precision.name, label=precision.labels[1], b_quantized=ctx.b_quantized,
+                counters=(g_counter, b_counter),
             )
         if ctx.needs_input_grad[1]:
             # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).
             grad_b, _, _ = _gemm(
                 a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
                 seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
-                out_dtype=b.dtype, name=precision.name, label=precision.labels[2],
+                out_dtype=b.dtype, name=precision.name, label=precision.labels[2], counters=(a_counter, g_counter),
             )
         if scale is not None:
             _record_grad_stats(precision, g)
@@ -474,16 +526,30 @@ class _QMatmulFunction(torch.autograd.Function):
             grad_b = grad_b / scale if grad_b is not None else None
         grad_a = grad_a.to(a.dtype) if grad_a is not None else None
         grad_b = grad_b.to(b.dtype) if grad_b is not None else None
-        return grad_a, grad_b, None
+        return grad_a, grad_b
 
 
-def qmatmul(a: torch.Tensor, b: torch.Tensor, precision: Optional[MatmulPrecision]) -> torch.Tensor:
+def qmatmul(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    precision: Optional[MatmulPrecision],
+    *,
+    counters: Optional[Counters] = None,
+    seeds: Optional[tuple[int, ...]] = None,
+) -> torch.Tensor:
     """a @ b with the forward and both gradient GEMMs emulated as `precision` says.
 
     Returns `torch.matmul(a, b)` itself when `precision` is None. Otherwise a is (..., M, K) and
     b is (..., K, N) with the same leading (batch) dims, or b is 2-D and shared (then a's
     leading dims are flattened into M, so gradient blocks of b run across all rows of a).
-    Refuses other shapes with a ValueError.
+
+    `counters` (int64 tensors of a, of b and of the output gradient, each broadcastable to its
+    tensor) make stochastic rounding of an MX operand draw `mxlab.reference.random_bits24(counter,
+    seed)` per element, instead of counting elements by their linear index in the padded operand:
+    for products whose elements have a place beyond the layout (jagged attention, where padding and
+    bucketing must not change the bits). `seeds` (one per SEED_SLOTS slot) replace this call's
+    `precision.next_call_seeds()`. Refuses other shapes, counters with a shared 2-D b, and counters
+    with a Hadamard GEMM (ValueError).
     """
     if precision is None:
         return torch.matmul(a, b)
@@ -493,12 +559,20 @@ def qmatmul(a: torch.Tensor, b: torch.Tensor, precision: Optional[MatmulPrecisio
         raise ValueError(f"qmatmul needs a (..., M, K) and b (..., K, N); got shapes {tuple(a.shape)} and {tuple(b.shape)}")
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"contraction sizes differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if seeds is not None and len(seeds) != len(SEED_SLOTS):
+        raise ValueError(f"seeds must hold one seed per slot of SEED_SLOTS ({len(SEED_SLOTS)}), got {len(seeds)}")
+    if counters is None:
+        counters = (None, None, None)
+    elif len(counters) != 3:
+        raise ValueError(f"counters must be (a_counter, b_counter, grad_counter), got {len(counters)} entries")
     if b.dim() == 2 and a.dim() > 2:
-        out = _QMatmulFunction.apply(a.reshape(-1, a.shape[-1]), b, precision)
+        if any(counter is not None for counter in counters):
+            raise ValueError("stochastic-rounding counters need a and b with equal batch dims, not a shared 2-D b")
+        out = _QMatmulFunction.apply(a.reshape(-1, a.shape[-1]), b, precision, counters, seeds)
         return out.reshape(*a.shape[:-1], b.shape[-1])
     if a.shape[:-2] != b.shape[:-2]:
         raise ValueError(
             f"batch dims of a {tuple(a.shape[:-2])} and b {tuple(b.shape[:-2])} must be equal "
             "(or b must be 2-D); broadcast them explicitly first"
         )
-    return _QMatmulFunction.apply(a, b, precision)
+    return _QMatmulFunction.apply(a, b, precision, counters, seeds)
