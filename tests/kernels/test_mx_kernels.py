@@ -179,6 +179,40 @@ def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rou
     assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=0, **options), "along first")
 
 
+COLUMN_TILE_VARIANTS = [  # (column_passes, rows_in_flight, col_blocks, rounding): launch shapes the bench may time
+    (1, 4, 1, "nearest_even"), (2, 8, 2, "stochastic"),
+]
+
+
+@pytest.mark.parametrize("column_passes, rows_in_flight, col_blocks, rounding", COLUMN_TILE_VARIANTS)
+def test_column_tile_variants_give_the_same_bits(kernels, device, column_passes, rows_in_flight, col_blocks, rounding):
+    """The one-pass column kernel (whose tiles off the common path are quantized row by row from memory again)
+    and the two-pass kernel with other numbers of rows in flight: column-wise and both-at-once as the reference."""
+    x = awkward_rows(64, 64, torch.bfloat16, seed=12)[:50, :45]  # padded; awkward values in the second row block
+    x[:32] = torch.randn(32, 45, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16)
+    x = x.to(device)
+    tile = kernels.TileConfig(rows=32, col_blocks=col_blocks, num_warps=4, column_passes=column_passes,
+                              rows_in_flight=rows_in_flight)
+    options = dict(scale_mode="floor", rounding=rounding, seed=13 if rounding == "stochastic" else None, pad=True)
+    check_quantize(kernels, x, "e4m3", axis=0, tile=tile, **options)
+    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS["e4m3"], tile=tile, **options)
+    for actual, expected, what in zip((row_codes, row_scales, col_codes, col_scales),
+                                      (*reference_quantize(x.cpu(), "e4m3", axis=-1, **options),
+                                       *reference_quantize(x.cpu(), "e4m3", axis=0, **options)),
+                                      ("row codes", "row scales", "column codes", "column scales")):
+        assert_same_bits(actual.cpu(), expected, what)
+    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS["e4m3"], tile=tile, **options)
+    assert_same_bits(along_last.cpu(), reference_fake_quantize(x.cpu(), "e4m3", axis=-1, **options), "along last")
+    assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), "e4m3", axis=0, **options), "along first")
+
+
+def test_tile_config_refuses_bad_values(kernels):
+    for bad in (dict(rows=12), dict(col_blocks=0), dict(num_warps=3), dict(column_passes=3), dict(rows_in_flight=64),
+                dict(rows_in_flight=6)):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            kernels.TileConfig(**bad)
+
+
 @pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
 def test_square_tiles_batched_and_padded(kernels, device, fmt, rounding):

@@ -393,6 +393,18 @@ def test_gpu_hardware_path_bit_identical_on_adversarial_input(kernels, fmt, dtyp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
+@pytest.mark.parametrize("layout", ["column", "both"])
+@pytest.mark.parametrize("column_passes, rows_in_flight", [(1, 4), (2, 8)])
+def test_gpu_hardware_path_column_tile_variants(kernels, fmt, layout, column_passes, rows_in_flight):
+    """The column launch shapes `mxlab bench quant` may time (TileConfig.column_passes, rows_in_flight)."""
+    x = adversarial_input(1024, 1536, fmt, torch.bfloat16, seed=9).cuda()
+    tile = kernels.TileConfig(rows=32, col_blocks=4 if column_passes == 1 else 32, num_warps=4,
+                              column_passes=column_passes, rows_in_flight=rows_in_flight)
+    check_against_reference_and_integer_path(kernels, x, fmt, layout, tile=tile)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FP8_FORMATS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gpu_hardware_path_padded_and_non_contiguous(kernels, fmt, layout):
     padded = adversarial_input(1000, 1000, fmt, torch.bfloat16, seed=7).cuda()  # no dim a multiple of 32
