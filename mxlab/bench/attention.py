@@ -11,7 +11,9 @@ step from a CUDA graph (device time alone): their gap is the host overhead.
 
 Useful FLOPs count only pairs inside a sequence: 4 * Lq * Lk * D per head forward (causal: the
 pairs j <= i), x 3.5 for forward + backward ("fwd only" rows: the forward's share alone). The kernel's MX mode (MXFP8 e4m3 operands, floor
-scales, nearest-even) is timed on the same shapes; its useful FLOPs are the same.
+scales, nearest-even) is timed on the same shapes; its useful FLOPs are the same. On the self shape
+two more MX rows: "integer convert" (hw_fp8=False: the integer quantization steps where the GPU's FP8
+convert would run; the same bits) and "SR grads" (dO and dS rounded stochastically, in the kernel).
 """
 from __future__ import annotations
 
@@ -160,12 +162,14 @@ def _fwd_bwd(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], grad: t
     return step
 
 
-def _mx_policy(fmt: str = "e4m3", scale_mode: str = "floor") -> Any:
+def _mx_policy(fmt: str = "e4m3", scale_mode: str = "floor", grad_rounding: str = "nearest_even") -> Any:
+    """MX attention policy: every operand `fmt` in blocks of 32; gradients (dO, dS) rounded `grad_rounding`."""
     from mxlab.nn.qmatmul import OperandQuant
     from mxlab.recipe import AttentionPolicy, AttentionRecipe
 
     operand = OperandQuant(fmt, 32, scale_mode, "nearest_even")
-    recipe = AttentionRecipe(operand, operand, operand, operand)
+    grad = OperandQuant(fmt, 32, scale_mode, grad_rounding)
+    recipe = AttentionRecipe(operand, grad, operand, grad)
     return AttentionPolicy(qk=recipe.product_precision("qk", "bench", 0), pv=recipe.product_precision("pv", "bench", 0))
 
 
@@ -211,6 +215,7 @@ def run_attention_bench(
     history_q, history_k, history_v = randn(total, HEADS, HEAD_DIM), randn(total, HEADS, HEAD_DIM), randn(total, HEADS, HEAD_DIM)
     compiled_flex = torch.compile(flex_attention)
     mx_policy = _mx_policy()
+    sr_policy = _mx_policy(grad_rounding="stochastic")
     result = AttentionBenchResult(
         environment={
             "device": torch.cuda.get_device_name(device), "torch": torch.__version__,
@@ -269,12 +274,20 @@ def run_attention_bench(
         grad = torch.randn(q.shape, device=device, dtype=dtype, generator=generator)
         inputs = [q, k, v]
 
-        def kernel(policy: Any = None, tiles: Optional[TileSizes] = None) -> torch.Tensor:
-            return jagged_attention(q, k, v, q_offsets, offsets, causal=shape.causal, activation=shape.activation, policy=policy, tiles=tiles)
+        def kernel(policy: Any = None, tiles: Optional[TileSizes] = None, hw_fp8: bool = True) -> torch.Tensor:
+            return jagged_attention(q, k, v, q_offsets, offsets, causal=shape.causal, activation=shape.activation, policy=policy,
+                                    tiles=tiles, hw_fp8=hw_fp8)
 
         kernel_out = kernel()
         record(shape, "kernel bf16", _time_ms(_fwd_bwd(kernel, inputs, grad), warmup, repeat), flops)
         record(shape, "kernel mxfp8", _time_ms(_fwd_bwd(lambda: kernel(mx_policy), inputs, grad), warmup, repeat), flops)
+        if shape.name == "self":  # what the hardware FP8 convert saves, what stochastic gradients cost
+            record(shape, "kernel mxfp8 integer convert",
+                   _time_ms(_fwd_bwd(lambda: kernel(mx_policy, hw_fp8=False), inputs, grad), warmup, repeat), flops,
+                   "integer quantization steps, no FP8 convert instructions")
+            record(shape, "kernel mxfp8 SR grads",
+                   _time_ms(_fwd_bwd(lambda: kernel(sr_policy), inputs, grad), warmup, repeat), flops,
+                   "dO and dS rounded stochastically")
         if shape.name in ("self", "self-causal"):  # forward alone: where the time goes
             record(shape, "kernel bf16 fwd only", _time_ms(kernel, warmup, repeat), flops / 3.5)
             record(shape, "kernel mxfp8 fwd only", _time_ms(lambda: kernel(mx_policy), warmup, repeat), flops / 3.5)
