@@ -252,10 +252,16 @@ def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.cons
     """(S, special) for block amax bit patterns: the clamped unbiased scale exponent, and NaN/Inf blocks."""
     exponent = amax >> 23
     fraction = amax & 0x7FFFFF
-    p = tl.maximum(_floor_log2(fraction), 0)
-    is_normal = exponent > 0
-    log2_floor = tl.where(is_normal, exponent - 127, p - 149)
-    m = tl.where(is_normal, fraction, (fraction << (23 - p)) & 0x7FFFFF)
+    if EMAX >= 1 or SCALE_MODE == 0:
+        # A float32-subnormal (or zero) amax has floor(log2 amax) <= -127, so S <= -127 - EMAX + 1 <= -127 with
+        # EMAX >= 1 (and S <= -127 - EMAX with floor scales): the clamp below gives -127 whatever its fraction.
+        log2_floor = exponent - 127
+        m = fraction
+    else:
+        p = tl.maximum(_floor_log2(fraction), 0)
+        is_normal = exponent > 0
+        log2_floor = tl.where(is_normal, exponent - 127, p - 149)
+        m = tl.where(is_normal, fraction, (fraction << (23 - p)) & 0x7FFFFF)
     s = log2_floor - EMAX
     if SCALE_MODE == 1:
         s += (m != 0).to(tl.int32)
@@ -268,7 +274,8 @@ def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.cons
         up = (rest > half) | ((rest == half) & ((keep & 1) == 1))
         s += (keep + up.to(tl.int32)) >> MBITS
     s = tl.minimum(tl.maximum(s, -127), 127)
-    s = tl.where(amax == 0, -127, s)
+    if EMAX == 0 and SCALE_MODE != 0:
+        s = tl.where(amax == 0, -127, s)  # otherwise already -127 (above)
     return s, amax >= 0x7F800000
 
 
