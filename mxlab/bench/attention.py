@@ -278,7 +278,8 @@ def run_attention_bench(
             return jagged_attention(q, k, v, q_offsets, offsets, causal=shape.causal, activation=shape.activation, policy=policy,
                                     tiles=tiles, hw_fp8=hw_fp8)
 
-        kernel_out = kernel()
+        with torch.no_grad():  # a kept output must not hold the leaves' AccumulateGrad nodes (CUDA graph capture)
+            kernel_out = kernel()
         record(shape, "kernel bf16", _time_ms(_fwd_bwd(kernel, inputs, grad), warmup, repeat), flops)
         record(shape, "kernel mxfp8", _time_ms(_fwd_bwd(lambda: kernel(mx_policy), inputs, grad), warmup, repeat), flops)
         if shape.name == "self":  # what the hardware FP8 convert saves, what stochastic gradients cost
@@ -330,7 +331,8 @@ def run_attention_bench(
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     block_mask = create_block_mask(document_mask, None, None, q.shape[0], total, device=device, _compile=True)
-                flex_out = flex()
+                with torch.no_grad():
+                    flex_out = flex()
                 record(shape, "flex document mask", _time_ms(_fwd_bwd(flex, inputs, grad), warmup, repeat), flops)
                 if shape.name in ("self", "self-causal"):
                     record(shape, "flex fwd only", _time_ms(flex, warmup, repeat), flops / 3.5)
