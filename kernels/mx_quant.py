@@ -725,7 +725,7 @@ def _mx_columns_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
     MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    PROBE: tl.constexpr, CB: tl.constexpr, ROWS_IN_FLIGHT: tl.constexpr = 4,
+    PROBE: tl.constexpr, CB: tl.constexpr, ROWS_IN_FLIGHT: tl.constexpr = 8,
 ):
     """LAYOUT_COL / LAYOUT_BOTH for one 32-row block and CB * 32 columns, in two passes over the rows.
 
@@ -868,7 +868,7 @@ class TileConfig:
     col_blocks: int = 8
     num_warps: int = 4
     column_passes: int = 2
-    rows_in_flight: int = 4
+    rows_in_flight: int = 8
 
     def __post_init__(self) -> None:
         if isinstance(self.rows_in_flight, int) and self.rows_in_flight > 32:

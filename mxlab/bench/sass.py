@@ -41,6 +41,7 @@ class SassCount:
     straight_loads_before_use: int = 0  # global loads issued before the first use, outside loops
     fp8_converts_per_element: float = 0.0  # F2FP on the counted path (0.5: one cvt ...x2 per element pair)
     shared_per_element: float = 0.0  # shared-memory loads/stores and barriers (layout conversions) on the path
+    note: str = ""  # why the path was not counted, if it was not
 
 
 @dataclass(frozen=True)
@@ -179,9 +180,14 @@ def _resource_usage(cubin: bytes) -> tuple[int, int]:
 def count_compiled(name: str, compiled, elements_per_thread: int, loop_trips: tuple[int, ...] = ()) -> SassCount:
     """SassCount of a triton CompiledKernel along `_likely_path` (on the MX kernels: the fast path of a tile
     without NaN/Inf, every mask true). `loop_trips`: the trip count of each loop that path meets, in order.
-    Refuses (ValueError) a kernel without such a path."""
+    A kernel without such a path (e.g. one whose fast path the compiler turned into a loop) gets per-element
+    counts NaN and a `note`."""
     instructions = _parse_sass(compiled.asm["sass"])
-    path, loops = _likely_path(instructions, loop_trips)
+    note = ""
+    try:
+        path, loops = _likely_path(instructions, loop_trips)
+    except ValueError as error:
+        path, loops, note = [], [], f"not counted: {error}"
     loop_rows = []
     in_loop: set[int] = set()
     for first, last, trips in loops:
@@ -192,13 +198,15 @@ def count_compiled(name: str, compiled, elements_per_thread: int, loop_trips: tu
                               loads_before_first_use=_loads_before_first_use(body)))
     executed = [instructions[i] for i in path]
     registers, spill = _resource_usage(compiled.asm["cubin"])
+    per_element = len(path) / elements_per_thread if path else float("nan")
     return SassCount(
-        name=name, kernel=compiled.name, instructions=len(instructions),
-        per_element=len(path) / elements_per_thread, registers=registers, spill_bytes=spill, loops=loop_rows,
+        name=name, kernel=compiled.name, instructions=len(instructions), note=note,
+        per_element=per_element, registers=registers, spill_bytes=spill, loops=loop_rows,
         straight_loads_before_use=_loads_before_first_use([instructions[i] for i in path if i not in in_loop]),
-        fp8_converts_per_element=sum(ins.opcode.startswith("F2FP") for ins in executed) / elements_per_thread,
+        fp8_converts_per_element=sum(ins.opcode.startswith("F2FP") for ins in executed) / elements_per_thread
+        if path else float("nan"),
         shared_per_element=sum(ins.opcode[:3] in ("STS", "LDS") or ins.opcode.startswith("BAR")
-                               for ins in executed) / elements_per_thread,
+                               for ins in executed) / elements_per_thread if path else float("nan"),
     )
 
 
@@ -329,7 +337,7 @@ def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, 
                           for row in count.loops)
         table.add_row(count.name, count.kernel, f"{count.per_element:.2f}", f"{count.fp8_converts_per_element:.2f}",
                       f"{count.shared_per_element:.2f}", str(count.instructions), str(count.registers),
-                      str(count.spill_bytes), loops or "-")
+                      str(count.spill_bytes), loops or count.note or "-")
     Console(width=160).print(table)
     if json_path is not None:
         temporary = Path(str(json_path) + ".tmp")
