@@ -169,6 +169,7 @@ def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
     results = []
     row_configs = [TileConfig(r, c, w) for r, c, w in [(16, 8, 4), (32, 8, 4), (16, 16, 4), (32, 8, 8), (64, 8, 8), (16, 8, 2)]]
     col_configs = [TileConfig(32, c, w) for c, w in [(32, 4), (16, 4), (64, 8), (32, 8), (16, 2)]]
+    col_configs += [TileConfig(32, 32, 4, rows_in_flight=4), TileConfig(32, 4, 4, column_passes=1)]
     for config in row_configs:
         for op, fn, moved in [
             ("row cast", lambda c=config: kernels.quantize(x, fmt, tile=c), n * 3 + n // 32),
