@@ -113,6 +113,26 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1":
 
 _F32_LOWEST = tl.constexpr(-3.4028234663852886e38)  # a global used in @jit code must be a constexpr
 
+# Benchmark-only ablations (`jagged_attention(..., _ablate=mask)`, MX mode): each bit removes one cost of the MX
+# kernels and keeps their memory traffic and the rest of their work. The results are wrong by design; they exist
+# so that `mxlab bench attention` can time what each part costs. 0 (the default) is the kernel itself.
+ABLATE_P_QUANT = 1  # P is not fake-quantized (forward PV, dK/dV's P^T dO): P rounded to bfloat16 only
+ABLATE_DS_QUANT = 2  # dS is not fake-quantized (dK/dV's dS^T Q, dQ's dS K): dS rounded to the input dtype only
+ABLATE_STATISTICS_PASS = 4  # MX softmax forward in one pass: P from the running (not final) max and sum
+ABLATE_P_SPLIT = 8  # the row term P @ quant(V) from the bfloat16-rounded P alone (one product, not two)
+ABLATE_ROW_TERM = 16  # no row term P @ quant(V) in the forward (zeros are stored; dS then uses delta = 0)
+ABLATE_PREQUANTIZE = 32  # no pre-quantization launches: Q, K, V, dO enter the kernels unquantized
+ABLATIONS = {
+    "no P quant": ABLATE_P_QUANT, "no dS quant": ABLATE_DS_QUANT, "one softmax pass": ABLATE_STATISTICS_PASS,
+    "no P split": ABLATE_P_SPLIT, "no row term": ABLATE_ROW_TERM, "no prequantize": ABLATE_PREQUANTIZE,
+}
+_ALL_ABLATIONS = sum(ABLATIONS.values())
+_A_P_QUANT = tl.constexpr(ABLATE_P_QUANT)  # the same bits as constexprs, for @jit code
+_A_DS_QUANT = tl.constexpr(ABLATE_DS_QUANT)
+_A_STATISTICS_PASS = tl.constexpr(ABLATE_STATISTICS_PASS)
+_A_P_SPLIT = tl.constexpr(ABLATE_P_SPLIT)
+_A_ROW_TERM = tl.constexpr(ABLATE_ROW_TERM)
+
 
 # ----------------------------------------------------------------------------- device code
 @triton.jit
@@ -281,7 +301,7 @@ def _jagged_attention_fwd(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr, WRITE_OU: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    P_CODE: tl.constexpr,
+    P_CODE: tl.constexpr, ABLATE: tl.constexpr,
 ):
     """One BLOCK_M tile of queries of one head. QD, KD: the S operands (quantized along the head
     dim in MX mode), VT: the PV operand (quantized along keys), VD: V quantized along the head dim
@@ -325,7 +345,8 @@ def _jagged_attention_fwd(
             if SILU:
                 p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
                 p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
-                p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT and (_A_P_QUANT & ABLATE) == 0),
+                                     OP_DTYPE, DOT_DTYPE, BY_BITS)
                 acc += tl.dot(p_dot, v_dot)
             else:
                 s = tl.where(allowed, s, _F32_LOWEST)
@@ -339,17 +360,18 @@ def _jagged_attention_fwd(
             acc = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
     else:
         # MX softmax: the reference quantizes normalized P, so take the statistics first.
-        for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            key_ok = offs_n < k_len
-            k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-            s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
-            allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
-            s = tl.where(allowed, s, _F32_LOWEST)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
-            l_i = l_i * tl.exp(m_i - m_new) + tl.sum(p, 1)
-            m_i = m_new
+        if (_A_STATISTICS_PASS & ABLATE) == 0:
+            for start_n in range(0, hi, BLOCK_N):
+                offs_n = start_n + offs_n0
+                key_ok = offs_n < k_len
+                k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+                s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+                allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+                s = tl.where(allowed, s, _F32_LOWEST)
+                m_new = tl.maximum(m_i, tl.max(s, 1))
+                p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
+                l_i = l_i * tl.exp(m_i - m_new) + tl.sum(p, 1)
+                m_i = m_new
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + offs_n0
@@ -358,16 +380,26 @@ def _jagged_attention_fwd(
             v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
             s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
             allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+            if _A_STATISTICS_PASS & ABLATE:  # benchmark ablation: the statistics pass's work folded into this one
+                s_allowed = tl.where(allowed, s, _F32_LOWEST)
+                m_new = tl.maximum(m_i, tl.max(s_allowed, 1))
+                l_i = l_i * tl.exp(m_i - m_new) + tl.sum(tl.where(allowed, tl.exp(s_allowed - m_new[:, None]), 0.0), 1)
+                m_i = m_new
+                l_safe = tl.where(l_i > 0, l_i, 1.0)
             p = _probabilities(s, allowed, m_i, l_safe, n_keys, False)
             p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
-            p_dot = _dot_operand(fake_quant_tile(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE, (_A_P_QUANT & ABLATE) == 0),
+                                 OP_DTYPE, DOT_DTYPE, BY_BITS)
             acc += tl.dot(p_dot, v_dot)
-            if WRITE_OU:
+            if WRITE_OU and (_A_ROW_TERM & ABLATE) == 0:
                 # P @ quant(V along head dim), P split in two bfloat16 parts (relative error < 2^-16).
                 vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
                 p_high = _dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS)
-                p_low = _dot_operand(p - _round_to(p, OP_DTYPE, BY_BITS), OP_DTYPE, DOT_DTYPE, BY_BITS)
-                acc_u += tl.dot(p_high, vd_dot) + tl.dot(p_low, vd_dot)
+                if _A_P_SPLIT & ABLATE:
+                    acc_u += tl.dot(p_high, vd_dot)
+                else:
+                    p_low = _dot_operand(p - _round_to(p, OP_DTYPE, BY_BITS), OP_DTYPE, DOT_DTYPE, BY_BITS)
+                    acc_u += tl.dot(p_high, vd_dot) + tl.dot(p_low, vd_dot)
 
     out_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
     tl.store(O + out_index, _round_to(acc, O.dtype.element_ty, BY_BITS).to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -387,7 +419,7 @@ def _jagged_attention_bwd_dkdv(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    PM_CODE: tl.constexpr, DSM_CODE: tl.constexpr, FUSED_DQ: tl.constexpr, DSN_CODE: tl.constexpr,
+    PM_CODE: tl.constexpr, DSM_CODE: tl.constexpr, FUSED_DQ: tl.constexpr, DSN_CODE: tl.constexpr, ABLATE: tl.constexpr,
 ):
     """dK, dV of one BLOCK_N tile of keys of one head. Operands (MX: pre-quantized): QD, KD for S;
     DOD, VD for dP (head dim); QT, DOT along the queries for dK and dV. P and dS are quantized
@@ -434,7 +466,8 @@ def _jagged_attention_bwd_dkdv(
         p = _probabilities(s, allowed, m_row, tl.where(l_row > 0, l_row, 1.0), n_keys, SILU)
         query_rows = q_begin + offs_m
         p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE)
-        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 0, PM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 0, PM_CODE, QUANT and (_A_P_QUANT & ABLATE) == 0),
+                             OP_DTYPE, DOT_DTYPE, BY_BITS)
         dot_dot = _load_rows(DOT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dv += tl.dot(tl.trans(p_dot), dot_dot)
         dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
@@ -443,12 +476,14 @@ def _jagged_attention_bwd_dkdv(
             dp = _round_to(dp, S_DTYPE, BY_BITS)
         ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
         ds_bits = _score_bits(query_rows, head, offs_n, dsm_seed_key, DSM_CODE)
-        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT and (_A_DS_QUANT & ABLATE) == 0),
+                              OP_DTYPE, DOT_DTYPE, BY_BITS)
         qt_dot = _load_rows(QT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dk += tl.dot(tl.trans(ds_dot), qt_dot)
         if FUSED_DQ:
             dsn_bits = _score_bits(query_rows, head, offs_n, dsn_seed_key, DSN_CODE)
-            dsn_dot = _dot_operand(_maybe_quant(ds, dsn_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+            dsn_dot = _dot_operand(_maybe_quant(ds, dsn_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT and (_A_DS_QUANT & ABLATE) == 0),
+                                   OP_DTYPE, DOT_DTYPE, BY_BITS)
             dq_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
             tl.atomic_add(DQ_ACC + dq_index, tl.dot(dsn_dot, kt_dot), mask=row_ok[:, None], sem="relaxed")
 
@@ -466,7 +501,7 @@ def _jagged_attention_bwd_dq(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    DSN_CODE: tl.constexpr,
+    DSN_CODE: tl.constexpr, ABLATE: tl.constexpr,
 ):
     """dQ of one BLOCK_M tile of queries of one head. KT: K along the keys (MX) for dQ = dS K;
     dS is quantized here along the keys."""
@@ -513,7 +548,8 @@ def _jagged_attention_bwd_dq(
             dp = _round_to(dp, S_DTYPE, BY_BITS)
         ds = _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
         ds_bits = _score_bits(q_begin + offs_m, head, offs_n, dsn_seed_key, DSN_CODE)
-        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT and (_A_DS_QUANT & ABLATE) == 0),
+                              OP_DTYPE, DOT_DTYPE, BY_BITS)
         kt_dot = _load_rows(KT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         dq += tl.dot(ds_dot, kt_dot)
     out_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
@@ -810,19 +846,20 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _launch_options(x: torch.Tensor, silu: bool, causal: bool, quant: bool, tiles: TileSizes) -> dict[str, Any]:
+def _launch_options(x: torch.Tensor, silu: bool, causal: bool, quant: bool, tiles: TileSizes, ablate: int = 0) -> dict[str, Any]:
     """Constexpr arguments and launch options shared by the three attention kernels (a cached
-    dict: callers unpack it and never change it)."""
-    return _cached_launch_options(x.dtype, x.shape[2], silu, causal, quant, tiles, _interpreting())
+    dict: callers unpack it and never change it). `ablate`: the benchmark-only ABLATE_* mask."""
+    return _cached_launch_options(x.dtype, x.shape[2], silu, causal, quant, tiles, _interpreting(), ablate)
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_launch_options(dtype: torch.dtype, head_dim: int, silu: bool, causal: bool, quant: bool, tiles: TileSizes, interpreting: bool) -> dict[str, Any]:
+def _cached_launch_options(dtype: torch.dtype, head_dim: int, silu: bool, causal: bool, quant: bool, tiles: TileSizes, interpreting: bool,
+                           ablate: int) -> dict[str, Any]:
     s_dtype = _dtype_constexpr(dtype)
     op_dtype = tl.bfloat16 if quant else s_dtype
     return dict(
         HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=s_dtype, OP_DTYPE=op_dtype,
-        DOT_DTYPE=tl.float32 if interpreting else op_dtype, BY_BITS=interpreting,
+        DOT_DTYPE=tl.float32 if interpreting else op_dtype, BY_BITS=interpreting, ABLATE=ablate,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
@@ -831,7 +868,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
                 causal: bool, silu: bool, codes: Optional[_OperandCodes], seeds: _SeedKeys, tiles: TileSizes,
-                backward_expected: bool) -> torch.Tensor:  # type: ignore[override]
+                backward_expected: bool, ablate: int = 0) -> torch.Tensor:  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -841,7 +878,9 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         l = torch.empty_like(m)
         write_ou = quant and not silu
         out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
-        if quant:
+        if quant and ablate & ABLATE_PREQUANTIZE:  # benchmark ablation: the unquantized inputs in every slot
+            q_d, k_d, v_d, v_t, q_t, k_t = q, k, v, v, q, k
+        elif quant:
             # The backward's along-token copies of Q and K come from the same read.
             q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_expected else None,
                                         d_seed_key=seeds.q_d, t_seed_key=seeds.q_m)
@@ -856,13 +895,13 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 q_d, k_d, v_t, v_d, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5, seeds.p_n,
                 BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou, P_CODE=codes.p_n if quant else 0,
-                **_launch_options(q, silu, causal, quant, tiles),
+                **_launch_options(q, silu, causal, quant, tiles, ablate),
             )
         ctx.save_for_backward(q, k, out, out_u, m, l, q_d, k_d, v_d, q_t, k_t)
         # The offsets stay on ctx as the same Python objects, so the backward finds their tile
         # tables cached on them; their versions are checked as saved tensors' would be.
         ctx.offsets = (q_offsets, k_offsets, _tensor_version(q_offsets), _tensor_version(k_offsets))
-        ctx.settings = (causal, silu, codes, seeds, tiles, write_ou)
+        ctx.settings = (causal, silu, codes, seeds, tiles, write_ou, ablate)
         return out
 
     @staticmethod
@@ -871,14 +910,16 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
         if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
             raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
-        causal, silu, codes, seeds, tiles, write_ou = ctx.settings
+        causal, silu, codes, seeds, tiles, write_ou, ablate = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
         # The softmax row term: MX: sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both
         # along the head dim, from the launch that quantizes dO; BF16: the flash-attention
         # rowsum(dO * O). SiLU reads none.
-        if quant:
+        if quant and ablate & ABLATE_PREQUANTIZE:  # benchmark ablation: dO unquantized, the row term by a plain row dot
+            do_d, do_t, delta = grad_out, grad_out, _row_dots(grad_out, out_u) if write_ou else None
+        elif quant:
             do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=out_u if write_ou else None,
                                               d_seed_key=seeds.do_d, t_seed_key=seeds.do_m)
         else:
@@ -891,7 +932,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         dv = torch.empty(k.shape, device=k.device, dtype=k.dtype)
         dq = None if tiles.fused_dq else torch.empty(q.shape, device=q.device, dtype=q.dtype)
         dq_accumulator = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if tiles.fused_dq else dq
-        options = _launch_options(q, silu, causal, quant, tiles)
+        options = _launch_options(q, silu, causal, quant, tiles, ablate)
         strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5)
         kv_seq, kv_start = _tiles(k_offsets, k.shape[0], q_offsets, tiles.dkdv_n)
         if kv_seq.numel() and heads:
@@ -902,14 +943,14 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
         if tiles.fused_dq:
-            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None
+            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None, None
         q_seq, q_start = _tiles(q_offsets, total_q, k_offsets, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
                 q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides, seeds.ds_n,
                 BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.device) -> None:
@@ -945,15 +986,19 @@ def jagged_attention(
     policy: Any = None,
     tiles: Optional[TileSizes] = None,
     hw_fp8: bool = True,
+    _ablate: int = 0,
 ) -> torch.Tensor:
     """Attention over packed jagged sequences in Triton; returns (total_q, heads, head_dim) in q's dtype.
 
     Differentiable with respect to q, k, v. ``policy`` is None (BF16 mode) or an attention policy
     with ``qk`` and ``pv`` MatmulPrecisions (MX mode, see the module docstring). ``hw_fp8=False``
     keeps the integer quantization steps where the hardware FP8 conversion would run (the same
-    bits; for tests and benchmarks). Refuses
-    (ValueError) what `unsupported_reason` names, mismatched shapes, devices or offsets, and
-    ``causal=True`` when an example has a different number of queries and keys.
+    bits; for tests and benchmarks). ``_ablate`` is a benchmark-only diagnostic, never for training: a
+    mask of ABLATE_* bits (`ABLATIONS`), MX mode only, each removing one cost of the MX kernels while
+    keeping their memory traffic; the results are then wrong by design. Refuses
+    (ValueError) what `unsupported_reason` names, mismatched shapes, devices or offsets,
+    ``causal=True`` when an example has a different number of queries and keys, and an ``_ablate``
+    mask with unknown bits or without a policy.
     """
     check_attention_inputs(q, k, v, activation)
     if not (q.dtype == k.dtype == v.dtype):
@@ -965,7 +1010,7 @@ def jagged_attention(
         raise ValueError(reason)
     check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
     return jagged_attention_checked(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles,
-                                    hw_fp8=hw_fp8)
+                                    hw_fp8=hw_fp8, _ablate=_ablate)
 
 
 def jagged_attention_checked(
@@ -980,11 +1025,17 @@ def jagged_attention_checked(
     policy: Any,
     tiles: Optional[TileSizes] = None,
     hw_fp8: bool = True,
+    _ablate: int = 0,
 ) -> torch.Tensor:
     """`jagged_attention` for inputs a caller has already validated (shapes, dtypes, offsets,
     activation, and `unsupported_reason` is None): skips the offset checks, which cost host syncs.
     mxlab.nn.attention.JaggedAttention validates once and calls this."""
     codes = _codes(policy, q.device if hw_fp8 else None)
+    if _ablate:
+        if not isinstance(_ablate, int) or _ablate < 0 or _ablate & ~_ALL_ABLATIONS:
+            raise ValueError(f"_ablate={_ablate!r} has unknown bits; accepted: sums of {ABLATIONS}")
+        if codes is None:
+            raise ValueError(f"_ablate={_ablate} ablates MX work; it needs a policy (MX mode)")
     if tiles is None:
         tiles = default_tiles(codes is not None, q.device)
     if codes is not None:
@@ -997,7 +1048,8 @@ def jagged_attention_checked(
         raise ValueError(f"stochastic rounding of P or dS counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
     backward_expected = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, seeds, tiles,
-                                          backward_expected)
+                                          backward_expected, _ablate)
 
 
-__all__ = ["check_jagged_offsets", "jagged_attention", "jagged_attention_checked", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles"]
+__all__ = ["check_jagged_offsets", "jagged_attention", "jagged_attention_checked", "unsupported_reason", "TileSizes", "DEFAULT_TILES", "DEFAULT_MX_TILES", "INTERPRETER_TILES", "default_tiles",
+           "ABLATIONS"]

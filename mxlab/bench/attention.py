@@ -14,6 +14,16 @@ pairs j <= i), x 3.5 for forward + backward ("fwd only" rows: the forward's shar
 scales, nearest-even) is timed on the same shapes; its useful FLOPs are the same. On the self shape
 two more MX rows: "integer convert" (hw_fp8=False: the integer quantization steps where the GPU's FP8
 convert would run; the same bits) and "SR grads" (dO and dS rounded stochastically, in the kernel).
+
+"kernel mxfp8 ablate: NAME" rows (self shape, fwd+bwd and fwd only) time the MX kernel with one cost
+removed (`jagged_attention(..., _ablate=...)`, benchmark-only, wrong results by design, same memory
+traffic): "no P quant" (P rounded to bfloat16 only, forward and dK/dV), "no dS quant" (dK/dV and dQ),
+"one softmax pass" (the forward's statistics pass folded into the PV pass), "no P split" (the row term
+from one bfloat16 part of P), "no row term" (no P @ quant(V) in the forward), "no prequantize" (no Q, K,
+V, dO quantization launches), and three sums: "no quantization", "no MX softmax structure" (one pass,
+no row term), "everything". Their gap to "kernel mxfp8" is what that part costs; "kernel bf16 MX tiles"
+is the BF16 kernel with the MX tile sizes. `attention_sass_counts` (`mxlab bench attention-sass`)
+gives the static sm_90 counts of the same kernels without a GPU.
 """
 from __future__ import annotations
 
@@ -289,6 +299,21 @@ def run_attention_bench(
             record(shape, "kernel mxfp8 SR grads",
                    _time_ms(_fwd_bwd(lambda: kernel(sr_policy), inputs, grad), warmup, repeat), flops,
                    "dO and dS rounded stochastically")
+        if shape.name == "self":  # what each part of the MX kernels costs (benchmark-only ablations, wrong results)
+            for ablation, ablate in _ablation_rows(kernels.ABLATIONS).items():
+                def ablated(ablate: int = ablate) -> torch.Tensor:
+                    return jagged_attention(q, k, v, q_offsets, offsets, causal=shape.causal, activation=shape.activation,
+                                            policy=mx_policy, _ablate=ablate)
+
+                record(shape, f"kernel mxfp8 ablate: {ablation}", _time_ms(_fwd_bwd(ablated, inputs, grad), warmup, repeat), flops,
+                       f"_ablate={ablate}")
+                record(shape, f"kernel mxfp8 ablate: {ablation} fwd only", _time_ms(ablated, warmup, repeat), flops / 3.5,
+                       f"_ablate={ablate}")
+            bf16_mx_tiles = kernels.DEFAULT_MX_TILES
+            record(shape, "kernel bf16 MX tiles", _time_ms(_fwd_bwd(lambda: kernel(None, bf16_mx_tiles), inputs, grad), warmup, repeat),
+                   flops, _tiles_text(bf16_mx_tiles))
+            record(shape, "kernel bf16 MX tiles fwd only", _time_ms(lambda: kernel(None, bf16_mx_tiles), warmup, repeat), flops / 3.5,
+                   _tiles_text(bf16_mx_tiles))
         if shape.name in ("self", "self-causal"):  # forward alone: where the time goes
             record(shape, "kernel bf16 fwd only", _time_ms(kernel, warmup, repeat), flops / 3.5)
             record(shape, "kernel mxfp8 fwd only", _time_ms(lambda: kernel(mx_policy), warmup, repeat), flops / 3.5)
@@ -396,7 +421,16 @@ def _summarize(result: AttentionBenchResult, shapes: list[Shape]) -> None:
                     result.ratios[f"{shape.name}: {method} {timing} / flex {timing} speed-up"] = flex_timed_ms / kernel_ms
 
 
-def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional[tuple]) -> str:
+def _ablation_rows(ablations: dict[str, int]) -> dict[str, int]:
+    """Bench rows of the MX ablations: each single one, every quantization removed (P, dS, prequantize), the MX
+    softmax structure removed (statistics pass, row term), and everything removed."""
+    quantization = ablations["no P quant"] | ablations["no dS quant"] | ablations["no prequantize"]
+    structure = ablations["one softmax pass"] | ablations["no row term"]
+    return {**ablations, "no quantization": quantization, "no MX softmax structure": structure,
+            "everything": quantization | structure}
+
+
+def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional[tuple], ablate: int = 0) -> str:
     """Run the kernel once, forward + backward, on a tiny batch with the benchmark's heads and head
     dim, so that its compiled variants land in Triton's on-disk cache. Returns what it did.
     (Tiles travel as a tuple of TileSizes fields: a worker imports the kernels only here.)"""
@@ -409,8 +443,11 @@ def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional
     offsets = _offsets(lengths)
     q, k, v = (torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     out = jagged_attention(q, k, v, offsets, offsets, causal=causal, activation=activation,
-                           policy=_mx_policy() if mode == "mxfp8" else None, tiles=tiles)
+                           policy=_mx_policy() if mode == "mxfp8" else None, tiles=tiles, _ablate=ablate)
     out.backward(torch.ones_like(out))
+    if ablate:
+        torch.cuda.synchronize()
+        return f"{mode} causal={causal} {activation} _ablate={ablate}"
     q_cross = torch.randn(3 * CROSS_TOKENS, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, requires_grad=True)
     if not causal:
         cross = jagged_attention(q_cross, k, v, _offsets(torch.full_like(lengths, CROSS_TOKENS)), offsets, activation=activation,
@@ -421,15 +458,17 @@ def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional
 
 
 def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Callable[[str], None] = print) -> None:
-    """Compile every kernel variant the tests and the bench use, in parallel processes (Triton
-    compiles one variant at a time per process; its cache on disk is shared)."""
+    """Compile every kernel variant the tests and the bench use (the MX ablation rows included), in parallel
+    processes (Triton compiles one variant at a time per process; its cache on disk is shared)."""
     import concurrent.futures
     import multiprocessing
 
-    jobs: list[tuple[str, bool, str, Any]] = [
+    jobs: list[tuple] = [
         (mode, causal, activation, None)
         for mode in ("bf16", "mxfp8") for causal in (False, True) for activation in ("softmax", "silu")
     ]
+    jobs += [("mxfp8", False, "softmax", None, ablate) for ablate in _ablation_rows(_jagged_kernels().ABLATIONS).values()]
+    jobs += [("bf16", False, "softmax", astuple(_jagged_kernels().DEFAULT_MX_TILES))]
     if sweep:
         jobs += [(mode, False, "softmax", astuple(tiles)) for tiles in _sweep_candidates() for mode in ("bf16", "mxfp8")
                  if mode == "bf16" or all(getattr(tiles, n) % 32 == 0 for n in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"))]
@@ -470,6 +509,154 @@ def _sweep_candidates() -> list[Any]:
     ]
 
 
+# ----------------------------------------------------------------------------- static sm_90 counts
+SASS_ARCH = 90
+# Opcode classes counted per loop body (prefix match on the SASS opcode).
+_OPCODE_CLASSES = {
+    "mma": ("HMMA", "HGMMA", "WARPGROUP"), "mufu": ("MUFU",), "fp8/bf16 convert": ("F2FP",), "shuffle": ("SHFL",),
+    "shared": ("LDS", "STS", "LDSM", "STSM"), "barrier": ("BAR",), "global": ("LDG", "STG", "LDGSTS", "RED", "ATOM"),
+    "local (spill)": ("LDL", "STL"),
+}
+
+
+@dataclass
+class KernelSassCount:
+    """Static sm_90 counts of one compiled attention kernel (no GPU needed)."""
+
+    variant: str  # the ablation (or "kernel") it was compiled for
+    kernel: str
+    registers: int
+    spill_bytes: int  # local memory per thread (stack + local); > 0 means spills
+    instructions: int  # static SASS instructions, NOPs left out
+    loops: list[dict[str, int]] = field(default_factory=list)  # per loop (back edge): `_loop_counts`
+    constexprs: dict[str, Any] = field(default_factory=dict)
+
+
+def _sass_listing(cubin: bytes) -> list[tuple[int, str, bool]]:
+    """(byte offset, instruction text without its guard, guarded) of every non-NOP instruction of the first
+    function in `cubin`, from `cuobjdump -sass` itself (Triton's asm["sass"] stops at 4096 instructions)."""
+    import re
+    import subprocess
+
+    from mxlab.bench.sass import _tool
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.check_output([_tool("cuobjdump"), "-sass", handle.name], text=True)
+    listing = []
+    for match in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", text):
+        body = match.group(2).strip()
+        guard = re.match(r"^@!?U?P[T\d]+\s+", body)
+        instruction = body[guard.end():] if guard else body
+        if not instruction.startswith("NOP"):
+            listing.append((int(match.group(1), 16), instruction, guard is not None))
+    return listing
+
+
+def _branch_target(instruction: str) -> Optional[int]:
+    import re
+
+    branch = re.match(r"BRA(?:\.\w+)*\s+(0x[0-9a-f]+)", instruction)
+    return int(branch.group(1), 16) if branch else None
+
+
+def _classes(body: list[str]) -> dict[str, int]:
+    return {name: sum(text.split()[0].startswith(prefixes) for text in body) for name, prefixes in _OPCODE_CLASSES.items()}
+
+
+def _loop_counts(listing: list[tuple[int, str, bool]]) -> list[dict[str, int]]:
+    """For each backward branch (a loop's back edge): `static`, the instructions from its target to it, and
+    `path` with the opcode classes, the instructions one iteration runs when every forward conditional branch
+    inside falls through and every unconditional one is taken (in the attention loops: the hardware FP8 path of
+    P and dS, past their integer fallback)."""
+    position_of = {offset: position for position, (offset, _, _) in enumerate(listing)}
+    loops = []
+    for last, (offset, instruction, _) in enumerate(listing):
+        target = _branch_target(instruction)
+        if target is None or target >= offset:
+            continue
+        first = position_of.get(target, next(p for p, (o, _, _) in enumerate(listing) if o >= target))
+        path, position = [], first
+        while first <= position <= last:
+            _, text, guarded = listing[position]
+            path.append(text)
+            jump = _branch_target(text)
+            if position == last:
+                break
+            position = position_of.get(jump, last) if jump is not None and jump > listing[position][0] and not guarded else position + 1
+        loops.append({"static": last - first + 1, "path": len(path), **_classes(path)})
+    return loops
+
+
+def _resource_usage(cubin: bytes) -> tuple[int, int]:
+    from mxlab.bench.sass import _resource_usage as usage
+
+    return usage(cubin)
+
+
+def attention_sass_counts(ablations: Optional[dict[str, int]] = None, tiles: Any = None, hw_fp8: bool = True,
+                          fmt: str = "e4m3") -> list[KernelSassCount]:
+    """Static sm_90 counts (registers, spills, instructions, per-loop instruction classes) of every kernel one
+    MX forward + backward of the bench's self shape launches (BF16 4 x 64, softmax, not causal, `fmt` floor
+    nearest-even, the hardware FP8 path as on an H200 unless hw_fp8=False), for each ablation mask in
+    `ablations` (name -> `_ablate`; default: the kernel alone). The launches are the real ones with each
+    `[grid](...)` replaced by a compile for GPUTarget("cuda", 90, 32), so specialization and constexprs are
+    what an H200 run gets. Refuses (RuntimeError) to run under TRITON_INTERPRET=1 or without Triton's ptxas."""
+    import importlib
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise RuntimeError("attention_sass_counts compiles for sm_90; unset TRITON_INTERPRET=1")
+    from mxlab.bench.sass import _CompileOnly
+    from mxlab.kernels import mx_quant
+
+    module = importlib.import_module("mxlab.kernels.jagged_attention")
+    tiles = tiles or module.DEFAULT_MX_TILES
+    ablations = ablations or {"kernel": 0}
+    lengths = torch.tensor([300, 17, 64])
+    offsets = _offsets(lengths)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    policy = _mx_policy(fmt)
+    names = ("_jagged_attention_fwd", "_jagged_attention_bwd_dkdv", "_jagged_attention_bwd_dq", "_prequantize", "_row_dot")
+    counts = []
+    for variant, ablate in ablations.items():
+        record: list = []
+        replaced: dict[str, Any] = {name: _CompileOnly(getattr(module, name), record) for name in names}
+        replaced["hardware_fp8_applies"] = lambda device, element, rounding: (
+            hw_fp8 and element.name in mx_quant.HARDWARE_FP8_FORMATS and rounding == "nearest_even")
+        saved = {name: getattr(module, name) for name in replaced}
+        try:
+            for name, value in replaced.items():
+                setattr(module, name, value)
+            out = module.jagged_attention(q, k, v, offsets, offsets, policy=policy, tiles=tiles, _ablate=ablate)
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        finally:
+            for name, value in saved.items():
+                setattr(module, name, value)
+        for _grid, constexprs, compiled in record:
+            cubin = compiled.asm["cubin"]
+            listing = _sass_listing(cubin)
+            registers, spill = _resource_usage(cubin)
+            shown = {key: value for key, value in constexprs.items() if key in ("BLOCK_M", "BLOCK_N", "COLS", "ABLATE", "num_warps")}
+            counts.append(KernelSassCount(variant, compiled.name, registers, spill, len(listing), _loop_counts(listing), shown))
+    return counts
+
+
+def print_attention_sass_counts(counts: list[KernelSassCount], print_fn: Callable[[str], None] = print) -> None:
+    """One line per kernel and variant: registers, spill bytes, static instructions, and per loop its
+    instructions with the mma / MUFU / convert / shuffle / shared / barrier / spill counts."""
+    print_fn(f"{'variant':<18} {'kernel':<28} {'regs':>4} {'spill B':>7} {'static':>6}  "
+             f"loops: static/path instr (path: mma mufu cvt shfl smem bar local)")
+    for count in counts:
+        loops = "; ".join(
+            f"{row['static']}/{row['path']} ({row['mma']} {row['mufu']} {row['fp8/bf16 convert']} {row['shuffle']} {row['shared']} "
+            f"{row['barrier']} {row['local (spill)']})" for row in count.loops)
+        print_fn(f"{count.variant:<18} {count.kernel:<28} {count.registers:>4} {count.spill_bytes:>7} {count.instructions:>6}  {loops or '-'}")
+
+
 def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
@@ -478,4 +665,5 @@ def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
     os.replace(temporary, path)
 
 
-__all__ = ["run_attention_bench", "sample_lengths", "useful_flops", "AttentionBenchResult", "Measurement", "Shape"]
+__all__ = ["run_attention_bench", "sample_lengths", "useful_flops", "AttentionBenchResult", "Measurement", "Shape",
+           "attention_sass_counts", "print_attention_sass_counts", "KernelSassCount"]

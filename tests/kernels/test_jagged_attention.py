@@ -405,7 +405,7 @@ pointers.update({name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt",
                                           "p_seed_key", "d_seed_key", "t_seed_key", "pm_seed_key", "dsm_seed_key", "dsn_seed_key")})
 pointers["sm_scale"] = "fp32"
 common = dict(HEAD_DIM=64, CAUSAL=False, SILU=False, QUANT=True, S_DTYPE=tl.bfloat16, OP_DTYPE=tl.bfloat16,
-              DOT_DTYPE=tl.bfloat16, BY_BITS=False)
+              DOT_DTYPE=tl.bfloat16, BY_BITS=False, ABLATE=0)
 result = []
 for kernel, fmt, mode in json.loads(sys.argv[1]):
     if mode == "stochastic":
@@ -442,6 +442,50 @@ def test_attention_kernels_compile_the_hardware_switch_to_the_fp8_conversion_for
     instructions = json.loads(result.stdout.strip().splitlines()[-1])
     expected = [[f"cvt.rn.satfinite.{fmt}x2.f32"] if mode == "hardware" else [] for _, fmt, mode in cases]
     assert instructions == expected
+
+
+# ----------------------------------------------------------------------------- benchmark ablations
+ABLATIONS = jagged_attention_module.ABLATIONS
+# Which outputs (out, dq, dk, dv) each benchmark ablation changes; the others keep the kernel's bits. P is
+# quantized for out (forward) and dv (dK/dV kernel), dS for dq and dk; the row term (P @ quant(V), from the
+# unquantized P) only enters dS; the one-pass forward ends with the true statistics, which the backward reads.
+ABLATION_CHANGES = {
+    "no P quant": {"out", "dv"}, "no dS quant": {"dq", "dk"}, "one softmax pass": {"out", "dq", "dk"},
+    "no P split": {"dq", "dk"}, "no row term": {"dq", "dk"}, "no prequantize": {"out", "dq", "dk", "dv"},
+}
+
+
+def test_benchmark_ablations_run_and_change_only_their_part():
+    """Each `_ablate` bit compiles and runs (forward + backward) and changes exactly the outputs its removed
+    step feeds; ablate=0 is the kernel's own result, bit for bit."""
+    assert set(ABLATION_CHANGES) == set(ABLATIONS)
+    lengths = [40, 1]  # two key tiles: the one-pass statistics differ from the final ones
+    q, k, v, grad = _inputs(lengths, lengths, 1, 32, seed=11)
+    offsets = _offsets(lengths)
+    policy = _policy()
+
+    def run(**ablate):
+        out = jagged_attention(q, k, v, offsets, offsets, policy=policy, **ablate)
+        return dict(zip(("out", "dq", "dk", "dv"), (out, *torch.autograd.grad(out, (q, k, v), grad))))
+
+    kernel = run()
+    assert all(torch.equal(kernel[name], value) for name, value in run(_ablate=0).items())
+    for ablation, bit in ABLATIONS.items():
+        ablated = run(_ablate=bit)
+        changed = {name for name, value in ablated.items() if not torch.equal(value, kernel[name])}
+        assert all(torch.isfinite(value).all() for value in ablated.values()), ablation
+        assert changed == ABLATION_CHANGES[ablation], f"{ablation}: changed {sorted(changed)}"
+    everything = run(_ablate=sum(ABLATIONS.values()))
+    assert all(torch.isfinite(value).all() for value in everything.values())
+
+
+def test_benchmark_ablations_refuse_unknown_bits_and_bf16_mode():
+    q, k, v, _ = _inputs([3], [3], 1, 32, seed=0)
+    offsets = _offsets([3])
+    with pytest.raises(ValueError, match="unknown bits"):
+        jagged_attention(q, k, v, offsets, offsets, policy=_policy(), _ablate=64)
+    with pytest.raises(ValueError, match="needs a policy"):
+        jagged_attention(q, k, v, offsets, offsets, policy=None, _ablate=1)
 
 
 # ----------------------------------------------------------------------------- stochastic rounding
