@@ -212,11 +212,13 @@ def _allowed(offs_m, offs_n, q_len, k_len, CAUSAL: tl.constexpr):
 
 @triton.jit
 def _probabilities(s, allowed, m_row, l_row, n_keys, SILU: tl.constexpr):
-    """Normalized P of the reference: exp(s - m) / l, or silu(s) / n_keys; 0 where not allowed."""
+    """Normalized P of the reference: exp(s - m) * (1 / l) (one reciprocal per row, not a quotient per
+    element: on the GPU both are float32 approximations within two ulps), or silu(s) / n_keys; 0 where not
+    allowed."""
     if SILU:
         p = s / (1.0 + tl.exp(-s)) / n_keys
     else:
-        p = tl.exp(s - m_row[:, None]) / l_row[:, None]
+        p = tl.exp(s - m_row[:, None]) * (1.0 / l_row)[:, None]
     return tl.where(allowed, p, 0.0)
 
 

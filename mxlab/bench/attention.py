@@ -22,7 +22,8 @@ traffic): "no P quant" (P rounded to bfloat16 only, forward and dK/dV), "no dS q
 from one bfloat16 part of P), "no row term" (no P @ quant(V) in the forward), "no prequantize" (no Q, K,
 V, dO quantization launches), and three sums: "no quantization", "no MX softmax structure" (one pass,
 no row term), "everything". Their gap to "kernel mxfp8" is what that part costs; "kernel bf16 MX tiles"
-is the BF16 kernel with the MX tile sizes. `attention_sass_counts` (`mxlab bench attention-sass`)
+is the BF16 kernel with the MX tile sizes, "kernel mxfp8 tiles" the MX kernel with other tile sizes (the note
+names them). `attention_sass_counts` (`mxlab bench attention-sass`)
 gives the static sm_90 counts of the same kernels without a GPU.
 """
 from __future__ import annotations
@@ -309,6 +310,11 @@ def run_attention_bench(
                        f"_ablate={ablate}")
                 record(shape, f"kernel mxfp8 ablate: {ablation} fwd only", _time_ms(ablated, warmup, repeat), flops / 3.5,
                        f"_ablate={ablate}")
+            for tiles in _mx_tile_candidates():
+                record(shape, "kernel mxfp8 tiles", _time_ms(_fwd_bwd(lambda: kernel(mx_policy, tiles), inputs, grad), warmup, repeat),
+                       flops, _tiles_text(tiles))
+                record(shape, "kernel mxfp8 tiles fwd only", _time_ms(lambda: kernel(mx_policy, tiles), warmup, repeat), flops / 3.5,
+                       _tiles_text(tiles))
             bf16_mx_tiles = kernels.DEFAULT_MX_TILES
             record(shape, "kernel bf16 MX tiles", _time_ms(_fwd_bwd(lambda: kernel(None, bf16_mx_tiles), inputs, grad), warmup, repeat),
                    flops, _tiles_text(bf16_mx_tiles))
@@ -421,6 +427,14 @@ def _summarize(result: AttentionBenchResult, shapes: list[Shape]) -> None:
                     result.ratios[f"{shape.name}: {method} {timing} / flex {timing} speed-up"] = flex_timed_ms / kernel_ms
 
 
+def _mx_tile_candidates() -> list[Any]:
+    """MX tile sizes timed next to the default on the self shape: the same 16 scores per thread as the default
+    at 8 warps (twice the rows per program: half the key/value loads per query row), without spills on sm_90
+    (`mxlab bench attention-sass`)."""
+    TileSizes = _jagged_kernels().TileSizes
+    return [TileSizes(128, 32, 32, 128, 128, 32, 8, 2), TileSizes(128, 32, 32, 64, 128, 32, 8, 2)]
+
+
 def _ablation_rows(ablations: dict[str, int]) -> dict[str, int]:
     """Bench rows of the MX ablations: each single one, every quantization removed (P, dS, prequantize), the MX
     softmax structure removed (statistics pass, row term), and everything removed."""
@@ -469,6 +483,7 @@ def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Calla
     ]
     jobs += [("mxfp8", False, "softmax", None, ablate) for ablate in _ablation_rows(_jagged_kernels().ABLATIONS).values()]
     jobs += [("bf16", False, "softmax", astuple(_jagged_kernels().DEFAULT_MX_TILES))]
+    jobs += [("mxfp8", False, "softmax", astuple(tiles)) for tiles in _mx_tile_candidates()]
     if sweep:
         jobs += [(mode, False, "softmax", astuple(tiles)) for tiles in _sweep_candidates() for mode in ("bf16", "mxfp8")
                  if mode == "bf16" or all(getattr(tiles, n) % 32 == 0 for n in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"))]

@@ -45,6 +45,7 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from mxlab.formats import get_format  # noqa: E402
+from mxlab.kernels import _mx_device  # noqa: E402
 from mxlab.kernels._mx_device import fake_quant_tile, score_random_bits  # noqa: E402
 from mxlab.nn.attention import JaggedAttention  # noqa: E402
 from mxlab.nn.qmatmul import OperandQuant  # noqa: E402
@@ -575,6 +576,33 @@ def _score_tile_kernel(X, Y, first_row, head, heads, seed_key, AXIS: tl.constexp
     index = rows[:, None] * 64 + keys[None, :]
     bits = score_random_bits(first_row + rows, head, heads, keys, seed_key)
     tl.store(Y + index, fake_quant_tile(tl.load(X + index), bits, 32, 64, AXIS, CODE))
+
+
+@triton.jit
+def _every_block_kernel(FLAGS, OUT, R: tl.constexpr, C: tl.constexpr, AXIS: tl.constexpr):
+    flags = tl.load(FLAGS + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]) != 0
+    if AXIS == 2:  # the flags of a tile reshaped to (R, C, 32), reduced along its last axis
+        tl.store(OUT, _mx_device._every_block(flags, 2).to(tl.int32))
+    else:  # a 2-D tile reduced along AXIS: flags of shape (C,) or (R,)
+        tl.store(OUT, _mx_device._every_block(tl.min(flags.to(tl.int32), AXIS) != 0, AXIS).to(tl.int32))
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_every_block_is_true_exactly_when_every_flag_is_set(axis):
+    """The tile-wide fast-path decision of the in-kernel quantization (`_every_block`) is the AND of the block flags."""
+    generator = torch.Generator().manual_seed(axis)
+    for unset in (0, 1, 5):
+        flags = torch.ones(4, 8, dtype=torch.int32)
+        flags.view(-1)[torch.randperm(32, generator=generator)[:unset]] = 0
+        if axis == 0:  # each column reduced down the rows: a column is set when all its rows are
+            expected = bool(flags.min(0).values.all())
+        elif axis == 1:
+            expected = bool(flags.min(1).values.all())
+        else:
+            expected = bool(flags.all())
+        out = torch.full((1,), -1, dtype=torch.int32)
+        _every_block_kernel[(1,)](flags, out, R=4, C=8, AXIS=axis)
+        assert out.item() == int(expected), (axis, unset)
 
 
 @pytest.mark.parametrize("fmt, axis", [("e5m2", 0), ("e5m2", 1), ("int8", 1), ("e2m3", 0)])
