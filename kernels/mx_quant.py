@@ -856,7 +856,7 @@ HARDWARE_FP8_MIN_CAPABILITY = (9, 0)
 class TileConfig:
     """Elements per program and warps: a tile is (rows, columns) of the (L, B) view.
 
-    `column_passes` (column-wise and both-at-once casts without the Hadamard transform): 2 runs
+    `column_passes` (column-wise casts without the Hadamard transform; both-at-once casts refuse 1): 2 runs
     `_mx_columns_kernel` (32 rows x col_blocks * 32 columns, a max pass then a quantize pass over the rows,
     rows re-read from cache); 1 runs `_mx_kernel` on the same tile held in registers (one load of every
     element, block reductions across threads). `rows_in_flight` (column_passes=2): rows the first pass loads
@@ -1072,6 +1072,12 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
         HW_FP8=fast and hw_fp8 and not probe and hardware_fp8_applies(device, fmt, rounding),
         WIDE_INDEX=wide, PROBE=probe, CB=col_blocks, num_warps=tile.num_warps,
     )
+    if layout == LAYOUT_BOTH and tile.column_passes == 1:
+        raise ValueError(
+            "TileConfig.column_passes = 1 runs column-wise casts only; both-at-once casts take column_passes = 2 "
+            "(the one-pass both-at-once launch disagreed with the reference on the H200's hardware FP8 path, and "
+            "was 2.2x slower there)"
+        )
     if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard and tile.column_passes == 2:
         kernel = _mx_columns_kernel[grid](*arguments, ROWS_IN_FLIGHT=tile.rows_in_flight, **options)
     elif hadamard:

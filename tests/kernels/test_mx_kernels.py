@@ -180,7 +180,7 @@ def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rou
 
 
 COLUMN_TILE_VARIANTS = [  # (column_passes, rows_in_flight, col_blocks, rounding): launch shapes the bench may time
-    (1, 8, 1, "nearest_even"), (2, 4, 2, "stochastic"),
+    (1, 8, 1, "nearest_even"), (2, 4, 2, "stochastic"), (2, 8, 1, "nearest_even"),
 ]
 
 
@@ -195,6 +195,10 @@ def test_column_tile_variants_give_the_same_bits(kernels, device, column_passes,
                               rows_in_flight=rows_in_flight)
     options = dict(scale_mode="floor", rounding=rounding, seed=13 if rounding == "stochastic" else None, pad=True)
     check_quantize(kernels, x, "e4m3", axis=0, tile=tile, **options)
+    if column_passes == 1:  # the one-pass kernel runs column-wise casts only
+        with pytest.raises(ValueError, match="column_passes = 1"):
+            kernels.quantize_rowcol(x, FORMATS["e4m3"], tile=tile, **options)
+        return
     (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS["e4m3"], tile=tile, **options)
     for actual, expected, what in zip((row_codes, row_scales, col_codes, col_scales),
                                       (*reference_quantize(x.cpu(), "e4m3", axis=-1, **options),

@@ -394,8 +394,7 @@ def test_gpu_hardware_path_bit_identical_on_adversarial_input(kernels, fmt, dtyp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
-@pytest.mark.parametrize("layout", ["column", "both"])
-@pytest.mark.parametrize("column_passes, rows_in_flight", [(1, 8), (2, 4)])
+@pytest.mark.parametrize("layout, column_passes, rows_in_flight", [("column", 1, 8), ("column", 2, 4), ("both", 2, 4)])
 def test_gpu_hardware_path_column_tile_variants(kernels, fmt, layout, column_passes, rows_in_flight):
     """The column launch shapes `mxlab bench quant` may time (TileConfig.column_passes, rows_in_flight)."""
     x = adversarial_input(1024, 1536, fmt, torch.bfloat16, seed=9).cuda()
