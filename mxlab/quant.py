@@ -105,8 +105,10 @@ def _blocked_dims(x: torch.Tensor, block: int | tuple[int, int], axis: int) -> t
     return (x.dim() - 2, x.dim() - 1) if block == SQUARE_BLOCK else (axis,)
 
 
-def _layout(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, need_index: bool) -> _Layout:
-    """Pad (if allowed) and reshape x so each block spans the returned reduce dims."""
+def _layout(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, need_index: bool,
+            counter: torch.Tensor | None = None) -> _Layout:
+    """Pad (if allowed) and reshape x so each block spans the returned reduce dims. With need_index, the
+    layout carries each element's stochastic-rounding counter: `counter` broadcast to x, else its linear index."""
     dims = _blocked_dims(x, block, axis)
     for dim in dims:
         if x.shape[dim] % BLOCK_SIZE and not pad:
@@ -115,7 +117,9 @@ def _layout(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool,
                 f"pass pad=True to pad it with zeros (dequantize returns the original shape)"
             )
     values = x.float()
-    index = torch.arange(x.numel(), device=x.device, dtype=torch.int64).view(x.shape) if need_index else None
+    index = None
+    if need_index:
+        index = counter.expand(x.shape) if counter is not None else torch.arange(x.numel(), device=x.device).view(x.shape)
     for dim in dims:
         missing = -x.shape[dim] % BLOCK_SIZE
         if missing:
@@ -314,6 +318,39 @@ def fake_quantize(
     block, axis = _check_options(x, block, axis, scale_mode, rounding, seed)
     values = _dispatch("fake_quantize", x, element_format, block, axis, scale_mode, rounding, seed, pad)
     return values.to(x.dtype)
+
+
+def fake_quantize_counted(
+    x: torch.Tensor,
+    fmt: str,
+    *,
+    counter: torch.Tensor,
+    seed: int,
+    block: int | tuple[int, int] = 32,
+    axis: int = -1,
+    scale_mode: str = "floor",
+    pad: bool = False,
+) -> torch.Tensor:
+    """fake_quantize(x, fmt, rounding="stochastic", seed=seed, ...) whose random bits are
+    `reference.random_bits24(counter, seed)` element by element (counter: int64, broadcastable to x)
+    instead of each element's linear index: for elements whose place is defined beyond the tensor's
+    layout (jagged attention, where padding and bucketing must not change the bits). Runs the PyTorch
+    reference on every device; same shape and dtype as x. Refuses what `fake_quantize` refuses for an
+    MX format, and a counter that is not an int64 tensor broadcastable to x.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown MX format {fmt!r}; accepted: {', '.join(FORMATS)}")
+    block, axis = _check_options(x, block, axis, scale_mode, "stochastic", seed)
+    if not isinstance(counter, torch.Tensor) or counter.dtype != torch.int64:
+        raise ValueError(f"counter must be an int64 tensor, got {getattr(counter, 'dtype', type(counter).__name__)}")
+    try:
+        torch.broadcast_shapes(counter.shape, x.shape)
+    except RuntimeError:
+        raise ValueError(f"counter of shape {tuple(counter.shape)} does not broadcast to x of shape {tuple(x.shape)}") from None
+    layout = _layout(x, block, axis, pad, need_index=True, counter=counter)
+    values = reference.fake_quantize_blocks(layout.blocked, layout.reduce_dims, FORMATS[fmt], scale_mode, "stochastic",
+                                            reference.random_bits24(layout.index, seed))
+    return _crop(values.reshape(layout.padded_shape), tuple(x.shape)).to(x.dtype)
 
 
 def fake_quantize_rowcol(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Tensor, torch.Tensor]:

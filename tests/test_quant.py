@@ -294,3 +294,29 @@ def test_high_precision_and_per_tensor_fp8():
 def test_bad_input_is_refused_clearly(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_fake_quantize_counted_with_linear_index_counters_is_stochastic_fake_quantize():
+    from mxlab.quant import fake_quantize_counted
+
+    x = torch.randn(5, 70, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+    for block, axis in ((32, -1), (32, 0), ((32, 32), -1)):
+        options = dict(block=block, axis=axis, scale_mode="rceil", pad=True)
+        linear = torch.arange(x.numel()).view(x.shape)
+        counted = fake_quantize_counted(x, "e4m3", counter=linear, seed=11, **options)
+        assert counted.dtype == x.dtype
+        assert torch.equal(counted, fake_quantize(x, "e4m3", rounding="stochastic", seed=11, **options))
+        shifted = fake_quantize_counted(x, "e4m3", counter=linear + 1, seed=11, **options)
+        assert not torch.equal(shifted, counted)  # the bits follow the counter, not the layout
+
+
+def test_fake_quantize_counted_refuses_bad_counters():
+    from mxlab.quant import fake_quantize_counted
+
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="int64"):
+        fake_quantize_counted(x, "e4m3", counter=torch.zeros(4, 32, dtype=torch.int32), seed=1)
+    with pytest.raises(ValueError, match="broadcast"):
+        fake_quantize_counted(x, "e4m3", counter=torch.zeros(3, 32, dtype=torch.int64), seed=1)
+    with pytest.raises(ValueError, match="MX format"):
+        fake_quantize_counted(x, "bf16", counter=torch.zeros(4, 32, dtype=torch.int64), seed=1)

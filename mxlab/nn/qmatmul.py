@@ -289,31 +289,10 @@ def _counted_stochastic_fake_quantize(
     """x fake-quantized (float32) as the MX operand `quant` says, with stochastic rounding whose random
     bits are `mxlab.reference.random_bits24(counter, seed)` element by element (counter broadcast to x);
     blocks of 32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
-    from torch.nn import functional as F
+    from mxlab.quant import fake_quantize_counted
 
-    from mxlab import reference
-
-    dims = (x.dim() - 2, x.dim() - 1) if quant.block == SQUARE_BLOCK else (axis % x.dim(),)
-    values, index = x.float(), counter.expand(x.shape)
-    for dim in dims:
-        missing = -x.shape[dim] % BLOCK_SIZE
-        if missing:
-            padding = [0, 0] * (x.dim() - 1 - dim) + [0, missing]
-            values, index = F.pad(values, padding), F.pad(index, padding)
-    padded_shape = values.shape
-    split_shape: list[int] = []
-    reduce_dims: list[int] = []
-    for dim, size in enumerate(padded_shape):
-        if dim in dims:
-            split_shape += [size // BLOCK_SIZE, BLOCK_SIZE]
-            reduce_dims.append(len(split_shape) - 1)
-        else:
-            split_shape.append(size)
-    bits = reference.random_bits24(index.reshape(split_shape), seed)
-    quantized = reference.fake_quantize_blocks(
-        values.reshape(split_shape), tuple(reduce_dims), FORMATS[quant.fmt], quant.scale_mode, "stochastic", bits
-    )
-    return quantized.reshape(padded_shape)[tuple(slice(0, size) for size in x.shape)]
+    return fake_quantize_counted(x.float(), quant.fmt, counter=counter, seed=seed, block=quant.block,
+                                 axis=axis if quant.block == BLOCK_SIZE else -1, scale_mode=quant.scale_mode, pad=True)
 
 
 def _narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
