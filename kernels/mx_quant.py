@@ -515,37 +515,51 @@ def _emit(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, 
         out = _f32_bits_to_output(probe_bits, 0) if OUT_KIND == 0 else (probe_bits >> 16).to(tl.int16)
         _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
                WANT_CODES, WANT_VALUES)
-    elif FAST and ROUNDING == 0 and HW_FP8:
-        if path == 2:
-            fp8_code, fp8_out = _hw_fp8_finite_elements(bits, s, OUT_KIND, MBITS)  # names of their own: other types
-            _store(fp8_code, fp8_out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                   WANT_CODES, WANT_VALUES)
-        elif path == 1:
-            code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
-                                       BITS, IS_INT, ROUNDING, HW_FP8)
-            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                   WANT_CODES, WANT_VALUES)
-        else:
-            code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS,
-                                        IS_INT, ROUNDING)
-            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                   WANT_CODES, WANT_VALUES)
     elif FAST and (ROUNDING == 0 or ROUNDING == 3):
-        if path > 0:
-            code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
-                                       BITS, IS_INT, ROUNDING, HW_FP8)
-            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                   WANT_CODES, WANT_VALUES)
+        if HW_FP8 and ROUNDING == 0:
+            if path == 2:
+                fp8_code, fp8_out = _hw_fp8_finite_elements(bits, s, OUT_KIND, MBITS)  # names of their own: other types
+                _store(fp8_code, fp8_out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                       WANT_CODES, WANT_VALUES)
+            else:
+                _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr,
+                                    values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX,
+                                    MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8)
         else:
-            code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS,
-                                        IS_INT, ROUNDING)
-            _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                   WANT_CODES, WANT_VALUES)
+            _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr,
+                                values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX,
+                                MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8)
     else:
-        code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
-                                    ROUNDING)
+        _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                    WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+
+
+@triton.jit
+def _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets,
+                        values_mask, WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr,
+                        MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
+                        NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
+                        HW_FP8: tl.constexpr):
+    """`_emit` of a tile on the fast path (path > 0: `_fast_elements`) or off it (`_emit_exact`)."""
+    if path > 0:
+        code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
+                                   BITS, IS_INT, ROUNDING, HW_FP8)
         _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
                WANT_CODES, WANT_VALUES)
+    else:
+        _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                    WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+
+
+@triton.jit
+def _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
+                EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
+                IS_INT: tl.constexpr, ROUNDING: tl.constexpr):
+    """`_emit` of a tile on the exact integer path."""
+    code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
+                                ROUNDING)
+    _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES)
 
 
 # ----------------------------------------------------------------------------- the kernel
