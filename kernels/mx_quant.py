@@ -6,14 +6,16 @@ fraction fields, elements are rounded by integer shift and remainder, and stocha
 draws its 24 bits from the counter-based mixer. Nothing depends on the GPU's float
 flush-to-zero behaviour, with two exceptions that are proven safe below (the fast paths).
 
-One kernel, `_mx_kernel`, covers every layout. A program loads a 4-D tile of a 3-D view
-(A, L, B) of x: (RB, RS, CB, 32), rows `(pid_l * RB + rb) * RS + rs` of L and columns
-`(pid_b * CB + cb) * 32 + c` of B, and emits
+`_mx_kernel` loads a 4-D tile of a 3-D view (A, L, B) of x: (RB, RS, CB, 32), rows
+`(pid_l * RB + rb) * RS + rs` of L and columns `(pid_b * CB + cb) * 32 + c` of B, and emits
 
 - LAYOUT_ROW:  blocks of 32 along B (reduce the tile's last axis);
-- LAYOUT_COL:  blocks of 32 along L (RS == 32; reduce axis 1);
-- LAYOUT_BOTH: both of the above from the one load;
+- LAYOUT_COL:  blocks of 32 along L (RS == 32; reduce axis 1; the one-pass column launch and the
+  fused Hadamard column cast);
 - LAYOUT_TILE: (32, 32) tiles (RS == 32; reduce axes 1 and 3).
+
+`_mx_columns_kernel` runs LAYOUT_COL (the default column launch) and LAYOUT_BOTH (both of the above
+from one read of the input) in two passes over 32 rows.
 
 Outputs are element codes (uint8, padded shape), scale bytes, and/or fake-quantized values in
 the input dtype (unpadded shape), each contiguous in (A, L, B) order.
@@ -616,7 +618,8 @@ def _mx_kernel(
     else:
         r24 = 0
 
-    if LAYOUT == 0 or LAYOUT == 2:
+    tl.static_assert(LAYOUT != 2, "LAYOUT_BOTH runs in _mx_columns_kernel")
+    if LAYOUT == 0:
         amax = tl.max(magnitude, axis=3)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
         inert = special | (amax == 0)
@@ -632,7 +635,7 @@ def _mx_kernel(
                        stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
                        MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
                        WIDE_INDEX, PROBE, HADAMARD, RB * RS, True)
-    if LAYOUT == 1 or LAYOUT == 2:
+    if LAYOUT == 1:
         amax = tl.max(magnitude, axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
         inert = special | (amax == 0)

@@ -25,7 +25,7 @@ entries are exact zeros, and
 Stochastic rounding (a policy with a stochastically rounded MX operand) does not use qmatmul's
 counter (an element's index in the padded, bucketed tensor) but layout-independent ones
 (`token_counter`, `score_counter`; docs/numerics.md, "Jagged attention"), through
-`counted_qmatmul`, with one `next_call_seeds()` per product per call for every bucket and chunk:
+`qmatmul(..., counters=, seeds=)`, with one `next_call_seeds()` per product per call for every bucket and chunk:
 the bits depend neither on the buckets nor on the chunking, and the Triton kernel draws the same.
 
 ``causal=True`` lets query ``j`` of an example see its keys ``0..j`` only; it needs each example
@@ -251,8 +251,8 @@ class JaggedAttention(nn.Module):
         scale = qp.shape[-1] ** -0.5
         if counted is not None:
             q_counter, k_counter, s_counter = counted.token(counted.q_rows), counted.token(counted.k_rows), counted.scores()
-            scores = counted_qmatmul(qp, kp.transpose(-1, -2), qk_precision, counted.seeds[0],
-                                     (q_counter, k_counter.transpose(-1, -2), s_counter)).float() * scale
+            scores = self._product(qp, kp.transpose(-1, -2), qk_precision, counters=(q_counter, k_counter.transpose(-1, -2), s_counter),
+                                   seeds=counted.seeds[0]).float() * scale
         else:
             scores = self._product(qp, kp.transpose(-1, -2), qk_precision).float() * scale
         allowed = k_valid[:, None, None, :] & q_valid[:, None, :, None]
@@ -271,17 +271,18 @@ class JaggedAttention(nn.Module):
         if self.policy is None:
             return torch.matmul(probabilities.to(vp.dtype), vp)
         if counted is not None:
-            return counted_qmatmul(probabilities, vp.to(probabilities.dtype), pv_precision, counted.seeds[1],
-                                   (s_counter, k_counter, q_counter))
+            return self._product(probabilities, vp.to(probabilities.dtype), pv_precision, counters=(s_counter, k_counter, q_counter),
+                                 seeds=counted.seeds[1])
         return self._product(probabilities, vp.to(probabilities.dtype), pv_precision)
 
-    def _product(self, a: torch.Tensor, b: torch.Tensor, precision: Any) -> torch.Tensor:
-        """a @ b: plain matmul without a policy, else through qmatmul at `precision`."""
+    def _product(self, a: torch.Tensor, b: torch.Tensor, precision: Any, **counted: Any) -> torch.Tensor:
+        """a @ b: plain matmul without a policy, else through qmatmul at `precision` (`counted`: its
+        stochastic-rounding `counters` and `seeds`, for policies that round stochastically)."""
         if self.policy is None:
             return torch.matmul(a, b)
         from mxlab.nn.qmatmul import qmatmul
 
-        return qmatmul(a, b, precision)
+        return qmatmul(a, b, precision, **counted)
 
     def _flex_padded(
         self,
@@ -356,17 +357,6 @@ class _Counted:
         return score_counter(self.q_rows, self.heads, self.k_rows.shape[1])
 
 
-def counted_qmatmul(a: torch.Tensor, b: torch.Tensor, precision: Any, seeds: tuple[int, ...] | None,
-                    counters: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """a @ b as `qmatmul(a, b, precision, counters=counters, seeds=seeds)`: stochastic rounding of an MX
-    operand draws `mxlab.reference.random_bits24(counter, seed)` per element (counters of a, of b and of
-    the output gradient, int64, broadcastable; seeds: the attention call's `next_call_seeds()`).
-    Returns torch.matmul(a, b) when `precision` is None."""
-    from mxlab.nn.qmatmul import qmatmul
-
-    return qmatmul(a, b, precision, counters=counters, seeds=seeds)
-
-
 def length_block_mask(
     q_lengths: torch.Tensor,
     k_lengths: torch.Tensor,
@@ -421,4 +411,4 @@ def segment_positions(offsets: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["JaggedAttention", "rotary_embedding", "segment_positions", "rounds_stochastically", "token_counter", "score_counter",
-           "counted_qmatmul", "ACTIVATIONS", "BACKENDS"]
+           "ACTIVATIONS", "BACKENDS"]

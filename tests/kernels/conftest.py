@@ -18,16 +18,22 @@ if not HAS_CUDA:
 
 
 @pytest.fixture
-def kernels(monkeypatch):
-    """mxlab.kernels, runnable on this machine's test device."""
+def kernel_module():
+    """mxlab.kernels.mx_quant as imported (TRITON_INTERPRET untouched); skips where Triton is not installed."""
     from mxlab.quant import _import_kernels
 
     module = _import_kernels()
     if module is None:
         pytest.skip("Triton is not installed")
+    return module
+
+
+@pytest.fixture
+def kernels(kernel_module, monkeypatch):
+    """mxlab.kernels, runnable on this machine's test device."""
     if not HAS_CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "1")
-    return module
+    return kernel_module
 
 
 @pytest.fixture

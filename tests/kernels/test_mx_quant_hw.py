@@ -23,15 +23,6 @@ HARDWARE_INSTRUCTION = {"e4m3": "cvt.rn.satfinite.e4m3x2.f32", "e5m2": "cvt.rn.s
 BITS_DTYPES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 
 
-def mx_quant():
-    from mxlab.quant import _import_kernels
-
-    module = _import_kernels()
-    if module is None:
-        pytest.skip("Triton is not installed")
-    return module
-
-
 def fast_scale_range(fmt_name: str) -> tuple[int, int]:
     """The scale exponents S for which `_fast_path_ok` holds (inclusive)."""
     fmt = FORMATS[fmt_name]
@@ -132,8 +123,8 @@ def test_adversarial_input_has_what_it_promises():
 
 
 # ----------------------------------------------------------------------------- which calls take the path
-def test_hardware_fp8_applies_only_to_fp8_nearest_even_on_sm90(monkeypatch):
-    kernels = mx_quant()
+def test_hardware_fp8_applies_only_to_fp8_nearest_even_on_sm90(kernel_module, monkeypatch):
+    kernels = kernel_module
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     capability = {"value": (9, 0)}
     monkeypatch.setattr(kernels, "_cuda_capability", lambda index: capability["value"])
@@ -185,9 +176,9 @@ print(json.dumps([sorted({line.split()[0] for line in ptx(*case).splitlines() if
 """
 
 
-def test_hardware_branch_compiles_to_the_fp8_conversion_for_sm90():
+def test_hardware_branch_compiles_to_the_fp8_conversion_for_sm90(kernel_module):
     """Compiles the kernels for sm_90 in a fresh process (this one may hold interpreted kernels)."""
-    kernels = mx_quant()
+    kernels = kernel_module
     row, col, both, tile = kernels.LAYOUT_ROW, kernels.LAYOUT_COL, kernels.LAYOUT_BOTH, kernels.LAYOUT_TILE
     bf16, fp16, fp32 = kernels.KIND_BF16, kernels.KIND_FP16, kernels.KIND_FP32
     nearest_even, stochastic = kernels.ROUND_NEAREST_EVEN, kernels.ROUND_STOCHASTIC

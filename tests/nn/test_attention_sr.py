@@ -1,6 +1,6 @@
 """Stochastic rounding in the reference jagged attention: layout-independent counters, one seed set per call.
 
-`counted_qmatmul` is qmatmul with explicit counters; the reference attention path gives every stochastically
+`qmatmul(..., counters=, seeds=)` draws stochastic bits from explicit counters; the reference attention path gives every stochastically
 rounded operand the counters of docs/numerics.md ("Jagged attention"), so its bits depend neither on the
 length buckets nor on the chunking of the padded score tensors.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mxlab.nn.attention import JaggedAttention, counted_qmatmul, rounds_stochastically, score_counter, token_counter
+from mxlab.nn.attention import JaggedAttention, rounds_stochastically, score_counter, token_counter
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant, qmatmul
 from mxlab.recipe import AttentionPolicy, AttentionRecipe
 
@@ -38,7 +38,7 @@ def _forward_backward(a, b, grad, product):
 
 @pytest.mark.parametrize("block", [32, (32, 32)], ids=["block32", "tile32x32"])
 @pytest.mark.parametrize("rounding, grad_rounding", [("nearest_even", "toward_zero"), ("stochastic", "stochastic")])
-def test_counted_qmatmul_with_linear_index_counters_is_qmatmul(block, rounding, grad_rounding):
+def test_qmatmul_with_linear_index_counters_is_qmatmul_without(block, rounding, grad_rounding):
     """With each operand's row-major linear index as its counter (qmatmul's counter when nothing is padded),
     and the same call's seeds, the counted product is qmatmul bit for bit: forward and both gradients."""
     generator = torch.Generator().manual_seed(0)
@@ -47,12 +47,12 @@ def test_counted_qmatmul_with_linear_index_counters_is_qmatmul(block, rounding, 
     counters = tuple(torch.arange(shape.numel()).view(shape) for shape in (a.shape, b.shape, grad.shape))
     expected = _forward_backward(a, b, grad, lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block)))
     seeds = _precision(rounding, grad_rounding, block).next_call_seeds()
-    counted = _forward_backward(a, b, grad, lambda x, y: counted_qmatmul(x, y, _precision(rounding, grad_rounding, block), seeds, counters))
+    counted = _forward_backward(a, b, grad, lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block), counters=counters, seeds=seeds))
     for name, actual, reference in zip(("out", "grad_a", "grad_b"), counted, expected):
         assert torch.equal(actual, reference), name
     if rounding == "stochastic":  # and the counters matter: shifted counters give other bits
         shifted = tuple(counter + 1 for counter in counters)
-        moved = _forward_backward(a, b, grad, lambda x, y: counted_qmatmul(x, y, _precision(rounding, grad_rounding, block), seeds, shifted))
+        moved = _forward_backward(a, b, grad, lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block), counters=shifted, seeds=seeds))
         assert not torch.equal(moved[0], expected[0]) and not torch.equal(moved[1], expected[1])
 
 
@@ -103,12 +103,17 @@ def test_reference_stochastic_rounding_does_not_depend_on_buckets_or_chunks(caus
 
 
 def test_deterministic_policies_still_take_qmatmul(monkeypatch):
-    import mxlab.nn.attention as attention_module
+    import mxlab.nn.qmatmul as qmatmul_module
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("the counted product is only for stochastic rounding")
+    counted_calls = []
+    plain_qmatmul = qmatmul_module.qmatmul
 
-    monkeypatch.setattr(attention_module, "counted_qmatmul", refuse)
+    def recording(a, b, precision, **counted):
+        counted_calls.append(counted)
+        return plain_qmatmul(a, b, precision, **counted)
+
+    monkeypatch.setattr(qmatmul_module, "qmatmul", recording)
     policy = _policy("nearest_even", "nearest_even")
     _attention(JaggedAttention(backend="reference"), policy, False, "softmax")
     assert policy.qk.calls >= 1  # qmatmul drew its seeds
+    assert counted_calls and not any(counted_calls)  # and no product was given counters

@@ -68,7 +68,6 @@ def test_per_tensor_scales_multiply_the_accumulator() -> None:
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("operand", [qm.OperandQuant("e4m3", scale_mode="rceil"), qm.OperandQuant("fp8_tensor_e4m3")])
 def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.dtype, operand: qm.OperandQuant) -> None:
