@@ -421,6 +421,47 @@ def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.conste
 
 
 @triton.jit
+def _stochastic_normal_elements(bits, s, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                                EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr):
+    """(codes, values as bits of the output dtype) of `_quantize_fast_stochastic` for floating-point formats,
+    where every element of the tile is zero or element-normal (|x| >= 2^(S + emin), `_stochastic_tile_is_normal`)
+    and no block is NaN/Inf (tile path 2).
+
+    Such an element has shift = 23 - mbits = K, and the low K bits of its float32 pattern are those of its
+    significand, so adding the bias 2^K - 1 - (r >> (24 - K)) to the pattern carries into bit K exactly where
+    `_quantize_fast_stochastic` rounds up; clearing the low K bits leaves the value n * 2^qe (a carry out of the
+    fraction increments the exponent field: the next binade's first value). A zero stays zero (bias < 2^K).
+    Saturation is the same min with the largest value; the code of a normal value is its exponent and top
+    fraction bits less the scale's offset, 0 for zero. No per-element shift or int-to-float conversion."""
+    K: tl.constexpr = 23 - MBITS
+    magnitude = bits & 0x7FFFFFFF
+    rounded = magnitude + (((1 << K) - 1) - (r24 >> (24 - K)))
+    max_bits = ((s + EMAX + 127) << 23) | ((NMAX << K) & 0x7FFFFF)
+    value = tl.minimum(rounded & ~((1 << K) - 1), max_bits)
+    code = tl.minimum(tl.maximum((value >> K) - ((s + EMIN + 126) << MBITS), 0), MAXCODE)
+    code = code | ((bits >> (32 - BITS)) & (1 << (BITS - 1)))
+    value = value | (bits & -2147483648)
+    if OUT_KIND == 1:
+        out = (value >> 16).to(tl.int16)  # exact: at most 8 significant bits, normal or zero
+    else:
+        out = _f32_bits_to_output(value, OUT_KIND)
+    return code, out
+
+
+@triton.jit
+def _stochastic_path(bits, s, inert, path, EMIN: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr):
+    """The tile's path for `_emit`: 3 for a stochastic cast to a floating-point format on path 2 where no element
+    is nonzero and below 2^(S + emin) of its block (an element-subnormal value, whose rounding shift depends on
+    its exponent; `_stochastic_normal_elements`), else `path`. One compare per element, one tile reduction."""
+    if ROUNDING == 3 and not IS_INT:
+        lowest_normal = (tl.where(inert, 0, s) + EMIN + 127) << 23  # bits of 2^(S + emin)
+        tiny = ((bits & 0x7FFFFFFF) - 1).to(tl.uint32, bitcast=True) < (lowest_normal - 1).to(tl.uint32, bitcast=True)
+        return tl.where((path == 2) & (tl.max(tiny.to(tl.int32)) == 0), 3, path)
+    else:
+        return path
+
+
+@triton.jit
 def _quantize_hw_fp8(bits, s, special, MBITS: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
     """(codes, float32 value bits) of e4m3/e5m2 with round to nearest even through the GPU's saturating FP8
     conversion (sm_90+), for blocks where `_fast_path_ok` holds; the module docstring says why it is exact.
@@ -508,7 +549,8 @@ def _emit(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, 
           MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
           NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
           FAST: tl.constexpr, HW_FP8: tl.constexpr, PROBE: tl.constexpr):
-    """Quantize a tile (s, special, inert broadcast against bits; path: `_tile_path` of the tile) and store its
+    """Quantize a tile (s, special, inert broadcast against bits; path: `_tile_path` of the tile, raised to 3 by
+    `_stochastic_path` where it applies) and store its
     codes and/or values. Each branch stores its own results, so no tile-sized value is merged across the branch
     (which would keep both paths' registers live)."""
     if PROBE:  # benchmark probe: same loads, reductions and stores, no element arithmetic
@@ -522,6 +564,16 @@ def _emit(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, 
             if path == 2:
                 fp8_code, fp8_out = _hw_fp8_finite_elements(bits, s, OUT_KIND, MBITS)  # names of their own: other types
                 _store(fp8_code, fp8_out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
+                       WANT_CODES, WANT_VALUES)
+            else:
+                _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr,
+                                    values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX,
+                                    MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8)
+        elif ROUNDING == 3 and not IS_INT:
+            if path == 3:
+                sr_code, sr_out = _stochastic_normal_elements(bits, tl.where(inert, 0, s), r24, OUT_KIND, MBITS, EMIN,
+                                                              EMAX, MAXCODE, NMAX, BITS)
+                _store(sr_code, sr_out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
                        WANT_CODES, WANT_VALUES)
             else:
                 _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr,
@@ -684,8 +736,10 @@ def _quantize_tile(bits, s, special, inert, path, r24, code_offsets, code_mask, 
     else take the tile's (s etc. broadcast along the rows). Not with HADAMARD (memory holds x, not its
     transform) or PROBE, nor for roundings without a fast path."""
     if FAST and not HADAMARD and not PROBE and (ROUNDING == 0 or ROUNDING == 3):
-        if path == 2:
-            _emit(bits, s, special, inert, 2, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
+        COMMON: tl.constexpr = 3 if ROUNDING == 3 and not IS_INT else 2
+        path = _stochastic_path(bits, s, inert, path, EMIN, ROUNDING, IS_INT)
+        if path == COMMON:
+            _emit(bits, s, special, inert, COMMON, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
                   values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
                   ROUNDING, FAST, HW_FP8, PROBE)
         else:
@@ -723,12 +777,14 @@ def _row_refetched(x_ptr, codes_ptr, values_ptr, row, col, pid_a, L, B, code_row
         amax = tl.max(bits & 0x7FFFFFFF, axis=3)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
         inert = special | (amax == 0)
-        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+        path = _stochastic_path(bits, s[:, :, :, None], inert[:, :, :, None], _tile_path(s, special, inert, MBITS, EMIN, EMAX),
+                                EMIN, ROUNDING, IS_INT)
         _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24, code_offsets, code_mask,
               codes_ptr, values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8, False)
     else:
-        _emit(bits, tile_s, tile_special, tile_inert, tile_path, r24, code_offsets, code_mask, codes_ptr, values_ptr,
+        _emit(bits, tile_s, tile_special, tile_inert, _stochastic_path(bits, tile_s, tile_inert, tile_path, EMIN, ROUNDING, IS_INT),
+              r24, code_offsets, code_mask, codes_ptr, values_ptr,
               values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8, False)
 
@@ -825,7 +881,8 @@ def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, path_col
         r24 = 0
     values_offsets = (pid_a * L + row) * B + col
     values_mask = col_in & (row < L)
-    _emit(bits, s_col, special_col, inert_col, path_col, r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
+    _emit(bits, s_col, special_col, inert_col, _stochastic_path(bits, s_col, inert_col, path_col, EMIN, ROUNDING, IS_INT),
+          r24, (pid_a * LP + row) * B + col, col_in, col_codes_ptr,
           col_values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
           MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)
     if LAYOUT == 2:
@@ -836,7 +893,9 @@ def _columns_row(bits, row, col, col_in, s_col, special_col, inert_col, path_col
         tl.store(row_scales_ptr + (pid_a * L + row) * nbp + block_index,
                  (s_row + 127 + special_row.to(tl.int32) * (128 - s_row)).to(tl.uint8),
                  mask=(block_index < nbp) & (row < L))
-        _emit(bits, s_row[:, None], special_row[:, None], (special_row | (row_amax == 0))[:, None], path_rows, r24,
+        inert_row = (special_row | (row_amax == 0))[:, None]
+        _emit(bits, s_row[:, None], special_row[:, None], inert_row,
+              _stochastic_path(bits, s_row[:, None], inert_row, path_rows, EMIN, ROUNDING, IS_INT), r24,
               (pid_a * L + row) * BP + col, (col < BP) & (row < L), row_codes_ptr, row_values_ptr,
               values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, FAST, HW_FP8, PROBE)

@@ -283,6 +283,9 @@ def bench_operations(shape: tuple[int, int] = DEFAULT_SHAPE, tile=None,
         "column fake-quantize": lambda: mx_quant.fake_quantize(x, fmt, axis=0, **common),
         "both cast (one read)": lambda: mx_quant.quantize_rowcol(x, fmt, **common),
         "(32,32) tile cast": lambda: mx_quant.quantize(x, fmt, block=(32, 32), **common),
+        "row stochastic cast": lambda: mx_quant.quantize(x, fmt, rounding="stochastic", seed=1, **common),
+        "row stochastic fake-quantize": lambda: mx_quant.fake_quantize(x, fmt, rounding="stochastic", seed=1,
+                                                                       **common),
     }
 
 

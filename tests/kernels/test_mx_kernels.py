@@ -210,6 +210,59 @@ def test_column_tile_variants_give_the_same_bits(kernels, device, column_passes,
     assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), "e4m3", axis=0, **options), "along first")
 
 
+def element_normal_blocks(rows: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Blocks whose every element is within a factor 2 of the block's amax (element-normal for every
+    floating-point format at any scale mode), over a wide range of block magnitudes, with zeros and -0."""
+    g = torch.Generator().manual_seed(seed)
+    magnitude = (1 + torch.rand(rows, width, generator=g)) * torch.exp2(
+        torch.randint(-20, 20, (rows // 32 + 1, width // 32 + 1), generator=g).float()
+    ).repeat_interleave(32, 0).repeat_interleave(32, 1)[:rows, :width]
+    x = torch.where(torch.rand(rows, width, generator=g) < 0.5, -magnitude, magnitude)
+    x.view(-1)[::29] = 0.0
+    x.view(-1)[7::31] = -0.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("fmt", [f for f in FMTS if not FORMATS[f].is_int])
+@pytest.mark.parametrize("element_subnormal", [False, True])
+def test_stochastic_tiles_of_element_normal_values(kernels, device, fmt, element_subnormal):
+    """Stochastic tiles whose nonzero elements are all element-normal take `_stochastic_normal_elements` (bias
+    added to the float32 pattern); one element-subnormal value sends its tile to the general steps. Rows,
+    columns, both at once and (32, 32) tiles, codes and values, bit for bit."""
+    x = element_normal_blocks(64, 512, torch.bfloat16, seed=14)
+    if element_subnormal:
+        x[3, 40] = x[3, 32:64].abs().max() * 2.0**-20  # below 2^(S + emin) of its block for every format
+    x = x.to(device)
+    options = dict(scale_mode="floor", rounding="stochastic", seed=2**33 + 17)
+    check_quantize(kernels, x, fmt, **options)
+    check_fake_quantize(kernels, x, fmt, **options)
+    check_quantize(kernels, x, fmt, block=(32, 32), **options)
+    check_fake_quantize(kernels, x, fmt, axis=0, **options)
+    (_, _), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], **options)
+    assert_same_bits(col_codes.cpu(), reference_quantize(x.cpu(), fmt, axis=0, **options)[0], "column codes")
+    along_last, _ = kernels.fake_quantize_rowcol(x, FORMATS[fmt], **options)
+    assert_same_bits(along_last.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=-1, **options), "along last")
+
+
+@pytest.mark.parametrize("fmt", [f for f in FMTS if not FORMATS[f].is_int])
+def test_stochastic_tiles_at_the_rounding_boundary(kernels, device, fmt):
+    """Element-normal float32 values whose dropped bits equal the random threshold r >> (24 - shift) of their own
+    counter, one below and one above it: where the rule `rem > threshold` decides, codes and values as the
+    reference (a bias off by one in `_stochastic_normal_elements` fails here)."""
+    from mxlab.reference import random_bits24
+
+    seed, shift = 21, 23 - FORMATS[fmt].mbits
+    x = element_normal_blocks(32, 512, torch.float32, seed=15)
+    threshold = random_bits24(torch.arange(x.numel()), seed).view(x.shape) >> (24 - shift)
+    delta = torch.arange(x.numel()).view(x.shape) % 3 - 1  # -1, 0, +1
+    dropped = (threshold + delta).clamp(0, (1 << shift) - 1).to(torch.int32)
+    bits = x.view(torch.int32)
+    x = torch.where(x == 0, x, ((bits & ~((1 << shift) - 1)) | dropped).view(torch.float32)).to(device)
+    options = dict(scale_mode="floor", rounding="stochastic", seed=seed)
+    check_quantize(kernels, x, fmt, **options)
+    check_fake_quantize(kernels, x, fmt, **options)
+
+
 def test_tile_config_refuses_bad_values(kernels):
     for bad in (dict(rows=12), dict(col_blocks=0), dict(num_warps=3), dict(column_passes=3), dict(rows_in_flight=64),
                 dict(rows_in_flight=6)):
