@@ -10,12 +10,12 @@ flush-to-zero behaviour, with two exceptions that are proven safe below (the fas
 `(pid_l * RB + rb) * RS + rs` of L and columns `(pid_b * CB + cb) * 32 + c` of B, and emits
 
 - LAYOUT_ROW:  blocks of 32 along B (reduce the tile's last axis);
-- LAYOUT_COL:  blocks of 32 along L (RS == 32; reduce axis 1; the one-pass column launch and the
-  fused Hadamard column cast);
+- LAYOUT_COL:  blocks of 32 along L (RS == 32; reduce axis 1; the fused Hadamard column cast only);
 - LAYOUT_TILE: (32, 32) tiles (RS == 32; reduce axes 1 and 3).
 
-`_mx_columns_kernel` runs LAYOUT_COL (the default column launch) and LAYOUT_BOTH (both of the above
-from one read of the input) in two passes over 32 rows.
+`_mx_column_tile_kernel` runs LAYOUT_COL (the default column launch) in one pass over a 2-D tile of
+32 rows, and `_mx_columns_kernel` runs LAYOUT_BOTH (row and column blocks from one read of the input)
+and the two-pass column launch (`TileConfig.column_passes = 2`) in two passes over 32 rows.
 
 Outputs are element codes (uint8, padded shape), scale bytes, and/or fake-quantized values in
 the input dtype (unpadded shape), each contiguous in (A, L, B) order.
@@ -688,6 +688,7 @@ def _mx_kernel(
                        MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
                        WIDE_INDEX, PROBE, HADAMARD, RB * RS, True)
     if LAYOUT == 1:
+        tl.static_assert(HADAMARD, "LAYOUT_COL without the Hadamard transform runs in _mx_column_tile_kernel")
         amax = tl.max(magnitude, axis=1)
         s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
         inert = special | (amax == 0)
@@ -787,6 +788,76 @@ def _row_refetched(x_ptr, codes_ptr, values_ptr, row, col, pid_a, L, B, code_row
               r24, code_offsets, code_mask, codes_ptr, values_ptr,
               values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8, False)
+
+
+@triton.jit
+def _mx_column_tile_kernel(
+    x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
+    L, B, LP, BP, stride_a, stride_l, stride_b, seed_key,
+    IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr,
+    WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
+    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
+    MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
+    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    PROBE: tl.constexpr, CB: tl.constexpr,
+):
+    """LAYOUT_COL (and LAYOUT_BOTH) in one pass: a 2-D tile of 32 rows x CB * 32 columns is loaded once, reduced
+    along its rows (the column blocks' amax; for LAYOUT_BOTH also along each row's 32-column blocks) and quantized
+    from registers; tiles off the common path are quantized row by row from memory again (`_quantize_tile`). The
+    2-D tile matters: the same tile as a 3-D (32, CB, 32) block took 1.8x as long on the H200 (a prototype's
+    sweep, e4m3 column cast, 2 warps: 0.85 vs 0.47 of copy)."""
+    tl.static_assert(LAYOUT == 1 or LAYOUT == 2, "_mx_column_tile_kernel runs LAYOUT_COL and LAYOUT_BOTH")
+    pid_l = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_a = tl.program_id(2)
+    if WIDE_INDEX:
+        pid_l = pid_l.to(tl.int64)
+        pid_b = pid_b.to(tl.int64)
+        pid_a = pid_a.to(tl.int64)
+    row = pid_l * 32 + tl.arange(0, 32)[:, None]
+    col = pid_b * (CB * 32) + tl.arange(0, CB * 32)[None, :]
+    in_mask = (row < L) & (col < B)
+    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
+    values_offsets = (pid_a * L + row) * B + col
+    if ROUNDING == 3:
+        r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
+    else:
+        r24 = 0
+    amax = tl.max(bits & 0x7FFFFFFF, axis=0)
+    s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+    inert = special | (amax == 0)
+    path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+    scol = pid_b * (CB * 32) + tl.arange(0, CB * 32)
+    tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + scol,
+             (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=scol < B)
+    _quantize_tile(bits, s[None, :], special[None, :], inert[None, :], path, r24, (pid_a * LP + row) * B + col,
+                   (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, x_ptr, pid_l * 32,
+                   col, pid_a, L, B, LP, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES,
+                   WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
+                   WIDE_INDEX, PROBE, False, 32, False)
+    if LAYOUT == 2:
+        row_amax = tl.max(tl.reshape(bits & 0x7FFFFFFF, (32, CB, 32)), axis=2)
+        s_row, special_row = _scale_exponent(row_amax, MBITS, EMAX, MMAX, SCALE_MODE)
+        inert_row = special_row | (row_amax == 0)
+        path_row = _tile_path(s_row, special_row, inert_row, MBITS, EMIN, EMAX)
+        nbp = BP // 32
+        srow = pid_l * 32 + tl.arange(0, 32)[:, None]
+        sblk = pid_b * CB + tl.arange(0, CB)[None, :]
+        tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk,
+                 (s_row + 127 + special_row.to(tl.int32) * (128 - s_row)).to(tl.uint8), mask=(srow < L) & (sblk < nbp))
+        col4 = (pid_b * CB + tl.arange(0, CB)[None, None, :, None]) * 32 + tl.arange(0, 32)[None, None, None, :]
+        _quantize_tile(bits, _spread_blocks(s_row, CB), _spread_blocks(special_row, CB), _spread_blocks(inert_row, CB),
+                       path_row, r24, (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr,
+                       row_values_ptr, values_offsets, in_mask, x_ptr, pid_l * 32, col4, pid_a, L, B, L, BP, stride_a,
+                       stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX,
+                       MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, PROBE, False,
+                       32, True)
+
+
+@triton.jit
+def _spread_blocks(per_block, CB: tl.constexpr):
+    """(32, CB) per-block values as (32, CB * 32): each repeated over its block's 32 columns."""
+    return tl.reshape(tl.broadcast_to(per_block[:, :, None], (32, CB, 32)), (32, CB * 32))
 
 
 @triton.jit
@@ -932,10 +1003,10 @@ HARDWARE_FP8_MIN_CAPABILITY = (9, 0)
 class TileConfig:
     """Elements per program and warps: a tile is (rows, columns) of the (L, B) view.
 
-    `column_passes` (column-wise casts without the Hadamard transform; both-at-once casts refuse 1): 2 runs
-    `_mx_columns_kernel` (32 rows x col_blocks * 32 columns, a max pass then a quantize pass over the rows,
-    rows re-read from cache); 1 runs `_mx_kernel` on the same tile held in registers (one load of every
-    element, block reductions across threads). `rows_in_flight` (column_passes=2): rows the first pass loads
+    `column_passes` (column-wise and both-at-once casts without the Hadamard transform): 1 runs
+    `_mx_column_tile_kernel` (32 rows x col_blocks * 32 columns held in registers as one 2-D tile: one load of
+    every element, the column reduction across threads); 2 runs `_mx_columns_kernel` on the same tile (a max
+    pass then a quantize pass over the rows, rows re-read from cache). `rows_in_flight` (column_passes=2): rows the first pass loads
     before it reduces them (a power of two up to 32). Every choice gives the same bits; `mxlab bench sass`
     shows their static costs, `mxlab bench quant` their speed.
     """
@@ -958,18 +1029,27 @@ class TileConfig:
 
 
 ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_ROW
-COL_TILE = TileConfig(rows=32, col_blocks=16, num_warps=4)  # _mx_columns_kernel: 32 rows x 512 columns (H200 sweep: column cast 0.633 of copy vs 0.579 at 1024 columns; both cast equal)
+# _mx_kernel, LAYOUT_ROW with stochastic rounding (more arithmetic per element): H200, 16384x8192 BF16 e4m3 fake-quantize
+# 0.509 of copy, cast 0.366; 16x8x4 (ROW_TILE) 0.404 / 0.306, 8x4x4 0.483 / 0.329, 16x8x8 0.355 / 0.252
+STOCHASTIC_ROW_TILE = TileConfig(rows=8, col_blocks=8, num_warps=2)
+# _mx_column_tile_kernel: 32 x 128 tiles, 2 warps (H200 sweep of a prototype, e4m3 cast of 16384x8192 BF16: 0.854 of
+# copy; 0.852 at 256 columns, 0.691 at 64; 4 warps 0.495, 8 warps 0.268; the two-pass kernel 0.633)
+COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=2, column_passes=1)
+# _mx_columns_kernel: 32 rows x 512 columns (H200 sweep: 0.633 of copy vs 0.579 at 1024 columns)
+BOTH_TILE = TileConfig(rows=32, col_blocks=16, num_warps=4)
 SQUARE_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_TILE
 HADAMARD_COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_COL with HADAMARD
 HADAMARD_BLOCK = 32  # the transform's block: the MX block, so one tile holds whole Hadamard blocks
 HADAMARD_COMPILE_OPTIONS = dict(enable_fp_fusion=False)  # no multiply-add contraction: float32 rounds as in PyTorch
 
 
-def _default_tile(layout: int, hadamard: bool) -> TileConfig:
+def _default_tile(layout: int, hadamard: bool, stochastic: bool = False) -> TileConfig:
     if layout == LAYOUT_ROW:
-        return ROW_TILE
+        return STOCHASTIC_ROW_TILE if stochastic and not hadamard else ROW_TILE
     if layout == LAYOUT_TILE:
         return SQUARE_TILE
+    if layout == LAYOUT_BOTH:
+        return BOTH_TILE
     return HADAMARD_COL_TILE if hadamard else COL_TILE
 
 
@@ -1100,7 +1180,7 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     hadamard = hadamard_seed is not None
     if hadamard and layout not in (LAYOUT_ROW, LAYOUT_COL):
         raise ValueError(f"the fused Hadamard transform runs with 1-D blocks along one axis, not layout {layout}")
-    tile = tile or _default_tile(layout, hadamard)
+    tile = tile or _default_tile(layout, hadamard, rounding == "stochastic")
     col_blocks = _pow2_at_most(triton.cdiv(view.bp, BLOCK), tile.col_blocks)
     if layout == LAYOUT_ROW:
         rb, rs = _pow2_at_most(length, tile.rows), 1
@@ -1148,14 +1228,10 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
         HW_FP8=fast and hw_fp8 and not probe and hardware_fp8_applies(device, fmt, rounding),
         WIDE_INDEX=wide, PROBE=probe, CB=col_blocks, num_warps=tile.num_warps,
     )
-    if layout == LAYOUT_BOTH and tile.column_passes == 1:
-        raise ValueError(
-            "TileConfig.column_passes = 1 runs column-wise casts only; both-at-once casts take column_passes = 2 "
-            "(the one-pass both-at-once launch disagreed with the reference on the H200's hardware FP8 path, and "
-            "was 2.2x slower there)"
-        )
     if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard and tile.column_passes == 2:
         kernel = _mx_columns_kernel[grid](*arguments, ROWS_IN_FLIGHT=tile.rows_in_flight, **options)
+    elif layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard:
+        kernel = _mx_column_tile_kernel[grid](*arguments, **options)
     elif hadamard:
         hadamard_key = _mix32_host(hadamard_seed & 0xFFFFFFFF)
         kernel = _mx_kernel[grid](*arguments, hadamard_key, RB=rb, RS=rs, HADAMARD=True, **HADAMARD_COMPILE_OPTIONS,

@@ -162,18 +162,23 @@ def _compiled_reference(x: torch.Tensor, fmt_name: str) -> dict[str, tuple[Calla
 
 
 def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
-    """Time row cast, row fake-quantize and both cast over a few launch shapes (rows x column blocks, warps)."""
+    """Time row cast, row (stochastic) fake-quantize, column cast and both cast over a few launch shapes (rows x
+    column blocks, warps; column passes for the column and both casts)."""
     from mxlab.kernels.mx_quant import TileConfig
 
     n = x.numel()
     results = []
-    row_configs = [TileConfig(r, c, w) for r, c, w in [(16, 8, 4), (32, 8, 4), (16, 16, 4), (32, 8, 8), (64, 8, 8), (16, 8, 2)]]
+    row_configs = [TileConfig(r, c, w) for r, c, w in [(16, 8, 4), (32, 8, 4), (16, 16, 4), (32, 8, 8), (64, 8, 8), (16, 8, 2),
+                                                       (8, 8, 2), (4, 8, 2), (8, 4, 2), (8, 16, 2)]]
     col_configs = [TileConfig(32, c, w) for c, w in [(32, 4), (16, 4), (64, 8), (32, 8), (16, 2)]]
-    col_configs += [TileConfig(32, 32, 4, rows_in_flight=4), TileConfig(32, 4, 4, column_passes=1)]
+    col_configs += [TileConfig(32, 32, 4, rows_in_flight=4)]
+    col_configs += [TileConfig(32, c, w, column_passes=1) for c, w in [(4, 2), (8, 2), (2, 2), (4, 1), (4, 4), (8, 4)]]
     for config in row_configs:
         for op, fn, moved in [
             ("row cast", lambda c=config: kernels.quantize(x, fmt, tile=c), n * 3 + n // 32),
             ("row fake-quantize", lambda c=config: kernels.fake_quantize(x, fmt, tile=c), n * 4),
+            ("row stochastic fake-quantize",
+             lambda c=config: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1, tile=c), n * 4),
         ]:
             ms = _time_graph(fn)
             results.append(dict(op=op, tile=asdict(config), ms=ms, gb_per_s=moved / ms / 1e6))
@@ -182,8 +187,6 @@ def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
             ("column cast", lambda c=config: kernels.quantize(x, fmt, axis=0, tile=c), n * 3 + n // 32),
             ("both cast (one read)", lambda c=config: kernels.quantize_rowcol(x, fmt, tile=c), n * 4 + n // 16),
         ]:
-            if op.startswith("both") and config.column_passes == 1:  # the one-pass kernel casts columns only
-                continue
             ms = _time_graph(fn)
             results.append(dict(op=op, tile=asdict(config), ms=ms, gb_per_s=moved / ms / 1e6))
     return results

@@ -244,8 +244,8 @@ def _compile_launch(call: Callable[[], object]) -> list:
     from mxlab.kernels import mx_quant
 
     record: list = []
-    replaced = dict(_mx_kernel=_CompileOnly(mx_quant._mx_kernel, record),
-                    _mx_columns_kernel=_CompileOnly(mx_quant._mx_columns_kernel, record),
+    kernels = ("_mx_kernel", "_mx_column_tile_kernel", "_mx_columns_kernel")
+    replaced = dict({name: _CompileOnly(getattr(mx_quant, name), record) for name in kernels},
                     hardware_fp8_applies=lambda device, fmt, rounding: (
                         fmt.name in mx_quant.HARDWARE_FP8_FORMATS and rounding == "nearest_even"))
     saved = {name: getattr(mx_quant, name) for name in replaced}
@@ -261,7 +261,7 @@ def _compile_launch(call: Callable[[], object]) -> list:
 
 def _elements_per_thread(options: dict, kernel_name: str) -> int:
     threads = 32 * options["num_warps"]
-    if "columns" in kernel_name:
+    if "columns" in kernel_name or "column_tile" in kernel_name:
         return 32 * options["CB"] * 32 // threads
     return options.get("RB", 1) * options.get("RS", 1) * options["CB"] * 32 // threads
 
@@ -303,7 +303,7 @@ def count_operations(operations: dict[str, Callable[[], object]],
 
 def _default_trips(kernel_name: str, options: dict) -> tuple[int, ...]:
     """Trip counts of the loops on the fast path: _mx_columns_kernel's two passes over 32 rows."""
-    return (32 // options.get("ROWS_IN_FLIGHT", 4), 16) if "columns" in kernel_name else ()
+    return (32 // options.get("ROWS_IN_FLIGHT", 4), 16) if "_mx_columns_kernel" in kernel_name else ()
 
 
 def parse_tile(text: str):

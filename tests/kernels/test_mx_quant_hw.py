@@ -385,12 +385,17 @@ def test_gpu_hardware_path_bit_identical_on_adversarial_input(kernels, fmt, dtyp
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
-@pytest.mark.parametrize("layout, column_passes, rows_in_flight", [("column", 1, 8), ("column", 2, 4), ("both", 2, 4)])
-def test_gpu_hardware_path_column_tile_variants(kernels, fmt, layout, column_passes, rows_in_flight):
-    """The column launch shapes `mxlab bench quant` may time (TileConfig.column_passes, rows_in_flight)."""
+@pytest.mark.parametrize("layout, column_passes, col_blocks, num_warps, rows_in_flight", [
+    ("column", 1, 4, 2, 8), ("column", 1, 8, 2, 8), ("column", 1, 4, 4, 8), ("both", 1, 4, 2, 8), ("both", 1, 2, 2, 8),
+    ("both", 1, 8, 4, 8), ("column", 2, 32, 4, 4), ("both", 2, 32, 4, 4),
+])
+def test_gpu_hardware_path_column_tile_variants(kernels, fmt, layout, column_passes, col_blocks, num_warps,
+                                                rows_in_flight):
+    """The column launch shapes `mxlab bench quant` may time (TileConfig.column_passes, col_blocks, num_warps,
+    rows_in_flight)."""
     x = adversarial_input(1024, 1536, fmt, torch.bfloat16, seed=9).cuda()
-    tile = kernels.TileConfig(rows=32, col_blocks=4 if column_passes == 1 else 32, num_warps=4,
-                              column_passes=column_passes, rows_in_flight=rows_in_flight)
+    tile = kernels.TileConfig(rows=32, col_blocks=col_blocks, num_warps=num_warps, column_passes=column_passes,
+                              rows_in_flight=rows_in_flight)
     check_against_reference_and_integer_path(kernels, x, fmt, layout, tile=tile)
 
 
