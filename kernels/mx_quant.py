@@ -1032,11 +1032,11 @@ ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_
 # _mx_kernel, LAYOUT_ROW with stochastic rounding (more arithmetic per element): H200, 16384x8192 BF16 e4m3 fake-quantize
 # 0.509 of copy, cast 0.366; 16x8x4 (ROW_TILE) 0.404 / 0.306, 8x4x4 0.483 / 0.329, 16x8x8 0.355 / 0.252
 STOCHASTIC_ROW_TILE = TileConfig(rows=8, col_blocks=8, num_warps=2)
-# _mx_column_tile_kernel: 32 x 128 tiles, 2 warps (H200 sweep of a prototype, e4m3 cast of 16384x8192 BF16: 0.854 of
-# copy; 0.852 at 256 columns, 0.691 at 64; 4 warps 0.495, 8 warps 0.268; the two-pass kernel 0.633)
-COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=2, column_passes=1)
-# _mx_columns_kernel: 32 rows x 512 columns (H200 sweep: 0.633 of copy vs 0.579 at 1024 columns)
-BOTH_TILE = TileConfig(rows=32, col_blocks=16, num_warps=4)
+# _mx_column_tile_kernel, 32 x 128 tiles, 1 warp (H200 `bench quant --sweep-tiles` at 18afe49, e4m3 cast of 16384x8192
+# BF16, fraction of copy: column cast 0.810, both cast 0.701; 2 warps 0.601 / 0.591 (column fake-quantize 0.916);
+# 32 x 256 with 2 warps 0.631 / 0.668; the two-pass _mx_columns_kernel at 32 x 512, 4 warps: 0.632 / 0.590)
+COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=1, column_passes=1)
+BOTH_TILE = COL_TILE
 SQUARE_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_TILE
 HADAMARD_COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_COL with HADAMARD
 HADAMARD_BLOCK = 32  # the transform's block: the MX block, so one tile holds whole Hadamard blocks
