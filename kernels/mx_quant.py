@@ -1032,25 +1032,29 @@ ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_
 # _mx_kernel, LAYOUT_ROW with stochastic rounding (more arithmetic per element): H200, 16384x8192 BF16 e4m3 fake-quantize
 # 0.509 of copy, cast 0.366; 16x8x4 (ROW_TILE) 0.404 / 0.306, 8x4x4 0.483 / 0.329, 16x8x8 0.355 / 0.252
 STOCHASTIC_ROW_TILE = TileConfig(rows=8, col_blocks=8, num_warps=2)
-# _mx_column_tile_kernel, 32 x 128 tiles, 1 warp (H200 `bench quant --sweep-tiles` at 18afe49, e4m3 cast of 16384x8192
-# BF16, fraction of copy: column cast 0.810, both cast 0.701; 2 warps 0.601 / 0.591 (column fake-quantize 0.916);
-# 32 x 256 with 2 warps 0.631 / 0.668; the two-pass _mx_columns_kernel at 32 x 512, 4 warps: 0.632 / 0.590)
+# Column-wise and both-at-once casts on the hardware FP8 path: _mx_column_tile_kernel, 32 x 128 tiles, 1 warp (H200
+# `bench quant --sweep-tiles` at 18afe49, e4m3 cast of 16384x8192 BF16, fraction of copy: column cast 0.810, both cast
+# 0.701; 2 warps 0.601 / 0.591; 32 x 256 with 2 warps 0.631 / 0.668; _mx_columns_kernel at 32 x 512, 4 warps: 0.632 / 0.590)
 COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=1, column_passes=1)
-BOTH_TILE = COL_TILE
+# On the integer paths (other formats and roundings, GPUs before sm_90, the interpreter): _mx_columns_kernel, 32 x 512,
+# two passes, whose rows need fewer registers than a one-pass tile of that arithmetic (H200, e4m3 integer fast path:
+# with COL_TILE column cast 0.270, both cast 0.118 of copy at 7f18837; with this tile 0.530 / 0.419 at 05aa70e)
+INTEGER_COL_TILE = TileConfig(rows=32, col_blocks=16, num_warps=4)
 SQUARE_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_TILE
 HADAMARD_COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_COL with HADAMARD
 HADAMARD_BLOCK = 32  # the transform's block: the MX block, so one tile holds whole Hadamard blocks
 HADAMARD_COMPILE_OPTIONS = dict(enable_fp_fusion=False)  # no multiply-add contraction: float32 rounds as in PyTorch
 
 
-def _default_tile(layout: int, hadamard: bool, stochastic: bool = False) -> TileConfig:
+def _default_tile(layout: int, hadamard: bool, stochastic: bool = False, hardware_fp8: bool = False) -> TileConfig:
+    """The launch shape of a call (hardware_fp8: its fast path converts with the GPU's FP8 instructions)."""
     if layout == LAYOUT_ROW:
         return STOCHASTIC_ROW_TILE if stochastic and not hadamard else ROW_TILE
     if layout == LAYOUT_TILE:
         return SQUARE_TILE
-    if layout == LAYOUT_BOTH:
-        return BOTH_TILE
-    return HADAMARD_COL_TILE if hadamard else COL_TILE
+    if hadamard:
+        return HADAMARD_COL_TILE
+    return COL_TILE if hardware_fp8 else INTEGER_COL_TILE
 
 
 def _mix32_host(z: int) -> int:
@@ -1138,7 +1142,7 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int,
     if x.numel() == 0:
         return "an empty tensor"
     view = _make_view(x, block, axis, pad=True)
-    tile = _default_tile(view.layout, hadamard is not None)
+    tile = _default_tile(view.layout, hadamard is not None, hardware_fp8=True)  # the launch with the most programs
     if view.x3.shape[0] > _MAX_GRID_YZ or triton.cdiv(view.bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
         return f"shape {tuple(x.shape)} needs a grid beyond the launch limit"
     return None
@@ -1180,7 +1184,8 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     hadamard = hadamard_seed is not None
     if hadamard and layout not in (LAYOUT_ROW, LAYOUT_COL):
         raise ValueError(f"the fused Hadamard transform runs with 1-D blocks along one axis, not layout {layout}")
-    tile = tile or _default_tile(layout, hadamard, rounding == "stochastic")
+    hardware_path = fast and hw_fp8 and hardware_fp8_applies(device, fmt, rounding)
+    tile = tile or _default_tile(layout, hadamard, rounding == "stochastic", hardware_path)
     col_blocks = _pow2_at_most(triton.cdiv(view.bp, BLOCK), tile.col_blocks)
     if layout == LAYOUT_ROW:
         rb, rs = _pow2_at_most(length, tile.rows), 1
@@ -1225,7 +1230,7 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
         IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=KIND_FP32 if hadamard else DTYPE_KINDS[x3.dtype], LAYOUT=layout,
         WANT_CODES=want_codes, WANT_VALUES=want_values, **_format_constants(fmt),
         SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast,
-        HW_FP8=fast and hw_fp8 and not probe and hardware_fp8_applies(device, fmt, rounding),
+        HW_FP8=hardware_path and not probe,
         WIDE_INDEX=wide, PROBE=probe, CB=col_blocks, num_warps=tile.num_warps,
     )
     if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard and tile.column_passes == 2:

@@ -150,12 +150,14 @@ def test_exact_path_equals_fast_path_on_ordinary_blocks(kernels, device, fmt):
     [(fmt, *(("floor", "nearest_even"), ("even", "stochastic"))[i % 2]) for i, fmt in enumerate(FMTS)],
 )
 def test_columnwise(kernels, device, fmt, scale_mode, rounding):
+    """Both column kernels: the default launch of the call, and the one-pass kernel at its hardware-path shape."""
     x = awkward_rows(32, 64, torch.float32, seed=4).t().contiguous()  # specials now in columns
     x[:32] = torch.randn(32, 32, generator=torch.Generator().manual_seed(4)) * 100  # an ordinary 32-row block
     x = x.to(device)
     options = dict(axis=0, scale_mode=scale_mode, rounding=rounding, seed=99 if rounding == "stochastic" else None)
-    check_quantize(kernels, x, fmt, **options)
-    check_fake_quantize(kernels, x, fmt, **options)
+    for tile in (None, kernels.COL_TILE):
+        check_quantize(kernels, x, fmt, tile=tile, **options)
+        check_fake_quantize(kernels, x, fmt, tile=tile, **options)
 
 
 @pytest.mark.parametrize("fmt, rounding", [("e4m3", "nearest_even"), ("e4m3", "stochastic"), ("int8", "stochastic"), ("e2m1", "nearest_even")])
@@ -283,6 +285,9 @@ def test_padding_and_other_axes(kernels, device, shape, axis, pad):
     x = (torch.randn(shape, generator=torch.Generator().manual_seed(8)) * 3).to(device)
     check_quantize(kernels, x, "e4m3", axis=axis, pad=pad, rounding="stochastic", seed=5)
     check_fake_quantize(kernels, x, "e2m1", axis=axis, pad=pad)
+    if axis % x.dim() != x.dim() - 1:  # the one-pass column kernel, the hardware path's launch
+        check_quantize(kernels, x, "e4m3", axis=axis, pad=pad, tile=kernels.COL_TILE)
+        check_fake_quantize(kernels, x, "e2m1", axis=axis, pad=pad, tile=kernels.COL_TILE)
 
 
 def test_non_contiguous_rows(kernels, device):
@@ -290,6 +295,9 @@ def test_non_contiguous_rows(kernels, device):
     transposed = base.t()  # (96, 64), strides (1, 96)
     check_quantize(kernels, transposed, "e4m3", rounding="stochastic", seed=3)
     check_fake_quantize(kernels, base[::2, 32:], "e5m2")
+    for tile in (None, kernels.COL_TILE):  # column blocks of non-contiguous views, both column kernels
+        check_quantize(kernels, transposed, "e4m3", axis=0, tile=tile)
+        check_fake_quantize(kernels, base[::2, 32:], "e5m2", axis=0, tile=tile)
 
 
 def test_stochastic_rounding_depends_on_seed_only(kernels, device):

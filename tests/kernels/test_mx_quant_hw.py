@@ -153,8 +153,10 @@ from triton.compiler import ASTSource
 from mxlab.formats import FORMATS
 from mxlab.kernels import mx_quant as mq
 
-def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding):
-    kernel = mq._mx_columns_kernel if layout in (mq.LAYOUT_COL, mq.LAYOUT_BOTH) else mq._mx_kernel
+def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding, column_passes):
+    kernel = mq._mx_kernel
+    if layout in (mq.LAYOUT_COL, mq.LAYOUT_BOTH):
+        kernel = mq._mx_column_tile_kernel if column_passes == 1 else mq._mx_columns_kernel
     value_pointer = "*i32" if in_kind == mq.KIND_FP32 else "*i16"
     runtime = dict(x_ptr=value_pointer, row_codes_ptr="*u8", row_scales_ptr="*u8", row_values_ptr=value_pointer,
                    col_codes_ptr="*u8", col_scales_ptr="*u8", col_values_ptr=value_pointer, L="i32", B="i32",
@@ -164,8 +166,8 @@ def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding):
                      ROUNDING=rounding, FAST=True, HW_FP8=hw_fp8, WIDE_INDEX=False, PROBE=False, CB=4)
     if kernel is mq._mx_kernel:
         constants.update(RB=8 if layout == mq.LAYOUT_ROW else 1, RS=1 if layout == mq.LAYOUT_ROW else 32)
-    else:
-        constants.update(ROWS_IN_FLIGHT=mq.COL_TILE.rows_in_flight)
+    elif kernel is mq._mx_columns_kernel:
+        constants.update(ROWS_IN_FLIGHT=mq.INTEGER_COL_TILE.rows_in_flight)
     signature = {name: runtime.get(name, "constexpr") for name in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
@@ -182,20 +184,22 @@ def test_hardware_branch_compiles_to_the_fp8_conversion_for_sm90(kernel_module):
     row, col, both, tile = kernels.LAYOUT_ROW, kernels.LAYOUT_COL, kernels.LAYOUT_BOTH, kernels.LAYOUT_TILE
     bf16, fp16, fp32 = kernels.KIND_BF16, kernels.KIND_FP16, kernels.KIND_FP32
     nearest_even, stochastic = kernels.ROUND_NEAREST_EVEN, kernels.ROUND_STOCHASTIC
-    cases = [  # fmt, layout, HW_FP8, codes, values, input kind, rounding
-        ("e4m3", row, True, True, False, bf16, nearest_even),
-        ("e4m3", row, False, True, False, bf16, nearest_even),
-        ("e5m2", col, True, False, True, fp32, nearest_even),
-        ("e4m3", both, True, True, False, fp16, nearest_even),
-        ("e5m2", tile, True, True, True, bf16, nearest_even),
-        ("e4m3", row, True, False, True, bf16, stochastic),  # the switch does not touch stochastic rounding
+    cases = [  # fmt, layout, HW_FP8, codes, values, input kind, rounding, column passes
+        ("e4m3", row, True, True, False, bf16, nearest_even, 1),
+        ("e4m3", row, False, True, False, bf16, nearest_even, 1),
+        ("e5m2", col, True, False, True, fp32, nearest_even, 1),
+        ("e5m2", col, True, False, True, fp32, nearest_even, 2),
+        ("e4m3", both, True, True, False, fp16, nearest_even, 1),
+        ("e4m3", both, True, True, False, fp16, nearest_even, 2),
+        ("e5m2", tile, True, True, True, bf16, nearest_even, 1),
+        ("e4m3", row, True, False, True, bf16, stochastic, 1),  # the switch does not touch stochastic rounding
     ]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(cases)], capture_output=True,
                             text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     conversions = json.loads(result.stdout.strip().splitlines()[-1])
-    for (fmt, layout, hw_fp8, _, _, _, rounding), instructions in zip(cases, conversions):
+    for (fmt, layout, hw_fp8, _, _, _, rounding, _), instructions in zip(cases, conversions):
         expected = hw_fp8 and rounding == nearest_even
         assert (HARDWARE_INSTRUCTION[fmt] in instructions) == expected, (fmt, layout, hw_fp8, instructions)
         assert "cvt.rz.f16.f32" not in instructions  # no float32 -> fp16 -> FP8 double rounding
