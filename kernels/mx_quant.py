@@ -618,6 +618,19 @@ def _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_
 
 # ----------------------------------------------------------------------------- the kernel
 @triton.jit
+def _program_ids(WIDE_INDEX: tl.constexpr):
+    """(pid_l, pid_b, pid_a) of a cast launch's grid, int64 when WIDE_INDEX (offsets beyond int32)."""
+    pid_l = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_a = tl.program_id(2)
+    if WIDE_INDEX:
+        pid_l = pid_l.to(tl.int64)
+        pid_b = pid_b.to(tl.int64)
+        pid_a = pid_a.to(tl.int64)
+    return pid_l, pid_b, pid_a
+
+
+@triton.jit
 def _mx_kernel(
     x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
     L, B, LP, BP, stride_a, stride_l, stride_b, seed_key, hadamard_key,
@@ -635,13 +648,7 @@ def _mx_kernel(
     LAYOUT_COL, OUT_KIND float32): quantize the random Hadamard transform of the tile along the blocked
     axis (hadamard_key = mix32(Hadamard seed)); values then cover the padded shape too.
     """
-    pid_l = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    pid_a = tl.program_id(2)
-    if WIDE_INDEX:
-        pid_l = pid_l.to(tl.int64)
-        pid_b = pid_b.to(tl.int64)
-        pid_a = pid_a.to(tl.int64)
+    pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     rb = tl.arange(0, RB)[:, None, None, None]
     rs = tl.arange(0, RS)[None, :, None, None]
     cb = tl.arange(0, CB)[None, None, :, None]
@@ -807,13 +814,7 @@ def _mx_column_tile_kernel(
     2-D tile matters: the same tile as a 3-D (32, CB, 32) block took 1.8x as long on the H200 (a prototype's
     sweep, e4m3 column cast, 2 warps: 0.85 vs 0.47 of copy)."""
     tl.static_assert(LAYOUT == 1 or LAYOUT == 2, "_mx_column_tile_kernel runs LAYOUT_COL and LAYOUT_BOTH")
-    pid_l = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    pid_a = tl.program_id(2)
-    if WIDE_INDEX:
-        pid_l = pid_l.to(tl.int64)
-        pid_b = pid_b.to(tl.int64)
-        pid_a = pid_a.to(tl.int64)
+    pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     row = pid_l * 32 + tl.arange(0, 32)[:, None]
     col = pid_b * (CB * 32) + tl.arange(0, CB * 32)[None, :]
     in_mask = (row < L) & (col < B)
@@ -879,13 +880,7 @@ def _mx_columns_kernel(
     tile's largest magnitude and its smallest nonzero magnitude both allow it: every row block's
     amax lies between the two, and the set of amax values the fast path accepts is an interval.
     """
-    pid_l = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    pid_a = tl.program_id(2)
-    if WIDE_INDEX:
-        pid_l = pid_l.to(tl.int64)
-        pid_b = pid_b.to(tl.int64)
-        pid_a = pid_a.to(tl.int64)
+    pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     cb = tl.arange(0, CB)[:, None]
     col = (pid_b * CB + cb) * 32 + tl.arange(0, 32)[None, :]
     col_in = col < B
