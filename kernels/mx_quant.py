@@ -1072,8 +1072,13 @@ def _format_constants(fmt: ElementFormat) -> dict:  # cached: callers only unpac
     )
 
 
+def _cdiv(size: int, step: int) -> int:
+    """ceil(size / step) on the host (triton.cdiv is a JIT function: about 2 us per call there)."""
+    return -(-size // step)
+
+
 def _ceil_to_block(size: int) -> int:
-    return -(-size // BLOCK) * BLOCK
+    return _cdiv(size, BLOCK) * BLOCK
 
 
 def _pow2_at_most(value: int, cap: int) -> int:
@@ -1138,7 +1143,7 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int,
         return "an empty tensor"
     view = _make_view(x, block, axis, pad=True)
     tile = _default_tile(view.layout, hadamard is not None, hardware_fp8=True)  # the launch with the most programs
-    if view.x3.shape[0] > _MAX_GRID_YZ or triton.cdiv(view.bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
+    if view.x3.shape[0] > _MAX_GRID_YZ or _cdiv(view.bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
         return f"shape {tuple(x.shape)} needs a grid beyond the launch limit"
     return None
 
@@ -1181,7 +1186,7 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
         raise ValueError(f"the fused Hadamard transform runs with 1-D blocks along one axis, not layout {layout}")
     hardware_path = fast and hw_fp8 and hardware_fp8_applies(device, fmt, rounding)
     tile = tile or _default_tile(layout, hadamard, rounding == "stochastic", hardware_path)
-    col_blocks = _pow2_at_most(triton.cdiv(view.bp, BLOCK), tile.col_blocks)
+    col_blocks = _pow2_at_most(_cdiv(view.bp, BLOCK), tile.col_blocks)
     if layout == LAYOUT_ROW:
         rb, rs = _pow2_at_most(length, tile.rows), 1
     else:
@@ -1215,7 +1220,7 @@ def _launch(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, see
     if layout == LAYOUT_TILE:
         row_codes, row_scales = codes_and_scales((count, view.lp, view.bp), (count, view.lp // BLOCK, view.bp // BLOCK))
         row_values, row_bits = values()
-    grid = (triton.cdiv(view.lp, rb * rs), triton.cdiv(view.bp, col_blocks * BLOCK), count)
+    grid = (_cdiv(view.lp, rb * rs), _cdiv(view.bp, col_blocks * BLOCK), count)
     seed_key = _mix32_host(seed & 0xFFFFFFFF) if rounding == "stochastic" else 0
     arguments = (
         x3.view(_BITS_DTYPES[x3.dtype]), row_codes, row_scales, row_bits, col_codes, col_scales, col_bits,
