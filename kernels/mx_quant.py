@@ -13,9 +13,10 @@ flush-to-zero behaviour, with two exceptions that are proven safe below (the fas
 - LAYOUT_COL:  blocks of 32 along L (RS == 32; reduce axis 1; the fused Hadamard column cast only);
 - LAYOUT_TILE: (32, 32) tiles (RS == 32; reduce axes 1 and 3).
 
-`_mx_column_tile_kernel` runs LAYOUT_COL (the default column launch) in one pass over a 2-D tile of
-32 rows, and `_mx_columns_kernel` runs LAYOUT_BOTH (row and column blocks from one read of the input)
-and the two-pass column launch (`TileConfig.column_passes = 2`) in two passes over 32 rows.
+LAYOUT_COL without the transform and LAYOUT_BOTH (row and column blocks from one read of the input) run
+in `_mx_column_tile_kernel`, one pass over a 2-D tile of 32 rows (the default on the hardware FP8 path),
+or in `_mx_columns_kernel`, two passes over 32 rows (the default on the integer paths;
+`TileConfig.column_passes` chooses).
 
 Outputs are element codes (uint8, padded shape), scale bytes, and/or fake-quantized values in
 the input dtype (unpadded shape), each contiguous in (A, L, B) order.
@@ -41,8 +42,11 @@ flushes it. Any other tile takes the exact integer path.
 
 Paths per tile (`_tile_path`, one block-wide reduction): 2 when every block may take the fast path and none
 holds a NaN/Inf, 1 when every block may take the fast path, 0 otherwise. Path 2 is the common one; with the
-hardware FP8 conversion it needs no per-element select (`_hw_fp8_finite_elements`). `_mx_kernel` quantizes
-tiles off path 2 row by row, loading the rows again (`_quantize_tile`), and `_mx_columns_kernel` runs them in
+hardware FP8 conversion it needs no per-element select (`_hw_fp8_finite_elements`). Stochastic casts to
+floating-point formats raise path 2 to 3 where no element is element-subnormal (`_stochastic_path`): such a
+tile rounds by one addition to the float32 pattern (`_stochastic_normal_elements`). `_mx_kernel` and
+`_mx_column_tile_kernel` quantize tiles off the common path row by row, loading the rows again
+(`_quantize_tile`), and `_mx_columns_kernel` runs them in
 a second loop of one row per step: a kernel's register count is that of its largest branch, so the rarely
 taken paths no longer set it (the row cast on sm_90: 117 -> 48 registers, `mxlab bench sass`).
 
@@ -424,8 +428,8 @@ def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.conste
 def _stochastic_normal_elements(bits, s, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                                 EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr):
     """(codes, values as bits of the output dtype) of `_quantize_fast_stochastic` for floating-point formats,
-    where every element of the tile is zero or element-normal (|x| >= 2^(S + emin), `_stochastic_tile_is_normal`)
-    and no block is NaN/Inf (tile path 2).
+    where every element of the tile is zero or element-normal (|x| >= 2^(S + emin)) and no block is NaN/Inf (tile
+    path 3 of `_stochastic_path`).
 
     Such an element has shift = 23 - mbits = K, and the low K bits of its float32 pattern are those of its
     significand, so adding the bias 2^K - 1 - (r >> (24 - K)) to the pattern carries into bit K exactly where
@@ -811,8 +815,8 @@ def _mx_column_tile_kernel(
     """LAYOUT_COL (and LAYOUT_BOTH) in one pass: a 2-D tile of 32 rows x CB * 32 columns is loaded once, reduced
     along its rows (the column blocks' amax; for LAYOUT_BOTH also along each row's 32-column blocks) and quantized
     from registers; tiles off the common path are quantized row by row from memory again (`_quantize_tile`). The
-    2-D tile matters: the same tile as a 3-D (32, CB, 32) block took 1.8x as long on the H200 (a prototype's
-    sweep, e4m3 column cast, 2 warps: 0.85 vs 0.47 of copy)."""
+    tile is 2-D on purpose: in a prototype of this kernel on the H200 (e4m3 column cast, 2 warps), the same tile
+    loaded as a 3-D (32, CB, 32) block took 1.8x as long."""
     tl.static_assert(LAYOUT == 1 or LAYOUT == 2, "_mx_column_tile_kernel runs LAYOUT_COL and LAYOUT_BOTH")
     pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     row = pid_l * 32 + tl.arange(0, 32)[:, None]
