@@ -216,7 +216,7 @@ def run_quant_bench(
     if kernels is None:
         raise RuntimeError("mxlab bench quant needs Triton")
     element_format = get_format(fmt)
-    console = Console()
+    console = Console(width=160)  # one line per measurement, also when the output is a file
     measurements: list[Measurement] = []
     sweep: list[dict] = []
     generator = torch.Generator(device="cuda").manual_seed(0)
