@@ -169,7 +169,8 @@ def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
     n = x.numel()
     results = []
     row_configs = [TileConfig(r, c, w) for r, c, w in [(16, 8, 4), (32, 8, 4), (16, 16, 4), (32, 8, 8), (64, 8, 8), (16, 8, 2),
-                                                       (8, 8, 2), (4, 8, 2), (8, 4, 2), (8, 16, 2)]]
+                                                       (8, 8, 2), (4, 8, 2), (8, 4, 2), (8, 16, 2), (4, 8, 1), (2, 8, 1),
+                                                       (4, 4, 1)]]
     col_configs = [TileConfig(32, c, w) for c, w in [(32, 4), (16, 4), (64, 8), (32, 8), (16, 2)]]
     col_configs += [TileConfig(32, 32, 4, rows_in_flight=4)]
     col_configs += [TileConfig(32, c, w, column_passes=1) for c, w in [(4, 2), (8, 2), (2, 2), (4, 1), (4, 4), (8, 4)]]
