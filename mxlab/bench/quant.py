@@ -26,6 +26,14 @@ import torch
 
 DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((16384, 8192), (8192, 4096), (4096, 4096), (2048, 2048), (1024, 1024))
 FORMAT = "e4m3"
+# Bandwidth targets on an H200 at the headline size (fraction of copy), with the probe row that bounds each cast
+TARGETS: dict[str, tuple[float, str]] = {
+    "row cast": (0.85, "probe row cast"),
+    "row fake-quantize": (0.85, "probe row fake-quantize"),
+    "column cast": (0.75, "probe column cast"),
+    "both cast (one read)": (0.75, "probe both cast"),
+    "row stochastic fake-quantize": (0.75, "probe row stochastic fake-quantize (hash only)"),
+}
 
 
 @dataclass
@@ -268,6 +276,7 @@ def run_quant_bench(
             "input_dtype": "bfloat16",
             "hardware_fp8": hardware_fp8,
             "measurements": [asdict(m) for m in measurements],
+            "targets": target_summary(measurements, *sizes[0]),
             "tile_sweep": sweep,
         }
 
@@ -292,6 +301,14 @@ def run_quant_bench(
     for m in measurements:
         table.add_row(f"{m.rows}x{m.cols}", m.op, f"{m.ms:.4f}", f"{m.gb_per_s:.0f}", f"{m.ratio_to_copy:.3f}", m.note)
     console.print(table)
+    summary = Table(title=f"targets at {sizes[0][0]}x{sizes[0][1]} (fraction of copy)")
+    for column in ("operation", "target", "measured", "probe", "met"):
+        summary.add_column(column)
+    for entry in target_summary(measurements, *sizes[0]):
+        probe = "-" if entry["probe"] is None else f"{entry['probe']:.3f}"
+        summary.add_row(entry["op"], f"{entry['target']:.2f}", f"{entry['ratio']:.3f}", probe,
+                        "yes" if entry["met"] else "no")
+    console.print(summary)
     if sweep:
         sweep_table = Table(title="launch shapes (headline size)")
         for column in ("operation", "rows", "col blocks", "warps", "ms", "x copy"):
@@ -305,6 +322,14 @@ def run_quant_bench(
         _write_json_atomically(Path(json_path), results())
         console.print(f"wrote {json_path}")
     return results()
+
+
+def target_summary(measurements: list[Measurement], rows: int, cols: int) -> list[dict]:
+    """One entry per TARGETS operation measured at rows x cols: op, target, ratio to copy, the probe's ratio
+    (None when the probe was not timed) and whether the target is met."""
+    ratios = {m.op: m.ratio_to_copy for m in measurements if (m.rows, m.cols) == (rows, cols)}
+    return [dict(op=op, target=target, ratio=ratios[op], probe=ratios.get(probe), met=ratios[op] >= target)
+            for op, (target, probe) in TARGETS.items() if op in ratios]
 
 
 def _write_json_atomically(path: Path, payload: dict) -> None:
