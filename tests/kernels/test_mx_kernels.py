@@ -160,8 +160,11 @@ def test_columnwise(kernels, device, fmt, scale_mode, rounding):
         check_fake_quantize(kernels, x, fmt, tile=tile, **options)
 
 
+@pytest.mark.parametrize("column_passes", [2, 1])
 @pytest.mark.parametrize("fmt, rounding", [("e4m3", "nearest_even"), ("e4m3", "stochastic"), ("int8", "stochastic"), ("e2m1", "nearest_even")])
-def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rounding):
+def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rounding, column_passes):
+    """Both-at-once casts from the two-pass kernel and from the one-pass kernel (at its hardware-path shape)."""
+    tile = kernels.COL_TILE if column_passes == 1 else kernels.INTEGER_COL_TILE
     x = awkward_rows(64, 64, torch.bfloat16, seed=5)[:32]  # one 32-row block with every kind of awkward value
     if fmt != "e2m1":  # padded along both dims, one ordinary 32-row block (fast path) and one awkward
         x = awkward_rows(64, 64, torch.bfloat16, seed=5)[:50, :45]
@@ -169,14 +172,14 @@ def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rou
     x = x.to(device)
     options = dict(scale_mode="rceil", rounding=rounding, seed=7 if rounding == "stochastic" else None,
                    pad=fmt != "e2m1")
-    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], **options)
+    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], tile=tile, **options)
     expected_row = reference_quantize(x.cpu(), fmt, axis=-1, **options)
     expected_col = reference_quantize(x.cpu(), fmt, axis=0, **options)
     assert_same_bits(row_codes.cpu(), expected_row[0], "row codes")
     assert_same_bits(row_scales.cpu(), expected_row[1], "row scales")
     assert_same_bits(col_codes.cpu(), expected_col[0], "column codes")
     assert_same_bits(col_scales.cpu(), expected_col[1], "column scales")
-    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS[fmt], **options)
+    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS[fmt], tile=tile, **options)
     assert_same_bits(along_last.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=-1, **options), "along last")
     assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=0, **options), "along first")
 
