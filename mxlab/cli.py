@@ -90,6 +90,31 @@ def bench_linear_command(
         raise typer.Exit(2)
 
 
+@bench_app.command("host")
+def bench_host_command(
+    recipes: "List[str]" = typer.Option([], "--recipe", help="Recipe to apply (repeatable; default mxfp8-rceil, mxfp8-hadamard, fp8-tensor)."),
+    width: int = typer.Option(64, "--width", min=1, help="in_features = out_features of the layer."),
+    tokens: int = typer.Option(64, "--tokens", min=1, help="Rows of the input."),
+    steps: int = typer.Option(200, "--steps", min=1, help="Forward + backward steps per timed loop."),
+    loops: int = typer.Option(5, "--loops", min=1, help="Timed loops (the best is reported)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+) -> None:
+    """Host (Python) time of one emulated linear layer, forward + backward, as a ratio to nn.Linear: on the CPU, with the MX cast launches stubbed out (no GPU needed)."""
+    from dataclasses import asdict
+
+    from mxlab.bench.host import DEFAULT_RECIPES, run_host_bench
+    from mxlab.experiment.io import write_json
+
+    try:
+        results = run_host_bench(recipes or DEFAULT_RECIPES, width=width, tokens=tokens, steps=steps, loops=loops,
+                                 echo=typer.echo)
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+    if json_path is not None:
+        write_json(json_path, [asdict(result) for result in results])
+
+
 @app.command("formats")
 def formats_command() -> None:
     """Print the table of MX element formats and the E8M0 scale."""

@@ -28,8 +28,6 @@ gives the static sm_90 counts of the same kernels without a GPU.
 """
 from __future__ import annotations
 
-import json
-import os
 import platform
 import tempfile
 import time
@@ -39,6 +37,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
+
+from mxlab.experiment.io import write_json
 
 N_SEQUENCES = 512
 HEADS = 4
@@ -404,7 +404,7 @@ def run_attention_bench(
         torch.cuda.empty_cache()
         _summarize(result, shapes)
         if json_path is not None:  # after every shape, so an interrupted run keeps what it measured
-            _write_json_atomically(Path(json_path), asdict(result))
+            write_json(Path(json_path), asdict(result))
 
     print_fn("speed-ups (time of the baseline / time of the kernel, same run):")
     for name, ratio in result.ratios.items():
@@ -678,14 +678,6 @@ def print_attention_sass_counts(counts: list[KernelSassCount], print_fn: Callabl
             f"{row['static']}/{row['path']} ({row['mma']} {row['mufu']} {row['fp8/bf16 convert']} {row['shuffle']} {row['shared']} "
             f"{row['barrier']} {row['local (spill)']})" for row in count.loops)
         print_fn(f"{count.variant:<18} {count.kernel:<28} {count.registers:>4} {count.spill_bytes:>7} {count.instructions:>6}  {loops or '-'}")
-
-
-def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(handle, "w") as stream:
-        json.dump(payload, stream, indent=2)
-    os.replace(temporary, path)
 
 
 __all__ = ["run_attention_bench", "sample_lengths", "useful_flops", "AttentionBenchResult", "Measurement", "Shape",

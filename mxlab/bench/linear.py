@@ -21,16 +21,15 @@ than BF16 on the H200 (its fixed cost per call dominates small GEMMs; see shared
 """
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import nn
+
+from mxlab.experiment.io import write_json
 
 DEFAULT_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
     (m, k, k) for m in (16384, 65536) for k in (512, 1024, 4096)
@@ -188,7 +187,7 @@ def run_linear_bench(
         torch.cuda.empty_cache()
     echo(format_table(results, torch.cuda.get_device_name(device)))
     if json_path is not None:
-        _write_json_atomically(Path(json_path), {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
+        write_json(Path(json_path), {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
                                                  "repeat": repeat, "measurements": [asdict(r) for r in results]})
     return results
 
@@ -205,14 +204,6 @@ def format_table(results: Sequence[LinearMeasurement], device_name: str = "") ->
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(2, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
-
-
-def _write_json_atomically(path: Path, payload: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(handle, "w") as stream:
-        json.dump(payload, stream, indent=2)
-    os.replace(temporary, path)
 
 
 __all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_shape", "run_linear_bench", "time_ms"]

@@ -15,14 +15,13 @@ Hadamard transform in PyTorch followed by the fake-quantize kernel (float32 valu
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from mxlab.experiment.io import write_json
 
 DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((16384, 8192), (8192, 4096), (4096, 4096), (2048, 2048), (1024, 1024))
 FORMAT = "e4m3"
@@ -281,7 +280,7 @@ def run_quant_bench(
         }
 
     if json_path is not None:  # written now and again after the compiled reference, which can take minutes
-        _write_json_atomically(Path(json_path), results())
+        write_json(Path(json_path), results())
     if compile_reference:
         rows, cols = sizes[0]
         x = make_input(rows, cols)
@@ -319,7 +318,7 @@ def run_quant_bench(
                                 f"{entry['ms']:.4f}", f"{entry['ratio_to_copy']:.3f}")
         console.print(sweep_table)
     if json_path is not None:
-        _write_json_atomically(Path(json_path), results())
+        write_json(Path(json_path), results())
         console.print(f"wrote {json_path}")
     return results()
 
@@ -332,9 +331,3 @@ def target_summary(measurements: list[Measurement], rows: int, cols: int) -> lis
             for op, (target, probe) in TARGETS.items() if op in ratios]
 
 
-def _write_json_atomically(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(handle, "w") as stream:
-        json.dump(payload, stream, indent=2, default=float)
-    os.replace(temporary, path)

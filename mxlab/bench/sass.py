@@ -23,6 +23,8 @@ from typing import Callable
 
 import torch
 
+from mxlab.experiment.io import write_json
+
 DEFAULT_SHAPE = (512, 8192)  # same specialization as the bench's 16384 x 8192 (sizes divisible by 16, stride 1)
 ARCH = 90
 
@@ -323,7 +325,6 @@ def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, 
     """Compile and count the bench's casts (`tile`: a TileConfig for every cast, None for the defaults);
     prints a table, writes the counts as JSON to `json_path` if given, and returns them. Raises RuntimeError
     when Triton's ptxas/cuobjdump are missing."""
-    import json
     from dataclasses import asdict
 
     from rich.console import Console
@@ -343,7 +344,5 @@ def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, 
                       str(count.spill_bytes), loops or count.note or "-")
     Console(width=160).print(table)
     if json_path is not None:
-        temporary = Path(str(json_path) + ".tmp")
-        temporary.write_text(json.dumps([asdict(count) for count in counts], indent=1))
-        temporary.replace(json_path)
+        write_json(Path(json_path), [asdict(count) for count in counts])
     return counts

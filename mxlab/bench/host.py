@@ -1,0 +1,116 @@
+"""`mxlab bench host`: the host (Python) time of one emulated linear layer's forward + backward, as a ratio
+to `nn.Linear` timed in the same run, on the CPU with the MX cast kernels' launches replaced by no-ops.
+
+A step of a small layer on a GPU costs at least its host time: dispatch, views and launch arguments of
+every cast, autograd, the GEMMs' host side. This bench isolates the part mxlab's Python adds. CPU
+tensors take the Triton path (TRITON_INTERPRET=1 while it runs) and every launch returns at once, so
+nothing is computed and the outputs are not looked at: only the time counts. Not in it: Triton's own
+launch cost, CUDA's, and `qmatmul`'s exactness check of float32 operands (which runs, and synchronizes,
+on CUDA only). The GEMMs run on the CPU at a small width (default 64), so they cost little.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+DEFAULT_RECIPES = ("mxfp8-rceil", "mxfp8-hadamard", "fp8-tensor")
+_CAST_KERNELS = ("_mx_kernel", "_mx_column_tile_kernel", "_mx_columns_kernel")
+
+
+@dataclass
+class HostMeasurement:
+    """Best-of-loops host time of one forward + backward (microseconds) and its ratio to nn.Linear."""
+
+    arm: str
+    microseconds: float
+    ratio: float
+
+
+class _NoLaunch:
+    """Stands in for a @triton.jit kernel: `[grid](*args, **options)` returns at once."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
+
+
+@contextlib.contextmanager
+def stubbed_cast_launches() -> Iterator[None]:
+    """The MX cast kernels' launches as no-ops, CPU tensors on the Triton path; restores both on exit."""
+    from mxlab.quant import _import_kernels
+
+    kernels = _import_kernels()
+    if kernels is None:
+        raise RuntimeError("mxlab bench host needs Triton installed (it times the path to the Triton kernels)")
+    saved_env = {name: os.environ.get(name) for name in ("TRITON_INTERPRET", "MXLAB_BACKEND")}
+    saved_kernels = {name: getattr(kernels, name) for name in _CAST_KERNELS}
+    try:
+        os.environ.update(TRITON_INTERPRET="1", MXLAB_BACKEND="triton")
+        for name in _CAST_KERNELS:
+            setattr(kernels, name, _NoLaunch())
+        yield
+    finally:
+        for name, value in saved_kernels.items():
+            setattr(kernels, name, value)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _best_step_time(step: Callable[[], None], steps: int, loops: int) -> float:
+    """Microseconds per call of `step`, the best of `loops` loops of `steps` calls (after one warm-up call)."""
+    step()
+    best = float("inf")
+    for _ in range(loops):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        best = min(best, (time.perf_counter() - start) / steps * 1e6)
+    return best
+
+
+def run_host_bench(recipes: Sequence[str] = DEFAULT_RECIPES, *, width: int = 64, tokens: int = 64, steps: int = 200,
+                   loops: int = 5, echo: Callable[[str], None] = print) -> list[HostMeasurement]:
+    """Host time of `nn.Linear(width, width)` (BF16, the baseline) and of the same layer under each recipe
+    (`apply_recipe`), forward + backward on (tokens, width) BF16 inputs; returns the measurements, baseline
+    first, and prints them. Refuses (ValueError) sizes, steps or loops below 1 and what `load_recipe` refuses."""
+    from mxlab.recipe import apply_recipe, load_recipe
+
+    for name, value in (("width", width), ("tokens", tokens), ("steps", steps), ("loops", loops)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    loaded = [(name, load_recipe(name)) for name in recipes]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, width, generator=generator, dtype=torch.float32).to(torch.bfloat16).requires_grad_(True)
+
+    def layer_step(layer: nn.Module) -> Callable[[], None]:
+        def step() -> None:
+            layer(x).sum().backward()
+        return step
+
+    def linear() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(width, width)).to(torch.bfloat16)
+
+    baseline = _best_step_time(layer_step(linear()), steps, loops)
+    results = [HostMeasurement("nn.Linear (bf16)", baseline, 1.0)]
+    with stubbed_cast_launches():
+        for name, recipe in loaded:
+            model = linear()
+            apply_recipe(model, recipe)
+            microseconds = _best_step_time(layer_step(model), steps, loops)
+            results.append(HostMeasurement(f"QLinear {name}", microseconds, microseconds / baseline))
+    echo(f"host time of one forward + backward, {tokens}x{width} BF16 input, cast launches stubbed "
+         f"(best of {loops} x {steps} steps)")
+    for measurement in results:
+        echo(f"  {measurement.arm:32s} {measurement.microseconds:8.0f} us  {measurement.ratio:5.2f}x")
+    return results
+
+
