@@ -1101,21 +1101,25 @@ class _View:
     scale_shape: tuple[int, ...]
 
 
-def _make_view(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, layout: int | None = None) -> _View:
-    shape = tuple(x.shape)
-    axis %= x.dim()
+@functools.lru_cache(maxsize=4096)
+def _view_geometry(shape: tuple[int, ...], block: int | tuple[int, int], axis: int, pad: bool,
+                   layout: int | None) -> tuple[tuple[int, int, int], int, int, int, tuple[int, ...], tuple[int, ...]]:
+    """(the (A, L, B) shape, layout, lp, bp, padded shape, scale shape) of `_make_view` for a tensor of `shape`
+    (cached: a function of the shape and the options alone). Refuses (ValueError) a blocked dim that is not a
+    multiple of 32 without pad."""
+    rank = len(shape)
+    axis %= rank
     if block == (BLOCK, BLOCK):
-        lead = math.prod(shape[:-2])
-        dims = (x.dim() - 2, x.dim() - 1)
-        x3 = x.reshape(lead, shape[-2], shape[-1])
+        dims = (rank - 2, rank - 1)
+        shape3 = (math.prod(shape[:-2]), shape[-2], shape[-1])
         layout = LAYOUT_TILE
-    elif axis == x.dim() - 1 and layout != LAYOUT_BOTH:
+    elif axis == rank - 1 and layout != LAYOUT_BOTH:
         dims = (axis,)
-        x3 = x.reshape(1, math.prod(shape[:-1]), shape[-1])
+        shape3 = (1, math.prod(shape[:-1]), shape[-1])
         layout = LAYOUT_ROW
     else:
         dims = (axis,) if layout != LAYOUT_BOTH else (0, 1)
-        x3 = x.reshape(math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+        shape3 = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
         layout = LAYOUT_COL if layout is None else layout
     for dim in dims:
         if shape[dim] % BLOCK and not pad:
@@ -1124,10 +1128,15 @@ def _make_view(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bo
             )
     padded_shape = tuple(_ceil_to_block(size) if dim in dims else size for dim, size in enumerate(shape))
     scale_shape = tuple(size // BLOCK if dim in dims else size for dim, size in enumerate(padded_shape))
-    _, length, width = x3.shape
+    _, length, width = shape3
     lp = _ceil_to_block(length) if layout != LAYOUT_ROW else length
     bp = _ceil_to_block(width) if layout in (LAYOUT_ROW, LAYOUT_TILE, LAYOUT_BOTH) else width
-    return _View(x3, layout, lp, bp, padded_shape, scale_shape)
+    return shape3, layout, lp, bp, padded_shape, scale_shape
+
+
+def _make_view(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, layout: int | None = None) -> _View:
+    shape3, layout, lp, bp, padded_shape, scale_shape = _view_geometry(tuple(x.shape), block, axis, pad, layout)
+    return _View(x.reshape(shape3), layout, lp, bp, padded_shape, scale_shape)
 
 
 def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int, hadamard: int | None = None) -> str | None:
@@ -1145,9 +1154,9 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int,
         return f"device {x.device} (the kernels run on CUDA, or anywhere under TRITON_INTERPRET=1)"
     if x.numel() == 0:
         return "an empty tensor"
-    view = _make_view(x, block, axis, pad=True)
-    tile = _default_tile(view.layout, hadamard is not None, hardware_fp8=True)  # the launch with the most programs
-    if view.x3.shape[0] > _MAX_GRID_YZ or _cdiv(view.bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
+    (count, _, _), layout, _, bp, _, _ = _view_geometry(tuple(x.shape), block, axis, True, None)
+    tile = _default_tile(layout, hadamard is not None, hardware_fp8=True)  # the launch with the most programs
+    if count > _MAX_GRID_YZ or _cdiv(bp, tile.col_blocks * BLOCK) > _MAX_GRID_YZ:
         return f"shape {tuple(x.shape)} needs a grid beyond the launch limit"
     return None
 
