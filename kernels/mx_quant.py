@@ -1033,7 +1033,7 @@ ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_
 STOCHASTIC_ROW_TILE = TileConfig(rows=8, col_blocks=8, num_warps=2)
 # Column-wise and both-at-once casts on the hardware FP8 path: _mx_column_tile_kernel, 32 x 128 tiles, 1 warp (H200
 # `bench quant --sweep-tiles` at 18afe49, e4m3 cast of 16384x8192 BF16, fraction of copy: column cast 0.810, both cast
-# 0.701; 2 warps 0.601 / 0.591; 32 x 256 with 2 warps 0.631 / 0.668; _mx_columns_kernel at 32 x 512, 4 warps: 0.632 / 0.590)
+# 0.701; 2 warps 0.601 / 0.550; 32 x 256 with 2 warps 0.631 / 0.668; _mx_columns_kernel at 32 x 512, 4 warps: 0.632 / 0.590)
 COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=1, column_passes=1)
 # On the integer paths (other formats and roundings, GPUs before sm_90, the interpreter): _mx_columns_kernel, 32 x 512,
 # two passes, whose rows need fewer registers than a one-pass tile of that arithmetic (H200, e4m3 integer fast path:

@@ -19,8 +19,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from mxlab.bench.cast_kernels import cast_kernels_replaced
+
 DEFAULT_RECIPES = ("mxfp8-rceil", "mxfp8-hadamard", "fp8-tensor")
-_CAST_KERNELS = ("_mx_kernel", "_mx_column_tile_kernel", "_mx_columns_kernel")
 
 
 @dataclass
@@ -42,21 +43,12 @@ class _NoLaunch:
 @contextlib.contextmanager
 def stubbed_cast_launches() -> Iterator[None]:
     """The MX cast kernels' launches as no-ops, CPU tensors on the Triton path; restores both on exit."""
-    from mxlab.quant import _import_kernels
-
-    kernels = _import_kernels()
-    if kernels is None:
-        raise RuntimeError("mxlab bench host needs Triton installed (it times the path to the Triton kernels)")
     saved_env = {name: os.environ.get(name) for name in ("TRITON_INTERPRET", "MXLAB_BACKEND")}
-    saved_kernels = {name: getattr(kernels, name) for name in _CAST_KERNELS}
     try:
-        os.environ.update(TRITON_INTERPRET="1", MXLAB_BACKEND="triton")
-        for name in _CAST_KERNELS:
-            setattr(kernels, name, _NoLaunch())
-        yield
+        with cast_kernels_replaced(lambda kernel: _NoLaunch()):
+            os.environ.update(TRITON_INTERPRET="1", MXLAB_BACKEND="triton")
+            yield
     finally:
-        for name, value in saved_kernels.items():
-            setattr(kernels, name, value)
         for name, value in saved_env.items():
             if value is None:
                 os.environ.pop(name, None)

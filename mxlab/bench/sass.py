@@ -243,21 +243,14 @@ class _CompileOnly:
 def _compile_launch(call: Callable[[], object]) -> list:
     """Run `call` (which launches kernels of mx_quant) with every launch compiled for sm_90 instead; returns
     [(grid, options, CompiledKernel)]."""
-    from mxlab.kernels import mx_quant
+    from mxlab.bench.cast_kernels import cast_kernels_replaced
+    from mxlab.kernels.mx_quant import HARDWARE_FP8_FORMATS
 
     record: list = []
-    kernels = ("_mx_kernel", "_mx_column_tile_kernel", "_mx_columns_kernel")
-    replaced = dict({name: _CompileOnly(getattr(mx_quant, name), record) for name in kernels},
-                    hardware_fp8_applies=lambda device, fmt, rounding: (
-                        fmt.name in mx_quant.HARDWARE_FP8_FORMATS and rounding == "nearest_even"))
-    saved = {name: getattr(mx_quant, name) for name in replaced}
-    try:
-        for name, value in replaced.items():
-            setattr(mx_quant, name, value)
+    with cast_kernels_replaced(lambda kernel: _CompileOnly(kernel, record),
+                               hardware_fp8_applies=lambda device, fmt, rounding: (
+                                   fmt.name in HARDWARE_FP8_FORMATS and rounding == "nearest_even")):
         call()
-    finally:
-        for name, value in saved.items():
-            setattr(mx_quant, name, value)
     return record
 
 
