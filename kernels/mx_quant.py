@@ -1028,9 +1028,10 @@ class TileConfig:
 
 
 ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_ROW
-# _mx_kernel, LAYOUT_ROW with stochastic rounding (more arithmetic per element): H200, 16384x8192 BF16 e4m3 fake-quantize
-# 0.509 of copy, cast 0.366; 16x8x4 (ROW_TILE) 0.404 / 0.306, 8x4x4 0.483 / 0.329, 16x8x8 0.355 / 0.252
-STOCHASTIC_ROW_TILE = TileConfig(rows=8, col_blocks=8, num_warps=2)
+# _mx_kernel, LAYOUT_ROW with stochastic rounding (more arithmetic per element; one warp, so the tile-wide path-3
+# decision needs no CTA barrier): H200 `bench quant --sweep-tiles` at 7d3595b, 16384x8192 BF16 e4m3 fake-quantize,
+# fraction of copy: 4x8x1 0.582, 4x4x1 0.583, 2x8x1 0.564, 8x8x2 0.511, 8x4x2 0.527, 16x8x4 (ROW_TILE) 0.404
+STOCHASTIC_ROW_TILE = TileConfig(rows=4, col_blocks=8, num_warps=1)
 # Column-wise and both-at-once casts on the hardware FP8 path: _mx_column_tile_kernel, 32 x 128 tiles, 1 warp (H200
 # `bench quant --sweep-tiles` at 18afe49, e4m3 cast of 16384x8192 BF16, fraction of copy: column cast 0.810, both cast
 # 0.701; 2 warps 0.601 / 0.550; 32 x 256 with 2 warps 0.631 / 0.668; _mx_columns_kernel at 32 x 512, 4 warps: 0.632 / 0.590)
