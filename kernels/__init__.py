@@ -1,6 +1,6 @@
-"""Triton kernels with the same contract as mxlab.reference, bit for bit (imported as mxlab.kernels).
+"""Triton kernels with the same contract as mxlab.numerics.reference, bit for bit (imported as mxlab.kernels).
 
-Importing this package imports Triton; mxlab.quant imports it only when the Triton backend runs.
+Importing this package imports Triton; mxlab.numerics.quant imports it only when the Triton backend runs.
 Under TRITON_INTERPRET=1 (set before the import) the kernels also run on CPU tensors.
 """
 from mxlab.kernels.mx_quant import (

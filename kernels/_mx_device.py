@@ -1,11 +1,11 @@
 """In-kernel MX fake quantization (quantize then dequantize) of register tiles, for fused kernels.
 
 These Triton device functions follow docs/numerics.md step by step with integer operations on
-float32 bit patterns, so a tile quantized here equals `mxlab.reference.fake_quantize_blocks` bit
+float32 bit patterns, so a tile quantized here equals `mxlab.numerics.reference.fake_quantize_blocks` bit
 for bit, for every rounding. Stochastic rounding takes the tile's 24 random bits per element as an
 argument (`r24`): the caller draws them from a counter of its own choice with `token_random_bits`
 (an element's linear index in a packed (tokens, heads, head_dim) tensor) or `score_random_bits`
-(a score's query row, head and key index), which are `mxlab.reference.random_bits24` of those
+(a score's query row, head and key index), which are `mxlab.numerics.reference.random_bits24` of those
 counters (docs/numerics.md, "Jagged attention").
 
 Hardware FP8 conversion (the HW_FP8 bit of the operand code, set by the host where
@@ -25,10 +25,10 @@ import functools
 import triton
 import triton.language as tl
 
-from mxlab.formats import ElementFormat, get_format
+from mxlab.numerics.formats import ElementFormat, get_format
 from mxlab.kernels.mx_quant import HARDWARE_FP8_FORMATS, _fast_path_ok, _floor_log2, _mix32, _quantize_hw_fp8, _random_bits24
 from mxlab.kernels.mx_quant import _scale_exponent as _scale_exponent_and_special
-from mxlab.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
+from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
 DEVICE_SCALE_MODES = SCALE_MODES
 DEVICE_ROUNDINGS = ROUNDING_MODES  # nearest_even, nearest_away, toward_zero, stochastic: the ROUNDING field's values

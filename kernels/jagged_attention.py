@@ -80,7 +80,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxlab.formats import FORMATS
+from mxlab.numerics.formats import FORMATS
 from mxlab.kernels._mx_device import ROUND_STOCHASTIC, fake_quant_tile, operand_code, score_random_bits, token_random_bits
 from mxlab.kernels.mx_quant import _mix32_host, hardware_fp8_applies
 from mxlab.nn.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values

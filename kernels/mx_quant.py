@@ -1,4 +1,4 @@
-"""Triton kernels for MX quantization and fake quantization, bit-identical to mxlab.reference.
+"""Triton kernels for MX quantization and fake quantization, bit-identical to mxlab.numerics.reference.
 
 Every step is the integer algorithm of docs/numerics.md on float32 bit patterns: the block amax
 is an integer max of `bits & 0x7FFFFFFF`, the scale exponent comes from the exponent and
@@ -22,7 +22,7 @@ Outputs are element codes (uint8, padded shape), scale bytes, and/or fake-quanti
 the input dtype (unpadded shape), each contiguous in (A, L, B) order.
 
 Random Hadamard transform (constexpr HADAMARD, LAYOUT_ROW and LAYOUT_COL of `_mx_kernel`): the loaded
-tile first becomes mxlab.hadamard.random_hadamard of the zero-padded input with block 32 along the
+tile first becomes mxlab.numerics.hadamard.random_hadamard of the zero-padded input with block 32 along the
 blocked axis (the Hadamard blocks are the MX blocks): the sign of element k of each block is flipped where
 bit 0 of the counter bits of (k, hadamard seed) is 1 (an XOR of the float32 sign bit, which is the
 reference's exact multiply by -1), the butterfly runs in float32 in the reference's order (`_walsh_hadamard_rows`),
@@ -93,7 +93,7 @@ SCALE_FLOOR, SCALE_CEIL, SCALE_RCEIL, SCALE_EVEN = 0, 1, 2, 3
 ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_TOWARD_ZERO, ROUND_STOCHASTIC = 0, 1, 2, 3
 
 F32_NAN_BITS = tl.constexpr(0x7FC00000)
-HADAMARD_NORM_BITS = tl.constexpr(0x3E3504F3)  # float32(1 / sqrt(32)), the factor mxlab.hadamard multiplies by
+HADAMARD_NORM_BITS = tl.constexpr(0x3E3504F3)  # float32(1 / sqrt(32)), the factor mxlab.numerics.hadamard multiplies by
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -216,7 +216,7 @@ def _f32_bits_to_output(bits, OUT_KIND: tl.constexpr):
 # ----------------------------------------------------------------------------- random Hadamard transform
 @triton.jit
 def _walsh_hadamard_rows(v):
-    """Unnormalized Walsh-Hadamard transform of each row of a float32 (M, 32) tile, in mxlab.hadamard's order.
+    """Unnormalized Walsh-Hadamard transform of each row of a float32 (M, 32) tile, in mxlab.numerics.hadamard's order.
 
     Stage h = 1, 2, 4, 8, 16 replaces the elements i and i + h (bit h of i clear) by (a + c, a - c). Each
     stage pairs the last bit of the current arrangement, then rotates the arrangement's index bits right by
@@ -979,8 +979,8 @@ from dataclasses import dataclass  # noqa: E402
 
 import torch  # noqa: E402
 
-from mxlab.formats import ElementFormat  # noqa: E402
-from mxlab.reference import float32_fraction_bits  # noqa: E402
+from mxlab.numerics.formats import ElementFormat  # noqa: E402
+from mxlab.numerics.reference import float32_fraction_bits  # noqa: E402
 
 BLOCK = 32
 SCALE_MODE_IDS = {"floor": SCALE_FLOOR, "ceil": SCALE_CEIL, "rceil": SCALE_RCEIL, "even": SCALE_EVEN}
@@ -1276,7 +1276,7 @@ def _check_call(x: torch.Tensor, scale_mode: str, rounding: str, seed: int | Non
 def quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int] = 32, axis: int = -1,
              scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None, pad: bool = False,
              fast: bool = True, tile: TileConfig | None = None, hw_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scales) as mxlab.reference computes them: codes uint8 of the padded shape, scale bytes
+    """(codes, scales) as mxlab.numerics.reference computes them: codes uint8 of the padded shape, scale bytes
     uint8 of the padded shape with the blocked dims divided by 32.
 
     Refuses (ValueError) an unsupported dtype, an unknown rounding, stochastic rounding without a
@@ -1323,7 +1323,7 @@ def hadamard_quantize(x: torch.Tensor, fmt: ElementFormat, *, axis: int = -1, ha
                       scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
                       pad: bool = False, fast: bool = True, tile: TileConfig | None = None,
                       hw_fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes, scales) of mxlab.hadamard.random_hadamard(x zero-padded along `axis` to a multiple of 32, 32,
+    """(codes, scales) of mxlab.numerics.hadamard.random_hadamard(x zero-padded along `axis` to a multiple of 32, 32,
     axis, hadamard_seed) quantized along `axis` with 1-D blocks of 32, from one read of x: shapes as `quantize`.
 
     Refuses what `quantize` refuses, and a hadamard_seed that is not an integer. Stochastic rounding counts

@@ -11,12 +11,12 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "quantize": "mxlab.quant",
-    "dequantize": "mxlab.quant",
-    "fake_quantize": "mxlab.quant",
-    "MXTensor": "mxlab.quant",
-    "FORMATS": "mxlab.formats",
-    "get_format": "mxlab.formats",
+    "quantize": "mxlab.numerics.quant",
+    "dequantize": "mxlab.numerics.quant",
+    "fake_quantize": "mxlab.numerics.quant",
+    "MXTensor": "mxlab.numerics.quant",
+    "FORMATS": "mxlab.numerics.formats",
+    "get_format": "mxlab.numerics.formats",
     "load_recipe": "mxlab.recipe",
     "apply_recipe": "mxlab.recipe",
     "Recipe": "mxlab.recipe",

@@ -5,8 +5,8 @@ On a CUDA machine with TE, the same inputs go through both:
 - operands: TE's quantizers against mxlab's emulation of the same scheme, element by element
   (bit patterns of the dequantized float32 values), with the scale:
   - `fp8_current e4m3` / `fp8_current e5m2`: TE's Float8CurrentScalingQuantizer against
-    `mxlab.quant.fake_quantize(x, "fp8_tensor_e4m3" / "fp8_tensor_e5m2")`;
-  - `mxfp8 rowwise` / `mxfp8 columnwise`: TE's MXFP8Quantizer against `mxlab.quant.quantize(x,
+    `mxlab.numerics.quant.fake_quantize(x, "fp8_tensor_e4m3" / "fp8_tensor_e5m2")`;
+  - `mxfp8 rowwise` / `mxfp8 columnwise`: TE's MXFP8Quantizer against `mxlab.numerics.quant.quantize(x,
     "e4m3", block=32, scale_mode=...)` along the last / first dim, element codes and E8M0 scale bytes,
     for each of mxlab's scale modes (TE's kernels round the scale up: "rceil" is expected to match);
     only where TE runs MXFP8 (compute capability 10.0 and newer; on Hopper TE refuses MXFP8
@@ -199,7 +199,7 @@ def compare_per_tensor(handle: TEHandle, x: torch.Tensor, fmt: str, case: str) -
     """TE's Float8CurrentScalingQuantizer against mxlab's fake_quantize(x, "fp8_tensor_" + fmt) on one tensor."""
     import transformer_engine_torch as tex
 
-    from mxlab.quant import PER_TENSOR_FP8, fake_quantize, per_tensor_fp8_scale
+    from mxlab.numerics.quant import PER_TENSOR_FP8, fake_quantize, per_tensor_fp8_scale
 
     te_dtype = tex.DType.kFloat8E4M3 if fmt == "e4m3" else tex.DType.kFloat8E5M2
     fp8_dtype = PER_TENSOR_FP8[f"fp8_tensor_{fmt}"]
@@ -227,7 +227,7 @@ def compare_mxfp8(handle: TEHandle, x: torch.Tensor, case: str) -> list[OperandC
     """TE's MXFP8Quantizer (E4M3) against mxlab's quantize(x, "e4m3") rowwise and columnwise, per scale mode."""
     import transformer_engine_torch as tex
 
-    from mxlab.quant import quantize
+    from mxlab.numerics.quant import quantize
 
     rows, cols = x.shape
     quantized = _quantizer_class(handle, "MXFP8Quantizer", "mxfp8_tensor")(tex.DType.kFloat8E4M3, rowwise=True, columnwise=True)(x)

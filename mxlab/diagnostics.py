@@ -75,8 +75,8 @@ def operand_stats(x: torch.Tensor, x_q: torch.Tensor, quant: OperandQuant, axis:
     stats = OperandStats(elements=x.numel(), amax=float(x.abs().max()) if x.numel() else 0.0)
     stats.flushed = int(((x_q == 0) & (x != 0) & finite).sum())
     if quant.block_scaled:
-        from mxlab.formats import get_format
-        from mxlab.quant import quantize
+        from mxlab.numerics.formats import get_format
+        from mxlab.numerics.quant import quantize
 
         fmt = get_format(quant.fmt)
         axis = axis if quant.block == 32 else -1

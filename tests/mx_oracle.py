@@ -1,6 +1,6 @@
 """A slow, independent oracle for MX quantization, written from the OCP MX v1.0 definitions.
 
-It shares no code with mxlab.reference: scales come from exact rational arithmetic and the
+It shares no code with mxlab.numerics.reference: scales come from exact rational arithmetic and the
 element value is chosen among all representable values of the format by brute force.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from mxlab.formats import ElementFormat, decode_code
+from mxlab.numerics.formats import ElementFormat, decode_code
 
 
 def finite_grid(fmt: ElementFormat) -> list[Fraction]:

@@ -6,7 +6,7 @@ import pytest
 pytest.importorskip("triton")
 
 from mxlab.bench.host import run_host_bench, stubbed_cast_launches  # noqa: E402
-from mxlab.quant import _import_kernels  # noqa: E402
+from mxlab.numerics.quant import _import_kernels  # noqa: E402
 
 
 def test_host_bench_times_the_baseline_and_each_recipe_and_restores_the_kernels():

@@ -350,7 +350,7 @@ def test_check_te_classifies_every_difference():
 
 def test_check_te_tie_case_lies_exactly_halfway_between_e4m3_neighbours():
     from mxlab.check_te import make_case
-    from mxlab.quant import fake_quantize
+    from mxlab.numerics.quant import fake_quantize
 
     x = make_case("ties", 64, 64, torch.Generator().manual_seed(0)).float()
     assert x.abs().max() == 448.0  # per-tensor scale 448 / amax = 1

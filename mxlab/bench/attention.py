@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mxlab.experiment.io import write_json
+from mxlab.io import write_json
 
 N_SEQUENCES = 512
 HEADS = 4

@@ -13,7 +13,7 @@ def cast_kernels_replaced(stand_in: Callable[[Any], Any], **attributes: Any) -> 
     """Inside: each of mxlab.kernels.mx_quant's cast kernels is `stand_in(kernel)` and its other `attributes`
     are set as given; yields the module. Everything is restored on exit, also after an error. Refuses
     (RuntimeError) where Triton is not installed."""
-    from mxlab.quant import _import_kernels
+    from mxlab.numerics.quant import _import_kernels
 
     module = _import_kernels()
     if module is None:

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
-from mxlab.experiment.io import write_json
+from mxlab.io import write_json
 
 DEFAULT_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
     (m, k, k) for m in (16384, 65536) for k in (512, 1024, 4096)

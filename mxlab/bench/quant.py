@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from mxlab.experiment.io import write_json
+from mxlab.io import write_json
 
 DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((16384, 8192), (8192, 4096), (4096, 4096), (2048, 2048), (1024, 1024))
 FORMAT = "e4m3"
@@ -83,7 +83,7 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
         return lambda: mx_quant._launch(view, fmt, "floor", rounding, 0, want_codes, want_values, probe=True)
 
     def hadamard_then_cast(axis: int):
-        from mxlab.hadamard import random_hadamard
+        from mxlab.numerics.hadamard import random_hadamard
 
         return lambda: kernels.fake_quantize(random_hadamard(x.float(), 32, axis, 7), fmt, axis=axis)
 
@@ -124,7 +124,7 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
 def _straightforward_cast(fmt_name: str) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
     """A plain PyTorch MX row cast (OCP floor scale, saturating RNE through torch's FP8 dtypes), to be
     compiled: the baseline the kernels are measured against. Returns (codes as FP8, scale bytes)."""
-    from mxlab.formats import get_format
+    from mxlab.numerics.formats import get_format
 
     fmt = get_format(fmt_name)
     fp8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt_name]
@@ -143,8 +143,8 @@ def _straightforward_cast(fmt_name: str) -> Callable[[torch.Tensor], tuple[torch
 def _compiled_reference(x: torch.Tensor, fmt_name: str) -> dict[str, tuple[Callable[[], object], int]]:
     """torch.compile of a straightforward PyTorch MX row cast, and of mxlab's reference cast and
     fake-quantize (row-wise, whose exactness checks break the graph)."""
-    from mxlab import reference
-    from mxlab.formats import get_format
+    from mxlab.numerics import reference
+    from mxlab.numerics.formats import get_format
 
     fmt = get_format(fmt_name)
     rows, cols = x.shape
@@ -217,8 +217,8 @@ def run_quant_bench(
     from rich.console import Console
     from rich.table import Table
 
-    from mxlab.formats import get_format
-    from mxlab.quant import _import_kernels
+    from mxlab.numerics.formats import get_format
+    from mxlab.numerics.quant import _import_kernels
 
     kernels = _import_kernels()  # mxlab.kernels.mx_quant
     if kernels is None:

@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from mxlab.experiment.io import write_json
+from mxlab.io import write_json
 
 DEFAULT_SHAPE = (512, 8192)  # same specialization as the bench's 16384 x 8192 (sizes divisible by 16, stride 1)
 ARCH = 90
@@ -265,7 +265,7 @@ def bench_operations(shape: tuple[int, int] = DEFAULT_SHAPE, tile=None,
                      hw_fp8: bool = True) -> dict[str, Callable[[], object]]:
     """name -> call, for the casts `mxlab bench quant` times, on a CPU BF16 tensor of `shape` (`tile`: a
     mx_quant.TileConfig passed to every call, None for the defaults)."""
-    from mxlab.formats import get_format
+    from mxlab.numerics.formats import get_format
     from mxlab.kernels import mx_quant
 
     x = torch.zeros(shape, dtype=torch.bfloat16)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from mxlab.experiment import io
+from mxlab import io
 from mxlab.experiment.spec import ExperimentSpec
 from mxlab.experiment.worker import ANSWER_TAG
 from mxlab.experiment.train import RunJob, RunResult, StepHook, run_is_done, train_run

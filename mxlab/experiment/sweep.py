@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from mxlab.experiment import io
+from mxlab import io
 from mxlab.experiment.runner import check_out_dir, make_data_source, resolve_devices, run_jobs
 from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe_path
 from mxlab.experiment.train import RunJob, build_run_model, estimated_total_steps

@@ -18,7 +18,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
-from mxlab.experiment import io
+from mxlab import io
 from mxlab.experiment.evaluate import evaluate_model
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
 

@@ -2,7 +2,7 @@
 
 `qmatmul(a, b, precision)` computes `a @ b` for a (..., M, K) and b (..., K, N) (or a 2-D b
 shared by every batch entry). Every GEMM is emulated exactly: each MX operand is quantized and
-dequantized with `mxlab.quant.fake_quantize` (blocks of 32 along the contraction dimension,
+dequantized with `mxlab.numerics.quant.fake_quantize` (blocks of 32 along the contraction dimension,
 zero-padded when that dimension is not a multiple of 32), the product is accumulated in
 float32, and the result is returned in a's dtype. Per-tensor FP8 operands (`fp8_tensor_e4m3`,
 `fp8_tensor_e5m2`) use one current scale for the whole tensor: their FP8 values are multiplied
@@ -55,12 +55,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mxlab.formats import FORMATS
-from mxlab.hadamard import HADAMARD_BLOCKS
-from mxlab.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
-from mxlab.quant import PER_TENSOR_FP8, SQUARE_BLOCK
-from mxlab.reference import BLOCK_SIZE, SCALE_MODES
-from mxlab.reference import ROUNDING_MODES as ROUNDINGS
+from mxlab.numerics.formats import FORMATS
+from mxlab.numerics.hadamard import HADAMARD_BLOCKS
+from mxlab.numerics.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
+from mxlab.numerics.quant import PER_TENSOR_FP8, SQUARE_BLOCK
+from mxlab.numerics.reference import BLOCK_SIZE, SCALE_MODES
+from mxlab.numerics.reference import ROUNDING_MODES as ROUNDINGS
 
 MX_FORMATS = tuple(FORMATS)
 TENSOR_FORMATS = tuple(PER_TENSOR_FP8)
@@ -266,7 +266,7 @@ def _quantized_operand(
     precision: x itself (bfloat16 stays bfloat16, anything else becomes float32)."""
     if quant.high_precision:
         return (x if x.dtype == torch.bfloat16 else x.float()), None
-    from mxlab.quant import fake_quantize, quantize_per_tensor_fp8
+    from mxlab.numerics.quant import fake_quantize, quantize_per_tensor_fp8
 
     if not quant.block_scaled:
         q, scale_inv = quantize_per_tensor_fp8(x, quant.fmt)
@@ -287,9 +287,9 @@ def _counted_stochastic_fake_quantize(
     x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: torch.Tensor
 ) -> torch.Tensor:
     """x fake-quantized (float32) as the MX operand `quant` says, with stochastic rounding whose random
-    bits are `mxlab.reference.random_bits24(counter, seed)` element by element (counter broadcast to x);
+    bits are `mxlab.numerics.reference.random_bits24(counter, seed)` element by element (counter broadcast to x);
     blocks of 32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
-    from mxlab.quant import fake_quantize_counted
+    from mxlab.numerics.quant import fake_quantize_counted
 
     return fake_quantize_counted(x.float(), quant.fmt, counter=counter, seed=seed, block=quant.block,
                                  axis=axis if quant.block == BLOCK_SIZE else -1, scale_mode=quant.scale_mode, pad=True)
@@ -338,7 +338,7 @@ def _hadamard_transformed(x: torch.Tensor, axis: int, block: int, hadamard_seed:
     """x in float32, zero-padded along `axis` to a multiple of `block` and transformed there by the
     random Hadamard matrix H of `hadamard_seed` (both operands of a GEMM get the same H, so
     (a H^T)(H b) = a b)."""
-    from mxlab.hadamard import random_hadamard
+    from mxlab.numerics.hadamard import random_hadamard
 
     return random_hadamard(_pad_to_multiple(x.float(), axis, block), block, axis, hadamard_seed)
 
@@ -347,11 +347,11 @@ def _hadamard_quantized_operand(
     x: torch.Tensor, quant: OperandQuant, axis: int, block: int, hadamard_seed: int, seed: int
 ) -> QuantizedOperand:
     """`_quantized_operand` of `_hadamard_transformed(x, axis, block, hadamard_seed)`. An MX operand
-    with 1-D blocks goes through `mxlab.quant.hadamard_fake_quantize`: one fused Triton kernel (one
+    with 1-D blocks goes through `mxlab.numerics.quant.hadamard_fake_quantize`: one fused Triton kernel (one
     read of x) on CUDA when the Hadamard block is 32, bit-identical to transforming and then quantizing."""
     if not (quant.block_scaled and quant.block == BLOCK_SIZE):
         return _quantized_operand(_hadamard_transformed(x, axis, block, hadamard_seed), quant, axis, seed)
-    from mxlab.quant import hadamard_fake_quantize
+    from mxlab.numerics.quant import hadamard_fake_quantize
 
     values = hadamard_fake_quantize(
         x, quant.fmt, block=block, axis=axis, hadamard_seed=hadamard_seed, scale_mode=quant.scale_mode,
@@ -523,7 +523,7 @@ def qmatmul(
     leading dims are flattened into M, so gradient blocks of b run across all rows of a).
 
     `counters` (int64 tensors of a, of b and of the output gradient, each broadcastable to its
-    tensor) make stochastic rounding of an MX operand draw `mxlab.reference.random_bits24(counter,
+    tensor) make stochastic rounding of an MX operand draw `mxlab.numerics.reference.random_bits24(counter,
     seed)` per element, instead of counting elements by their linear index in the padded operand:
     for products whose elements have a place beyond the layout (jagged attention, where padding and
     bucketing must not change the bits). `seeds` (one per SEED_SLOTS slot) replace this call's

@@ -10,7 +10,7 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     _had_interpret = "TRITON_INTERPRET" in os.environ
     os.environ["TRITON_INTERPRET"] = "1"
-    from mxlab.quant import _import_kernels
+    from mxlab.numerics.quant import _import_kernels
 
     _import_kernels()  # decorate the kernels as interpreted functions
     if not _had_interpret:
@@ -20,7 +20,7 @@ if not HAS_CUDA:
 @pytest.fixture
 def kernel_module():
     """mxlab.kernels.mx_quant as imported (TRITON_INTERPRET untouched); skips where Triton is not installed."""
-    from mxlab.quant import _import_kernels
+    from mxlab.numerics.quant import _import_kernels
 
     module = _import_kernels()
     if module is None:

@@ -44,7 +44,7 @@ unsupported_reason = jagged_attention_module.unsupported_reason
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mxlab.formats import get_format  # noqa: E402
+from mxlab.numerics.formats import get_format  # noqa: E402
 from mxlab.kernels import _mx_device  # noqa: E402
 from mxlab.kernels._mx_device import fake_quant_tile, score_random_bits  # noqa: E402
 from mxlab.nn.attention import JaggedAttention  # noqa: E402
@@ -709,10 +709,10 @@ def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(po
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
-    """Q/K/V/dO copies (both orientations, from one read) against mxlab.reference, bit for bit, on values spread
+    """Q/K/V/dO copies (both orientations, from one read) against mxlab.numerics.reference, bit for bit, on values spread
     over many binades (some blocks outside the fast-path range)."""
-    from mxlab import reference
-    from mxlab.formats import FORMATS
+    from mxlab.numerics import reference
+    from mxlab.numerics.formats import FORMATS
 
     lengths, q, _, _, _ = _benchmark_inputs()
     generator = torch.Generator().manual_seed(3)

@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mxlab import quant
-from mxlab.formats import FORMATS
-from mxlab.hadamard import random_hadamard
+from mxlab.numerics import quant
+from mxlab.numerics.formats import FORMATS
+from mxlab.numerics.hadamard import random_hadamard
 from tests.kernels.test_mx_kernels import assert_same_bits, backend, big_input
 
 pytestmark = pytest.mark.filterwarnings(  # the interpreter's numpy arithmetic on Inf and NaN blocks
@@ -243,7 +243,7 @@ def test_kernels_refuse_bad_input(kernels, device):
     assert kernels.unsupported_reason(x, 32, -1, hadamard=32) is None
 
 
-# ----------------------------------------------------------------------------- mxlab.quant.hadamard_fake_quantize
+# ----------------------------------------------------------------------------- mxlab.numerics.quant.hadamard_fake_quantize
 def test_public_function_dispatches_to_the_kernel(kernels, device):
     x = (torch.randn(40, 64, generator=torch.Generator().manual_seed(15)) * 7).to(torch.bfloat16).to(device)
     options = dict(scale_mode="rceil", rounding="stochastic", seed=21)
@@ -305,7 +305,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mxlab.formats import FORMATS
+from mxlab.numerics.formats import FORMATS
 from mxlab.kernels import mx_quant as mq
 
 def ptx(fmt, layout, hw_fp8, in_kind, rounding):

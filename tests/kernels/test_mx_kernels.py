@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from mxlab import quant
-from mxlab.formats import FORMATS
+from mxlab.numerics import quant
+from mxlab.numerics.formats import FORMATS
 
 FMTS = list(FORMATS)
 SCALE_MODES = ["floor", "ceil", "rceil", "even"]
@@ -250,7 +250,7 @@ def test_stochastic_tiles_at_the_rounding_boundary(kernels, device, fmt):
     """Element-normal float32 values whose dropped bits equal the random threshold r >> (24 - shift) of their own
     counter, one below and one above it: where the rule `rem > threshold` decides, codes and values as the
     reference (a bias off by one in `_stochastic_normal_elements` fails here)."""
-    from mxlab.reference import random_bits24
+    from mxlab.numerics.reference import random_bits24
 
     seed, shift = 21, 23 - FORMATS[fmt].mbits
     x = element_normal_blocks(32, 512, torch.float32, seed=15)
@@ -323,7 +323,7 @@ def test_kernels_refuse_bad_input(kernels, device):
         kernels.quantize(torch.randn(4, 32, device=device, dtype=torch.float64), FORMATS["e4m3"])
 
 
-# ----------------------------------------------------------------------------- dispatch in mxlab.quant
+# ----------------------------------------------------------------------------- dispatch in mxlab.numerics.quant
 def test_dispatch_forced_triton_runs_the_kernels(kernels, device):
     x = torch.randn(32, 64, device=device)
     with backend("triton"):
@@ -391,7 +391,7 @@ GPU_ROWWISE_CASES = (
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt, scale_mode, rounding, dtype", GPU_ROWWISE_CASES)
 def test_gpu_rowwise_large(fmt, scale_mode, rounding, dtype):
-    from mxlab.quant import _import_kernels
+    from mxlab.numerics.quant import _import_kernels
 
     kernels = _import_kernels()
     x = big_input(3001, 1024, dtype, seed=FMTS.index(fmt))  # 3001 rows: not a multiple of any tile
@@ -404,7 +404,7 @@ def test_gpu_rowwise_large(fmt, scale_mode, rounding, dtype):
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
 def test_gpu_columnwise_rowcol_and_tiles_large(fmt, rounding):
-    from mxlab.quant import _import_kernels
+    from mxlab.numerics.quant import _import_kernels
 
     kernels = _import_kernels()
     x = big_input(2016, 2050, torch.bfloat16, seed=7)[:, 1:2049]  # non-contiguous, 4M elements

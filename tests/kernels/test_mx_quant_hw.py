@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from mxlab.formats import FORMATS, decode_code
+from mxlab.numerics.formats import FORMATS, decode_code
 from tests.kernels.test_mx_kernels import assert_same_bits, reference_fake_quantize, reference_quantize
 
 FP8_FORMATS = ["e4m3", "e5m2"]
@@ -150,7 +150,7 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mxlab.formats import FORMATS
+from mxlab.numerics.formats import FORMATS
 from mxlab.kernels import mx_quant as mq
 
 def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding, column_passes):

@@ -3,7 +3,7 @@ give the same products and gradients as transforming in PyTorch and then quantiz
 import pytest
 import torch
 
-from mxlab import quant as quant_module
+from mxlab.numerics import quant as quant_module
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant, qmatmul, set_gemm_observer
 
 

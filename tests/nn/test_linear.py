@@ -4,7 +4,7 @@ from torch import nn
 
 from mxlab.nn.linear import QLinear
 from mxlab.nn.qmatmul import SEED_SLOTS, GemmQuant, MatmulPrecision, OperandQuant, derive_seed
-from mxlab.quant import fake_quantize
+from mxlab.numerics.quant import fake_quantize
 
 
 def fq(x, quant, axis, seed=None):
@@ -150,11 +150,11 @@ def test_autocast_leaves_emulated_gemms_in_fp32_and_reaches_high_precision_ones(
     ((32, 32), "stochastic", 5),  # stochastic gradients; the weight still rounds to nearest
 ])
 def test_square_weight_tiles_are_quantized_once_per_step(monkeypatch, weight_block, grad_rounding, expected_calls):
-    import mxlab.quant
+    import mxlab.numerics.quant
 
     calls = []
-    original = mxlab.quant.fake_quantize
-    monkeypatch.setattr(mxlab.quant, "fake_quantize", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    original = mxlab.numerics.quant.fake_quantize
+    monkeypatch.setattr(mxlab.numerics.quant, "fake_quantize", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
     layer = QLinear(32, 32, precision=linear_precision(weight_block, grad_rounding))
     run(layer, torch.randn(64, 32), torch.randn(64, 32))
     assert len(calls) == expected_calls

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from mxlab.hadamard import random_hadamard
+from mxlab.numerics.hadamard import random_hadamard
 from mxlab.nn.qmatmul import (
     SEED_SLOTS,
     GemmQuant,
@@ -10,7 +10,7 @@ from mxlab.nn.qmatmul import (
     derive_seed,
     qmatmul,
 )
-from mxlab.quant import fake_quantize
+from mxlab.numerics.quant import fake_quantize
 
 
 def fq(x, quant, axis, seed=None):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mxlab.formats import FORMATS
+from mxlab.numerics.formats import FORMATS
 from mxlab.nn import qmatmul as qm
-from mxlab.quant import fake_quantize
-from mxlab.reference import SCALE_MODES
+from mxlab.numerics.quant import fake_quantize
+from mxlab.numerics.reference import SCALE_MODES
 
 
 def _adversarial_bfloat16(generator: torch.Generator) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The quantization API: the one door to the MX numerics.
 
 `quantize`, `dequantize` and `fake_quantize` validate their arguments once, pad when asked,
-then run a backend: the PyTorch reference (mxlab.reference, the definition) or, where it is
+then run a backend: the PyTorch reference (mxlab.numerics.reference, the definition) or, where it is
 available and supported, the Triton kernels (mxlab.kernels), which match it bit for bit.
 
 Choices where the OCP MX v1.0 specification leaves freedom (see docs/numerics.md):
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from mxlab import reference
-from mxlab.formats import FORMATS, ElementFormat, decode_codes, decode_scales, get_format
-from mxlab.reference import BLOCK_SIZE, ROUNDING_MODES, SCALE_MODES
+from mxlab.numerics import reference
+from mxlab.numerics.formats import FORMATS, ElementFormat, decode_codes, decode_scales, get_format
+from mxlab.numerics.reference import BLOCK_SIZE, ROUNDING_MODES, SCALE_MODES
 
 HIGH_PRECISION = ("bf16", "fp32")
 PER_TENSOR_FP8 = {"fp8_tensor_e4m3": torch.float8_e4m3fn, "fp8_tensor_e5m2": torch.float8_e5m2}
@@ -383,7 +383,7 @@ def hadamard_fake_quantize(
 ) -> torch.Tensor:
     """fake_quantize(random_hadamard(x.float(), block, axis, hadamard_seed), fmt, axis=axis, ...) as float32.
 
-    `block` is the Hadamard block (mxlab.hadamard.HADAMARD_BLOCKS); MX blocks are 32 along `axis`.
+    `block` is the Hadamard block (mxlab.numerics.hadamard.HADAMARD_BLOCKS); MX blocks are 32 along `axis`.
     pad=True first zero-pads `axis` to a multiple of `block` (the output keeps that padded size; a
     transformed tensor cropped back would lose what the padding received) and then pads the MX blocks
     as fake_quantize(pad=True) does. Stochastic rounding (`seed`) counts elements of the transformed
@@ -396,7 +396,7 @@ def hadamard_fake_quantize(
     than float32/bfloat16/float16; an axis whose size is not a multiple of `block` unless pad=True.
     """
     global _last_backend
-    from mxlab.hadamard import HADAMARD_BLOCKS, random_hadamard
+    from mxlab.numerics.hadamard import HADAMARD_BLOCKS, random_hadamard
 
     if fmt not in PRECISIONS:
         raise ValueError(f"unknown precision {fmt!r}; accepted: {', '.join(PRECISIONS)}")

@@ -6,7 +6,7 @@ random signs. It is orthonormal, so applying the same transform to both operands
 product along their contraction axis leaves the product unchanged: (T a)^T (T b) = a^T b.
 This spreads outliers across a block before MX quantization (used on wgrad operands).
 
-The signs are counter-based (mxlab.reference.random_bits24 of the position in the block and
+The signs are counter-based (mxlab.numerics.reference.random_bits24 of the position in the block and
 the seed), so they are the same on every device. The butterfly runs in float32 in a fixed
 order: stages h = 1, 2, 4, ..., b/2 pair element i with i + h as (a + c, a - c); the
 1/sqrt(b) factor is one float32 multiply at the end.
@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from mxlab.reference import random_bits24
+from mxlab.numerics.reference import random_bits24
 
 HADAMARD_BLOCKS = (16, 32, 64, 128, 256)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 from scipy.linalg import hadamard
 
-from mxlab.hadamard import hadamard_signs, inverse_random_hadamard, random_hadamard
+from mxlab.numerics.hadamard import hadamard_signs, inverse_random_hadamard, random_hadamard
 
 
 @pytest.mark.parametrize("block", [16, 32, 256])

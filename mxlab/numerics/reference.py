@@ -12,7 +12,7 @@ gives the same bits as the integer formulation the Triton kernels use:
   frac with 1/2 (nearest) or with u = (r + 0.5) / 2^24 (stochastic, r = 24 counter bits).
 - A magnitude beyond the format's max normal saturates to it, keeping its sign.
 
-Inputs here are already validated and padded (mxlab.quant does that): float32, blocked
+Inputs here are already validated and padded (mxlab.numerics.quant does that): float32, blocked
 dimensions multiples of 32. Functions take a "blocked view" description: `reduce_dims`, the
 dims of a reshaped tensor that one block spans.
 """
@@ -22,7 +22,7 @@ import struct
 
 import torch
 
-from mxlab.formats import E8M0_BIAS, E8M0_NAN, SCALE_EXP_MAX, SCALE_EXP_MIN, ElementFormat
+from mxlab.numerics.formats import E8M0_BIAS, E8M0_NAN, SCALE_EXP_MAX, SCALE_EXP_MIN, ElementFormat
 
 SCALE_MODES = ("floor", "ceil", "rceil", "even")
 ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")

@@ -6,7 +6,7 @@ FP4 codes sit in the low bits, and INT8 is the two's complement byte of n, whose
 is n * 2^-6 (MXINT8: n in [-127, 127]; -128 is never produced).
 
 Decoding is exhaustive-table based (at most 256 codes per format), so it is exact by
-construction and serves as the ground truth for the encoder in mxlab.reference.
+construction and serves as the ground truth for the encoder in mxlab.numerics.reference.
 """
 from __future__ import annotations
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from mxlab import reference
-from mxlab.formats import FORMATS
-from mxlab.quant import dequantize, fake_quantize, quantize
+from mxlab.numerics import reference
+from mxlab.numerics.formats import FORMATS
+from mxlab.numerics.quant import dequantize, fake_quantize, quantize
 
 _MASK = 0xFFFFFFFF
 

@@ -5,8 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mxlab.formats import FORMATS, decode_scales, get_format
-from mxlab.quant import MXTensor, dequantize, fake_quantize, fake_quantize_rowcol, quantize
+from mxlab.numerics.formats import FORMATS, decode_scales, get_format
+from mxlab.numerics.quant import MXTensor, dequantize, fake_quantize, fake_quantize_rowcol, quantize
 from tests.mx_oracle import oracle_round, oracle_scale_exponent
 
 E4M3 = "e4m3"
@@ -156,7 +156,7 @@ def test_nearest_modes_are_idempotent(values, fmt, scale_mode, rounding):
 
 def _neighbours(x, mxt):
     """The representable values just below and above each element at its block's scale."""
-    from mxlab.formats import decode_table
+    from mxlab.numerics.formats import decode_table
 
     table = decode_table(mxt.format)
     grid = torch.unique(table[torch.isfinite(table)]).double()
@@ -297,7 +297,7 @@ def test_bad_input_is_refused_clearly(call, message):
 
 
 def test_fake_quantize_counted_with_linear_index_counters_is_stochastic_fake_quantize():
-    from mxlab.quant import fake_quantize_counted
+    from mxlab.numerics.quant import fake_quantize_counted
 
     x = torch.randn(5, 70, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
     for block, axis in ((32, -1), (32, 0), ((32, 32), -1)):
@@ -311,7 +311,7 @@ def test_fake_quantize_counted_with_linear_index_counters_is_stochastic_fake_qua
 
 
 def test_fake_quantize_counted_refuses_bad_counters():
-    from mxlab.quant import fake_quantize_counted
+    from mxlab.numerics.quant import fake_quantize_counted
 
     x = torch.randn(4, 32)
     with pytest.raises(ValueError, match="int64"):

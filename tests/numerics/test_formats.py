@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from mxlab.formats import FORMATS, decode_code, decode_codes, decode_scales, format_table, get_format
-from mxlab.reference import encode_elements
+from mxlab.numerics.formats import FORMATS, decode_code, decode_codes, decode_scales, format_table, get_format
+from mxlab.numerics.reference import encode_elements
 
 EXPECTED = {  # name: (max normal, min normal, min subnormal)
     "e4m3": (448.0, 2.0**-6, 2.0**-9),

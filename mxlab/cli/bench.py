@@ -1,0 +1,108 @@
+"""`mxlab bench ...`: speed benchmarks (CUDA), ratios against baselines measured in the same run."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(help="Speed benchmarks (CUDA): ratios against baselines measured in the same run.", no_args_is_help=True)
+
+
+@app.command("attention")
+def bench_attention_command(
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    sweep_tiles: bool = typer.Option(False, "--sweep-tiles", help="Also time a few kernel tile sizes on the self-attention shapes."),
+) -> None:
+    """Jagged attention kernel (BF16, MXFP8) against padded SDPA and FlexAttention: forward + backward, useful TFLOP/s."""
+    from mxlab.bench.attention import run_attention_bench
+
+    run_attention_bench(json_path, sweep_tiles=sweep_tiles)
+
+
+@app.command("attention-sass")
+def bench_attention_sass_command(
+    integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer quantization steps instead of the hardware FP8 path."),
+    no_ablations: bool = typer.Option(False, "--no-ablations", help="Count the kernel alone, not each benchmark ablation too."),
+) -> None:
+    """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop, per ablation."""
+    from mxlab.bench.attention import attention_sass_counts, print_attention_sass_counts
+    from mxlab.kernels.jagged_attention import ABLATIONS
+
+    try:
+        ablations = {"kernel": 0} if no_ablations else {"kernel": 0, **ABLATIONS}
+        print_attention_sass_counts(attention_sass_counts(ablations, hw_fp8=not integer_path))
+    except RuntimeError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+
+
+@app.command("quant")
+def bench_quant_command(
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    sweep_tiles: bool = typer.Option(False, "--sweep-tiles", help="Also time a few launch shapes at the headline size."),
+    no_compile: bool = typer.Option(False, "--no-compile", help="Skip torch.compile of the reference."),
+) -> None:
+    """MX casts (row, column, both, tiles, fake-quantize, stochastic) of BF16 tensors: bandwidth as a fraction of copy."""
+    from mxlab.bench.quant import run_quant_bench
+
+    run_quant_bench(json_path, compile_reference=not no_compile, sweep_tiles=sweep_tiles)
+
+
+@app.command("sass")
+def bench_sass_command(
+    tile: "Optional[str]" = typer.Option(None, "--tile", help="Launch shape for every cast: ROWSxCOL_BLOCKSxWARPS[xCOLUMN_PASSES[xROWS_IN_FLIGHT]]."),
+    integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer fast path instead of the hardware FP8 path."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the counts as JSON to this path."),
+) -> None:
+    """Static sm_90 machine code of the MX casts `bench quant` times (no GPU needed): instructions per element, registers, spills."""
+    from mxlab.bench.sass import parse_tile, run_sass_bench
+
+    try:
+        run_sass_bench(hw_fp8=not integer_path, tile=parse_tile(tile) if tile else None, json_path=json_path)
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+
+
+@app.command("linear")
+def bench_linear_command(
+    shapes: "List[str]" = typer.Option([], "--shape", help="MxKxN to time (repeatable; default M = 16384, 65536 x K = N = 512, 1024, 4096)."),
+    repeat: int = typer.Option(20, "--repeat", min=1, help="Timed repetitions per arm (median reported)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+) -> None:
+    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16 nn.Linear."""
+    from mxlab.bench.linear import DEFAULT_SHAPES, parse_shape, run_linear_bench
+
+    try:
+        run_linear_bench([parse_shape(text) for text in shapes] or DEFAULT_SHAPES, repeat=repeat, json_path=json_path, echo=typer.echo)
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+
+
+@app.command("host")
+def bench_host_command(
+    recipes: "List[str]" = typer.Option([], "--recipe", help="Recipe to apply (repeatable; default mxfp8-rceil, mxfp8-hadamard, fp8-tensor)."),
+    width: int = typer.Option(64, "--width", min=1, help="in_features = out_features of the layer."),
+    tokens: int = typer.Option(64, "--tokens", min=1, help="Rows of the input."),
+    steps: int = typer.Option(200, "--steps", min=1, help="Forward + backward steps per timed loop."),
+    loops: int = typer.Option(5, "--loops", min=1, help="Timed loops (the best is reported)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+) -> None:
+    """Host (Python) time of one emulated linear layer, forward + backward, as a ratio to nn.Linear: on the CPU, with the MX cast launches stubbed out (no GPU needed)."""
+    from dataclasses import asdict
+
+    from mxlab.bench.host import DEFAULT_RECIPES, run_host_bench
+    from mxlab.io import write_json
+
+    try:
+        results = run_host_bench(recipes or DEFAULT_RECIPES, width=width, tokens=tokens, steps=steps, loops=loops,
+                                 echo=typer.echo)
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
+    if json_path is not None:
+        write_json(json_path, [asdict(result) for result in results])
+
+

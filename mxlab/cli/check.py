@@ -1,0 +1,20 @@
+"""`mxlab check ...`: checks of mxlab's emulation against other implementations."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+app = typer.Typer(help="Checks of mxlab's emulation against other implementations.", no_args_is_help=True)
+
+
+@app.command("te")
+def check_te_command(
+    seed: int = typer.Option(0, "--seed", help="Seed of the random test tensors."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the report as JSON to this path."),
+) -> None:
+    """Compare mxlab's emulation with Transformer Engine's kernels (CUDA + TE): bit-identical operands, GEMM errors."""
+    from mxlab.check_te import check_te_main
+
+    raise typer.Exit(check_te_main(seed=seed, json_path=json_path, echo=typer.echo, echo_error=lambda text: typer.echo(text, err=True)))

@@ -1,0 +1,33 @@
+"""`mxlab data ...`: fetch datasets, describe a source (bodies in mxlab/data/commands.py)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+app = typer.Typer(help="Data sources: fetch datasets, describe a source.", no_args_is_help=True)
+
+
+@app.command("fetch")
+def data_fetch_command(
+    dataset: str = typer.Argument(..., help="Dataset to fetch: movielens-100k."),
+    cache_dir: "Optional[Path]" = typer.Option(None, "--cache-dir", help="Target folder (default $MXLAB_CACHE/movielens-100k or ~/.cache/mxlab/movielens-100k)."),
+) -> None:
+    """Download a dataset (MovieLens-100K from the recbole==1.2.1 wheel), extract and verify it."""
+    from mxlab.data import commands
+
+    raise typer.Exit(commands.fetch(dataset, cache_dir))
+
+
+@app.command("describe")
+def data_describe_command(
+    source: str = typer.Argument(..., help="synthetic | movielens-100k | criteo."),
+    max_history: int = typer.Option(64, "--max-history", min=1, help="History cap (the model's max_history)."),
+    assignments: "List[str]" = typer.Option([], "--set", help="A [data] key, e.g. eval_examples=20000 or path=\"train.txt\". Repeatable."),
+) -> None:
+    """Print a source's sizes, features, eval label rates and (synthetic) the metrics of the true probabilities."""
+    from mxlab.data import commands
+
+    raise typer.Exit(commands.describe(source, max_history, assignments))
