@@ -30,9 +30,13 @@ def _config_class(source: Any) -> type:
     raise ValueError(f"unknown data source {source!r}; accepted: {', '.join(SOURCES)}")
 
 
+# Keys a source's [data] table accepts that resolve into its config's fields (synthetic presets).
+_TABLE_ONLY_KEYS = {"synthetic": ("preset", "eval_impressions_per_user")}
+
+
 def data_config_keys() -> dict[str, tuple[str, ...]]:
     """Return the accepted [data] keys of each source."""
-    return {source: config_keys(_config_class(source)) for source in SOURCES}
+    return {source: config_keys(_config_class(source)) + _TABLE_ONLY_KEYS.get(source, ()) for source in SOURCES}
 
 
 def validate_data_config(data_config: dict) -> Any:
@@ -44,7 +48,12 @@ def validate_data_config(data_config: dict) -> Any:
     if not isinstance(data_config, dict) or "source" not in data_config:
         raise ValueError(f"the [data] table needs a 'source' key; accepted sources: {', '.join(SOURCES)}")
     source = data_config["source"]
-    return dataclass_from_config(_config_class(source), data_config, f"[data] for source {source!r}")
+    config_class = _config_class(source)
+    if source == "synthetic":
+        from mxlab.data.synthetic import resolve_synthetic_table
+
+        data_config = resolve_synthetic_table(data_config)
+    return dataclass_from_config(config_class, data_config, f"[data] for source {source!r}", ignore=_TABLE_ONLY_KEYS.get(source, ()))
 
 
 def make_source(data_config: dict, max_history: int) -> DataSource:

@@ -113,6 +113,47 @@ class SyntheticConfig:
                              f"got {self.history_length_sigma}, {self.history_weight}, {self.data_seed}")
 
 
+# Named settings of the [data] table (`preset = "NAME"`); keys written in the table win over them.
+SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
+    # Base rates near production ads (CTR 1%, CVR 5% given a click), a heavier long tail of
+    # history lengths (sigma 1.5: about 18% of histories reach the model's max_history), and as
+    # many users as give each about 200 eval impressions (about 2 eval clicks per user, so that
+    # most users have both classes and gAUC means something).
+    "production-like": {"base_ctr": 0.01, "base_cvr": 0.05, "history_length_sigma": 1.5,
+                        "eval_impressions_per_user": 200},
+}
+
+
+def resolve_synthetic_table(table: dict) -> dict:
+    """The [data] table with its `preset` expanded and `eval_impressions_per_user` turned into n_users.
+
+    Keys written in the table win over the preset's. Refuses (ValueError) an unknown preset
+    (naming the accepted ones), an `eval_impressions_per_user` that is not a positive integer,
+    and a table that sets both n_users and eval_impressions_per_user.
+    """
+    resolved = dict(table)
+    preset = resolved.pop("preset", None)
+    if preset is not None:
+        if preset not in SYNTHETIC_PRESETS:
+            raise ValueError(f"unknown synthetic preset {preset!r}; accepted: {', '.join(SYNTHETIC_PRESETS)}")
+        if "n_users" in resolved and "eval_impressions_per_user" not in resolved:
+            resolved = {**{k: v for k, v in SYNTHETIC_PRESETS[preset].items() if k != "eval_impressions_per_user"}, **resolved}
+        else:
+            resolved = {**SYNTHETIC_PRESETS[preset], **resolved}
+    per_user = resolved.pop("eval_impressions_per_user", None)
+    if per_user is not None:
+        if not isinstance(per_user, int) or isinstance(per_user, bool) or per_user < 1:
+            raise ValueError(f"synthetic eval_impressions_per_user must be a positive integer; got {per_user!r}")
+        if "n_users" in resolved:
+            raise ValueError("synthetic: set n_users or eval_impressions_per_user, not both; "
+                             f"got n_users={resolved['n_users']!r}, eval_impressions_per_user={per_user}")
+        eval_examples = resolved.get("eval_examples", SyntheticConfig.eval_examples)
+        if not isinstance(eval_examples, int) or isinstance(eval_examples, bool):
+            raise ValueError(f"synthetic eval_examples must be an integer; got {eval_examples!r}")
+        resolved["n_users"] = max(1, eval_examples // per_user)
+    return resolved
+
+
 @dataclass
 class _Features:
     users: np.ndarray

@@ -109,3 +109,35 @@ def test_bad_configs_are_refused_with_the_accepted_keys():
     from mxlab.data import DATA_CONFIG_KEYS
 
     assert DATA_CONFIG_KEYS["synthetic"][0] == "source" and "base_ctr" in DATA_CONFIG_KEYS["synthetic"]
+
+
+def test_production_like_preset_sets_rates_tail_and_users():
+    from mxlab.data import validate_data_config
+
+    config = validate_data_config({"source": "synthetic", "preset": "production-like", "eval_examples": 40_000})
+    assert (config.base_ctr, config.base_cvr, config.history_length_sigma) == (0.01, 0.05, 1.5)
+    assert config.n_users == 200  # 40000 eval impressions / 200 per user
+    written = validate_data_config({"source": "synthetic", "preset": "production-like", "base_ctr": 0.02, "n_users": 7})
+    assert (written.base_ctr, written.n_users) == (0.02, 7)  # keys in the table win
+
+
+def test_production_like_preset_reaches_its_rates_and_the_history_cap():
+    source = _source(max_history=64, preset="production-like", eval_examples=60_000, n_users=300)
+    batches = list(source.eval_batches(8192))
+    clicks = torch.cat([b.click for b in batches])
+    conversions = torch.cat([b.conversion for b in batches])
+    lengths = torch.cat([b.history_offsets.diff() for b in batches])
+    assert abs(clicks.mean().item() - 0.01) < 0.002
+    assert abs((conversions.sum() / clicks.sum()).item() - 0.05) < 0.03
+    assert 0.10 < (lengths == 64).float().mean().item() < 0.26  # P(Z > ln 4 / 1.5) = 0.178 reach the cap
+
+
+def test_presets_refuse_unknown_names_and_conflicting_user_counts():
+    from mxlab.data import validate_data_config
+
+    with pytest.raises(ValueError, match="unknown synthetic preset 'prod'.*production-like"):
+        validate_data_config({"source": "synthetic", "preset": "prod"})
+    with pytest.raises(ValueError, match="n_users or eval_impressions_per_user, not both"):
+        validate_data_config({"source": "synthetic", "n_users": 5, "eval_impressions_per_user": 10})
+    with pytest.raises(ValueError, match="eval_impressions_per_user must be a positive integer; got 0"):
+        validate_data_config({"source": "synthetic", "eval_impressions_per_user": 0})
