@@ -22,7 +22,7 @@ from mxlab.recipe import (
     single_layer_recipe,
 )
 
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "experiments" / "recipes"
 SHIPPED = [
     "bf16", "mxfp8-floor", "mxfp8-rceil", "mxfp8-rceil-sr", "mxfp8-square32", "mxfp8-wgrad-bf16",
     "mxfp8-tail-bf16", "mxfp8-e5m2-grad", "mxfp8-hadamard", "mxfp4-all", "fp8-tensor",
@@ -192,7 +192,7 @@ def test_invalid_recipes_fail_with_a_message_naming_the_problem(tmp_path, text, 
 def test_malformed_toml_and_unknown_names_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="malformed TOML"):
         recipe_from_text(tmp_path, 'name = "x"\n[policies.a\n')
-    with pytest.raises(ValueError, match=r"no recipe 'mxfp9'.*available: .*mxfp8-rceil"):
+    with pytest.raises(ValueError, match=r"no recipe 'mxfp9'.*available recipes: .*mxfp8-rceil"):
         load_recipe("mxfp9")
 
 

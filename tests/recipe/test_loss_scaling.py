@@ -4,7 +4,7 @@ from torch import nn
 
 from mxlab.nn.linear import QLinear
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
-from mxlab.scaling import (
+from mxlab.recipe.loss_scaling import (
     DynamicLossScaler,
     LossScalingConfig,
     make_loss_scaler,
@@ -99,7 +99,7 @@ def test_per_layer_scale_is_absorbed_by_mx_block_scales():
     """A power-of-two gradient scale changes nothing in MX (rceil) for float32-normal gradients, even
     in blocks whose E8M0 scale clamps at 2^-127 (amax < 2^-119 for E4M3). Positive operands keep
     every FP32 product and partial sum normal, so only the quantization could differ. (With the
-    floor scale, a clamped block cannot saturate while its scaled copy can: see mxlab.scaling.)"""
+    floor scale, a clamped block cannot saturate while its scaled copy can: see mxlab.recipe.loss_scaling.)"""
     torch.manual_seed(0)
     x = 1 + torch.rand(64, 32)
     g = torch.ldexp(1 + torch.rand(64, 32), torch.randint(-20, 4, (64, 32)))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mxlab.diagnostics import NumericsMonitor, append_jsonl, operand_stats, sqnr_db
+from mxlab.recipe.diagnostics import NumericsMonitor, append_jsonl, operand_stats, sqnr_db
 from mxlab.nn import qmatmul as qmatmul_module
 from mxlab.nn.linear import QLinear
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
