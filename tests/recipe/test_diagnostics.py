@@ -111,3 +111,81 @@ def test_records_survive_a_json_lines_round_trip(tmp_path):
     assert sqnr_db(0.0, 0.0) == math.inf and math.isnan(sqnr_db(math.inf, 1.0))
     with pytest.raises(ValueError, match="every"):
         NumericsMonitor(None, every=0)
+
+
+def _stats_fields(stats):
+    return stats.saturated / stats.elements, stats.flushed / stats.elements, stats.subnormal / stats.elements
+
+
+@pytest.mark.parametrize("axis, block", [(-1, 32), (-2, 32), (-1, (32, 32))])
+def test_a_large_operand_with_identical_row_groups_gives_the_full_figures_from_the_bounded_rows(axis, block):
+    quant = OperandQuant("e4m3", block=block, scale_mode="floor")
+    height = 1 if axis == -1 and block == 32 else 32  # a sampled unit: one row, or a block of 32 rows
+    generator = torch.Generator().manual_seed(3)
+    group = torch.randn(height, 96, generator=generator) * 4
+    group[0, 0], group[-1, 1], group[0, 2] = 500.0, 1e-9, 2.0 ** -9  # saturates, flushes, subnormal at its scale
+    x = group.repeat(2048 // height, 1)  # 2048 rows: identical groups
+    x_q = qmatmul_module._fake_quantize_operand(x, quant, axis, 0)
+    bounded = operand_stats(x, x_q, quant, axis, sample_rows=64)
+    full = operand_stats(x, x_q, quant, axis, sample_rows=10 ** 9)
+    assert (bounded.rows, bounded.rows_total, bounded.elements) == (64, 2048, 64 * 96)
+    assert (full.rows, full.elements) == (2048, 2048 * 96)
+    assert _stats_fields(bounded) == pytest.approx(_stats_fields(full)) and bounded.saturated > 0
+    assert bounded.amax == full.amax == 500.0
+    assert {e: 32 * c for e, c in bounded.scale_exponents.items()} == dict(full.scale_exponents)
+    assert bounded.flushed >= 64 // height
+
+
+def test_rows_along_blocks_are_taken_whole_blocks_and_the_partial_last_block_counts_its_real_rows():
+    quant = OperandQuant("e4m3", scale_mode="floor")
+    x = torch.ones(1000, 8)  # blocks of 32 along the 1000 rows: 31 full blocks and one of 8 rows
+    x[992, 3] = 1000.0  # in the partial block: its floor scale is 2^(9 - 8) = 2, 1000 / 2 > 448 saturates
+    x_q = qmatmul_module._fake_quantize_operand(x, quant, -2, 0)
+    stats = operand_stats(x, x_q, quant, -2, sample_rows=10 ** 6)
+    assert (stats.rows, stats.elements, stats.saturated) == (1000, 8000, 1)
+    assert sum(stats.scale_exponents.values()) == 32 * 8
+    few = operand_stats(x, x_q, quant, -2, sample_rows=64)  # 2 of the 32 blocks: rows 0-31 and 512-543
+    assert (few.rows, few.saturated, sum(few.scale_exponents.values())) == (64, 0, 2 * 8)
+
+
+def test_long_rows_are_bounded_by_elements_too(monkeypatch):
+    import mxlab.recipe.diagnostics as diagnostics
+
+    monkeypatch.setattr(diagnostics, "MAX_SAMPLE_ELEMENTS", 4096)
+    quant = OperandQuant("e4m3")
+    x = torch.randn(100, 1024)
+    stats = operand_stats(x, qmatmul_module._fake_quantize_operand(x, quant, -1, 0), quant, -1, sample_rows=50)
+    assert (stats.rows, stats.elements) == (4, 4 * 1024)
+
+
+def test_a_monitor_record_says_how_many_rows_it_read_and_its_sqnr_is_that_of_those_rows():
+    layer = mx_layer(in_features=64, out_features=32)
+    x = torch.randn(4096, 64, generator=torch.Generator().manual_seed(1))
+    monitor = NumericsMonitor(layer, every=1, sample_rows=64)
+    with monitor.sampling(0):
+        out = layer(x)
+    record, = monitor.drain()
+    # input: 64 of 4096 rows; weight (64 x 32 as multiplied, blocks of 32 along its 64 rows): all 64
+    assert (record["rows_sampled"], record["rows"]) == (64 + 64, 4096 + 64)
+    assert (record["out_rows_sampled"], record["out_rows"]) == (64, 4096)
+    rows = torch.arange(64) * 4096 // 64
+    reference = (x[rows] @ layer.weight.detach().T).double()
+    noise = ((out.detach()[rows].double() - reference) ** 2).sum()
+    assert record["sqnr_db"] == pytest.approx(10 * math.log10(float((reference ** 2).sum() / noise)))
+    assert record["amax_a"] == float(x.abs().max())
+    with pytest.raises(ValueError, match="sample_rows"):
+        NumericsMonitor(layer, every=1, sample_rows=0)
+
+
+def test_sampled_shadow_rows_of_a_batched_product_are_those_rows_of_the_full_product(monkeypatch):
+    import mxlab.recipe.diagnostics as diagnostics
+
+    monkeypatch.setattr(diagnostics, "MAX_SAMPLE_ELEMENTS", 40)  # forces slices along the contraction
+    generator = torch.Generator().manual_seed(2)
+    a, b = torch.randn(2, 3, 8, 16, generator=generator), torch.randn(2, 3, 16, 8, generator=generator)
+    out = a @ b
+    reference, got, rows, total = diagnostics.sampled_shadow_rows(a, b, out, sample_rows=5)
+    chosen = torch.arange(5) * 48 // 5
+    assert (rows, total) == (5, 48)
+    assert torch.equal(got, out.reshape(48, 8)[chosen])
+    assert torch.allclose(reference, out.reshape(48, 8)[chosen], atol=1e-5)
