@@ -141,3 +141,27 @@ def test_per_layer_grows_on_underflow_backs_off_on_overflow_and_restores():
     other.load_state_dict(state)
     assert other.layer_scales == {"0": 1.0} and other.skipped_steps == 1
     assert isinstance(other, DynamicLossScaler)
+
+
+def test_dynamic_scaler_with_a_fused_optimizer_never_reads_the_device(monkeypatch):
+    scaler = make_loss_scaler({"policy": "dynamic", "init_scale": 1024, "growth_interval": 2})
+    parameter = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([parameter], lr=0.1, fused=True)
+
+    def refuse(*_):
+        raise AssertionError("a host sync")
+
+    stepped = []
+    for gradient in (float("inf"), 1.0, 1.0, float("nan")):
+        parameter.grad = None
+        scaler.scale((parameter * gradient).sum()).backward()
+        with monkeypatch.context() as patch:
+            for name in ("__bool__", "__float__", "__int__", "item", "tolist"):
+                patch.setattr(torch.Tensor, name, refuse)
+            stepped.append(scaler.step_on_device(optimizer))
+        if gradient == float("inf"):
+            assert torch.equal(parameter.detach(), torch.ones(3))  # skipped on the device
+    assert [bool(flag) for flag in stepped] == [False, True, True, False]
+    assert not torch.equal(parameter.detach(), torch.ones(3))
+    assert (scaler.scale_value, scaler.skipped_steps) == (512.0, 2)  # 1024 -> 512 -> 1024 after 2 -> 512
+    assert scaler.scale_history == [(0, 1024.0), (0, 512.0), (2, 1024.0), (3, 512.0)]

@@ -280,3 +280,21 @@ def test_describe_recipe_lists_policies_rules_and_attention():
     assert "policy mx (default):" in text and "policy hp: high precision" in text
     assert "rule   'towers.*' -> hp" in text and "attention qk: fwd e4m3 b32 rceil" in text
     assert "high precision (no [attention] table)" in describe_recipe(load_recipe("bf16"))
+
+
+def test_backends_are_converters_run_te_first_and_swaps_go_through_replace_module():
+    from mxlab.recipe.apply import converters_for
+    from mxlab.recipe.backends import Target
+    from mxlab.recipe.backends.mxlab import MXLabConverter
+    from mxlab.recipe.plan import replace_module
+
+    recipe = load_recipe("mxfp8-rceil")
+    assert list(converters_for(recipe)) == ["te", "mxlab"]  # mxlab, which refuses nothing, runs last
+    model = TinyGem()
+    target = Target("towers.ctr.out", model.towers.ctr.out, "linear", recipe.policies[recipe.default], "default")
+    entry, = MXLabConverter(recipe.attention).convert(model, [target], seed=3)
+    assert entry.module == "towers.ctr.out" and entry.quantized and isinstance(model.towers.ctr.out, QLinear)
+    with pytest.raises(ValueError, match="not \\['x'\\]"):
+        MXLabConverter().convert(model, [Target("x", nn.ReLU(), "relu", None, "default")])
+    with pytest.raises(ValueError, match="not a submodule"):
+        replace_module(model, "towers.nope", nn.Identity())
