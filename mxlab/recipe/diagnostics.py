@@ -199,29 +199,22 @@ def sampled_shadow_rows(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sam
 
 @dataclass
 class _GemmAccumulator:
+    """One record in the making: the product's signal and noise energies, and its operands' statistics summed."""
+
     signal: float = 0.0
     noise: float = 0.0
     calls: int = 0
-    elements: int = 0
-    saturated: int = 0
-    flushed: int = 0
-    subnormal: int = 0
-    scale_exponents: Counter = field(default_factory=Counter)
+    operands: OperandStats = field(default_factory=OperandStats)
     amax_a: float = 0.0
     amax_b: float = 0.0
-    rows: int = 0
-    rows_sampled: int = 0
     out_rows: int = 0
     out_rows_sampled: int = 0
 
     def add_operand(self, stats: OperandStats) -> None:
-        self.elements += stats.elements
-        self.saturated += stats.saturated
-        self.flushed += stats.flushed
-        self.subnormal += stats.subnormal
-        self.scale_exponents.update(stats.scale_exponents)
-        self.rows += stats.rows_total
-        self.rows_sampled += stats.rows
+        total = self.operands
+        for name in ("elements", "saturated", "flushed", "subnormal", "rows", "rows_total"):
+            setattr(total, name, getattr(total, name) + getattr(stats, name))
+        total.scale_exponents.update(stats.scale_exponents)
 
 
 def sqnr_db(signal_energy: float, noise_energy: float) -> float:
@@ -300,21 +293,22 @@ class NumericsMonitor:
         """The records gathered since the last drain (one per step, module and GEMM), then forget them."""
         records = []
         for (step, module, gemm), acc in self._accumulators.items():
-            fraction = (lambda count: count / acc.elements) if acc.elements else (lambda count: 0.0)
+            ops = acc.operands
+            fraction = (lambda count: count / ops.elements) if ops.elements else (lambda count: 0.0)
             records.append({
                 "step": step,
                 "module": module,
                 "gemm": gemm,
                 "sqnr_db": sqnr_db(acc.signal, acc.noise),
-                "saturated_frac": fraction(acc.saturated),
-                "flushed_frac": fraction(acc.flushed),
-                "subnormal_frac": fraction(acc.subnormal),
-                "scale_exp_hist": {int(exponent): int(count) for exponent, count in sorted(acc.scale_exponents.items())},
+                "saturated_frac": fraction(ops.saturated),
+                "flushed_frac": fraction(ops.flushed),
+                "subnormal_frac": fraction(ops.subnormal),
+                "scale_exp_hist": {int(exponent): int(count) for exponent, count in sorted(ops.scale_exponents.items())},
                 "amax_a": acc.amax_a,
                 "amax_b": acc.amax_b,
                 "calls": acc.calls,
-                "rows_sampled": acc.rows_sampled,
-                "rows": acc.rows,
+                "rows_sampled": ops.rows,
+                "rows": ops.rows_total,
                 "out_rows_sampled": acc.out_rows_sampled,
                 "out_rows": acc.out_rows,
             })
