@@ -189,3 +189,30 @@ def test_sampled_shadow_rows_of_a_batched_product_are_those_rows_of_the_full_pro
     assert (rows, total) == (5, 48)
     assert torch.equal(got, out.reshape(48, 8)[chosen])
     assert torch.allclose(reference, out.reshape(48, 8)[chosen], atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_a_sampled_step_of_a_large_layer_costs_at_most_five_percent_more_memory_on_cuda():
+    import contextlib
+
+    layer = mx_layer(1024, 1024).cuda()
+    x = torch.randn(1 << 20, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+
+    def peak(monitor):
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        with monitor.sampling(0) if monitor is not None else contextlib.nullcontext():
+            layer(x).float().sum().backward()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+
+    plain = peak(None)
+    monitor = NumericsMonitor(layer, every=1)
+    sampled = peak(monitor)
+    records = monitor.drain()
+    assert {record["gemm"] for record in records} == {"fwd", "dgrad", "wgrad"}
+    assert all(record["rows_sampled"] <= 2 * 1024 for record in records)
+    assert sampled <= 1.05 * plain, f"sampled step peak {sampled / 2**30:.2f} GiB vs {plain / 2**30:.2f} GiB"
