@@ -177,7 +177,11 @@ def sampled_shadow_rows(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sam
                         ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """(ref, got, rows_sampled, rows_total): at most `sample_rows` rows of the float32 product a @ b (a
     (..., M, K), b (..., K, N) or (K, N)), accumulated over K in slices of bounded size, and the same
-    rows of `out` (the emulated product, (..., M, N)), both (rows, N) float32."""
+    rows of `out` (the emulated product, (..., M, N)), both (rows, N) float32. Leading dims broadcast
+    as in torch.matmul."""
+    if b.dim() > 2:  # batched: both to the broadcast leading shape (views, no copies)
+        shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        a, b = a.expand(*shape, *a.shape[-2:]), b.expand(*shape, *b.shape[-2:])
     *lead, rows, inner = a.shape
     cols = b.shape[-1]
     chosen = sample_index(math.prod(lead) * rows, sample_rows, a.device)

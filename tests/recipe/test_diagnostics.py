@@ -216,3 +216,15 @@ def test_a_sampled_step_of_a_large_layer_costs_at_most_five_percent_more_memory_
     assert {record["gemm"] for record in records} == {"fwd", "dgrad", "wgrad"}
     assert all(record["rows_sampled"] <= 2 * 1024 for record in records)
     assert sampled <= 1.05 * plain, f"sampled step peak {sampled / 2**30:.2f} GiB vs {plain / 2**30:.2f} GiB"
+
+
+def test_sampled_shadow_rows_broadcast_leading_dims_like_matmul():
+    import mxlab.recipe.diagnostics as diagnostics
+
+    generator = torch.Generator().manual_seed(4)
+    a, b = torch.randn(16, 8, generator=generator), torch.randn(3, 8, 4, generator=generator)
+    out = a @ b  # (3, 16, 4)
+    reference, got, rows, total = diagnostics.sampled_shadow_rows(a, b, out, sample_rows=7)
+    chosen = torch.arange(7) * 48 // 7
+    assert (rows, total) == (7, 48) and torch.equal(got, out.reshape(48, 4)[chosen])
+    assert torch.allclose(reference, got, atol=1e-5)
