@@ -65,7 +65,7 @@ refuses it for saved tensors.
 Refused (`unsupported_reason` says why; the caller falls back to the reference): (32, 32) blocks,
 per-tensor FP8 or high-precision operands inside an MX policy, per-layer gradient scaling,
 head dims that are not a power of two in [16, 256] (MX: >= 32). An installed GEMM observer
-(`mxlab.diagnostics`) sees no kernel products: a sampled step runs the same kernel as every
+(`mxlab.recipe.diagnostics`) sees no kernel products: a sampled step runs the same kernel as every
 other step, so sampling neither changes the training numerics nor needs the reference's memory.
 """
 from __future__ import annotations

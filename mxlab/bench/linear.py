@@ -10,7 +10,7 @@ Implementations ("arms"), all on BF16 inputs (M, K), weight (N, K), no bias, tim
 | mxlab mxfp8-hadamard (emulated) | the same with the wgrad operands through the fused random Hadamard (block 32) + MX cast |
 | mxlab fp8-tensor (emulated) | `QLinear` with the fp8-tensor policy: per-tensor FP8 current scaling, emulated |
 | TE bf16 | `te.Linear` without FP8 |
-| TE fp8_current / fp8_delayed / fp8_block / mxfp8 | `te.Linear` under `te.autocast` with that recipe (mxlab.te_backend) |
+| TE fp8_current / fp8_delayed / fp8_block / mxfp8 | `te.Linear` under `te.autocast` with that recipe (mxlab.recipe.backends.te) |
 
 Shapes: recommendation-model token counts M = 16384 and 65536, K = N = 512, 1024, 4096. The
 baseline is measured in the same run on the same tensors. TE arms are skipped, with the reason in
@@ -100,7 +100,7 @@ def _arm_steps(k: int, n: int, weight: torch.Tensor, x: torch.Tensor, grad: torc
     """arm -> (step, note); step None when the arm cannot run here (the note says why)."""
     from mxlab.nn.linear import QLinear
     from mxlab.recipe import load_recipe
-    from mxlab.te_backend import TE_RECIPES, BackendUnavailableError, TEPolicy, build_te_recipe, load_transformer_engine, unavailable_reason
+    from mxlab.recipe.backends.te import TE_RECIPES, BackendUnavailableError, TEPolicy, build_te_recipe, load_transformer_engine, unavailable_reason
 
     device = x.device
     steps: dict[str, tuple[Optional[Callable[[], None]], str]] = {}

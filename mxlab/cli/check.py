@@ -15,6 +15,6 @@ def check_te_command(
     json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the report as JSON to this path."),
 ) -> None:
     """Compare mxlab's emulation with Transformer Engine's kernels (CUDA + TE): bit-identical operands, GEMM errors."""
-    from mxlab.check_te import check_te_main
+    from mxlab.recipe.backends.te_check import check_te_main
 
     raise typer.Exit(check_te_main(seed=seed, json_path=json_path, echo=typer.echo, echo_error=lambda text: typer.echo(text, err=True)))

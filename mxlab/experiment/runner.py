@@ -369,7 +369,7 @@ def preflight(jobs: Sequence[RunJob], source: Any, device: str) -> None:
     """
     from mxlab.models import build_model
     from mxlab.recipe import apply_recipe
-    from mxlab.te_backend import recipe_unavailable_reason
+    from mxlab.recipe.backends.te import recipe_unavailable_reason
 
     checked: set[str] = set()
     for job in jobs:

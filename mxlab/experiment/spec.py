@@ -273,21 +273,15 @@ def recipe_dir_for(spec_path: Path) -> Path:
     return Path(spec_path).resolve().parent / "recipes"
 
 
-def available_recipes(recipe_dir: Path) -> list[str]:
-    """Names of the recipe files in `recipe_dir` (sorted; empty when the folder is missing)."""
-    return sorted(path.stem for path in Path(recipe_dir).glob("*.toml"))
-
-
 def resolve_recipe_path(name: str, recipe_dir: Path) -> Path:
-    """Return `recipe_dir/NAME.toml`; refuses a name without such a file, listing the ones there."""
-    path = Path(recipe_dir) / f"{name}.toml"
-    if not path.is_file():
-        names = available_recipes(recipe_dir)
-        raise ValueError(
-            f"unknown arm/recipe {name!r}: no file {path}; available recipes: "
-            f"{', '.join(names) if names else '(none in ' + str(recipe_dir) + ')'}"
-        )
-    return path
+    """Return `recipe_dir/NAME.toml` (mxlab.recipe.library.find_recipe, the spec's folder only);
+    refuses a name without such a file, listing the ones there."""
+    from mxlab.recipe.library import find_recipe
+
+    try:
+        return find_recipe(name, [recipe_dir], defaults=False)
+    except ValueError as error:
+        raise ValueError(f"unknown arm/recipe {name!r}: {error}") from None
 
 
 def _check_recipe_loads(arm: str, path: Path) -> None:

@@ -245,11 +245,11 @@ def train_run(
     ends the run as diverged (no eval.npz). `on_step(step)` is called after every step (after its
     checkpoint); an exception from it stops the run with its files as they were at the last
     checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
-    A recipe that Transformer Engine cannot run on `device` (mxlab.te_backend) is recorded as
+    A recipe that Transformer Engine cannot run on `device` (mxlab.recipe.backends.te) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
     """
     from mxlab.models import esmm_loss
-    from mxlab.scaling import make_loss_scaler
+    from mxlab.recipe.loss_scaling import make_loss_scaler
 
     run_dir = Path(job.run_dir)
     if run_is_done(run_dir):
@@ -257,7 +257,7 @@ def train_run(
     progress = progress or SilentProgress()
     train = job.spec.train
     device = torch.device(device)
-    from mxlab.te_backend import recipe_unavailable_reason
+    from mxlab.recipe.backends.te import recipe_unavailable_reason
 
     skip_reason = recipe_unavailable_reason(job.recipe, device)
     if skip_reason is not None:  # the arm's backend (Transformer Engine) cannot run here: record why, train nothing
@@ -276,7 +276,7 @@ def train_run(
     scaler = make_loss_scaler(job.recipe.loss_scaling, model)
     monitor = None
     if train.diagnostics_every:
-        from mxlab.diagnostics import NumericsMonitor
+        from mxlab.recipe.diagnostics import NumericsMonitor
 
         monitor = NumericsMonitor(model, every=train.diagnostics_every)
 

@@ -39,7 +39,7 @@ Backends (``backend="auto"``): on CUDA, the Triton kernel `mxlab.kernels.jagged_
 (no padding, no materialized score matrix, the same semantics with MX operands quantized
 inside the kernel) whenever its `unsupported_reason` is None (BF16/FP16 inputs, or an MX policy
 with 1-D blocks of 32, any scale mode and rounding, power-of-two head dims; an installed GEMM
-observer sees no kernel products, see `mxlab.diagnostics`); otherwise,
+observer sees no kernel products, see `mxlab.recipe.diagnostics`); otherwise,
 with ``policy is None`` and softmax, FlexAttention per bucket (compiled, fused) with a
 per-example length mask; everything else, and every CPU tensor, uses the reference.
 """

@@ -232,8 +232,9 @@ def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver
     It is called with keywords: `name` (module), `gemm` (label), `quant` (GemmQuant),
     `shadow_a`, `shadow_b` (the unquantized operands as multiplied, for a shadow product), `out`
     (the float32 product), `a`, `b` (the operands in their stored layouts as quantized, i.e. after
-    a Hadamard transform if any), `a_q`, `b_q` (their float32 fake-quantized values) and `a_axis`,
-    `b_axis` (the blocked axes). Returns the previous observer.
+    a Hadamard transform if any), `a_q`, `b_q` (their fake-quantized values as multiplied, bfloat16 or
+    float32, not copied), `a_factor`, `b_factor` (None, or the 0-d per-tensor FP8 scale the values are
+    multiplied by) and `a_axis`, `b_axis` (the blocked axes). Returns the previous observer.
     """
     global _observer
     previous, _observer = _observer, observer
@@ -411,13 +412,9 @@ def _gemm(
         if _observer is not None:
             _observer(
                 name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
-                a=a_in, b=b_in, a_q=_dequantized(a_q, a_factor), b_q=_dequantized(b_q, b_factor), a_axis=a_axis, b_axis=b_axis,
+                a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_factor=a_factor, b_factor=b_factor, a_axis=a_axis, b_axis=b_axis,
             )
     return out.to(out_dtype), (a_q, a_factor), (b_q, b_factor)
-
-
-def _dequantized(values: torch.Tensor, factor: Optional[torch.Tensor]) -> torch.Tensor:
-    return values.float() if factor is None else values.float() * factor
 
 
 # A power-of-two scale can recover bits of an MX-quantized element only if the element is below

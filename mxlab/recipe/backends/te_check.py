@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mxlab.te_backend import BackendUnavailableError, TEHandle, _support, load_transformer_engine
+from mxlab.recipe.backends.te import BackendUnavailableError, TEHandle, load_transformer_engine, te_recipe_support
 
 CASES = ("normal", "heavy_tail", "outlier", "ties", "tiny_amax", "zeros")
 MX_SCALE_MODES = ("rceil", "floor", "ceil", "even")
@@ -268,8 +268,8 @@ def compare_linear(handle: TEHandle, x: torch.Tensor, weight: torch.Tensor, grad
                    case: str) -> list[GemmComparison]:
     """te.Linear forward+backward under `scheme`'s TE recipe against QLinear emulating it, and both against FP32."""
     from mxlab.nn.linear import QLinear
-    from mxlab.recipe import load_recipe
-    from mxlab.te_backend import TEPolicy, build_te_recipe
+    from mxlab.recipe.library import load_recipe
+    from mxlab.recipe.backends.te import TEPolicy, build_te_recipe
 
     te = handle.pytorch
     rows, in_features = x.shape
@@ -324,7 +324,7 @@ def run_te_check(*, seed: int = 0, shape: tuple[int, int, int] = DEFAULT_SHAPE, 
     device = device or f"cuda:{torch.cuda.current_device()}"
     rows, in_features, out_features = shape
     report = TECheckReport(device=torch.cuda.get_device_name(torch.device(device)), te_version=handle.version, shape=shape)
-    mxfp8_ok, mxfp8_reason = _support(handle, "mxfp8")
+    mxfp8_ok, mxfp8_reason = te_recipe_support(handle, "mxfp8")
     generator = torch.Generator().manual_seed(seed)
     for case in CASES:
         x = make_case(case, rows, in_features, generator).to(device)

@@ -22,7 +22,7 @@ from mxlab.recipe import (
     single_layer_recipe,
 )
 
-RECIPE_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
+RECIPE_DIR = Path(__file__).resolve().parents[2] / "experiments" / "recipes"
 SHIPPED = [
     "bf16", "mxfp8-floor", "mxfp8-rceil", "mxfp8-rceil-sr", "mxfp8-square32", "mxfp8-wgrad-bf16",
     "mxfp8-tail-bf16", "mxfp8-e5m2-grad", "mxfp8-hadamard", "mxfp4-all", "fp8-tensor",
@@ -192,7 +192,7 @@ def test_invalid_recipes_fail_with_a_message_naming_the_problem(tmp_path, text, 
 def test_malformed_toml_and_unknown_names_fail_clearly(tmp_path):
     with pytest.raises(ValueError, match="malformed TOML"):
         recipe_from_text(tmp_path, 'name = "x"\n[policies.a\n')
-    with pytest.raises(ValueError, match=r"no recipe 'mxfp9'.*available: .*mxfp8-rceil"):
+    with pytest.raises(ValueError, match=r"no recipe 'mxfp9'.*available recipes: .*mxfp8-rceil"):
         load_recipe("mxfp9")
 
 
@@ -280,3 +280,21 @@ def test_describe_recipe_lists_policies_rules_and_attention():
     assert "policy mx (default):" in text and "policy hp: high precision" in text
     assert "rule   'towers.*' -> hp" in text and "attention qk: fwd e4m3 b32 rceil" in text
     assert "high precision (no [attention] table)" in describe_recipe(load_recipe("bf16"))
+
+
+def test_backends_are_converters_run_te_first_and_swaps_go_through_replace_module():
+    from mxlab.recipe.apply import converters_for
+    from mxlab.recipe.backends import Target
+    from mxlab.recipe.backends.mxlab import MXLabConverter
+    from mxlab.recipe.plan import replace_module
+
+    recipe = load_recipe("mxfp8-rceil")
+    assert list(converters_for(recipe)) == ["te", "mxlab"]  # mxlab, which refuses nothing, runs last
+    model = TinyGem()
+    target = Target("towers.ctr.out", model.towers.ctr.out, "linear", recipe.policies[recipe.default], "default")
+    entry, = MXLabConverter(recipe.attention).convert(model, [target], seed=3)
+    assert entry.module == "towers.ctr.out" and entry.quantized and isinstance(model.towers.ctr.out, QLinear)
+    with pytest.raises(ValueError, match="not \\['x'\\]"):
+        MXLabConverter().convert(model, [Target("x", nn.ReLU(), "relu", None, "default")])
+    with pytest.raises(ValueError, match="not a submodule"):
+        replace_module(model, "towers.nope", nn.Identity())

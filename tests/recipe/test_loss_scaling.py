@@ -4,7 +4,7 @@ from torch import nn
 
 from mxlab.nn.linear import QLinear
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
-from mxlab.scaling import (
+from mxlab.recipe.loss_scaling import (
     DynamicLossScaler,
     LossScalingConfig,
     make_loss_scaler,
@@ -99,7 +99,7 @@ def test_per_layer_scale_is_absorbed_by_mx_block_scales():
     """A power-of-two gradient scale changes nothing in MX (rceil) for float32-normal gradients, even
     in blocks whose E8M0 scale clamps at 2^-127 (amax < 2^-119 for E4M3). Positive operands keep
     every FP32 product and partial sum normal, so only the quantization could differ. (With the
-    floor scale, a clamped block cannot saturate while its scaled copy can: see mxlab.scaling.)"""
+    floor scale, a clamped block cannot saturate while its scaled copy can: see mxlab.recipe.loss_scaling.)"""
     torch.manual_seed(0)
     x = 1 + torch.rand(64, 32)
     g = torch.ldexp(1 + torch.rand(64, 32), torch.randint(-20, 4, (64, 32)))
@@ -141,3 +141,27 @@ def test_per_layer_grows_on_underflow_backs_off_on_overflow_and_restores():
     other.load_state_dict(state)
     assert other.layer_scales == {"0": 1.0} and other.skipped_steps == 1
     assert isinstance(other, DynamicLossScaler)
+
+
+def test_dynamic_scaler_with_a_fused_optimizer_never_reads_the_device(monkeypatch):
+    scaler = make_loss_scaler({"policy": "dynamic", "init_scale": 1024, "growth_interval": 2})
+    parameter = nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([parameter], lr=0.1, fused=True)
+
+    def refuse(*_):
+        raise AssertionError("a host sync")
+
+    stepped = []
+    for gradient in (float("inf"), 1.0, 1.0, float("nan")):
+        parameter.grad = None
+        scaler.scale((parameter * gradient).sum()).backward()
+        with monkeypatch.context() as patch:
+            for name in ("__bool__", "__float__", "__int__", "item", "tolist"):
+                patch.setattr(torch.Tensor, name, refuse)
+            stepped.append(scaler.step_on_device(optimizer))
+        if gradient == float("inf"):
+            assert torch.equal(parameter.detach(), torch.ones(3))  # skipped on the device
+    assert [bool(flag) for flag in stepped] == [False, True, True, False]
+    assert not torch.equal(parameter.detach(), torch.ones(3))
+    assert (scaler.scale_value, scaler.skipped_steps) == (512.0, 2)  # 1024 -> 512 -> 1024 after 2 -> 512
+    assert scaler.scale_history == [(0, 1024.0), (0, 512.0), (2, 1024.0), (3, 512.0)]

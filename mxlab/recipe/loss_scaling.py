@@ -6,6 +6,14 @@ gradient is non-finite, updates the scale and returns whether the optimizer step
 `scale_value`, `skipped_steps`, `steps`, `scale_history` (list of (step, scale) at every change,
 starting with the initial scale) and `state_dict()` / `load_state_dict()`.
 
+No host synchronisation per step: the scale, the growth count and the skipped-step count are 0-d
+tensors on the gradients' device; `step_on_device(optimizer)` checks every gradient for non-finite
+values in one fused pass per device and dtype (`torch._amp_foreach_non_finite_check_and_unscale_`,
+as GradScaler does), updates the scale there (`torch._amp_update_scale_`) and, for optimizers that
+skip on the device (fused Adam / AdamW / SGD), hands them the overflow flag instead of reading it.
+Other optimizers cost one read of the flag per step; `step` (which returns a bool), the properties
+and `state_dict` read the device when called, and `per_layer` reads each product's statistics.
+
 - `none`: scale 1; every step is taken (a non-finite gradient is left for the caller to see).
 - `static`: a fixed scale; a step with a non-finite gradient is skipped, the scale never changes.
 - `dynamic`: as `torch.amp.GradScaler`: start at `init_scale`; a non-finite gradient skips the
@@ -44,6 +52,7 @@ import torch
 from torch import nn
 
 LOSS_SCALING_POLICIES = ("none", "static", "dynamic", "per_layer")
+PENDING_LIMIT = 1024  # scale values kept on the device before scale_history reads them back
 
 
 @dataclass(frozen=True)
@@ -106,48 +115,111 @@ def _optimizer_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 
 
 class LossScaler:
-    """Base scaler (also the `none` policy): scale 1, never skips."""
+    """Base scaler (also the `none` policy): scale 1, never skips.
+
+    The state (scale, growth count, skipped steps) lives in 0-d tensors on the device of the loss
+    and gradients; `step_on_device` neither reads it back nor syncs with the host when the optimizer
+    can skip a step on the device (fused Adam / AdamW / SGD: `_step_supports_amp_scaling`). The
+    properties `scale_value`, `skipped_steps` and `scale_history` read it (one sync each).
+    """
 
     policy = "none"
 
     def __init__(self, config: LossScalingConfig) -> None:
         self.config = config
-        self.scale_value = 1.0
-        self.skipped_steps = 0
         self.steps = 0
-        self.scale_history: list[tuple[int, float]] = [(0, self.scale_value)]
+        initial = self._initial_scale()
+        self._scale = torch.tensor(initial, dtype=torch.float32)
+        self._growth_tracker = torch.zeros((), dtype=torch.int32)
+        self._skipped = torch.zeros((), dtype=torch.int64)
+        self._history: list[tuple[int, float]] = [(0, initial)]
+        self._pending: list[tuple[int, torch.Tensor]] = []  # (step, scale after it), not read back yet
+
+    def _initial_scale(self) -> float:
+        return 1.0
+
+    def _move_to(self, device: torch.device) -> None:
+        if self._scale.device != device:
+            self._scale = self._scale.to(device)
+            self._growth_tracker = self._growth_tracker.to(device)
+            self._skipped = self._skipped.to(device)
+
+    @property
+    def scale_value(self) -> float:
+        """The current loss scale (reads the device)."""
+        return float(self._scale)
+
+    @property
+    def skipped_steps(self) -> int:
+        """How many steps were skipped for a non-finite gradient (reads the device)."""
+        return int(self._skipped)
+
+    @property
+    def scale_history(self) -> list[tuple[int, float]]:
+        """(step, scale) at every change of the scale, starting with (0, initial scale) (reads the device)."""
+        if self._pending:
+            values = torch.stack([value for _, value in self._pending]).tolist()
+            for (step, _), value in zip(self._pending, values):
+                if value != self._history[-1][1]:
+                    self._history.append((step, float(value)))
+            self._pending = []
+        return list(self._history)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
-        """The loss multiplied by the current scale (the same tensor when the scale is 1)."""
-        return loss if self.scale_value == 1.0 else loss * self.scale_value
+        """The loss multiplied by the current scale (the same tensor under the `none` policy)."""
+        if self.policy == "none":
+            return loss
+        self._move_to(loss.device)
+        return loss * self._scale
 
-    def _unscale(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Divide every gradient by the scale; return whether all of them are finite."""
+    def _unscale(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """Divide every gradient by the scale, one fused pass per device and dtype; return a 0-d float32
+        tensor, nonzero when some gradient held a non-finite value (no host sync)."""
         grads = _optimizer_grads(optimizer)
-        if self.scale_value != 1.0:
-            inverse = 1.0 / self.scale_value
-            for grad in grads:
-                grad.mul_(inverse)
-        return all(bool(torch.isfinite(grad).all()) for grad in grads)
+        if grads:
+            self._move_to(grads[0].device)
+        found = torch.zeros((), dtype=torch.float32, device=self._scale.device)
+        inverse = self._scale.double().reciprocal().float()
+        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for grad in grads:
+            groups.setdefault((grad.device, grad.dtype), []).append(grad)
+        for (device, _), group in groups.items():
+            found_here = torch.zeros((), dtype=torch.float32, device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found_here, inverse.to(device))
+            found = found + found_here.to(found.device)
+        return found
 
-    def _set_scale(self, value: float) -> None:
-        if value != self.scale_value:
-            self.scale_value = value
-            self.scale_history.append((self.steps, value))
+    def _update(self, found: torch.Tensor) -> None:
+        """Update the scale on the device after a step (found: nonzero when a gradient was non-finite)."""
 
-    def _after_step(self, finite: bool) -> None:
-        """Update the scale after a step (finite: whether all gradients were finite)."""
+    def step_on_device(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """Unscale the gradients, step the optimizer unless a gradient is non-finite, update the scale;
+        returns a 0-d bool tensor, True when the optimizer stepped. Syncs with the host only for an
+        optimizer that cannot skip on the device (one read of the overflow flag)."""
+        if self.policy == "none":  # `none` neither unscales nor checks
+            optimizer.step()
+            self.steps += 1
+            return torch.ones((), dtype=torch.bool)
+        found = self._unscale(optimizer)
+        if getattr(optimizer, "_step_supports_amp_scaling", False):  # the fused kernels skip where found_inf
+            optimizer.grad_scale, optimizer.found_inf = None, found
+            try:
+                optimizer.step()
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf
+        elif not bool(found):
+            optimizer.step()
+        self._skipped += (found > 0).to(torch.int64)
+        self._update(found)
+        self._pending.append((self.steps, self._scale.clone()))
+        if len(self._pending) >= PENDING_LIMIT:
+            self.scale_history  # folds the pending values (one sync per PENDING_LIMIT steps)
+        self.steps += 1
+        return found == 0
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Unscale the gradients, step the optimizer unless skipped, update the scale; return whether it stepped."""
-        finite = self.policy == "none" or self._unscale(optimizer)  # `none` neither unscales nor checks
-        if finite:
-            optimizer.step()
-        else:
-            self.skipped_steps += 1
-        self._after_step(finite)
-        self.steps += 1
-        return finite
+        """`step_on_device`, then whether the optimizer stepped (reads the device)."""
+        return bool(self.step_on_device(optimizer))
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -162,10 +234,12 @@ class LossScaler:
         """Restore a state from `state_dict()`; refuses a state of another policy."""
         if state.get("policy") != self.policy:
             raise ValueError(f"loss scaler state is for policy {state.get('policy')!r}, this scaler is {self.policy!r}")
-        self.scale_value = float(state["scale_value"])
-        self.skipped_steps = int(state["skipped_steps"])
+        device = self._scale.device
+        self._scale = torch.tensor(float(state["scale_value"]), dtype=torch.float32, device=device)
+        self._skipped = torch.tensor(int(state["skipped_steps"]), dtype=torch.int64, device=device)
         self.steps = int(state["steps"])
-        self.scale_history = [(int(step), float(value)) for step, value in state["scale_history"]]
+        self._history = [(int(step), float(value)) for step, value in state["scale_history"]]
+        self._pending = []
 
 
 class StaticLossScaler(LossScaler):
@@ -173,10 +247,8 @@ class StaticLossScaler(LossScaler):
 
     policy = "static"
 
-    def __init__(self, config: LossScalingConfig) -> None:
-        super().__init__(config)
-        self.scale_value = config.init_scale
-        self.scale_history = [(0, self.scale_value)]
+    def _initial_scale(self) -> float:
+        return float(self.config.init_scale)
 
 
 class DynamicLossScaler(StaticLossScaler):
@@ -184,26 +256,16 @@ class DynamicLossScaler(StaticLossScaler):
 
     policy = "dynamic"
 
-    def __init__(self, config: LossScalingConfig) -> None:
-        super().__init__(config)
-        self.growth_tracker = 0
-
-    def _after_step(self, finite: bool) -> None:
-        if not finite:
-            self._set_scale(self.scale_value * self.config.backoff_factor)
-            self.growth_tracker = 0
-            return
-        self.growth_tracker += 1
-        if self.growth_tracker == self.config.growth_interval:
-            self._set_scale(self.scale_value * self.config.growth_factor)
-            self.growth_tracker = 0
+    def _update(self, found: torch.Tensor) -> None:
+        torch._amp_update_scale_(self._scale, self._growth_tracker, found, self.config.growth_factor,
+                                 self.config.backoff_factor, self.config.growth_interval)
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "growth_tracker": self.growth_tracker}
+        return {**super().state_dict(), "growth_tracker": int(self._growth_tracker)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.growth_tracker = int(state["growth_tracker"])
+        self._growth_tracker = torch.tensor(int(state["growth_tracker"]), dtype=torch.int32, device=self._scale.device)
 
 
 def quantized_products(model: nn.Module) -> dict[str, Any]:
@@ -242,8 +304,10 @@ class PerLayerLossScaler(DynamicLossScaler):
     def layer_scales(self) -> dict[str, float]:
         return {name: float(precision.grad_scale) for name, precision in self.products.items()}
 
-    def _after_step(self, finite: bool) -> None:
-        super()._after_step(finite)
+    def step_on_device(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """The dynamic step, then each product's scale from its gradient statistics (read on the host:
+        this policy syncs once per product and step)."""
+        stepped = super().step_on_device(optimizer)
         for name, precision in self.products.items():
             stats = precision.reset_grad_stats()
             if not stats:
@@ -257,7 +321,8 @@ class PerLayerLossScaler(DynamicLossScaler):
                 new = current
             if new != current:
                 precision.grad_scale = new
-                self.layer_scale_history[name].append((self.steps, new))
+                self.layer_scale_history[name].append((self.steps - 1, new))
+        return stepped
 
     def state_dict(self) -> dict[str, Any]:
         return {

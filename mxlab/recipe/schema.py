@@ -1,16 +1,10 @@
-"""Recipes: which precision every GEMM of a model gets, by module name.
+"""The recipe schema: parse and validate a recipe table into a `Recipe` (policies, rules, attention, loss scaling).
 
 A recipe (TOML, format in DESIGN.md) names precision policies and maps module qualified names to
-them with fnmatch rules; the first matching rule wins, unmatched modules get `default`.
-`apply_recipe(model, recipe)` swaps every reachable `nn.Linear` for a `QLinear` sharing its
-parameters, sets the `policy` of every `JaggedAttention` module, and returns the `Plan`.
-
-Reachable ("quantizable") modules: modules whose type is exactly `nn.Linear`, `QLinear`s, and
-modules of a class named `JaggedAttention` (mxlab.nn.attention). Subclasses of nn.Linear with
-their own forward (e.g. the out_proj of nn.MultiheadAttention, which is never called) are not
-reachable. A rule that matches no reachable module is an error: the names in a recipe are the
-names of one model (the shipped recipes use the GEM model's names: `history.blocks.0.attn.qkv`,
-`towers.ctr.out`, ...), so on another model they fail and the message lists the names there are.
+them with fnmatch rules; the first matching rule wins, unmatched modules get `default`
+(`Recipe.policy_for`). Applying one to a model is mxlab.recipe.apply; finding one by name is
+mxlab.recipe.library. The names in a recipe are the names of one model (the shipped recipes use
+the GEM model's names: `history.blocks.0.attn.qkv`, `towers.ctr.out`, ...).
 
 Policy tables (`[policies.NAME]`):
 
@@ -36,19 +30,18 @@ policy). An attention module gets these products when the policy it resolves to 
 default) is not all high precision; otherwise, or without an `[attention]` table, its policy is
 None (plain matmuls).
 
-`[loss_scaling]`: see mxlab.scaling.
+A policy table with a `backend` key belongs to another backend (`backend = "te"`: Transformer
+Engine, see mxlab.recipe.backends.te_policy).
+
+`[loss_scaling]`: see mxlab.recipe.loss_scaling.
 """
 from __future__ import annotations
 
 import copy
 import glob
-import zlib
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from pathlib import Path
 from typing import Any, Optional
-
-from torch import nn
 
 from mxlab.nn.qmatmul import (
     HADAMARD_BLOCKS,
@@ -59,12 +52,8 @@ from mxlab.nn.qmatmul import (
     MatmulPrecision,
     OperandQuant,
 )
-from mxlab.scaling import LossScalingConfig, parse_loss_scaling
-
-try:  # Python 3.11+
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from mxlab.recipe.backends.te_policy import parse_backend_policy
+from mxlab.recipe.loss_scaling import LossScalingConfig, parse_loss_scaling
 
 RECIPE_KEYS = ("name", "description", "default", "policies", "rules", "attention", "loss_scaling")
 POLICY_KEYS = ("all", "fwd", "dgrad", "wgrad", "block", "scale_mode", "rounding", "hadamard")
@@ -77,7 +66,6 @@ LINEAR_LABELS = ("fwd", "dgrad", "wgrad")
 ATTENTION_PRODUCTS = ("qk", "pv")
 SWEEP_HIGH_PRECISION_POLICY = "bf16-sweep"
 
-_REPO_RECIPE_DIR = Path(__file__).resolve().parent.parent / "experiments" / "recipes"
 
 
 # --------------------------------------------------------------------------------- dataclasses
@@ -246,8 +234,6 @@ def _hadamard(value: Any, where: str) -> Optional[int]:
 def _parse_policy(name: str, table: Any) -> LinearPolicy:
     where = f"[policies.{name}]"
     if isinstance(table, dict) and "backend" in table:  # a policy of another backend (Transformer Engine)
-        from mxlab.te_backend import parse_backend_policy
-
         return parse_backend_policy(name, table)
     _check_keys(table, POLICY_KEYS, where)
     scale_mode = _check_choice(table.get("scale_mode", "floor"), SCALE_MODES, "scale_mode", f"{where}.scale_mode")
@@ -364,231 +350,6 @@ def parse_recipe(table: dict[str, Any], source: Optional[str] = None, name: Opti
     )
 
 
-def recipe_dirs(search_dirs: tuple[str | Path, ...] | list[str | Path] = ()) -> list[Path]:
-    """Directories searched for a recipe name: `search_dirs`, ./experiments/recipes, then the repository's."""
-    dirs = [Path(d) for d in search_dirs] + [Path.cwd() / "experiments" / "recipes", _REPO_RECIPE_DIR]
-    unique: list[Path] = []
-    for directory in dirs:
-        if directory not in unique:
-            unique.append(directory)
-    return unique
-
-
-def available_recipes(search_dirs: tuple[str | Path, ...] | list[str | Path] = ()) -> list[str]:
-    """Names of the recipes (*.toml stems) found in the search directories."""
-    return sorted({path.stem for directory in recipe_dirs(search_dirs) if directory.is_dir() for path in directory.glob("*.toml")})
-
-
-def load_recipe(name_or_path: str | Path, search_dirs: tuple[str | Path, ...] | list[str | Path] = ()) -> Recipe:
-    """Load and validate a recipe from a TOML path or a recipe name (looked up as NAME.toml in
-    `search_dirs`, ./experiments/recipes and the repository's experiments/recipes).
-
-    Refuses an unknown name (listing the available ones), unreadable TOML (with the parser's
-    message) and everything `parse_recipe` refuses.
-    """
-    path = Path(name_or_path)
-    if not path.is_file():
-        candidates = [directory / f"{name_or_path}.toml" for directory in recipe_dirs(search_dirs)]
-        found = [candidate for candidate in candidates if candidate.is_file()]
-        if not found:
-            raise ValueError(
-                f"no recipe {str(name_or_path)!r}: not a file and not a name in {', '.join(map(str, recipe_dirs(search_dirs)))}; "
-                f"available: {', '.join(available_recipes(search_dirs)) or 'none'}"
-            )
-        path = found[0]
-    try:
-        table = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as error:
-        raise ValueError(f"{path}: malformed TOML: {error}") from None
-    return parse_recipe(table, source=str(path), name=path.stem)
-
-
-# --------------------------------------------------------------------------------- model side
-def _is_attention(module: nn.Module) -> bool:
-    return any(cls.__name__ == "JaggedAttention" for cls in type(module).__mro__)
-
-
-def _is_linear(module: nn.Module) -> bool:
-    from mxlab.nn.linear import QLinear
-
-    return type(module) is nn.Linear or isinstance(module, QLinear)
-
-
-def _reachable(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
-    found = []
-    for name, module in model.named_modules():
-        if _is_linear(module):
-            found.append((name, module, "linear"))
-        elif _is_attention(module):
-            found.append((name, module, "attention"))
-    return found
-
-
-def quantizable_modules(model: nn.Module, recipe: Optional[Recipe] = None) -> list[str]:
-    """Qualified names of the modules a recipe can reach (linear layers and JaggedAttention), in
-    model order. With `recipe`, attention modules are left out when it has no `[attention]` table
-    (it could not quantize them)."""
-    return [
-        name for name, _, kind in _reachable(model)
-        if kind == "linear" or recipe is None or recipe.attention is not None
-    ]
-
-
-def module_seed(run_seed: int, module_name: str, product: str = "") -> int:
-    """The base seed of one module's (or attention product's) stochastic rounding: a function of
-    the run seed and the qualified name only, so it does not depend on which other modules exist."""
-    return (int(run_seed) * 0x9E3779B1 + zlib.crc32(f"{module_name}/{product}".encode())) & 0xFFFFFFFFFFFF
-
-
-@dataclass
-class PlanEntry:
-    """One reachable module in the plan."""
-
-    module: str
-    kind: str  # linear | attention
-    policy: str  # the policy name
-    rule: str  # the matching rule's pattern, or "default"
-    quantized: bool
-    gemms: dict[str, str]  # GEMM (fwd/dgrad/wgrad or qk/pv) -> precision in words
-    padded: list[str] = field(default_factory=list)
-    backend: str = "mxlab"  # mxlab (emulation) | te (the module became a Transformer Engine te.Linear)
-    note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "module": self.module, "kind": self.kind, "policy": self.policy, "rule": self.rule,
-            "quantized": self.quantized, "gemms": dict(self.gemms), "padded": list(self.padded),
-            "backend": self.backend, "note": self.note,
-        }
-
-
-@dataclass
-class Plan:
-    """What `apply_recipe` did: each reachable module's policy, and which stayed high precision."""
-
-    recipe: str
-    seed: int
-    entries: list[PlanEntry]
-    loss_scaling: dict[str, Any]
-
-    @property
-    def quantized_modules(self) -> list[str]:
-        return [entry.module for entry in self.entries if entry.quantized]
-
-    @property
-    def high_precision_modules(self) -> list[str]:
-        return [entry.module for entry in self.entries if not entry.quantized]
-
-    @property
-    def padded_modules(self) -> dict[str, list[str]]:
-        return {entry.module: entry.padded for entry in self.entries if entry.padded}
-
-    def to_dict(self) -> dict[str, Any]:
-        """The plan as a JSON-serializable dict."""
-        return {
-            "recipe": self.recipe,
-            "seed": self.seed,
-            "modules": [entry.to_dict() for entry in self.entries],
-            "quantized": self.quantized_modules,
-            "high_precision": self.high_precision_modules,
-            "padded": self.padded_modules,
-            "backends": {entry.module: entry.backend for entry in self.entries if entry.backend != "mxlab"},
-            "loss_scaling": dict(self.loss_scaling),
-        }
-
-    def table(self) -> str:
-        """A fixed-width text table: module, kind, policy, rule, each GEMM's precision, notes."""
-        header = ["module", "kind", "policy", "rule", "precision", "notes"]
-        rows = []
-        for entry in self.entries:
-            if entry.quantized:
-                precision = "; ".join(f"{gemm}: {text}" for gemm, text in entry.gemms.items())
-            else:
-                precision = "high precision (unchanged)"
-            notes = "padded " + ", ".join(entry.padded) if entry.padded and entry.quantized else ""
-            notes = "; ".join(text for text in (f"backend {entry.backend}" if entry.backend != "mxlab" else "", notes, entry.note) if text)
-            rows.append([entry.module, entry.kind, entry.policy, entry.rule, precision, notes])
-        widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-        lines = [f"recipe {self.recipe} (seed {self.seed}): {len(self.quantized_modules)} quantized, "
-                 f"{len(self.high_precision_modules)} high precision; loss scaling {self.loss_scaling.get('policy')}"]
-        for index, row in enumerate([header] + rows):
-            lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
-            if index == 0:
-                lines.append("  ".join("-" * width for width in widths))
-        return "\n".join(lines)
-
-
-def _replace_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, new)
-
-
-def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
-    """Apply `recipe` to `model` in place and return the Plan.
-
-    Every reachable linear module whose policy is not all high precision becomes a QLinear sharing
-    the same Parameters (a QLinear whose policy is high precision gets precision None, i.e. plain
-    nn.Linear); every JaggedAttention gets `policy` = AttentionPolicy or None. `seed` (the run seed)
-    seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
-    Refuses (ValueError) a rule that matches no reachable module, listing the reachable names, and
-    a model with no reachable module at all. A linear module whose policy has backend = "te" becomes
-    a Transformer Engine te.Linear (see mxlab.te_backend, which refuses, before any swap, with
-    BackendUnavailableError when TE cannot run here).
-    """
-    from mxlab.nn.linear import QLinear
-
-    if not isinstance(recipe, Recipe):
-        raise ValueError(f"apply_recipe needs a Recipe (see load_recipe), got {type(recipe).__name__}")
-    reachable = _reachable(model)
-    names = [name for name, _, _ in reachable]
-    if not names:
-        raise ValueError(f"recipe {recipe.name!r}: the model has no nn.Linear or JaggedAttention module to apply it to")
-    for rule in recipe.rules:
-        if not any(fnmatchcase(name, rule.match) for name in names):
-            shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40 else "")
-            raise ValueError(
-                f"recipe {recipe.name!r}: rule match = {rule.match!r} matches no module of this model "
-                f"(recipes name modules of one model; the shipped ones use the GEM model's names). "
-                f"Reachable modules: {shown}"
-            )
-    te_linears = [(name, module, recipe.policy_for(name)[0]) for name, module, kind in reachable
-                  if kind == "linear" and getattr(recipe.policy_for(name)[0], "backend", "mxlab") == "te"]
-    if te_linears:  # refuses (TE missing, no CUDA, unsupported recipe, unaligned module) before any swap
-        from mxlab import te_backend
-
-        te_handle = te_backend.check_te_linears(te_linears)
-    entries = []
-    for name, module, kind in reachable:
-        policy, rule = recipe.policy_for(name)
-        if kind == "linear" and getattr(policy, "backend", "mxlab") == "te":
-            entries.append(te_backend.apply_te_policy(model, name, module, policy, rule, te_handle))
-            continue
-        if kind == "linear":
-            precision = policy.to_precision(name, module_seed(seed, name))
-            if isinstance(module, QLinear):
-                module.precision = precision
-            elif precision is not None:
-                module = QLinear.from_linear(module, precision)
-                _replace_module(model, name, module)
-            quantized = precision is not None
-            gemms = policy.describe() if quantized else {}
-            padded = module.padded_dims if isinstance(module, QLinear) else []
-        else:
-            attention_policy = None
-            if recipe.attention is not None and not policy.high_precision:
-                qk = recipe.attention.product_precision("qk", name, module_seed(seed, name, "qk"))
-                pv = recipe.attention.product_precision("pv", name, module_seed(seed, name, "pv"))
-                if qk is not None or pv is not None:
-                    attention_policy = AttentionPolicy(qk=qk, pv=pv)
-            module.policy = attention_policy
-            quantized = attention_policy is not None
-            gemms = recipe.attention.describe() if quantized and recipe.attention is not None else {}
-            padded = []
-        entries.append(PlanEntry(name, kind, policy.name, rule, quantized, gemms, padded))
-    return Plan(recipe=recipe.name, seed=int(seed), entries=entries, loss_scaling=recipe.loss_scaling.to_dict())
-
-
 def describe_gemm(gemm: GemmQuant) -> str:
     """One GEMM's precision in words (GemmQuant.describe), e.g. `e4m3 b32 rceil` or `bf16`."""
     return gemm.describe()
@@ -625,24 +386,6 @@ def single_layer_recipe(recipe: Recipe, module_name: str, invert: bool = False) 
     return parse_recipe(table, source=f"single_layer_recipe({recipe.name!r}, {module_name!r}, invert={invert})")
 
 
-def rounding_state(model: nn.Module) -> dict[str, int]:
-    """The call counters of every quantized product (keyed as mxlab.scaling.quantized_products), which
-    with the module seeds fix the stochastic-rounding bits; save it with a checkpoint to resume them."""
-    from mxlab.scaling import quantized_products
-
-    return {name: int(precision.calls) for name, precision in quantized_products(model).items()}
-
-
-def load_rounding_state(model: nn.Module, state: dict[str, int]) -> None:
-    """Restore the counters saved by `rounding_state`; refuses a state that misses a product of the model."""
-    from mxlab.scaling import quantized_products
-
-    products = quantized_products(model)
-    missing = sorted(set(products) - set(state))
-    if missing:
-        raise ValueError(f"rounding state has no counter for {missing}; it was saved from another plan")
-    for name, precision in products.items():
-        precision.calls = int(state[name])
 
 
 def describe_recipe(recipe: Recipe) -> str:

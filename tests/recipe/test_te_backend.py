@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mxlab import te_backend
+from mxlab.recipe.backends import te as te_backend
 from mxlab.recipe import apply_recipe, load_recipe, parse_recipe
-from mxlab.te_backend import BackendUnavailableError, TEHandle, TEPolicy
+from mxlab.recipe.backends.te import BackendUnavailableError, TEHandle, TEPolicy
 
 SHIPPED_TE_RECIPES = {"te-fp8-current": "fp8_current", "te-fp8-delayed": "fp8_delayed",
                       "te-fp8-block": "fp8_block", "te-mxfp8": "mxfp8"}
@@ -322,7 +322,7 @@ def test_the_runner_records_an_arm_te_cannot_run_as_skipped(no_te, tmp_path):
 def test_check_te_refuses_without_te_or_cuda_and_says_how_to_install(no_te):
     from typer.testing import CliRunner
 
-    from mxlab.check_te import run_te_check
+    from mxlab.recipe.backends.te_check import run_te_check
     from mxlab.cli import app
 
     with pytest.raises(BackendUnavailableError, match=r"pip install 'mxlab\[te\]'"):
@@ -333,7 +333,7 @@ def test_check_te_refuses_without_te_or_cuda_and_says_how_to_install(no_te):
 
 
 def test_check_te_classifies_every_difference():
-    from mxlab.check_te import classify_differences
+    from mxlab.recipe.backends.te_check import classify_differences
 
     e4m3 = torch.float8_e4m3fn
     same = torch.tensor([1.0, -2.0, 0.0])
@@ -349,7 +349,7 @@ def test_check_te_classifies_every_difference():
 
 
 def test_check_te_tie_case_lies_exactly_halfway_between_e4m3_neighbours():
-    from mxlab.check_te import make_case
+    from mxlab.recipe.backends.te_check import make_case
     from mxlab.numerics.quant import fake_quantize
 
     x = make_case("ties", 64, 64, torch.Generator().manual_seed(0)).float()
@@ -361,7 +361,7 @@ def test_check_te_tie_case_lies_exactly_halfway_between_e4m3_neighbours():
 
 
 def test_relative_error_edges():
-    from mxlab.check_te import relative_error
+    from mxlab.recipe.backends.te_check import relative_error
 
     assert relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
     assert relative_error(torch.ones(3), torch.zeros(3)) == float("inf")
@@ -400,7 +400,7 @@ def _te_study_spec(tmp_path: Path, arms: list[str], train_examples: int, eval_ex
     """A tiny-model study spec in tmp_path, with the shipped recipes of `arms` copied next to it."""
     import shutil
 
-    shipped = Path(__file__).resolve().parents[1] / "experiments" / "recipes"
+    shipped = Path(__file__).resolve().parents[2] / "experiments" / "recipes"
     (tmp_path / "recipes").mkdir()
     for arm in arms:
         shutil.copy(shipped / f"{arm}.toml", tmp_path / "recipes" / f"{arm}.toml")
@@ -478,7 +478,7 @@ def test_gpu_bench_linear_times_bf16_emulation_and_te_on_one_shape():
 @pytest.mark.gpu
 @needs_te
 def test_gpu_check_te_per_tensor_fp8_is_bit_identical_or_every_difference_is_explained():
-    from mxlab.check_te import run_te_check
+    from mxlab.recipe.backends.te_check import run_te_check
 
     report = run_te_check(seed=0)
     per_tensor = [row for row in report.operands if row.scheme.startswith("fp8_current")]

@@ -1,0 +1,82 @@
+"""apply_recipe: give every reachable module of a model its recipe policy, through its backend's converter."""
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+
+from torch import nn
+
+from mxlab.recipe.backends import Converter, Target
+from mxlab.recipe.backends.mxlab import MXLabConverter
+from mxlab.recipe.backends.te import TEConverter
+from mxlab.recipe.loss_scaling import quantized_products
+from mxlab.recipe.plan import Plan, PlanEntry, reachable_modules, replace_module
+from mxlab.recipe.schema import Recipe
+
+
+def converters_for(recipe: Recipe) -> dict[str, Converter]:
+    """The converter of each backend for `recipe`, in the order apply_recipe runs them: every converter
+    refuses before it changes a module, and mxlab's (which refuses nothing a valid recipe holds) runs
+    last, so a refusal leaves the model as it was."""
+    return {"te": TEConverter(), "mxlab": MXLabConverter(recipe.attention)}
+
+
+def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
+    """Apply `recipe` to `model` in place and return the Plan (one entry per reachable module, in model order).
+
+    Every reachable linear module whose policy is not all high precision becomes a QLinear sharing
+    the same Parameters (a QLinear whose policy is high precision gets precision None, i.e. plain
+    nn.Linear); every JaggedAttention gets `policy` = AttentionPolicy or None. `seed` (the run seed)
+    seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
+    Refuses (ValueError) a rule that matches no reachable module, listing the reachable names, and
+    a model with no reachable module at all. A linear module whose policy has backend = "te" becomes
+    a Transformer Engine te.Linear (mxlab.recipe.backends.te, which refuses, before any swap, with
+    BackendUnavailableError when TE cannot run here).
+    """
+    if not isinstance(recipe, Recipe):
+        raise ValueError(f"apply_recipe needs a Recipe (see load_recipe), got {type(recipe).__name__}")
+    reachable = reachable_modules(model)
+    names = [name for name, _, _ in reachable]
+    if not names:
+        raise ValueError(f"recipe {recipe.name!r}: the model has no nn.Linear or JaggedAttention module to apply it to")
+    for rule in recipe.rules:
+        if not any(fnmatchcase(name, rule.match) for name in names):
+            shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40 else "")
+            raise ValueError(
+                f"recipe {recipe.name!r}: rule match = {rule.match!r} matches no module of this model "
+                f"(recipes name modules of one model; the shipped ones use the GEM model's names). "
+                f"Reachable modules: {shown}"
+            )
+    converters = converters_for(recipe)
+    by_backend: dict[str, list[Target]] = {backend: [] for backend in converters}
+    for name, module, kind in reachable:
+        policy, rule = recipe.policy_for(name)
+        backend = getattr(policy, "backend", "mxlab") if kind == "linear" else "mxlab"
+        if backend not in converters:
+            raise ValueError(f"recipe {recipe.name!r}: module {name!r} has policy {policy.name!r} of unknown backend "
+                             f"{backend!r}; backends: {', '.join(converters)}")
+        by_backend[backend].append(Target(name, module, kind, policy, rule))
+    entries: dict[str, PlanEntry] = {}
+    for backend, converter in converters.items():
+        if by_backend[backend]:
+            entries.update((entry.module, entry) for entry in converter.convert(model, by_backend[backend], seed=seed))
+    return Plan(recipe=recipe.name, seed=int(seed), entries=[entries[name] for name in names],
+                loss_scaling=recipe.loss_scaling.to_dict())
+
+
+def rounding_state(model: nn.Module) -> dict[str, int]:
+    """The call counters of every quantized product (keyed as mxlab.recipe.loss_scaling.quantized_products),
+    which with the module seeds fix the stochastic-rounding bits; save it with a checkpoint to resume them."""
+    return {name: int(precision.calls) for name, precision in quantized_products(model).items()}
+
+
+def load_rounding_state(model: nn.Module, state: dict[str, int]) -> None:
+    """Restore the counters saved by `rounding_state`; refuses a state that misses a product of the model."""
+    products = quantized_products(model)
+    missing = sorted(set(products) - set(state))
+    if missing:
+        raise ValueError(f"rounding state has no counter for {missing}; it was saved from another plan")
+    for name, precision in products.items():
+        precision.calls = int(state[name])
+
+
+__all__ = ["apply_recipe", "converters_for", "load_rounding_state", "replace_module", "rounding_state"]
