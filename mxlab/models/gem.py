@@ -25,6 +25,13 @@ product inside a `JaggedAttention`, so a recipe can name it):
    over all impressions, in float32.
 
 An empty history gives zero attention outputs; the other tokens still carry the example.
+
+Precision: under autocast (train.precision "bf16") activations run in autocast's dtype from the
+embedding lookups on, with no float32 copies in between: the residual streams, the norms
+(`LayerNorm`, `RMSNorm` here: nn's parameters, one fused kernel, statistics in float32, output in
+the input's dtype), the attention inputs and the interaction; only the two logits are float32.
+Without autocast everything runs in the parameters' dtype. `mxlab.models.flops` counts the
+model FLOPs of a batch.
 """
 from __future__ import annotations
 
