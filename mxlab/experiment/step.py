@@ -3,7 +3,17 @@
 `train_step` runs forward (under the run's autocast), the loss, backward, the loss scaler and
 the optimizer, and returns the step's losses as a device tensor: nothing in it reads a value
 back to the host, so the host can queue the next step while the device works. (What the model's
-layers and the loss scaler do inside is theirs: see `KNOWN_SYNCS`.)
+layers and the loss scaler do inside is theirs; the host reads that remain inside a step, by owner:
+
+- `mxlab.scaling`: the static, dynamic and per_layer scalers read ``isfinite(grad).all()`` once
+  per gradient in `step` (and per_layer each product's gradient statistics); policy none reads nothing;
+- `mxlab.kernels.jagged_attention.check_jagged_offsets`: one read per new offsets tensor (each
+  batch's history offsets; the model reuses its query offsets from step to step);
+- `mxlab.nn.attention`'s reference path (CPU, or what the kernel cannot run) buckets on the host;
+- `mxlab.nn.qmatmul`: emulated GEMMs check operands and record gradient statistics on the host;
+- any read inside torch's own CUDA backward kernels (tests/experiment/test_train_step.py's GPU
+  test prints every sync a step still makes);
+- a sampled `mxlab.diagnostics` step reads its statistics.)
 
 The training loop keeps each step's device results in a `PendingStep` and reads a whole
 interval of them back at once with `read_pending` (one transfer every `log_every` steps, at a
@@ -17,16 +27,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Sequence
 
 import torch
-
-# Host synchronisations that remain inside a step, outside this module (each names its owner):
-KNOWN_SYNCS = (
-    "mxlab.scaling: static/dynamic/per_layer LossScaler._unscale reads bool(isfinite(grad).all()) per gradient",
-    "mxlab.scaling: PerLayerLossScaler reads each product's gradient statistics after the step",
-    "mxlab.kernels.jagged_attention: check_jagged_offsets reads each new offsets tensor once (the batch's history offsets)",
-    "mxlab.nn.attention: the reference path (CPU, or a policy the kernel cannot run) reads lengths to bucket",
-    "mxlab.nn.qmatmul: emulated GEMMs check their operands and record gradient statistics on the host",
-    "mxlab.diagnostics: a sampled diagnostics step reads its statistics",
-)
 
 
 def autocast(device: torch.device, precision: str) -> Any:
@@ -126,4 +126,4 @@ def read_pending(pending: Sequence[PendingStep]) -> list[ReadStep]:
     return read
 
 
-__all__ = ["KNOWN_SYNCS", "PendingStep", "ReadStep", "autocast", "read_pending", "train_step"]
+__all__ = ["PendingStep", "ReadStep", "autocast", "read_pending", "train_step"]
