@@ -57,3 +57,14 @@ def test_bench_step_refuses_bad_arguments():
     if not torch.cuda.is_available():
         cuda = runner.invoke(app, ["bench", "step", "--spec", str(QUICKSTART)])
         assert cuda.exit_code == 2 and "--device cpu" in cuda.output
+
+
+@pytest.mark.gpu
+def test_bench_step_on_cuda_measures_peak_memory_per_arm(tmp_path):
+    from mxlab.bench.step import run_step_bench
+
+    result = run_step_bench(QUICKSTART, arms=["mxfp8-floor"], batch_size=64, max_history=16, warmup=2, steps=2, batches=2,
+                            device="cuda", json_path=tmp_path / "step.json", echo=lambda text: None)
+    assert json.loads((tmp_path / "step.json").read_text())["arms"] == result["arms"]
+    for row in result["arms"]:
+        assert row["note"] == "" and row["ms_per_step"] > 0 and 0 < row["peak_memory_gib"] < 10
