@@ -228,7 +228,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"Training step on {result['device']}: model {model.get('size')} (dim {model.get('dim')}, {model.get('layers')} layers, "
         f"{model.get('heads')} heads, max_history {model.get('max_history')}), batch {result['batch_size']}, "
         f"history mean {result['history']['mean']:.0f} / max {result['history']['max']}, "
-        f"{result['flops_per_step'] / 1e12:.2f} model TFLOP per step, MFU against {result['peak_tflops']:g} TFLOP/s; "
+        f"{result['flops_per_step'] / 1e12:.3g} model TFLOP per step, MFU against {result['peak_tflops']:g} TFLOP/s; "
         f"{result['warmup']} warm-up + {result['steps']} timed steps",
         "",
         "| arm | ms / step | x baseline | model TFLOP/s | MFU | peak GiB | note |",

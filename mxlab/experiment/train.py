@@ -236,9 +236,9 @@ def train_run(
     ends the run as diverged (no eval.npz). The step itself (`mxlab.experiment.step.train_step`)
     reads nothing back; the losses of the steps since the last read are read at once every
     train.log_every steps, at each checkpoint and at the end, and checked step by step then (so a
-    divergence is recorded at the step it happened; up to log_every - 1 more steps were queued). `on_step(step)` is called after every step (after its
-    checkpoint); an exception from it stops the run with its files as they were at the last
-    checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
+    divergence is recorded at the step it happened; up to log_every - 1 more steps were queued).
+    `on_step(step)` is called after every step (after its checkpoint); an exception from it stops
+    the run with its files as they were at the last checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
     A recipe that Transformer Engine cannot run on `device` (mxlab.te_backend) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
     """
