@@ -186,7 +186,9 @@ def run_step_bench(
         _free(target)
         try:
             ms, peak, loss, skipped = time_arm(spec, recipes[arm], info, on_device, target, warmup, steps)
-        except torch.cuda.OutOfMemoryError as error:
+        except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one; a Triton launch says "out of memory"
+            if not (isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()):
+                raise
             rows.append(StepMeasurement(arm, None, None, None, None, None, None, note=f"out of memory: {str(error).splitlines()[0]}"))
             continue
         finally:
