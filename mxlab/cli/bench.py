@@ -106,3 +106,30 @@ def bench_host_command(
         write_json(json_path, [asdict(result) for result in results])
 
 
+
+
+@app.command("step")
+def bench_step_command(
+    spec: Path = typer.Option(Path("experiments/gem-synthetic.toml"), "--spec", help="Experiment spec whose model, data, train settings and arms are timed."),
+    arms: "List[str]" = typer.Option([], "--arm", help="Arm (recipe name) to time (repeatable; default every arm of the spec). The spec's baseline is always timed first."),
+    preset: "Optional[str]" = typer.Option(None, "--preset", help="Model size preset (tiny, h200); default the spec's."),
+    batch_size: "Optional[int]" = typer.Option(None, "--batch", min=1, help="Examples per step; default the spec's train.batch_size."),
+    max_history: "Optional[int]" = typer.Option(None, "--max-history", min=1, help="Longest history (model.max_history); default the spec's."),
+    overrides: "List[str]" = typer.Option([], "--set", help="Override a spec value, key=value (repeatable), as for `mxlab run`."),
+    warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed steps per arm first (cover every batch once)."),
+    steps: int = typer.Option(20, "--steps", min=1, help="Timed steps per arm."),
+    batches: int = typer.Option(4, "--batches", min=1, help="Distinct batches, generated once and kept on the device."),
+    device: str = typer.Option("cuda", "--device", help="cuda, cuda:N or cpu."),
+    peak_tflops: float = typer.Option(989.0, "--peak-tflops", help="BF16 peak the MFU divides by (989: dense BF16 of an H100/H200 SXM)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+) -> None:
+    """The whole training step (forward, loss, backward, loss scaler, optimizer) of every arm against the baseline: ms/step, ratio, model TFLOP/s, MFU, peak memory."""
+    from mxlab.bench.step import run_step_bench
+
+    try:
+        run_step_bench(spec, arms=arms, preset=preset, batch_size=batch_size, max_history=max_history, overrides=overrides,
+                       warmup=warmup, steps=steps, batches=batches, device=device, peak_tflops=peak_tflops,
+                       json_path=json_path, echo=typer.echo)
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)

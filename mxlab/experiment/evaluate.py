@@ -10,6 +10,10 @@ EVAL_FIELDS = ("click", "conversion", "p_ctr", "p_cvr", "p_ctcvr", "user_id")
 TRUTH_FIELDS = ("true_ctr", "true_cvr")
 
 
+def _numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
+    return tensor.detach().to(dtype).cpu().numpy()
+
+
 @torch.no_grad()
 def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str) -> dict[str, np.ndarray]:
     """Run `model` over `source.eval_batches(batch_size)`; return eval.npz's arrays.
@@ -20,25 +24,29 @@ def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device:
     """
     was_training = model.training
     model.eval()
-    columns: dict[str, list[np.ndarray]] = {key: [] for key in EVAL_FIELDS + TRUTH_FIELDS}
+    columns: dict[str, list[Any]] = {key: [] for key in EVAL_FIELDS + TRUTH_FIELDS}
     try:
-        for batch in source.eval_batches(batch_size):
-            batch = batch.to(device)
-            output = model(batch)
-            p_ctr = torch.sigmoid(output.ctr_logit.float())
-            p_cvr = torch.sigmoid(output.cvr_logit.float())
-            columns["p_ctr"].append(p_ctr.cpu().numpy())
-            columns["p_cvr"].append(p_cvr.cpu().numpy())
-            columns["p_ctcvr"].append((p_ctr * p_cvr).cpu().numpy())
-            columns["click"].append(batch.click.float().cpu().numpy())
-            columns["conversion"].append(batch.conversion.float().cpu().numpy())
-            columns["user_id"].append(batch.user_id.long().cpu().numpy())
+        for host_batch in source.eval_batches(batch_size):
+            output = model(host_batch.to(device))
+            # predictions stay on the device until the end (one read, no sync per batch); labels
+            # come from the batch as the source made it
+            columns["p_ctr"].append(output.ctr_logit.detach().float())
+            columns["p_cvr"].append(output.cvr_logit.detach().float())
+            columns["click"].append(_numpy(host_batch.click, torch.float32))
+            columns["conversion"].append(_numpy(host_batch.conversion, torch.float32))
+            columns["user_id"].append(_numpy(host_batch.user_id, torch.int64))
             for key in TRUTH_FIELDS:
-                value = getattr(batch, key, None)
+                value = getattr(host_batch, key, None)
                 if value is not None:
-                    columns[key].append(value.float().cpu().numpy())
+                    columns[key].append(_numpy(value, torch.float32))
     finally:
         model.train(was_training)
+    if columns["p_ctr"]:
+        logits = torch.stack([torch.cat(columns["p_ctr"]), torch.cat(columns["p_cvr"])])
+        probabilities = torch.sigmoid(logits)
+        p_ctr, p_cvr = probabilities.cpu().numpy()
+        columns["p_ctr"], columns["p_cvr"] = [p_ctr], [p_cvr]
+        columns["p_ctcvr"] = [(probabilities[0] * probabilities[1]).cpu().numpy()]
     if not columns["click"]:
         raise ValueError("the eval set has no examples; set data.eval_examples > 0")
     arrays = {key: np.concatenate(columns[key]) for key in EVAL_FIELDS}

@@ -7,7 +7,6 @@ state, the step, the data position (epoch, batches consumed in it) and the parti
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 import time
@@ -21,6 +20,7 @@ import torch
 from mxlab import io
 from mxlab.experiment.evaluate import evaluate_model
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
+from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
 
 CHECKPOINT = "checkpoint.pt"
 DONE = "done.json"
@@ -105,24 +105,21 @@ def run_is_done(run_dir: Path) -> bool:
     return json.loads(path.read_text()).get("status") != "skipped"
 
 
-def autocast(device: torch.device, precision: str) -> Any:
-    """The autocast context of train.precision: bfloat16 autocast on `device` for "bf16", nothing for "fp32"."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    raise ValueError(f"unknown precision {precision!r}; accepted: bf16, fp32")
-
-
 def make_optimizer(train: TrainConfig, parameters: Any) -> torch.optim.Optimizer:
-    """The optimizer named by train.optimizer (adam, adamw, sgd, adagrad) at train.lr / weight_decay."""
+    """The optimizer named by train.optimizer (adam, adamw, sgd, adagrad) at train.lr / weight_decay.
+
+    On CUDA parameters adam, adamw and sgd use torch's fused kernels, which skip a step with a
+    non-finite gradient on the device (no host read of the loss scaler's overflow flag).
+    """
+    parameters = list(parameters)
     options = {"lr": train.lr, "weight_decay": train.weight_decay}
+    fused = {"fused": True} if parameters and all(parameter.is_cuda for parameter in parameters) else {}
     if train.optimizer == "adam":
-        return torch.optim.Adam(parameters, **options)
+        return torch.optim.Adam(parameters, **options, **fused)
     if train.optimizer == "adamw":
-        return torch.optim.AdamW(parameters, **options)
+        return torch.optim.AdamW(parameters, **options, **fused)
     if train.optimizer == "sgd":
-        return torch.optim.SGD(parameters, **options)
+        return torch.optim.SGD(parameters, **options, **fused)
     if train.optimizer == "adagrad":
         return torch.optim.Adagrad(parameters, **options)
     raise ValueError(f"unknown optimizer {train.optimizer!r}")
@@ -191,12 +188,6 @@ def _plan_dict(plan: Any) -> Any:
     return to_dict() if callable(to_dict) else {"plan": str(plan)}
 
 
-def _scale_value(scaler: Any) -> float:
-    value = getattr(scaler, "scale_value", 1.0)
-    value = value() if callable(value) else value
-    return float(value) if value is not None else 1.0
-
-
 class _LogInterval:
     """Loss sums and example counts since the last metrics record (part of the checkpoint)."""
 
@@ -215,16 +206,22 @@ class _LogInterval:
         values = [entry[index] for entry in self.losses]
         return float(sum(values) / len(values)) if values else float("nan")
 
-    def record(self, step: int, epoch: int, scaler: Any, time_s: float) -> dict[str, Any]:
-        """The metrics.jsonl record of this interval: mean losses, the loss scale now, throughput."""
+    def add(self, entry: ReadStep) -> None:
+        """Count one step read back from the device."""
+        self.losses.append(entry.losses)
+        self.examples += entry.examples
+        self.seconds += entry.seconds
+
+    def record(self, entry: ReadStep, time_s: float) -> dict[str, Any]:
+        """The metrics.jsonl record of this interval, ending at `entry`: mean losses, loss scale, throughput."""
         return {
-            "step": step,
-            "epoch": epoch,
+            "step": entry.step,
+            "epoch": entry.epoch,
             "loss": self.mean(0),
             "loss_ctr": self.mean(1),
             "loss_ctcvr": self.mean(2),
-            "loss_scale": _scale_value(scaler),
-            "skipped": int(getattr(scaler, "skipped_steps", 0)),
+            "loss_scale": entry.scale,
+            "skipped": entry.skipped,
             "examples_per_s": self.examples / self.seconds if self.seconds > 0 else 0.0,
             "time_s": time_s,
         }
@@ -242,9 +239,12 @@ def train_run(
 
     Returns the RunResult that done.json records. A non-finite loss on more than
     train.nonfinite_patience consecutive steps, or a loss scale below train.min_loss_scale,
-    ends the run as diverged (no eval.npz). `on_step(step)` is called after every step (after its
-    checkpoint); an exception from it stops the run with its files as they were at the last
-    checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
+    ends the run as diverged (no eval.npz). The step itself (`mxlab.experiment.step.train_step`)
+    reads nothing back; the losses of the steps since the last read are read at once every
+    train.log_every steps, at each checkpoint and at the end, and checked step by step then (so a
+    divergence is recorded at the step it happened; up to log_every - 1 more steps were queued).
+    `on_step(step)` is called after every step (after its checkpoint); an exception from it stops
+    the run with its files as they were at the last checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
     A recipe that Transformer Engine cannot run on `device` (mxlab.recipe.backends.te) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
     """
@@ -341,6 +341,36 @@ def train_run(
             },
         )
 
+    pending: list[PendingStep] = []  # steps taken whose losses are still on the device
+    last_read: ReadStep | None = None
+
+    def replay_pending() -> None:
+        """Read the pending steps back (one transfer) and run the per-step checks and log records on them.
+
+        On a divergence, `step` becomes the step that diverged (the steps queued after it are dropped).
+        """
+        nonlocal nonfinite_streak, interval, diverged_at, reason, step, last_read
+        waited = time.perf_counter()
+        entries = read_pending(pending)
+        pending.clear()
+        if entries:
+            entries[-1].seconds += time.perf_counter() - waited  # the wait for the device belongs to the steps
+        for entry in entries:
+            last_read = entry
+            interval.add(entry)
+            nonfinite_streak = 0 if math.isfinite(entry.losses[0]) else nonfinite_streak + 1
+            if nonfinite_streak > train.nonfinite_patience:
+                diverged_at, reason = entry.step, f"non-finite loss ({entry.losses[0]}) on {nonfinite_streak} consecutive steps"
+            elif entry.scale < train.min_loss_scale:
+                diverged_at, reason = entry.step, f"loss scale {entry.scale:g} fell below the floor {train.min_loss_scale:g}"
+            if entry.step % train.log_every == 0 or diverged_at is not None or (train.max_steps and entry.step >= train.max_steps):
+                metrics.append(interval.record(entry, elapsed_before + (time.perf_counter() - started)))
+                progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
+                interval = _LogInterval()
+            if diverged_at is not None:
+                step = entry.step
+                return
+
     total_steps = estimated_total_steps(train, source.n_train)
     progress.start(job.label, total_steps, step)
     started = time.perf_counter()
@@ -356,51 +386,35 @@ def train_run(
             tick = time.perf_counter()
             for batch in batches:
                 batch = batch.to(device)
-                optimizer.zero_grad(set_to_none=True)
-                sampling = monitor.sampling(step + 1) if monitor is not None else contextlib.nullcontext()
-                with sampling:
-                    with autocast(device, train.precision):
-                        output = model(batch)
-                    losses = esmm_loss(output, batch)
-                    scaler.scale(losses["loss"]).backward()
-                scaler.step(optimizer)
-                loss_values = torch.stack([losses["loss"], losses["ctr"], losses["ctcvr"]]).detach().float().cpu().tolist()
+                sampling = monitor.sampling(step + 1) if monitor is not None else None
+                losses = train_step(model, batch, optimizer, scaler, esmm_loss, device=device, precision=train.precision,
+                                    sampling=sampling)
                 step += 1
                 batches_in_epoch += 1
                 if monitor is not None:
                     numerics.extend(monitor.drain())
-                interval.losses.append(loss_values)
-                interval.examples += int(batch.click.shape[0])
-                interval.seconds += time.perf_counter() - tick
+                pending.append(PendingStep.after(step, epoch, losses, scaler, int(batch.click.shape[0]), time.perf_counter() - tick))
+                at_end = bool(train.max_steps and step >= train.max_steps)
+                checkpoint_due = bool(train.checkpoint_every and step % train.checkpoint_every == 0)
+                if step % train.log_every == 0 or checkpoint_due or at_end:
+                    replay_pending()
                 tick = time.perf_counter()
-
-                nonfinite_streak = 0 if math.isfinite(loss_values[0]) else nonfinite_streak + 1
-                scale = _scale_value(scaler)
-                if nonfinite_streak > train.nonfinite_patience:
-                    diverged_at, reason = step, f"non-finite loss ({loss_values[0]}) on {nonfinite_streak} consecutive steps"
-                elif scale < train.min_loss_scale:
-                    diverged_at, reason = step, f"loss scale {scale:g} fell below the floor {train.min_loss_scale:g}"
-
-                last_step = diverged_at is not None or (train.max_steps and step >= train.max_steps)
-                if step % train.log_every == 0 or last_step:
-                    metrics.append(interval.record(step, epoch, scaler, elapsed_before + (time.perf_counter() - started)))
-                    progress.advance(step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
-                    interval = _LogInterval()
-                if diverged_at is not None or last_step:
+                if diverged_at is not None or at_end:
                     break
-                if train.checkpoint_every and step % train.checkpoint_every == 0:
+                if checkpoint_due:
                     save_checkpoint()
                 if on_step is not None:
                     on_step(step)
             else:
+                replay_pending()
                 epoch += 1
                 batches_in_epoch = 0
         if diverged_at is not None:
             status = "diverged"
         # a last record for a partial log interval at the end of training
         if interval.losses:
-            last_epoch = min(epoch, train.epochs - 1)
-            metrics.append(interval.record(step, last_epoch, scaler, elapsed_before + (time.perf_counter() - started)))
+            closing = last_read or read_pending([PendingStep.after(step, min(epoch, train.epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
+            metrics.append(interval.record(closing, elapsed_before + (time.perf_counter() - started)))
             interval = _LogInterval()
         if status == "finished":
             save_checkpoint()
@@ -415,7 +429,7 @@ def train_run(
             wall_s=elapsed_before + (time.perf_counter() - started),
             diverged_at_step=diverged_at,
             reason=reason,
-            skipped_steps=int(getattr(scaler, "skipped_steps", 0)),
+            skipped_steps=last_read.skipped if diverged_at is not None and last_read else int(getattr(scaler, "skipped_steps", 0)),
             resumed_from_step=resumed_from,
         )
         io.write_json(run_dir / DONE, result.to_dict())

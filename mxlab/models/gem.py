@@ -25,6 +25,13 @@ product inside a `JaggedAttention`, so a recipe can name it):
    over all impressions, in float32.
 
 An empty history gives zero attention outputs; the other tokens still carry the example.
+
+Precision: under autocast (train.precision "bf16") activations run in autocast's dtype from the
+embedding lookups on, with no float32 copies in between: the residual streams, the norms
+(`LayerNorm`, `RMSNorm` here: nn's parameters, one fused kernel, statistics in float32, output in
+the input's dtype), the attention inputs and the interaction; only the two logits are float32.
+Without autocast everything runs in the parameters' dtype. `mxlab.models.flops` counts the
+model FLOPs of a batch.
 """
 from __future__ import annotations
 
@@ -137,9 +144,62 @@ class FeedForward(nn.Module):
         return self.fc2(self.dropout(F.gelu(self.fc1(x))))
 
 
-def _norm_float32(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """Apply a (QK-)norm in float32 and return x's dtype."""
-    return norm(x.float()).to(x.dtype)
+def _like(parameter: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return parameter if parameter.dtype == x.dtype else parameter.to(x.dtype)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm (same parameters) that returns its input's dtype, also under autocast.
+
+    Autocast runs layer_norm in float32 and returns float32; here a bfloat16 input stays
+    bfloat16: one fused kernel whose statistics accumulate in float32, with the affine
+    parameters cast to the input's dtype (as autocast casts a Linear's weight).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else _like(self.weight, x)
+        bias = None if self.bias is None else _like(self.bias, x)
+        with torch.autocast(x.device.type, enabled=False):
+            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm (same parameters) that returns its input's dtype, also under autocast.
+
+    The mean square accumulates in float32 inside torch's rms_norm; with ``eps=None`` the
+    epsilon is float32's (what a float32 norm uses), whatever the input's dtype.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.weight is None else _like(self.weight, x)
+        eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
+        with torch.autocast(x.device.type, enabled=False):
+            return F.rms_norm(x, self.normalized_shape, weight, eps)
+
+
+def activation_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
+    """The dtype activations run in: autocast's dtype where autocast is on for `device_type`, else `default`."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else default
+
+
+_QUERY_OFFSETS: dict[tuple[int, int, torch.device], torch.Tensor] = {}
+
+
+def query_offsets(batch_size: int, per_example: int, device: torch.device) -> torch.Tensor:
+    """Offsets (batch_size + 1,) int64 of `per_example` queries for every example, on `device`.
+
+    One tensor per (batch_size, per_example, device), reused from call to call, so the attention
+    kernel's offset check (a host read, cached on the tensor) runs once, not every step.
+    """
+    key = (batch_size, per_example, torch.device(device))
+    offsets = _QUERY_OFFSETS.get(key)
+    if offsets is None:
+        with torch.inference_mode(False):
+            offsets = torch.arange(batch_size + 1, device=device, dtype=torch.int64) * per_example
+        if len(_QUERY_OFFSETS) >= 64:
+            _QUERY_OFFSETS.clear()
+        _QUERY_OFFSETS[key] = offsets
+    return offsets
 
 
 class SelfAttention(nn.Module):
@@ -150,14 +210,14 @@ class SelfAttention(nn.Module):
         self.heads, self.head_dim = config.heads, config.dim // config.heads
         self.rotary, self.causal, self.activation = config.rotary, config.causal, config.activation
         self.qkv = nn.Linear(config.dim, 3 * config.dim)
-        self.q_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
+        self.q_norm = RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
         self.core = JaggedAttention()
         self.out = nn.Linear(config.dim, config.dim)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)
-        q, k = _norm_float32(self.q_norm, q), _norm_float32(self.k_norm, k)
+        q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary:
             q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)
         attended = self.core(q, k, v, offsets, offsets, causal=self.causal, activation=self.activation)
@@ -169,9 +229,9 @@ class HistoryBlock(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(config.dim)
+        self.norm1 = LayerNorm(config.dim)
         self.attn = SelfAttention(config)
-        self.norm2 = nn.LayerNorm(config.dim)
+        self.norm2 = LayerNorm(config.dim)
         self.mlp = FeedForward(config.dim, config.mlp_ratio * config.dim, config.dropout)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -185,10 +245,10 @@ class HistoryEncoder(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(HistoryBlock(config) for _ in range(config.layers))
-        self.norm = nn.LayerNorm(config.dim)
+        self.norm = LayerNorm(config.dim)
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        positions = segment_positions(offsets)
+        positions = segment_positions(offsets, total=x.shape[0])
         for block in self.blocks:
             x = block(x, offsets, positions)
         return self.norm(x)
@@ -202,15 +262,15 @@ class CrossAttention(nn.Module):
         self.heads, self.head_dim, self.activation = config.heads, config.dim // config.heads, config.activation
         self.q = nn.Linear(config.dim, config.dim)
         self.kv = nn.Linear(config.dim, 2 * config.dim)
-        self.q_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
+        self.q_norm = RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
         self.core = JaggedAttention()
         self.out = nn.Linear(config.dim, config.dim)
 
     def forward(self, queries: torch.Tensor, q_offsets: torch.Tensor, memory: torch.Tensor, k_offsets: torch.Tensor) -> torch.Tensor:
-        q = _norm_float32(self.q_norm, self.q(queries).view(queries.shape[0], self.heads, self.head_dim))
+        q = self.q_norm(self.q(queries).view(queries.shape[0], self.heads, self.head_dim))
         k, v = self.kv(memory).view(memory.shape[0], 2, self.heads, self.head_dim).unbind(1)
-        attended = self.core(q, _norm_float32(self.k_norm, k), v, q_offsets, k_offsets, activation=self.activation)
+        attended = self.core(q, self.k_norm(k), v, q_offsets, k_offsets, activation=self.activation)
         return self.out(attended.reshape(queries.shape[0], self.heads * self.head_dim))
 
 
@@ -224,8 +284,8 @@ class PooledAttention(nn.Module):
 
     def forward(self, memory: torch.Tensor, k_offsets: torch.Tensor) -> torch.Tensor:
         batch_size, n_seeds = k_offsets.numel() - 1, self.seeds.shape[0]
-        queries = self.seeds.repeat(batch_size, 1)
-        q_offsets = torch.arange(batch_size + 1, device=k_offsets.device) * n_seeds
+        queries = self.seeds.to(memory.dtype).repeat(batch_size, 1)
+        q_offsets = query_offsets(batch_size, n_seeds, k_offsets.device)
         return (queries + self.attn(queries, q_offsets, memory, k_offsets)).view(batch_size, n_seeds, -1)
 
 
@@ -234,13 +294,13 @@ class TokenCrossAttention(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.norm = nn.LayerNorm(config.dim)
+        self.norm = LayerNorm(config.dim)
         self.attn = CrossAttention(config)
 
     def forward(self, tokens: torch.Tensor, memory: torch.Tensor, k_offsets: torch.Tensor) -> torch.Tensor:
         batch_size, n_tokens, dim = tokens.shape
         flat = tokens.reshape(batch_size * n_tokens, dim)
-        q_offsets = torch.arange(batch_size + 1, device=k_offsets.device) * n_tokens
+        q_offsets = query_offsets(batch_size, n_tokens, k_offsets.device)
         return (flat + self.attn(self.norm(flat), q_offsets, memory, k_offsets)).view(batch_size, n_tokens, dim)
 
 
@@ -263,7 +323,7 @@ class Interaction(nn.Module):
         super().__init__()
         self.input = nn.Linear(n_tokens * config.dim, config.interaction_dim)
         self.layers = nn.ModuleList(LowRankCross(config.interaction_dim, config.cross_rank) for _ in range(config.cross_layers))
-        self.norm = nn.LayerNorm(config.interaction_dim)
+        self.norm = LayerNorm(config.interaction_dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         x0 = self.input(tokens.flatten(1))
@@ -325,7 +385,7 @@ class GEMModel(nn.Module):
         n_tokens = len(cardinalities) + (1 if info.n_dense else 0)
         if n_tokens == 0:
             raise ValueError("the data source has neither sparse fields nor dense features")
-        self.token_norm = nn.LayerNorm(dim)
+        self.token_norm = LayerNorm(dim)
         self.history = HistoryEncoder(config)
         self.pma = PooledAttention(config)
         self.cross = TokenCrossAttention(config)
@@ -335,8 +395,8 @@ class GEMModel(nn.Module):
             "cvr": Tower(config.interaction_dim, config.tower_dims, config.dropout, config.initial_cvr),
         })
 
-    def tokens(self, batch: JaggedBatch) -> torch.Tensor:
-        """Return the non-sequence tokens (B, T, dim): candidate, other fields, dense."""
+    def tokens(self, batch: JaggedBatch, dtype: torch.dtype) -> torch.Tensor:
+        """Return the non-sequence tokens (B, T, dim) in `dtype`: candidate, other fields, dense."""
         parts = []
         if self.candidate_field is not None:
             parts.append(self.embeddings.items(batch.sparse[:, self.candidate_field])[:, None, :])
@@ -345,13 +405,15 @@ class GEMModel(nn.Module):
             parts.append(self.embeddings.fields(ids))
         if self.dense_proj is not None:
             parts.append(self.dense_proj(batch.dense)[:, None, :])
-        return self.token_norm(torch.cat([part.to(parts[0].dtype) for part in parts], dim=1))
+        return self.token_norm(torch.cat([part.to(dtype) for part in parts], dim=1))
 
     def forward(self, batch: JaggedBatch) -> ModelOutput:
         """Return the CTR and CVR logits of `batch`, (B,) float32 each."""
-        tokens = self.tokens(batch)
+        # activations run in autocast's dtype from the embeddings on (residuals and norms included)
+        dtype = activation_dtype(batch.history_items.device.type, self.embeddings.items.weight.dtype)
+        tokens = self.tokens(batch, dtype)
         history = self.embeddings.items(batch.history_items) + self.embeddings.actions(batch.history_actions)
-        history = self.history(history, batch.history_offsets)
+        history = self.history(history.to(dtype), batch.history_offsets)
         pooled = self.pma(history, batch.history_offsets)
         crossed = self.cross(tokens, history, batch.history_offsets)
         dtype = crossed.dtype

@@ -402,10 +402,12 @@ def rotary_embedding(x: torch.Tensor, positions: torch.Tensor, base: float = 100
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
-def segment_positions(offsets: torch.Tensor) -> torch.Tensor:
-    """Return the position of each token inside its own sequence (0-based), shape (total,)."""
+def segment_positions(offsets: torch.Tensor, total: int | None = None) -> torch.Tensor:
+    """Return the position of each token inside its own sequence (0-based), shape (total,).
+
+    `total` (the number of tokens, offsets[-1]) given spares reading it from the device."""
     lengths = offsets[1:] - offsets[:-1]
-    total = int(offsets[-1])
+    total = int(offsets[-1]) if total is None else total
     starts = torch.repeat_interleave(offsets[:-1], lengths, output_size=total)
     return torch.arange(total, device=offsets.device) - starts
 

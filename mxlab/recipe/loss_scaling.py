@@ -155,6 +155,16 @@ class LossScaler:
         return int(self._skipped)
 
     @property
+    def scale_on_device(self) -> torch.Tensor:
+        """The current loss scale as a 0-d float32 tensor on the scaler's device (no read)."""
+        return self._scale
+
+    @property
+    def skipped_on_device(self) -> torch.Tensor:
+        """The skipped-step count as a 0-d int64 tensor on the scaler's device (no read)."""
+        return self._skipped
+
+    @property
     def scale_history(self) -> list[tuple[int, float]]:
         """(step, scale) at every change of the scale, starting with (0, initial scale) (reads the device)."""
         if self._pending:

@@ -1,0 +1,132 @@
+"""One training step without host synchronisation, and the deferred host reads of its results.
+
+`train_step` runs forward (under the run's autocast), the loss, backward, the loss scaler and
+the optimizer, and returns the step's losses as a device tensor: nothing in it reads a value
+back to the host, so the host can queue the next step while the device works. (What the model's
+layers and the loss scaler do inside is theirs; the host reads that remain inside a step, by owner:
+
+- `mxlab.recipe.loss_scaling`: `step_on_device` checks every gradient's finiteness and updates
+  the scale on the device; it reads the overflow flag once only for an optimizer that cannot
+  skip on the device (not fused), and per_layer reads each product's gradient statistics;
+- `mxlab.kernels.jagged_attention.check_jagged_offsets`: one read per new offsets tensor (each
+  batch's history offsets; the model reuses its query offsets from step to step);
+- `mxlab.nn.attention`'s reference path (CPU, or what the kernel cannot run) buckets on the host;
+- `mxlab.nn.qmatmul`: emulated GEMMs check operands and record gradient statistics on the host;
+- any read inside torch's own CUDA backward kernels (tests/experiment/test_train_step.py's GPU
+  test prints every sync a step still makes);
+- a sampled `mxlab.recipe.diagnostics` step reads its statistics.)
+
+The training loop keeps each step's device results in a `PendingStep` and reads a whole
+interval of them back at once with `read_pending` (one transfer every `log_every` steps, at a
+checkpoint, and at the end), then replays the host-side logic (divergence checks, log records)
+step by step on the values read, so what it records is what a per-step read would record.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Sequence
+
+import torch
+
+
+def autocast(device: torch.device, precision: str) -> Any:
+    """The autocast context of train.precision: bfloat16 autocast on `device` for "bf16", nothing for "fp32"."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    raise ValueError(f"unknown precision {precision!r}; accepted: bf16, fp32")
+
+
+def train_step(
+    model: torch.nn.Module,
+    batch: Any,
+    optimizer: torch.optim.Optimizer,
+    scaler: Any,
+    loss_fn: Callable[[Any, Any], dict[str, torch.Tensor]],
+    *,
+    device: torch.device,
+    precision: str,
+    sampling: ContextManager[Any] | None = None,
+) -> torch.Tensor:
+    """One step: zero the gradients, forward under `autocast(device, precision)`, `loss_fn`, the
+    scaled backward, `scaler.step_on_device(optimizer)` (with a fused optimizer
+    the skip of a non-finite step is decided on the device too).
+
+    Returns the detached float32 tensor [loss, loss_ctr, loss_ctcvr] on the device; reads nothing
+    back to the host itself. `sampling` (a diagnostics context) wraps forward and backward.
+    Refuses an unknown precision (ValueError).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    with sampling if sampling is not None else contextlib.nullcontext():
+        with autocast(device, precision):
+            output = model(batch)
+        losses = loss_fn(output, batch)
+        scaler.scale(losses["loss"]).backward()
+    scaler.step_on_device(optimizer)
+    return torch.stack([losses["loss"], losses["ctr"], losses["ctcvr"]]).detach().float()
+
+
+def _snapshot(value: Any) -> Any:
+    """A scaler attribute as of now: a host number as it is, a device tensor cloned (no read)."""
+    value = value() if callable(value) else value
+    return value.detach().clone() if isinstance(value, torch.Tensor) else value
+
+
+@dataclass
+class PendingStep:
+    """A finished step whose device results have not been read yet."""
+
+    step: int
+    epoch: int
+    losses: torch.Tensor  # (3,) on the device: loss, ctr, ctcvr
+    scale: Any  # the loss scale after the step: a number or a 0-d tensor
+    skipped: Any  # the scaler's skipped steps after the step: a number or a 0-d tensor
+    examples: int
+    seconds: float
+
+    @classmethod
+    def after(cls, step: int, epoch: int, losses: torch.Tensor, scaler: Any, examples: int, seconds: float) -> "PendingStep":
+        """The record of a step just taken: the scaler's scale and skipped count as device tensors where it
+        keeps them there (`scale_on_device`), else its host values; no sync."""
+        scale = _snapshot(getattr(scaler, "scale_on_device", None) if hasattr(scaler, "scale_on_device") else getattr(scaler, "scale_value", 1.0))
+        skipped = _snapshot(getattr(scaler, "skipped_on_device") if hasattr(scaler, "skipped_on_device") else getattr(scaler, "skipped_steps", 0))
+        return cls(step, epoch, losses, 1.0 if scale is None else scale, skipped, examples, seconds)
+
+
+@dataclass
+class ReadStep:
+    """A PendingStep with its values on the host."""
+
+    step: int
+    epoch: int
+    losses: list[float]
+    scale: float
+    skipped: int
+    examples: int
+    seconds: float
+
+
+def read_pending(pending: Sequence[PendingStep]) -> list[ReadStep]:
+    """The host values of `pending`, in order, read with one device-to-host transfer (none when empty)."""
+    if not pending:
+        return []
+    parts: list[torch.Tensor] = []
+    for entry in pending:
+        parts.append(entry.losses.reshape(-1).to(torch.float64))
+        parts.extend(value.reshape(1).to(torch.float64) for value in (entry.scale, entry.skipped) if isinstance(value, torch.Tensor))
+    values = iter(torch.cat(parts).cpu().tolist())
+
+    def host(value: Any) -> Any:
+        return next(values) if isinstance(value, torch.Tensor) else value
+
+    read = []
+    for entry in pending:
+        losses = [next(values) for _ in range(entry.losses.numel())]
+        scale, skipped = host(entry.scale), host(entry.skipped)
+        read.append(ReadStep(entry.step, entry.epoch, losses, float(scale), int(skipped), entry.examples, entry.seconds))
+    return read
+
+
+__all__ = ["PendingStep", "ReadStep", "autocast", "read_pending", "train_step"]

@@ -1,0 +1,89 @@
+"""`mxlab bench step` on the CPU at the tiny size: every field of its JSON, the baseline first (no timing asserts)."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from mxlab.cli import app
+from mxlab.models.flops import model_flops
+
+QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.toml"
+
+
+def test_bench_step_on_the_cpu_writes_every_field(tmp_path):
+    out = tmp_path / "step.json"
+    result = CliRunner().invoke(app, [
+        "bench", "step", "--device", "cpu", "--spec", str(QUICKSTART), "--preset", "tiny", "--batch", "32",
+        "--max-history", "8", "--arm", "mxfp8-floor", "--warmup", "1", "--steps", "2", "--batches", "2",
+        "--peak-tflops", "2", "--json", str(out),
+    ])
+    assert result.exit_code == 0, result.output
+    assert "| bf16 |" in result.output and "| mxfp8-floor |" in result.output
+    record = json.loads(out.read_text())
+    assert record["device"] == "cpu" and record["batch_size"] == 32 and record["batches"] == 2
+    assert record["model"]["size"] == "tiny" and record["model"]["max_history"] == 8
+    assert record["warmup"] == 1 and record["steps"] == 2 and record["peak_tflops"] == 2
+    assert 0 <= record["history"]["mean"] <= record["history"]["max"] <= 8
+    assert [row["arm"] for row in record["arms"]] == ["bf16", "mxfp8-floor"]  # the baseline first
+    base, mx = record["arms"]
+    assert base["ratio_to_baseline"] == 1.0
+    assert mx["ratio_to_baseline"] == pytest.approx(mx["ms_per_step"] / base["ms_per_step"])
+    for row in record["arms"]:
+        assert row["ms_per_step"] > 0 and row["peak_memory_gib"] is None and row["note"] == ""
+        assert row["model_tflops"] == pytest.approx(record["flops_per_step"] / (row["ms_per_step"] * 1e-3) / 1e12)
+        assert row["mfu"] == pytest.approx(row["model_tflops"] / 2)
+        assert 0 < row["last_loss"] < 5
+
+
+def test_bench_step_flops_are_the_model_count_of_the_timed_batches():
+    from mxlab.bench.step import bench_spec, device_batches
+
+    spec = bench_spec(QUICKSTART, batch_size=16, max_history=8, batches=2)
+    batches, info = device_batches(spec, 2, torch.device("cpu"))
+    assert [batch.batch_size for batch in batches] == [16, 16]
+    flops = [model_flops(spec.model, info, batch.history_lengths()).train_step for batch in batches]
+    assert flops[0] != flops[1]  # the histories differ, and so does the work
+    assert flops[0] == 3 * model_flops(spec.model, info, batches[0].history_lengths()).forward
+
+
+def test_bench_step_refuses_bad_arguments():
+    runner = CliRunner()
+    unknown = runner.invoke(app, ["bench", "step", "--device", "cpu", "--spec", str(QUICKSTART), "--preset", "huge"])
+    assert unknown.exit_code == 2 and "unknown model size 'huge'" in unknown.output
+    arm = runner.invoke(app, ["bench", "step", "--device", "cpu", "--spec", str(QUICKSTART), "--arm", "nope"])
+    assert arm.exit_code == 2 and "nope" in arm.output
+    if not torch.cuda.is_available():
+        cuda = runner.invoke(app, ["bench", "step", "--spec", str(QUICKSTART)])
+        assert cuda.exit_code == 2 and "--device cpu" in cuda.output
+
+
+@pytest.mark.gpu
+def test_bench_step_on_cuda_measures_peak_memory_per_arm(tmp_path):
+    from mxlab.bench.step import run_step_bench
+
+    result = run_step_bench(QUICKSTART, arms=["mxfp8-floor"], batch_size=64, max_history=16, warmup=2, steps=2, batches=2,
+                            device="cuda", json_path=tmp_path / "step.json", echo=lambda text: None)
+    assert json.loads((tmp_path / "step.json").read_text())["arms"] == result["arms"]
+    for row in result["arms"]:
+        assert row["note"] == "" and row["ms_per_step"] > 0 and 0 < row["peak_memory_gib"] < 10
+
+
+def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):
+    import mxlab.bench.step as bench
+
+    original = bench.time_arm
+
+    def failing(spec, recipe, *args, **kwargs):
+        if recipe.name == "mxfp8-floor":
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(spec, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "time_arm", failing)
+    result = bench.run_step_bench(QUICKSTART, batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu",
+                                  echo=lambda text: None)
+    rows = {row["arm"]: row for row in result["arms"]}
+    assert list(rows) == ["bf16", "mxfp8-floor", "mxfp4-all"]
+    assert rows["mxfp8-floor"]["ms_per_step"] is None and rows["mxfp8-floor"]["note"].startswith("out of memory")
+    assert rows["mxfp4-all"]["ms_per_step"] > 0 and rows["mxfp4-all"]["ratio_to_baseline"] > 0
