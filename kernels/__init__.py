@@ -5,19 +5,7 @@ fake quantization of register tiles for fused kernels. Importing this package im
 mxlab.numerics.quant imports it only when the Triton backend runs. Under TRITON_INTERPRET=1 (set before
 the import) the kernels also run on CPU tensors.
 """
-from mxlab.kernels.cast import (
-    CastLaunch,
-    TileConfig,
-    fake_quantize,
-    fake_quantize_rowcol,
-    hadamard_fake_quantize,
-    hadamard_quantize,
-    quantize,
-    quantize_rowcol,
-    unsupported_reason,
-)
+from mxlab.kernels import cast
+from mxlab.kernels.cast import *  # noqa: F401,F403  (the public cast API)
 
-__all__ = [
-    "CastLaunch", "TileConfig", "fake_quantize", "fake_quantize_rowcol", "hadamard_fake_quantize", "hadamard_quantize",
-    "quantize", "quantize_rowcol", "unsupported_reason",
-]
+__all__ = list(cast.__all__)

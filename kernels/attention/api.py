@@ -53,19 +53,10 @@ def check_jagged_offsets(q_offsets: torch.Tensor, k_offsets: torch.Tensor, total
         raise ValueError("causal attention needs as many queries as keys in every example")
 
 
-def jagged_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_offsets: torch.Tensor,
-    k_offsets: torch.Tensor,
-    *,
-    causal: bool = False,
-    activation: str = "softmax",
-    policy: Any = None,
-    seeds: Optional[Sequence[Sequence[int]]] = None,
-    _launch: AttentionLaunch = DEFAULT_LAUNCH,
-) -> torch.Tensor:
+def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor, *,
+                     causal: bool = False, activation: str = "softmax", policy: Any = None,
+                     seeds: Optional[Sequence[Sequence[int]]] = None,
+                     _launch: AttentionLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
     """Attention over packed jagged sequences in Triton; returns (total_q, heads, head_dim) in q's dtype.
 
     Differentiable with respect to q, k, v. ``policy`` is None (BF16 mode) or an attention policy
@@ -89,19 +80,10 @@ def jagged_attention(
                                     seeds=seeds, _launch=_launch)
 
 
-def jagged_attention_checked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    q_offsets: torch.Tensor,
-    k_offsets: torch.Tensor,
-    *,
-    causal: bool,
-    activation: str,
-    policy: Any,
-    seeds: Optional[Sequence[Sequence[int]]] = None,
-    _launch: AttentionLaunch = DEFAULT_LAUNCH,
-) -> torch.Tensor:
+def jagged_attention_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
+                             k_offsets: torch.Tensor, *, causal: bool, activation: str, policy: Any,
+                             seeds: Optional[Sequence[Sequence[int]]] = None,
+                             _launch: AttentionLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
     """`jagged_attention` for inputs a caller has already validated (shapes, dtypes, offsets,
     activation, and `unsupported_reason` is None): skips the offset checks, which cost host syncs.
     mxlab.nn.attention.JaggedAttention validates once and calls this. Refuses missing seeds and tile sizes that

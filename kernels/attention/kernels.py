@@ -22,21 +22,30 @@ from mxlab.kernels.attention.device import (
 
 
 @triton.jit
-def _sequence_tile(q_offsets, k_offsets, tile_seq, tile_start):
-    """(head, tile start, q_begin, q_len, k_begin, k_len, n_keys as float32) of this program: the grid's first
-    axis runs over a tile table (sequence, start), its second over the heads. The table is an upper bound on
-    the tile count: spare entries (sequence -1) see empty runs."""
+def _sequence_tile(q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh,
+                   BLOCK: tl.constexpr, KEY_TILES: tl.constexpr):
+    """Where this program works: the grid's first axis runs over a tile table (sequence, start), its second
+    over the heads; the table is an upper bound on the tile count, and spare entries (sequence -1) see empty
+    runs. Returns (head, q_begin, q_len, k_begin, k_len, n_keys as float32, the tile's first row, its BLOCK
+    rows of queries, or of keys when KEY_TILES, their mask, and the offsets of the head's first query and
+    first key)."""
     pid = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     seq = tl.load(tile_seq + pid)
     live = seq >= 0
     seq = tl.maximum(seq, 0)
-    start = tl.load(tile_start + pid)
     q_begin = tl.load(q_offsets + seq)
     q_len = tl.where(live, (tl.load(q_offsets + seq + 1) - q_begin).to(tl.int32), 0)
     k_begin = tl.load(k_offsets + seq)
     k_len = tl.where(live, (tl.load(k_offsets + seq + 1) - k_begin).to(tl.int32), 0)
-    return head, start, q_begin, q_len, k_begin, k_len, tl.maximum(k_len, 1).to(tl.float32)
+    start = tl.load(tile_start + pid)
+    offs = start + tl.arange(0, BLOCK)
+    if KEY_TILES:
+        ok = offs < k_len
+    else:
+        ok = offs < q_len
+    return (head, q_begin, q_len, k_begin, k_len, tl.maximum(k_len, 1).to(tl.float32), start, offs, ok,
+            q_begin * stride_qt + head * stride_qh, k_begin * stride_kt + head * stride_kh)
 
 
 @triton.jit
@@ -63,6 +72,28 @@ def _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, off
     return p, _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
 
 
+@triton.jit
+def _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d, stride_kt, sm_scale,
+                CAUSAL: tl.constexpr, S_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
+    """(keys, their mask, s, allowed) of the forward's key tile at start_n: the tile's scores against q_dot and
+    which (query, key) pairs attend."""
+    offs_n = start_n + offs_n0
+    key_ok = offs_n < k_len
+    k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+    s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+    return offs_n, key_ok, s, _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+
+
+@triton.jit
+def _online_softmax(s, allowed, m_i, l_i):
+    """One key tile of the running softmax statistics: (unnormalized P, the old terms' factor, new max, new sum)."""
+    s = tl.where(allowed, s, _F32_LOWEST)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
+    alpha = tl.exp(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
 @triton.jit(do_not_specialize=["total_q", "p_seed_key"])
 def _jagged_attention_fwd(
     QD, KD, VT, VD, O, OU, M, L,
@@ -77,14 +108,11 @@ def _jagged_attention_fwd(
     """One BLOCK_M tile of queries of one head. QD, KD: the S operands (quantized along the head
     dim in MX mode), VT: the PV operand (quantized along keys), VD: V quantized along the head dim
     (MX softmax only, for the backward's row term). BF16 mode passes the raw tensors."""
-    head, start_m, q_begin, q_len, k_begin, k_len, n_keys = _sequence_tile(q_offsets, k_offsets, tile_seq, tile_start)
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    head, q_begin, q_len, k_begin, k_len, n_keys, start_m, offs_m, row_ok, q_offset, k_offset = _sequence_tile(
+        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_M, False)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < q_len
-    q_dot = _load_rows(QD + q_begin * stride_qt + head * stride_qh, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
-    k_offset = k_begin * stride_kt + head * stride_kh
+    q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
 
     hi = k_len
     if CAUSAL:
@@ -97,12 +125,9 @@ def _jagged_attention_fwd(
     if SILU or not QUANT:
         # One pass: silu needs no statistics; BF16 softmax rescales the running sum (flash style).
         for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            key_ok = offs_n < k_len
-            k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+            offs_n, key_ok, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d,
+                                                     stride_kt, sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
             v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-            s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
-            allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
             if SILU:
                 p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
                 p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
@@ -110,36 +135,21 @@ def _jagged_attention_fwd(
                                      OP_DTYPE, DOT_DTYPE, BY_BITS)
                 acc += tl.dot(p_dot, v_dot)
             else:
-                s = tl.where(allowed, s, _F32_LOWEST)
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-                p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
-                alpha = tl.exp(m_i - m_new)
-                l_i = l_i * alpha + tl.sum(p, 1)
+                p, alpha, m_i, l_i = _online_softmax(s, allowed, m_i, l_i)
                 acc = acc * alpha[:, None] + tl.dot(_dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS), v_dot)
-                m_i = m_new
         if not SILU:
             acc = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
     else:
         # MX softmax: the reference quantizes normalized P, so take the statistics first.
         for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            key_ok = offs_n < k_len
-            k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-            s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
-            allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
-            s = tl.where(allowed, s, _F32_LOWEST)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.where(allowed, tl.exp(s - m_new[:, None]), 0.0)
-            l_i = l_i * tl.exp(m_i - m_new) + tl.sum(p, 1)
-            m_i = m_new
+            _, _, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d, stride_kt,
+                                           sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
+            _, _, m_i, l_i = _online_softmax(s, allowed, m_i, l_i)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         for start_n in range(0, hi, BLOCK_N):
-            offs_n = start_n + offs_n0
-            key_ok = offs_n < k_len
-            k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+            offs_n, key_ok, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d,
+                                                     stride_kt, sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
             v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-            s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
-            allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
             p = _probabilities(s, allowed, m_i, l_safe, n_keys, False)
             p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
             p_dot = _dot_operand(fake_quant_tile(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE),
@@ -176,18 +186,14 @@ def _jagged_attention_bwd_dkdv(
     DOD, VD for dP (head dim); QT, DOT along the queries for dK and dV. P and dS are quantized
     here along the queries. FUSED_DQ also adds dS K (dS quantized along the keys, KT: K along
     the keys) into the float32 DQ_ACC with atomics, instead of the separate dQ kernel."""
-    head, start_n, q_begin, q_len, k_begin, k_len, n_keys = _sequence_tile(q_offsets, k_offsets, tile_seq, tile_start)
-
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    head, q_begin, q_len, k_begin, k_len, n_keys, start_n, offs_n, key_ok, q_offset, k_offset = _sequence_tile(
+        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_N, True)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    key_ok = offs_n < k_len
-    k_offset = k_begin * stride_kt + head * stride_kh
     k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
     vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
     if FUSED_DQ:
         kt_dot = _load_rows(KT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-    q_offset = q_begin * stride_qt + head * stride_qh
     stat_base = head * total_q + q_begin
 
     lo = 0
@@ -239,17 +245,13 @@ def _jagged_attention_bwd_dq(
 ):
     """dQ of one BLOCK_M tile of queries of one head. KT: K along the keys (MX) for dQ = dS K;
     dS is quantized here along the keys."""
-    head, start_m, q_begin, q_len, k_begin, k_len, n_keys = _sequence_tile(q_offsets, k_offsets, tile_seq, tile_start)
-
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    head, q_begin, q_len, k_begin, k_len, n_keys, start_m, offs_m, row_ok, q_offset, k_offset = _sequence_tile(
+        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_M, False)
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < q_len
-    q_offset = q_begin * stride_qt + head * stride_qh
     q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
     dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
     m_row, l_row, delta_row = _row_statistics(M, L, DELTA, head * total_q + q_begin + offs_m, row_ok)
-    k_offset = k_begin * stride_kt + head * stride_kh
 
     hi = k_len
     if CAUSAL:

@@ -9,6 +9,7 @@ from typing import Callable, Optional, TypeVar
 
 import torch
 
+
 @dataclass(frozen=True)
 class TileSizes:
     """Tile sizes (multiples of 32 for MX; powers of two >= 16) and launch options of the three kernels."""

@@ -21,7 +21,6 @@ F32_NAN_BITS = tl.constexpr(0x7FC00000)
 HADAMARD_NORM_BITS = tl.constexpr(0x3E3504F3)  # float32(1 / sqrt(32)), the factor mxlab.numerics.hadamard multiplies by
 
 
-
 # ----------------------------------------------------------------------------- helpers
 @triton.jit
 def _floor_log2(v):
@@ -70,6 +69,22 @@ def _load_bits(pointers, mask, IN_KIND: tl.constexpr, CONVERT_BF16: tl.constexpr
         half = tl.load(pointers, mask=mask, other=0).to(tl.float16, bitcast=True)
         bits = half.to(tl.float32).to(tl.int32, bitcast=True)  # exact widening
     return bits
+
+
+@triton.jit
+def _load_tile(x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND: tl.constexpr,
+               ROUNDING: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr):
+    """(float32 bits, mask, values offsets, random bits) of the elements (row, col) of the (A, L, B) view in
+    batch pid_a: bits 0 where masked, offsets into the unpadded (A, L, B) output, and the stochastic-rounding
+    bits of those offsets (0 for the other roundings)."""
+    in_mask = (row < L) & (col < B)
+    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
+    values_offsets = (pid_a * L + row) * B + col
+    if ROUNDING == 3:
+        r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
+    else:
+        r24 = 0
+    return bits, in_mask, values_offsets, r24
 
 
 @triton.jit
@@ -206,15 +221,16 @@ def _tile_path(s, special, inert, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX:
 
 
 @triton.jit
-def _amax_range_path(tile_max, tile_min, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                     MMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
-    """`_tile_path` (0 or 2) for blocks whose amax lies in [tile_min, tile_max] (tile_min: the smallest nonzero
-    magnitude, 0x7FFFFFFF if none): the set of amax values the fast path accepts is an interval, and where
-    tile_max is below Inf no block is NaN/Inf."""
-    s_hi, special_hi = _scale_exponent(tile_max, MBITS, EMAX, MMAX, SCALE_MODE)
-    s_lo, special_lo = _scale_exponent(tile_min, MBITS, EMAX, MMAX, SCALE_MODE)
-    ok = (_fast_path_ok(s_hi, tile_max == 0, MBITS, EMIN, EMAX) & ~special_hi
-          & _fast_path_ok(s_lo, tile_min == 0x7FFFFFFF, MBITS, EMIN, EMAX))
-    return ok.to(tl.int32) * 2
+def _block_scales(amax, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr,
+                  SCALE_MODE: tl.constexpr):
+    """(S, special, inert, path) of blocks with these amax bit patterns: the scale exponent, NaN/Inf blocks,
+    blocks that need no rounding (NaN/Inf or all zero), and the tile's `_tile_path`."""
+    s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+    inert = special | (amax == 0)
+    return s, special, inert, _tile_path(s, special, inert, MBITS, EMIN, EMAX)
 
 
+@triton.jit
+def _scale_bytes(s, special):
+    """E8M0 scale bytes (uint8): S + 127, 0xFF for NaN/Inf blocks."""
+    return (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8)

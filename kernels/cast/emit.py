@@ -5,7 +5,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxlab.kernels.cast.bits import _load_bits, _random_bits24, _scale_exponent, _tile_path
+from mxlab.kernels.cast.bits import _block_scales, _load_tile
 from mxlab.kernels.cast.elements import (
     _exact_elements,
     _fast_elements,
@@ -90,7 +90,6 @@ def _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_
     _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES)
 
 
-
 @triton.jit
 def _quantize_tile(bits, s, special, inert, path, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
                    values_mask, x_ptr, first_row, col, pid_a, L, B, code_rows, code_cols, stride_a, stride_l, stride_b,
@@ -135,21 +134,14 @@ def _row_refetched(x_ptr, codes_ptr, values_ptr, row, col, pid_a, L, B, code_row
     """Codes/values of one row (row: shape (1, 1, 1, 1)) of a tile, loaded again, for `_quantize_tile`: with
     ROW_BLOCKS the row's scales and path are derived again from the row (the same steps, so the same values as
     the tile's, already stored), else the tile's are used."""
-    in_mask = (row < L) & (col < B)
-    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
-    values_offsets = (pid_a * L + row) * B + col
-    if ROUNDING == 3:
-        r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
-    else:
-        r24 = 0
+    bits, in_mask, values_offsets, r24 = _load_tile(x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key,
+                                                    IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX)
     code_offsets = (pid_a * code_rows + row) * code_cols + col
     code_mask = (row < code_rows) & (col < code_cols)
     if ROW_BLOCKS:
         amax = tl.max(bits & 0x7FFFFFFF, axis=3)
-        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
-        inert = special | (amax == 0)
-        path = _stochastic_path(bits, s[:, :, :, None], inert[:, :, :, None], _tile_path(s, special, inert, MBITS, EMIN, EMAX),
-                                EMIN, ROUNDING, IS_INT)
+        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
+        path = _stochastic_path(bits, s[:, :, :, None], inert[:, :, :, None], path, EMIN, ROUNDING, IS_INT)
         _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24, code_offsets, code_mask,
               codes_ptr, values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
               MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxlab.kernels.cast.bits import _load_bits, _random_bits24, _random_hadamard_bits, _scale_exponent, _tile_path
+from mxlab.kernels.cast.bits import _block_scales, _load_bits, _load_tile, _random_bits24, _random_hadamard_bits, _scale_bytes
 from mxlab.kernels.cast.emit import _quantize_tile
 
 @triton.jit
@@ -88,13 +88,11 @@ def _mx_kernel(
     tl.static_assert(LAYOUT != 2, "LAYOUT_BOTH runs in _mx_column_tile_kernel")
     if LAYOUT == 0:
         amax = tl.max(magnitude, axis=3)
-        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
-        inert = special | (amax == 0)
-        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         nbp = BP // 32
         srow = (pid_l * RB + tl.arange(0, RB)[:, None, None]) * RS + tl.arange(0, RS)[None, :, None]
         sblk = pid_b * CB + tl.arange(0, CB)[None, None, :]
-        tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk, (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
+        tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk, _scale_bytes(s, special),
                  mask=(srow < L) & (sblk < nbp))
         _quantize_tile(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24,
                        (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr, row_values_ptr,
@@ -105,13 +103,11 @@ def _mx_kernel(
     if LAYOUT == 1:
         tl.static_assert(HADAMARD, "LAYOUT_COL without the Hadamard transform runs in _mx_column_tile_kernel")
         amax = tl.max(magnitude, axis=1)
-        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
-        inert = special | (amax == 0)
-        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None, None]
         scol = (pid_b * CB + tl.arange(0, CB)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
         tl.store(col_scales_ptr + (pid_a * (LP // 32) + sblk) * B + scol,
-                 (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=(sblk < LP // 32) & (scol < B))
+                 _scale_bytes(s, special), mask=(sblk < LP // 32) & (scol < B))
         _quantize_tile(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], path, r24,
                        (pid_a * LP + row) * B + col, (row < LP) & (col < B), col_codes_ptr, col_values_ptr,
                        values_offsets, values_mask, x_ptr, pid_l * (RB * RS), col, pid_a, L, B, LP, B,
@@ -120,13 +116,11 @@ def _mx_kernel(
                        WIDE_INDEX, HADAMARD, RB * RS, False)
     if LAYOUT == 3:
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
-        s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
-        inert = special | (amax == 0)
-        path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None]
         sbcol = pid_b * CB + tl.arange(0, CB)[None, :]
         tl.store(row_scales_ptr + (pid_a * (LP // 32) + sblk) * (BP // 32) + sbcol,
-                 (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8),
+                 _scale_bytes(s, special),
                  mask=(sblk < LP // 32) & (sbcol < BP // 32))
         _quantize_tile(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], path, r24,
                        (pid_a * LP + row) * BP + col, (row < LP) & (col < BP), row_codes_ptr, row_values_ptr,
@@ -134,7 +128,6 @@ def _mx_kernel(
                        stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
                        MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
                        WIDE_INDEX, HADAMARD, RB * RS, False)
-
 
 
 @triton.jit
@@ -157,20 +150,13 @@ def _mx_column_tile_kernel(
     pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     row = pid_l * 32 + tl.arange(0, 32)[:, None]
     col = pid_b * (CB * 32) + tl.arange(0, CB * 32)[None, :]
-    in_mask = (row < L) & (col < B)
-    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
-    values_offsets = (pid_a * L + row) * B + col
-    if ROUNDING == 3:
-        r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
-    else:
-        r24 = 0
+    bits, in_mask, values_offsets, r24 = _load_tile(x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key,
+                                                    IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX)
     amax = tl.max(bits & 0x7FFFFFFF, axis=0)
-    s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
-    inert = special | (amax == 0)
-    path = _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+    s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
     scol = pid_b * (CB * 32) + tl.arange(0, CB * 32)
     tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + scol,
-             (s + 127 + special.to(tl.int32) * (128 - s)).to(tl.uint8), mask=scol < B)
+             _scale_bytes(s, special), mask=scol < B)
     _quantize_tile(bits, s[None, :], special[None, :], inert[None, :], path, r24, (pid_a * LP + row) * B + col,
                    (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, x_ptr, pid_l * 32,
                    col, pid_a, L, B, LP, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES,
@@ -178,14 +164,12 @@ def _mx_column_tile_kernel(
                    WIDE_INDEX, False, 32, False)
     if LAYOUT == 2:
         row_amax = tl.max(tl.reshape(bits & 0x7FFFFFFF, (32, CB, 32)), axis=2)
-        s_row, special_row = _scale_exponent(row_amax, MBITS, EMAX, MMAX, SCALE_MODE)
-        inert_row = special_row | (row_amax == 0)
-        path_row = _tile_path(s_row, special_row, inert_row, MBITS, EMIN, EMAX)
+        s_row, special_row, inert_row, path_row = _block_scales(row_amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         nbp = BP // 32
         srow = pid_l * 32 + tl.arange(0, 32)[:, None]
         sblk = pid_b * CB + tl.arange(0, CB)[None, :]
         tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk,
-                 (s_row + 127 + special_row.to(tl.int32) * (128 - s_row)).to(tl.uint8), mask=(srow < L) & (sblk < nbp))
+                 _scale_bytes(s_row, special_row), mask=(srow < L) & (sblk < nbp))
         col4 = (pid_b * CB + tl.arange(0, CB)[None, None, :, None]) * 32 + tl.arange(0, 32)[None, None, None, :]
         _quantize_tile(bits, _spread_blocks(s_row, CB), _spread_blocks(special_row, CB), _spread_blocks(inert_row, CB),
                        path_row, r24, (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr,
