@@ -9,10 +9,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 from mxlab.kernels._mx_device import ROUND_STOCHASTIC, operand_code
-from mxlab.numerics.jagged_checks import ACTIVATIONS
 from mxlab.kernels.cast import hardware_fp8_applies
 from mxlab.numerics.formats import FORMATS
+from mxlab.numerics.jagged_checks import ACTIVATIONS
 from mxlab.numerics.seeding import SEED_SLOTS, seed_key
+
 
 @dataclass(frozen=True)
 class _OperandCodes:
@@ -79,7 +80,7 @@ def _seed_keys(seeds: Optional[Sequence[Sequence[int]]], codes: Optional[_Operan
     missing or short seeds when an operand rounds stochastically."""
     if not rounds_stochastically(codes):
         return _NO_SEEDS
-    if seeds is None or len(seeds) != 2 or any(len(product) != len(SEED_SLOTS) for product in seeds):
+    if seeds is None or len(seeds) != 2 or any(product is None or len(product) != len(SEED_SLOTS) for product in seeds):
         raise ValueError("stochastic rounding in attention needs seeds=(qk seeds, pv seeds), each one seed per "
                          f"SEED_SLOTS slot ({len(SEED_SLOTS)}); got {seeds!r}")
     return _SeedKeys(**{name: seed_key(seeds[product][SEED_SLOTS[slot]]) if _stochastic(getattr(codes, name)) else 0

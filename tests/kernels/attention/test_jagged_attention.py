@@ -792,3 +792,27 @@ def test_an_installed_gemm_observer_does_not_send_attention_to_the_reference():
         assert jagged_attention_module.unsupported_reason(q, policy) is None
     finally:
         qmatmul_module.set_gemm_observer(previous)
+
+
+def test_the_kernel_takes_seeds_and_never_advances_the_call_counter():
+    """Stochastic rounding needs the call's seeds from the caller; the kernel refuses to run without them and
+    leaves the policy's call counters alone (mxlab.nn.attention.call_seeds advances them)."""
+    q, k, v, _ = _inputs([3, 2], [3, 2], 1, 32, seed=6)
+    offsets = _offsets([3, 2])
+    policy = _policy(rounding="stochastic")
+    with pytest.raises(ValueError, match="needs seeds=\\(qk seeds, pv seeds\\)"):
+        jagged_attention(q, k, v, offsets, offsets, policy=policy)
+    with pytest.raises(ValueError, match="needs seeds"):
+        jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=((1, 2), (3, 4)))
+    seeds = (policy.qk.next_call_seeds(), policy.pv.next_call_seeds())
+    calls = (policy.qk.calls, policy.pv.calls)
+    with torch.no_grad():
+        first = jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=seeds)
+        again = jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=seeds)
+    assert (policy.qk.calls, policy.pv.calls) == calls
+    assert torch.equal(first, again)
+
+
+def test_launch_options_refuse_what_is_not_a_tile_table():
+    with pytest.raises(ValueError, match="AttentionLaunch.tiles"):
+        AttentionLaunch(tiles=(32, 32))

@@ -262,6 +262,11 @@ def test_stochastic_tiles_at_the_rounding_boundary(kernels, device, fmt):
     check_fake_quantize(kernels, x, fmt, **options)
 
 
+def test_launch_options_refuse_what_is_not_a_tile(kernels):
+    with pytest.raises(ValueError, match="CastLaunch.tile"):
+        kernels.CastLaunch(tile=(16, 8, 4))
+
+
 def test_tile_config_refuses_bad_values(kernels):
     for bad in (dict(rows=12), dict(col_blocks=0), dict(num_warps=3)):
         with pytest.raises(ValueError, match=next(iter(bad))):
