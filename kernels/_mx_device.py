@@ -9,11 +9,11 @@ argument (`r24`): the caller draws them from a counter of its own choice with `t
 counters (docs/numerics.md, "Jagged attention").
 
 Hardware FP8 conversion (the HW_FP8 bit of the operand code, set by the host where
-`mxlab.kernels.mx_quant.hardware_fp8_applies` holds: e4m3/e5m2, nearest even, CUDA sm_90+, never
+`mxlab.kernels.cast.hardware_fp8_applies` holds: e4m3/e5m2, nearest even, CUDA sm_90+, never
 under TRITON_INTERPRET=1): a tile whose every block has a scale inside the cast kernels' fast-path
 range (`_fast_path_ok`) converts its elements with `_quantize_hw_fp8` of the cast kernels
 (float32(x) * 2^-S, `cvt.rn.satfinite` to FP8 and back, times 2^S); any other tile takes the integer
-steps. Both give the same bits (kernels/mx_quant.py's module docstring has the argument).
+steps. Both give the same bits (docs/numerics.md, "The cast kernels", has the argument).
 
 An operand's format, scale mode, rounding and the hardware switch travel as one packed integer
 constexpr (`operand_code`), so a kernel with many quantized operands keeps a short signature.
@@ -26,8 +26,10 @@ import triton
 import triton.language as tl
 
 from mxlab.numerics.formats import ElementFormat, get_format
-from mxlab.kernels.mx_quant import HARDWARE_FP8_FORMATS, _fast_path_ok, _floor_log2, _mix32, _quantize_hw_fp8, _random_bits24
-from mxlab.kernels.mx_quant import _scale_exponent as _scale_exponent_and_special
+from mxlab.kernels.cast.bits import _fast_path_ok, _floor_log2, _mix32, _random_bits24
+from mxlab.kernels.cast.bits import _scale_exponent as _scale_exponent_and_special
+from mxlab.kernels.cast.elements import _quantize_hw_fp8
+from mxlab.kernels.cast.launch import HARDWARE_FP8_FORMATS
 from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
 DEVICE_SCALE_MODES = SCALE_MODES
@@ -42,7 +44,7 @@ def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str, *, hw
     Layout (bits): MBITS 0-2, EMIN + 16 at 3-7, EMAX 8-11, IS_INT 12, SCALE_MODE 13-14,
     ROUNDING 15-16, MMAX >> 16 at 17-23 (the top 7 bits of the max normal's 23-bit fraction;
     its lower 16 bits are zero in every format), HW_FP8 24. `hw_fp8` asks for the hardware FP8
-    conversion; the caller decides it with `mx_quant.hardware_fp8_applies` for the tensor's device.
+    conversion; the caller decides it with `mxlab.kernels.cast.hardware_fp8_applies` for the tensor's device.
     Refuses unknown names, formats that do not fit, and `hw_fp8` for anything but e4m3/e5m2 with
     nearest_even.
     """

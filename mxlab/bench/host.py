@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from mxlab.bench.cast_kernels import cast_kernels_replaced
+from mxlab.bench.timing import best_host_us
 
 DEFAULT_RECIPES = ("mxfp8-rceil", "mxfp8-hadamard", "fp8-tensor")
 
@@ -56,18 +56,6 @@ def stubbed_cast_launches() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def _best_step_time(step: Callable[[], None], steps: int, loops: int) -> float:
-    """Microseconds per call of `step`, the best of `loops` loops of `steps` calls (after one warm-up call)."""
-    step()
-    best = float("inf")
-    for _ in range(loops):
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        best = min(best, (time.perf_counter() - start) / steps * 1e6)
-    return best
-
-
 def run_host_bench(recipes: Sequence[str] = DEFAULT_RECIPES, *, width: int = 64, tokens: int = 64, steps: int = 200,
                    loops: int = 5, echo: Callable[[str], None] = print) -> list[HostMeasurement]:
     """Host time of `nn.Linear(width, width)` (BF16, the baseline) and of the same layer under each recipe
@@ -91,13 +79,13 @@ def run_host_bench(recipes: Sequence[str] = DEFAULT_RECIPES, *, width: int = 64,
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(width, width)).to(torch.bfloat16)
 
-    baseline = _best_step_time(layer_step(linear()), steps, loops)
+    baseline = best_host_us(layer_step(linear()), steps, loops)
     results = [HostMeasurement("nn.Linear (bf16)", baseline, 1.0)]
     with stubbed_cast_launches():
         for name, recipe in loaded:
             model = linear()
             apply_recipe(model, recipe)
-            microseconds = _best_step_time(layer_step(model), steps, loops)
+            microseconds = best_host_us(layer_step(model), steps, loops)
             results.append(HostMeasurement(f"QLinear {name}", microseconds, microseconds / baseline))
     echo(f"host time of one forward + backward, {tokens}x{width} BF16 input, cast launches stubbed "
          f"(best of {loops} x {steps} steps)")

@@ -21,7 +21,6 @@ than BF16 on the H200 (its fixed cost per call dominates small GEMMs; see shared
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
@@ -29,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from mxlab.bench.timing import events_ms
 from mxlab.io import write_json
 
 DEFAULT_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
@@ -64,22 +64,6 @@ def parse_shape(text: str) -> tuple[int, int, int]:
         raise ValueError(f"shape {text!r}: expected MxKxN with positive integers, e.g. 16384x1024x1024")
     m, k, n = (int(part) for part in parts)
     return m, k, n
-
-
-def time_ms(step: Callable[[], None], warmup: int = 3, repeat: int = 20) -> float:
-    """Median milliseconds of `step` on the current CUDA stream (CUDA events around each call)."""
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(statistics.median(times))
 
 
 def _fwd_bwd(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, context: Callable[[], Any] | None = None) -> Callable[[], None]:
@@ -175,7 +159,7 @@ def run_linear_bench(
                 timed[arm] = (None, note)
                 continue
             try:
-                timed[arm] = (time_ms(step, repeat=repeat), note)
+                timed[arm] = (events_ms(step, repeat=repeat), note)
             except Exception as error:  # out of memory, or a TE shape refusal
                 timed[arm] = (None, f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
             torch.cuda.empty_cache()
@@ -206,4 +190,4 @@ def format_table(results: Sequence[LinearMeasurement], device_name: str = "") ->
     return "\n".join(lines)
 
 
-__all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_shape", "run_linear_bench", "time_ms"]
+__all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_shape", "run_linear_bench"]

@@ -5,10 +5,8 @@ Each figure is divided by the bandwidth of `dst.copy_(x)` measured in the same p
 tensor, next to `torch.compile` of the PyTorch reference. Kernels are timed by replaying a CUDA
 graph (Python launch overhead excluded), the compiled reference with CUDA events.
 
-Diagnostic rows ("probe ...") run the same kernel with the element arithmetic removed (same loads,
-block reductions and stores): when a cast is slower than its probe, the element arithmetic bounds it.
 Where the GPU's FP8 conversion applies (e4m3/e5m2, nearest even, sm_90+; see
-`mxlab.kernels.mx_quant.hardware_fp8_applies`) the casts use it (note "hardware FP8 convert"), and rows
+`mxlab.kernels.cast.hardware_fp8_applies`) the casts use it (note "hardware FP8 convert"), and rows
 "..., integer fast path" time the same casts with it switched off, in the same run.
 Random Hadamard rows (block 32) time the fused transform + fake-quantize kernel next to the random
 Hadamard transform in PyTorch followed by the fake-quantize kernel (float32 values out, as qmatmul uses them).
@@ -21,17 +19,15 @@ from typing import Callable
 
 import torch
 
+from mxlab.bench.timing import do_bench_graph_ms, do_bench_ms
 from mxlab.io import write_json
 
 DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((16384, 8192), (8192, 4096), (4096, 4096), (2048, 2048), (1024, 1024))
 FORMAT = "e4m3"
-# Bandwidth targets on an H200 at the headline size (fraction of copy), with the probe row that bounds each cast
-TARGETS: dict[str, tuple[float, str]] = {
-    "row cast": (0.85, "probe row cast"),
-    "row fake-quantize": (0.85, "probe row fake-quantize"),
-    "column cast": (0.75, "probe column cast"),
-    "both cast (one read)": (0.75, "probe both cast"),
-    "row stochastic fake-quantize": (0.75, "probe row stochastic fake-quantize (hash only)"),
+# Bandwidth targets on an H200 at the headline size (fraction of copy)
+TARGETS: dict[str, float] = {
+    "row cast": 0.85, "row fake-quantize": 0.85, "column cast": 0.75, "both cast (one read)": 0.75,
+    "row stochastic fake-quantize": 0.75,
 }
 
 
@@ -49,38 +45,15 @@ class Measurement:
     note: str = ""
 
 
-def _time_graph(fn: Callable[[], object]) -> float:
-    import triton.testing
-
-    fn()  # compile outside the graph
-    torch.cuda.synchronize()
-    try:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median"))
-    except Exception:  # noqa: BLE001 - some callables cannot be captured; time them with events instead
-        return _time_events(fn)
-
-
-def _time_events(fn: Callable[[], object]) -> float:
-    import triton.testing
-
-    fn()
-    torch.cuda.synchronize()
-    return float(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median"))
-
-
 def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], object], int]]:
     """name -> (callable, bytes moved) for the Triton casts of x (2-D BF16)."""
-    from mxlab.kernels import mx_quant
+    from mxlab.kernels.cast import CastLaunch
 
     n = x.numel()
     size_in = n * x.element_size()
     codes, scales, tile_scales = n, n // 32, n // 1024
     values = n * x.element_size()
-
-    def probe(layout: int, want_codes: bool, want_values: bool, rounding: str = "nearest_even"):
-        view = mx_quant._make_view(x, 32, -1 if layout == mx_quant.LAYOUT_ROW else 0, False,
-                                   layout=None if layout != mx_quant.LAYOUT_BOTH else layout)
-        return lambda: mx_quant._launch(view, fmt, "floor", rounding, 0, want_codes, want_values, probe=True)
+    integer = CastLaunch(hw_fp8=False)
 
     def hadamard_then_cast(axis: int):
         from mxlab.numerics.hadamard import random_hadamard
@@ -105,19 +78,14 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
         "column Hadamard fake-quantize (fused)": (
             lambda: kernels.hadamard_fake_quantize(x, fmt, axis=0, hadamard_seed=7), size_in + float32_values),
         "column Hadamard fake-quantize, torch transform then cast": (hadamard_then_cast(0), size_in + float32_values),
-        "row cast, integer fast path": (lambda: kernels.quantize(x, fmt, hw_fp8=False), size_in + codes + scales),
-        "row fake-quantize, integer fast path": (lambda: kernels.fake_quantize(x, fmt, hw_fp8=False), size_in + values),
+        "row cast, integer fast path": (lambda: kernels.quantize(x, fmt, _launch=integer), size_in + codes + scales),
+        "row fake-quantize, integer fast path": (lambda: kernels.fake_quantize(x, fmt, _launch=integer), size_in + values),
         "column cast, integer fast path": (
-            lambda: kernels.quantize(x, fmt, axis=0, hw_fp8=False), size_in + codes + scales),
+            lambda: kernels.quantize(x, fmt, axis=0, _launch=integer), size_in + codes + scales),
         "both cast (one read), integer fast path": (
-            lambda: kernels.quantize_rowcol(x, fmt, hw_fp8=False), size_in + 2 * (codes + scales)),
-        "row cast, exact integer path only": (lambda: kernels.quantize(x, fmt, fast=False), size_in + codes + scales),
-        "probe row cast": (probe(mx_quant.LAYOUT_ROW, True, False), size_in + codes + scales),
-        "probe column cast": (probe(mx_quant.LAYOUT_COL, True, False), size_in + codes + scales),
-        "probe both cast": (probe(mx_quant.LAYOUT_BOTH, True, False), size_in + 2 * (codes + scales)),
-        "probe row fake-quantize": (probe(mx_quant.LAYOUT_ROW, False, True), size_in + values),
-        "probe row stochastic fake-quantize (hash only)": (
-            probe(mx_quant.LAYOUT_ROW, False, True, "stochastic"), size_in + values),
+            lambda: kernels.quantize_rowcol(x, fmt, _launch=integer), size_in + 2 * (codes + scales)),
+        "row cast, exact integer path only": (
+            lambda: kernels.quantize(x, fmt, _launch=CastLaunch(fast=False)), size_in + codes + scales),
     }
 
 
@@ -170,32 +138,32 @@ def _compiled_reference(x: torch.Tensor, fmt_name: str) -> dict[str, tuple[Calla
 
 def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
     """Time row cast, row (stochastic) fake-quantize, column cast and both cast over a few launch shapes (rows x
-    column blocks, warps; column passes for the column and both casts)."""
-    from mxlab.kernels.mx_quant import TileConfig
+    column blocks, warps)."""
+    from mxlab.kernels.cast import CastLaunch, TileConfig
 
     n = x.numel()
     results = []
     row_configs = [TileConfig(r, c, w) for r, c, w in [(16, 8, 4), (32, 8, 4), (16, 16, 4), (32, 8, 8), (64, 8, 8), (16, 8, 2),
                                                        (8, 8, 2), (4, 8, 2), (8, 4, 2), (8, 16, 2), (4, 8, 1), (2, 8, 1),
                                                        (4, 4, 1)]]
-    col_configs = [TileConfig(32, c, w) for c, w in [(32, 4), (16, 4), (64, 8), (32, 8), (16, 2)]]
-    col_configs += [TileConfig(32, 32, 4, rows_in_flight=4)]
-    col_configs += [TileConfig(32, c, w, column_passes=1) for c, w in [(4, 2), (8, 2), (2, 2), (4, 1), (4, 4), (8, 4)]]
+    col_configs = [TileConfig(32, c, w) for c, w in [(4, 2), (8, 2), (2, 2), (4, 1), (4, 4), (8, 4), (16, 4)]]
     for config in row_configs:
+        launch = CastLaunch(tile=config)
         for op, fn, moved in [
-            ("row cast", lambda c=config: kernels.quantize(x, fmt, tile=c), n * 3 + n // 32),
-            ("row fake-quantize", lambda c=config: kernels.fake_quantize(x, fmt, tile=c), n * 4),
+            ("row cast", lambda c=launch: kernels.quantize(x, fmt, _launch=c), n * 3 + n // 32),
+            ("row fake-quantize", lambda c=launch: kernels.fake_quantize(x, fmt, _launch=c), n * 4),
             ("row stochastic fake-quantize",
-             lambda c=config: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1, tile=c), n * 4),
+             lambda c=launch: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1, _launch=c), n * 4),
         ]:
-            ms = _time_graph(fn)
+            ms = do_bench_graph_ms(fn)
             results.append(dict(op=op, tile=asdict(config), ms=ms, gb_per_s=moved / ms / 1e6))
     for config in col_configs:
+        launch = CastLaunch(tile=config)
         for op, fn, moved in [
-            ("column cast", lambda c=config: kernels.quantize(x, fmt, axis=0, tile=c), n * 3 + n // 32),
-            ("both cast (one read)", lambda c=config: kernels.quantize_rowcol(x, fmt, tile=c), n * 4 + n // 16),
+            ("column cast", lambda c=launch: kernels.quantize(x, fmt, axis=0, _launch=c), n * 3 + n // 32),
+            ("both cast (one read)", lambda c=launch: kernels.quantize_rowcol(x, fmt, _launch=c), n * 4 + n // 16),
         ]:
-            ms = _time_graph(fn)
+            ms = do_bench_graph_ms(fn)
             results.append(dict(op=op, tile=asdict(config), ms=ms, gb_per_s=moved / ms / 1e6))
     return results
 
@@ -220,7 +188,7 @@ def run_quant_bench(
     from mxlab.numerics.formats import get_format
     from mxlab.numerics.quant import _import_kernels
 
-    kernels = _import_kernels()  # mxlab.kernels.mx_quant
+    kernels = _import_kernels()  # mxlab.kernels.cast
     if kernels is None:
         raise RuntimeError("mxlab bench quant needs Triton")
     element_format = get_format(fmt)
@@ -243,7 +211,7 @@ def run_quant_bench(
     console.print(f"hardware FP8 conversion for {fmt} nearest_even casts: {'yes' if hardware_fp8 else 'no'}")
 
     def note_for(name: str) -> str:
-        nearest_even_cast = not name.startswith("probe") and "stochastic" not in name
+        nearest_even_cast = "stochastic" not in name
         uses_hardware = hardware_fp8 and nearest_even_cast and "integer" not in name
         return "hardware FP8 convert" if uses_hardware else ""
 
@@ -251,12 +219,12 @@ def run_quant_bench(
         x = make_input(rows, cols)
         destination = torch.empty_like(x)
         copy_bytes = 2 * x.numel() * x.element_size()
-        record(rows, cols, "copy (device to device)", _time_graph(lambda: destination.copy_(x)), copy_bytes)
+        record(rows, cols, "copy (device to device)", do_bench_graph_ms(lambda: destination.copy_(x)), copy_bytes)
         copy_rates[(rows, cols)] = copy_bytes / measurements[-1].ms / 1e6
         for name, (fn, moved) in _operations(x, kernels, element_format).items():
-            if (name.startswith("probe") or "integer" in name) and index > 0:
+            if "integer" in name and index > 0:
                 continue
-            record(rows, cols, name, _time_graph(fn), moved, note_for(name))
+            record(rows, cols, name, do_bench_graph_ms(fn), moved, note_for(name))
         if index == 0 and sweep_tiles:
             sweep = _tile_sweep(x, kernels, element_format)
             for entry in sweep:
@@ -286,7 +254,7 @@ def run_quant_bench(
         x = make_input(rows, cols)
         try:
             for name, (fn, moved) in _compiled_reference(x, fmt).items():
-                record(rows, cols, name, _time_events(fn), moved, "CUDA events")
+                record(rows, cols, name, do_bench_ms(fn), moved, "CUDA events")
         except Exception as error:  # noqa: BLE001 - report, do not hide, a failed compile
             measurements.append(Measurement(rows, cols, "torch.compile reference", float("nan"), 0, float("nan"),
                                             float("nan"), f"failed: {type(error).__name__}: {error}"[:200]))
@@ -301,12 +269,10 @@ def run_quant_bench(
         table.add_row(f"{m.rows}x{m.cols}", m.op, f"{m.ms:.4f}", f"{m.gb_per_s:.0f}", f"{m.ratio_to_copy:.3f}", m.note)
     console.print(table)
     summary = Table(title=f"targets at {sizes[0][0]}x{sizes[0][1]} (fraction of copy)")
-    for column in ("operation", "target", "measured", "probe", "met"):
+    for column in ("operation", "target", "measured", "met"):
         summary.add_column(column)
     for entry in target_summary(measurements, *sizes[0]):
-        probe = "-" if entry["probe"] is None else f"{entry['probe']:.3f}"
-        summary.add_row(entry["op"], f"{entry['target']:.2f}", f"{entry['ratio']:.3f}", probe,
-                        "yes" if entry["met"] else "no")
+        summary.add_row(entry["op"], f"{entry['target']:.2f}", f"{entry['ratio']:.3f}", "yes" if entry["met"] else "no")
     console.print(summary)
     if sweep:
         sweep_table = Table(title="launch shapes (headline size)")
@@ -324,10 +290,10 @@ def run_quant_bench(
 
 
 def target_summary(measurements: list[Measurement], rows: int, cols: int) -> list[dict]:
-    """One entry per TARGETS operation measured at rows x cols: op, target, ratio to copy, the probe's ratio
-    (None when the probe was not timed) and whether the target is met."""
+    """One entry per TARGETS operation measured at rows x cols: op, target, ratio to copy and whether the target
+    is met."""
     ratios = {m.op: m.ratio_to_copy for m in measurements if (m.rows, m.cols) == (rows, cols)}
-    return [dict(op=op, target=target, ratio=ratios[op], probe=ratios.get(probe), met=ratios[op] >= target)
-            for op, (target, probe) in TARGETS.items() if op in ratios]
+    return [dict(op=op, target=target, ratio=ratios[op], met=ratios[op] >= target)
+            for op, target in TARGETS.items() if op in ratios]
 
 

@@ -1,4 +1,5 @@
-"""Static sm_90 machine-code counts of the MX cast kernels, compiled on any machine (no GPU needed).
+"""Static sm_90 machine-code counts of the MX cast and jagged attention kernels, compiled on any machine (no
+GPU needed): the one place that compiles launches for sm_90 and reads their SASS.
 
 `mxlab bench sass` compiles the launches that `mxlab bench quant` times (BF16 input, e4m3, floor scales,
 nearest even, the hardware FP8 path as on an H200) with Triton's bundled ptxas, disassembles them with
@@ -8,9 +9,13 @@ first instruction that reads a loaded register (loads in flight per thread). The
 timings: they tell which variant does less work per element and keeps more loads in flight, so the
 H200 bench has fewer variants to time.
 
-The launch is `mxlab.kernels.mx_quant._launch` itself, with the kernels' `[grid](...)` replaced by a
+The launch is `mxlab.kernels.cast.launch.launch_cast` itself, with the kernels' `[grid](...)` replaced by a
 compile for GPUTarget("cuda", 90, 32), so argument specialization (alignment, divisibility by 16,
 strides of 1) and every constexpr are the ones a real launch on an H200 gets.
+
+`mxlab bench attention-sass` (`attention_sass_counts`) compiles the launches of one MX forward + backward of
+the attention bench's self shape the same way and prints, per kernel, registers, spills and per loop the
+instructions of one iteration by opcode class.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -240,23 +245,27 @@ class _CompileOnly:
         return compile_for_sm90
 
 
+def _hardware_fp8_as_on_sm90(enabled: bool = True) -> Callable[..., bool]:
+    """A stand-in for `hardware_fp8_applies` that answers as an sm_90 GPU would (False everywhere unless enabled)."""
+    from mxlab.kernels.cast.launch import HARDWARE_FP8_FORMATS
+
+    return lambda device, fmt, rounding: enabled and fmt.name in HARDWARE_FP8_FORMATS and rounding == "nearest_even"
+
+
 def _compile_launch(call: Callable[[], object]) -> list:
-    """Run `call` (which launches kernels of mx_quant) with every launch compiled for sm_90 instead; returns
+    """Run `call` (which launches the cast kernels) with every launch compiled for sm_90 instead; returns
     [(grid, options, CompiledKernel)]."""
     from mxlab.bench.cast_kernels import cast_kernels_replaced
-    from mxlab.kernels.mx_quant import HARDWARE_FP8_FORMATS
 
     record: list = []
-    with cast_kernels_replaced(lambda kernel: _CompileOnly(kernel, record),
-                               hardware_fp8_applies=lambda device, fmt, rounding: (
-                                   fmt.name in HARDWARE_FP8_FORMATS and rounding == "nearest_even")):
+    with cast_kernels_replaced(lambda kernel: _CompileOnly(kernel, record), hardware_fp8_applies=_hardware_fp8_as_on_sm90()):
         call()
     return record
 
 
 def _elements_per_thread(options: dict, kernel_name: str) -> int:
     threads = 32 * options["num_warps"]
-    if "columns" in kernel_name or "column_tile" in kernel_name:
+    if "column_tile" in kernel_name:
         return 32 * options["CB"] * 32 // threads
     return options.get("RB", 1) * options.get("RS", 1) * options["CB"] * 32 // threads
 
@@ -264,53 +273,46 @@ def _elements_per_thread(options: dict, kernel_name: str) -> int:
 def bench_operations(shape: tuple[int, int] = DEFAULT_SHAPE, tile=None,
                      hw_fp8: bool = True) -> dict[str, Callable[[], object]]:
     """name -> call, for the casts `mxlab bench quant` times, on a CPU BF16 tensor of `shape` (`tile`: a
-    mx_quant.TileConfig passed to every call, None for the defaults)."""
+    TileConfig passed to every call, None for the defaults)."""
+    from mxlab.kernels import cast
     from mxlab.numerics.formats import get_format
-    from mxlab.kernels import mx_quant
 
     x = torch.zeros(shape, dtype=torch.bfloat16)
     fmt = get_format("e4m3")
-    common = dict(tile=tile, hw_fp8=hw_fp8)
+    launch = cast.CastLaunch(tile=tile, hw_fp8=hw_fp8)
     return {
-        "row cast": lambda: mx_quant.quantize(x, fmt, **common),
-        "row fake-quantize": lambda: mx_quant.fake_quantize(x, fmt, **common),
-        "column cast": lambda: mx_quant.quantize(x, fmt, axis=0, **common),
-        "column fake-quantize": lambda: mx_quant.fake_quantize(x, fmt, axis=0, **common),
-        "both cast (one read)": lambda: mx_quant.quantize_rowcol(x, fmt, **common),
-        "(32,32) tile cast": lambda: mx_quant.quantize(x, fmt, block=(32, 32), **common),
-        "row stochastic cast": lambda: mx_quant.quantize(x, fmt, rounding="stochastic", seed=1, **common),
-        "row stochastic fake-quantize": lambda: mx_quant.fake_quantize(x, fmt, rounding="stochastic", seed=1,
-                                                                       **common),
+        "row cast": lambda: cast.quantize(x, fmt, _launch=launch),
+        "row fake-quantize": lambda: cast.fake_quantize(x, fmt, _launch=launch),
+        "column cast": lambda: cast.quantize(x, fmt, axis=0, _launch=launch),
+        "column fake-quantize": lambda: cast.fake_quantize(x, fmt, axis=0, _launch=launch),
+        "both cast (one read)": lambda: cast.quantize_rowcol(x, fmt, _launch=launch),
+        "(32,32) tile cast": lambda: cast.quantize(x, fmt, block=(32, 32), _launch=launch),
+        "row stochastic cast": lambda: cast.quantize(x, fmt, rounding="stochastic", seed=1, _launch=launch),
+        "row stochastic fake-quantize": lambda: cast.fake_quantize(x, fmt, rounding="stochastic", seed=1, _launch=launch),
     }
 
 
 def count_operations(operations: dict[str, Callable[[], object]],
                      loop_trips: Callable[[str, dict], tuple[int, ...]] | None = None) -> list[SassCount]:
     """SassCount of every kernel each operation launches. `loop_trips(kernel name, options)` gives the trip
-    counts of the SASS loops (default: none for _mx_kernel, (8, 16) for _mx_columns_kernel's two passes)."""
+    counts of the SASS loops on the counted path (default: none; the cast kernels' common path has no loop)."""
     counts = []
     for name, call in operations.items():
         for _grid, options, compiled in _compile_launch(call):
-            trips = loop_trips(compiled.name, options) if loop_trips else _default_trips(compiled.name, options)
+            trips = loop_trips(compiled.name, options) if loop_trips else ()
             counts.append(count_compiled(name, compiled, _elements_per_thread(options, compiled.name), trips))
     return counts
 
 
-def _default_trips(kernel_name: str, options: dict) -> tuple[int, ...]:
-    """Trip counts of the loops on the fast path: _mx_columns_kernel's two passes over 32 rows."""
-    return (32 // options.get("ROWS_IN_FLIGHT", 4), 16) if "_mx_columns_kernel" in kernel_name else ()
-
-
 def parse_tile(text: str):
-    """mx_quant.TileConfig from "ROWSxCOL_BLOCKSxWARPS[xCOLUMN_PASSES[xROWS_IN_FLIGHT]]" (e.g. "16x8x4",
-    "32x32x4x2x8"). Refuses (ValueError) other text, naming the accepted form, and what TileConfig refuses."""
-    from mxlab.kernels.mx_quant import TileConfig
+    """TileConfig from "ROWSxCOL_BLOCKSxWARPS" (e.g. "16x8x4"). Refuses (ValueError) other text, naming the
+    accepted form, and what TileConfig refuses."""
+    from mxlab.kernels.cast import TileConfig
 
     parts = text.lower().split("x")
-    if not 3 <= len(parts) <= 5 or not all(part.isdigit() for part in parts):
-        raise ValueError(f"tile {text!r}; accepted: ROWSxCOL_BLOCKSxWARPS[xCOLUMN_PASSES[xROWS_IN_FLIGHT]], e.g. 16x8x4")
-    names = ("rows", "col_blocks", "num_warps", "column_passes", "rows_in_flight")
-    return TileConfig(**{name: int(part) for name, part in zip(names, parts)})
+    if len(parts) != 3 or not all(part.isdigit() for part in parts):
+        raise ValueError(f"tile {text!r}; accepted: ROWSxCOL_BLOCKSxWARPS, e.g. 16x8x4")
+    return TileConfig(*(int(part) for part in parts))
 
 
 def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, tile=None,
@@ -339,3 +341,131 @@ def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, 
     if json_path is not None:
         write_json(Path(json_path), [asdict(count) for count in counts])
     return counts
+
+
+# ----------------------------------------------------------------------------- the attention kernels
+# Opcode classes counted per loop body (prefix match on the SASS opcode).
+_OPCODE_CLASSES = {
+    "mma": ("HMMA", "HGMMA", "WARPGROUP"), "mufu": ("MUFU",), "fp8/bf16 convert": ("F2FP",), "shuffle": ("SHFL",),
+    "shared": ("LDS", "STS", "LDSM", "STSM"), "barrier": ("BAR",), "global": ("LDG", "STG", "LDGSTS", "RED", "ATOM"),
+    "local (spill)": ("LDL", "STL"),
+}
+ATTENTION_KERNELS = ("_jagged_attention_fwd", "_jagged_attention_bwd_dkdv", "_jagged_attention_bwd_dq")
+ATTENTION_LAUNCHES = ("_prequantize", "_row_dot")
+
+
+@dataclass
+class KernelSassCount:
+    """Static sm_90 counts of one compiled attention kernel (no GPU needed)."""
+
+    kernel: str
+    registers: int
+    spill_bytes: int  # local memory per thread (stack + local); > 0 means spills
+    instructions: int  # static SASS instructions, NOPs left out
+    loops: list[dict[str, int]] = field(default_factory=list)  # per loop (back edge): `_loop_counts`
+    constexprs: dict[str, Any] = field(default_factory=dict)
+
+
+def _sass_listing(cubin: bytes) -> list[tuple[int, str, bool]]:
+    """(byte offset, instruction text without its guard, guarded) of every non-NOP instruction of the first
+    function in `cubin`, from `cuobjdump -sass` itself (Triton's asm["sass"] stops at 4096 instructions)."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.check_output([_tool("cuobjdump"), "-sass", handle.name], text=True)
+    listing = []
+    for match in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", text):
+        body = match.group(2).strip()
+        guard = re.match(r"^@!?U?P[T\d]+\s+", body)
+        instruction = body[guard.end():] if guard else body
+        if not instruction.startswith("NOP"):
+            listing.append((int(match.group(1), 16), instruction, guard is not None))
+    return listing
+
+
+def _branch_target(instruction: str) -> Optional[int]:
+    branch = re.match(r"BRA(?:\.\w+)*\s+(0x[0-9a-f]+)", instruction)
+    return int(branch.group(1), 16) if branch else None
+
+
+def _loop_counts(listing: list[tuple[int, str, bool]]) -> list[dict[str, int]]:
+    """For each backward branch (a loop's back edge): `static`, the instructions from its target to it, and
+    `path` with the opcode classes, the instructions one iteration runs when every forward conditional branch
+    inside falls through and every unconditional one is taken (in the attention loops: the hardware FP8 path of
+    P and dS, past their integer fallback)."""
+    position_of = {offset: position for position, (offset, _, _) in enumerate(listing)}
+    loops = []
+    for last, (offset, instruction, _) in enumerate(listing):
+        target = _branch_target(instruction)
+        if target is None or target >= offset:
+            continue
+        first = position_of.get(target, next(p for p, (o, _, _) in enumerate(listing) if o >= target))
+        path, position = [], first
+        while first <= position <= last:
+            _, text, guarded = listing[position]
+            path.append(text)
+            jump = _branch_target(text)
+            if position == last:
+                break
+            forward_jump = jump is not None and jump > listing[position][0] and not guarded
+            position = position_of.get(jump, last) if forward_jump else position + 1
+        classes = {name: sum(text.split()[0].startswith(prefixes) for text in path) for name, prefixes in _OPCODE_CLASSES.items()}
+        loops.append({"static": last - first + 1, "path": len(path), **classes})
+    return loops
+
+
+def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4m3") -> list[KernelSassCount]:
+    """Static sm_90 counts (registers, spills, instructions, per-loop instruction classes) of every kernel one
+    MX forward + backward of the attention bench's self shape launches (BF16 4 x 64, softmax, not causal, `fmt`
+    floor nearest-even, the hardware FP8 path as on an H200 unless hw_fp8=False). The launches are the real ones
+    with each `[grid](...)` replaced by a compile for GPUTarget("cuda", 90, 32), so specialization and constexprs
+    are what an H200 run gets. Refuses (RuntimeError) to run under TRITON_INTERPRET=1 or without Triton's ptxas."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        raise RuntimeError("attention_sass_counts compiles for sm_90; unset TRITON_INTERPRET=1")
+    from mxlab.bench.attention.shapes import HEADS, HEAD_DIM, mx_policy, offsets_of
+    from mxlab.kernels import attention
+    from mxlab.kernels.attention import autograd, codes, launch
+    from mxlab.nn.attention import call_seeds
+
+    lengths = torch.tensor([300, 17, 64])
+    offsets = offsets_of(lengths)
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16).requires_grad_()
+               for _ in range(3))
+    policy = mx_policy(fmt)
+    record: list = []
+    replaced = [(autograd, name) for name in ATTENTION_KERNELS] + [(launch, name) for name in ATTENTION_LAUNCHES]
+    saved = [(module, name, getattr(module, name)) for module, name in replaced] + [
+        (codes, "hardware_fp8_applies", codes.hardware_fp8_applies)]
+    try:
+        for module, name in replaced:
+            setattr(module, name, _CompileOnly(getattr(module, name), record))
+        codes.hardware_fp8_applies = _hardware_fp8_as_on_sm90(hw_fp8)
+        out = attention.jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy),
+                                         _launch=attention.AttentionLaunch(tiles=tiles or attention.DEFAULT_MX_TILES))
+        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+    counts = []
+    for _grid, constexprs, compiled in record:
+        cubin = compiled.asm["cubin"]
+        listing = _sass_listing(cubin)
+        registers, spill = _resource_usage(cubin)
+        shown = {key: value for key, value in constexprs.items() if key in ("BLOCK_M", "BLOCK_N", "COLS", "num_warps")}
+        counts.append(KernelSassCount(compiled.name, registers, spill, len(listing), _loop_counts(listing), shown))
+    return counts
+
+
+def print_attention_sass_counts(counts: list[KernelSassCount], print_fn: Callable[[str], None] = print) -> None:
+    """One line per kernel: registers, spill bytes, static instructions, and per loop its instructions with the
+    mma / MUFU / convert / shuffle / shared / barrier / spill counts."""
+    print_fn(f"{'kernel':<28} {'regs':>4} {'spill B':>7} {'static':>6}  "
+             f"loops: static/path instr (path: mma mufu cvt shfl smem bar local)")
+    for count in counts:
+        loops = "; ".join(
+            f"{row['static']}/{row['path']} ({row['mma']} {row['mufu']} {row['fp8/bf16 convert']} {row['shuffle']} {row['shared']} "
+            f"{row['barrier']} {row['local (spill)']})" for row in count.loops)
+        print_fn(f"{count.kernel:<28} {count.registers:>4} {count.spill_bytes:>7} {count.instructions:>6}  {loops or '-'}")

@@ -23,15 +23,12 @@ def bench_attention_command(
 @app.command("attention-sass")
 def bench_attention_sass_command(
     integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer quantization steps instead of the hardware FP8 path."),
-    no_ablations: bool = typer.Option(False, "--no-ablations", help="Count the kernel alone, not each benchmark ablation too."),
 ) -> None:
-    """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop, per ablation."""
-    from mxlab.bench.attention import attention_sass_counts, print_attention_sass_counts
-    from mxlab.kernels.jagged_attention import ABLATIONS
+    """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop."""
+    from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
 
     try:
-        ablations = {"kernel": 0} if no_ablations else {"kernel": 0, **ABLATIONS}
-        print_attention_sass_counts(attention_sass_counts(ablations, hw_fp8=not integer_path))
+        print_attention_sass_counts(attention_sass_counts(hw_fp8=not integer_path))
     except RuntimeError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2)
@@ -51,7 +48,7 @@ def bench_quant_command(
 
 @app.command("sass")
 def bench_sass_command(
-    tile: "Optional[str]" = typer.Option(None, "--tile", help="Launch shape for every cast: ROWSxCOL_BLOCKSxWARPS[xCOLUMN_PASSES[xROWS_IN_FLIGHT]]."),
+    tile: "Optional[str]" = typer.Option(None, "--tile", help="Launch shape for every cast: ROWSxCOL_BLOCKSxWARPS."),
     integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer fast path instead of the hardware FP8 path."),
     json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the counts as JSON to this path."),
 ) -> None:

@@ -8,7 +8,7 @@ layers and the loss scaler do inside is theirs; the host reads that remain insid
 - `mxlab.recipe.loss_scaling`: `step_on_device` checks every gradient's finiteness and updates
   the scale on the device; it reads the overflow flag once only for an optimizer that cannot
   skip on the device (not fused), and per_layer reads each product's gradient statistics;
-- `mxlab.kernels.jagged_attention.check_jagged_offsets`: one read per new offsets tensor (each
+- `mxlab.kernels.attention.api.check_jagged_offsets`: one read per new offsets tensor (each
   batch's history offsets; the model reuses its query offsets from step to step);
 - `mxlab.nn.attention`'s reference path (CPU, or what the kernel cannot run) buckets on the host;
 - `mxlab.nn.qmatmul`: emulated GEMMs check operands and record gradient statistics on the host;

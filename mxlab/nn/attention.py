@@ -25,8 +25,9 @@ entries are exact zeros, and
 Stochastic rounding (a policy with a stochastically rounded MX operand) does not use qmatmul's
 counter (an element's index in the padded, bucketed tensor) but layout-independent ones
 (`token_counter`, `score_counter`; docs/numerics.md, "Jagged attention"), through
-`qmatmul(..., counters=, seeds=)`, with one `next_call_seeds()` per product per call for every bucket and chunk:
-the bits depend neither on the buckets nor on the chunking, and the Triton kernel draws the same.
+`qmatmul(..., counters=, seeds=)`, with one `next_call_seeds()` per product per call for every bucket and chunk
+(`call_seeds`): the bits depend neither on the buckets nor on the chunking, and the Triton kernel, handed the
+same seeds, draws the same.
 
 ``causal=True`` lets query ``j`` of an example see its keys ``0..j`` only; it needs each example
 to have as many queries as keys. An example with no keys (an empty history) gets an output of
@@ -35,7 +36,7 @@ exact zeros; an example with no queries contributes nothing.
 With ``policy is None`` both products are plain ``torch.matmul`` (``qmatmul`` is not even
 imported).
 
-Backends (``backend="auto"``): on CUDA, the Triton kernel `mxlab.kernels.jagged_attention`
+Backends (``backend="auto"``): on CUDA, the Triton kernel `mxlab.kernels.attention`
 (no padding, no materialized score matrix, the same semantics with MX operands quantized
 inside the kernel) whenever its `unsupported_reason` is None (BF16/FP16 inputs, or an MX policy
 with 1-D blocks of 32, any scale mode and rounding, power-of-two head dims; an installed GEMM
@@ -52,7 +53,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from mxlab.nn.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
+from mxlab.numerics.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 
 BACKENDS = ("auto", "reference", "flex", "triton")
 
@@ -80,15 +81,14 @@ def _flex_available() -> bool:
 
 
 def _triton_kernel() -> Any:
-    """The module mxlab.kernels.jagged_attention, or None when Triton is not installed."""
-    import importlib
-
+    """The package mxlab.kernels.attention, or None when Triton is not installed."""
     try:
-        return importlib.import_module("mxlab.kernels.jagged_attention")
+        from mxlab.kernels import attention
     except ModuleNotFoundError as error:
         if error.name and error.name.split(".")[0] == "triton":
             return None
         raise
+    return attention
 
 
 def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Any, activation: str) -> str | None:
@@ -180,7 +180,8 @@ class JaggedAttention(nn.Module):
                 # offset checks sync with the device: the kernel runs them once per offsets tensor and version
                 kernel.check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
                 return kernel.jagged_attention_checked(
-                    q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy
+                    q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy,
+                    seeds=call_seeds(self.policy),
                 )
             if self.backend == "triton":
                 raise ValueError(f"the Triton attention backend cannot run these inputs: {reason}")
@@ -201,7 +202,7 @@ class JaggedAttention(nn.Module):
             return out
         # Stochastic rounding counts elements by where they are in the packed tensors (see
         # `token_counter`, `score_counter`), with one set of seeds per call, whatever the buckets and chunks.
-        seeds = _call_seeds(self.policy) if self.policy is not None and rounds_stochastically(self.policy) else None
+        seeds = call_seeds(self.policy)
         if seeds is not None and q.shape[0] * q.shape[1] >= 1 << 32:
             raise ValueError(f"stochastic rounding of the scores counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
         lengths = torch.maximum(q_lengths, k_lengths)
@@ -320,8 +321,12 @@ def rounds_stochastically(policy: Any) -> bool:
     return False
 
 
-def _call_seeds(policy: Any) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
-    """Seeds of one attention call, per product (qk, pv): `next_call_seeds()` once each (None: no precision)."""
+def call_seeds(policy: Any) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None] | None:
+    """Seeds of one attention call, per product (qk, pv): `next_call_seeds()` once each (advancing each product's
+    call counter; None for a product without a precision), or None when no operand rounds stochastically
+    (no counter advances). The reference path and the Triton kernel take the same seeds."""
+    if policy is None or not rounds_stochastically(policy):
+        return None
     return tuple(None if precision is None else precision.next_call_seeds() for precision in (policy.qk, policy.pv))  # type: ignore[return-value]
 
 
@@ -412,5 +417,6 @@ def segment_positions(offsets: torch.Tensor, total: int | None = None) -> torch.
     return torch.arange(total, device=offsets.device) - starts
 
 
-__all__ = ["JaggedAttention", "rotary_embedding", "segment_positions", "rounds_stochastically", "token_counter", "score_counter",
+__all__ = ["JaggedAttention", "call_seeds", "rotary_embedding", "segment_positions", "rounds_stochastically", "token_counter",
+           "score_counter",
            "ACTIVATIONS", "BACKENDS"]

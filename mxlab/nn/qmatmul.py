@@ -61,36 +61,12 @@ from mxlab.numerics.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
 from mxlab.numerics.quant import PER_TENSOR_FP8, SQUARE_BLOCK
 from mxlab.numerics.reference import BLOCK_SIZE, SCALE_MODES
 from mxlab.numerics.reference import ROUNDING_MODES as ROUNDINGS
+from mxlab.numerics.seeding import SEED_SLOTS, derive_seed  # noqa: F401  (derive_seed: part of this module's API)
 
 MX_FORMATS = tuple(FORMATS)
 TENSOR_FORMATS = tuple(PER_TENSOR_FP8)
 OPERAND_FORMATS = MX_FORMATS + TENSOR_FORMATS + HIGH_PRECISION_FORMATS
 BLOCKS = (BLOCK_SIZE, SQUARE_BLOCK)
-
-# Seed slots: one seed per operand per GEMM per call, and one per GEMM for its Hadamard signs
-# (shared by the GEMM's two operands). Seed of slot s at call c: derive_seed(seed, c, SEED_SLOTS[s]).
-SEED_SLOTS = {
-    "fwd.a": 0, "fwd.b": 1, "grad_a.g": 2, "grad_a.b": 3, "grad_b.a": 4, "grad_b.g": 5,
-    "fwd.hadamard": 6, "grad_a.hadamard": 7, "grad_b.hadamard": 8,
-}
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(z: int) -> int:
-    z = (z + 0x9E3779B97F4A7C15) & _MASK64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def derive_seed(base_seed: int, call: int, slot: int) -> int:
-    """A 32-bit seed for operand `slot` of forward call `call` under `base_seed` (splitmix64 chain)."""
-    z = _splitmix64(base_seed & _MASK64)
-    z = _splitmix64(z ^ (call & _MASK64))
-    z = _splitmix64(z ^ (slot & _MASK64))
-    return z & 0xFFFFFFFF
-
 
 @dataclass(frozen=True)
 class OperandQuant:

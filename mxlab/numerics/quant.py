@@ -185,11 +185,11 @@ def last_backend() -> str | None:
 
 
 def _import_kernels():
-    """mxlab.kernels.mx_quant (the MX cast kernels), or None when Triton is not installed."""
+    """mxlab.kernels.cast (the MX cast kernels), or None when Triton is not installed."""
     import importlib
 
     try:
-        return importlib.import_module("mxlab.kernels.mx_quant")
+        return importlib.import_module("mxlab.kernels.cast")
     except ModuleNotFoundError as error:
         if error.name and error.name.split(".")[0] == "triton":
             return None

@@ -19,7 +19,7 @@ if not HAS_CUDA:
 
 @pytest.fixture
 def kernel_module():
-    """mxlab.kernels.mx_quant as imported (TRITON_INTERPRET untouched); skips where Triton is not installed."""
+    """mxlab.kernels.cast as imported (TRITON_INTERPRET untouched); skips where Triton is not installed."""
     from mxlab.numerics.quant import _import_kernels
 
     module = _import_kernels()

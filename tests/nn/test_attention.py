@@ -168,15 +168,17 @@ def test_rotary_is_relative_and_positions_restart_per_sequence():
 
 
 def test_triton_backend_dispatch(monkeypatch):
-    import sys
     import types
 
+    import mxlab.nn.attention as attention_module
+
     calls = []
-    fake = types.ModuleType("mxlab.kernels.jagged_attention")
+    fake = types.ModuleType("mxlab.kernels.attention")
     fake.unsupported_reason = lambda q, policy, activation: None if q.dtype == torch.bfloat16 else f"dtype {q.dtype}"
     fake.check_jagged_offsets = lambda qo, ko, total_q, total_k, device, causal: calls.append(("checked", total_q, total_k))
-    fake.jagged_attention_checked = lambda q, k, v, qo, ko, *, causal, activation, policy: calls.append((causal, activation, policy)) or q * 2
-    monkeypatch.setitem(sys.modules, "mxlab.kernels.jagged_attention", fake)
+    fake.jagged_attention_checked = (lambda q, k, v, qo, ko, *, causal, activation, policy, seeds:
+                                     calls.append((causal, activation, policy)) or q * 2)
+    monkeypatch.setattr(attention_module, "_triton_kernel", lambda: fake)
     q = torch.randn(3, 1, 32, dtype=torch.bfloat16)
     attention = JaggedAttention(backend="triton")
     attention.policy = _RecordingPolicy()

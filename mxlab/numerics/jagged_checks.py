@@ -1,5 +1,5 @@
-"""Input checks shared by the jagged attention paths (the PyTorch reference in mxlab.nn.attention
-and the Triton kernel in mxlab.kernels.jagged_attention); no Triton needed to import."""
+"""Input checks of jagged attention, shared by its two paths (the PyTorch reference in mxlab.nn.attention and
+the Triton kernels in mxlab.kernels.attention): packed (tokens, heads, head_dim) tensors and offsets; no Triton."""
 from __future__ import annotations
 
 import torch

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mxlab.numerics.formats import FORMATS, decode_code
-from tests.kernels.test_mx_kernels import assert_same_bits, reference_fake_quantize, reference_quantize
+from tests.kernels.cast.test_casts import assert_same_bits, numerics_only, reference_fake_quantize, reference_quantize, with_launch
 
 FP8_FORMATS = ["e4m3", "e5m2"]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -127,7 +127,9 @@ def test_hardware_fp8_applies_only_to_fp8_nearest_even_on_sm90(kernel_module, mo
     kernels = kernel_module
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     capability = {"value": (9, 0)}
-    monkeypatch.setattr(kernels, "_cuda_capability", lambda index: capability["value"])
+    from mxlab.kernels.cast import launch
+
+    monkeypatch.setattr(launch, "_cuda_capability", lambda index: capability["value"])
     cuda = torch.device("cuda", 0)
     for fmt in FP8_FORMATS:
         assert kernels.hardware_fp8_applies(cuda, FORMATS[fmt], "nearest_even")
@@ -151,23 +153,21 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mxlab.numerics.formats import FORMATS
-from mxlab.kernels import mx_quant as mq
+from mxlab.kernels.cast import bits, kernels, launch
 
-def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding, column_passes):
-    kernel = mq._mx_kernel
-    if layout in (mq.LAYOUT_COL, mq.LAYOUT_BOTH):
-        kernel = mq._mx_column_tile_kernel if column_passes == 1 else mq._mx_columns_kernel
-    value_pointer = "*i32" if in_kind == mq.KIND_FP32 else "*i16"
+def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding):
+    kernel = kernels._mx_kernel
+    if layout in (bits.LAYOUT_COL, bits.LAYOUT_BOTH):
+        kernel = kernels._mx_column_tile_kernel
+    value_pointer = "*i32" if in_kind == bits.KIND_FP32 else "*i16"
     runtime = dict(x_ptr=value_pointer, row_codes_ptr="*u8", row_scales_ptr="*u8", row_values_ptr=value_pointer,
                    col_codes_ptr="*u8", col_scales_ptr="*u8", col_values_ptr=value_pointer, L="i32", B="i32",
                    LP="i32", BP="i32", stride_a="i32", stride_l="i32", stride_b="i32", seed_key="i32")
     constants = dict(IN_KIND=in_kind, OUT_KIND=in_kind, LAYOUT=layout, WANT_CODES=want_codes,
-                     WANT_VALUES=want_values, **mq._format_constants(FORMATS[fmt]), SCALE_MODE=mq.SCALE_FLOOR,
-                     ROUNDING=rounding, FAST=True, HW_FP8=hw_fp8, WIDE_INDEX=False, PROBE=False, CB=4)
-    if kernel is mq._mx_kernel:
-        constants.update(RB=8 if layout == mq.LAYOUT_ROW else 1, RS=1 if layout == mq.LAYOUT_ROW else 32)
-    elif kernel is mq._mx_columns_kernel:
-        constants.update(ROWS_IN_FLIGHT=mq.INTEGER_COL_TILE.rows_in_flight)
+                     WANT_VALUES=want_values, **launch._format_constants(FORMATS[fmt]), SCALE_MODE=bits.SCALE_FLOOR,
+                     ROUNDING=rounding, FAST=True, HW_FP8=hw_fp8, WIDE_INDEX=False, CB=4)
+    if kernel is kernels._mx_kernel:
+        constants.update(RB=8 if layout == bits.LAYOUT_ROW else 1, RS=1 if layout == bits.LAYOUT_ROW else 32)
     signature = {name: runtime.get(name, "constexpr") for name in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
@@ -180,26 +180,25 @@ print(json.dumps([sorted({line.split()[0] for line in ptx(*case).splitlines() if
 
 def test_hardware_branch_compiles_to_the_fp8_conversion_for_sm90(kernel_module):
     """Compiles the kernels for sm_90 in a fresh process (this one may hold interpreted kernels)."""
-    kernels = kernel_module
-    row, col, both, tile = kernels.LAYOUT_ROW, kernels.LAYOUT_COL, kernels.LAYOUT_BOTH, kernels.LAYOUT_TILE
-    bf16, fp16, fp32 = kernels.KIND_BF16, kernels.KIND_FP16, kernels.KIND_FP32
-    nearest_even, stochastic = kernels.ROUND_NEAREST_EVEN, kernels.ROUND_STOCHASTIC
-    cases = [  # fmt, layout, HW_FP8, codes, values, input kind, rounding, column passes
-        ("e4m3", row, True, True, False, bf16, nearest_even, 1),
-        ("e4m3", row, False, True, False, bf16, nearest_even, 1),
-        ("e5m2", col, True, False, True, fp32, nearest_even, 1),
-        ("e5m2", col, True, False, True, fp32, nearest_even, 2),
-        ("e4m3", both, True, True, False, fp16, nearest_even, 1),
-        ("e4m3", both, True, True, False, fp16, nearest_even, 2),
-        ("e5m2", tile, True, True, True, bf16, nearest_even, 1),
-        ("e4m3", row, True, False, True, bf16, stochastic, 1),  # the switch does not touch stochastic rounding
+    from mxlab.kernels.cast import bits
+
+    row, col, both, tile = bits.LAYOUT_ROW, bits.LAYOUT_COL, bits.LAYOUT_BOTH, bits.LAYOUT_TILE
+    bf16, fp16, fp32 = bits.KIND_BF16, bits.KIND_FP16, bits.KIND_FP32
+    nearest_even, stochastic = bits.ROUND_NEAREST_EVEN, bits.ROUND_STOCHASTIC
+    cases = [  # fmt, layout, HW_FP8, codes, values, input kind, rounding
+        ("e4m3", row, True, True, False, bf16, nearest_even),
+        ("e4m3", row, False, True, False, bf16, nearest_even),
+        ("e5m2", col, True, False, True, fp32, nearest_even),
+        ("e4m3", both, True, True, False, fp16, nearest_even),
+        ("e5m2", tile, True, True, True, bf16, nearest_even),
+        ("e4m3", row, True, False, True, bf16, stochastic),  # the switch does not touch stochastic rounding
     ]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(cases)], capture_output=True,
                             text=True, env=environment, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     conversions = json.loads(result.stdout.strip().splitlines()[-1])
-    for (fmt, layout, hw_fp8, _, _, _, rounding, _), instructions in zip(cases, conversions):
+    for (fmt, layout, hw_fp8, _, _, _, rounding), instructions in zip(cases, conversions):
         expected = hw_fp8 and rounding == nearest_even
         assert (HARDWARE_INSTRUCTION[fmt] in instructions) == expected, (fmt, layout, hw_fp8, instructions)
         assert "cvt.rz.f16.f32" not in instructions  # no float32 -> fp16 -> FP8 double rounding
@@ -324,6 +323,7 @@ def test_hand_checked_codes_ties_saturation_and_signed_zeros(kernels, device, fm
 def layout_call(kernels, x: torch.Tensor, fmt: str, layout: str, want: str, **options):
     """The kernels' results for one layout, as a tuple of tensors (codes and scales, or values)."""
     element_format = FORMATS[fmt]
+    options = with_launch(options)
     if layout == "both":
         if want == "codes":
             (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, element_format, **options)
@@ -336,7 +336,7 @@ def layout_call(kernels, x: torch.Tensor, fmt: str, layout: str, want: str, **op
 
 
 def reference_call(x: torch.Tensor, fmt: str, layout: str, want: str, **options):
-    options = {key: value for key, value in options.items() if key != "hw_fp8"}
+    options = numerics_only(options)
     where = dict(row=[dict(axis=-1)], column=[dict(axis=0)], tile=[dict(block=(32, 32))],
                  both=[dict(axis=-1), dict(axis=0)])[layout]
     if want == "codes":
@@ -348,8 +348,7 @@ def check_against_reference_and_integer_path(kernels, x: torch.Tensor, fmt: str,
     for want in ("codes", "values"):
         hardware = layout_call(kernels, x, fmt, layout, want, **options)
         integer = layout_call(kernels, x, fmt, layout, want, hw_fp8=False, **options)
-        launch_only = ("tile",)  # kernel launch shapes: the reference has none
-        expected = reference_call(x, fmt, layout, want, **{k: v for k, v in options.items() if k not in launch_only})
+        expected = reference_call(x, fmt, layout, want, **numerics_only(options))
         for index, (actual, from_integer, from_reference) in enumerate(zip(hardware, integer, expected)):
             assert_same_bits(actual, from_reference, f"{fmt} {layout} {want}[{index}] vs reference")
             assert_same_bits(actual, from_integer, f"{fmt} {layout} {want}[{index}] vs integer fast path")
@@ -359,19 +358,21 @@ def check_against_reference_and_integer_path(kernels, x: torch.Tensor, fmt: str,
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gpu_capable_device_runs_the_hardware_conversion(kernels, fmt, layout):
-    capable = torch.cuda.get_device_capability() >= kernels.HARDWARE_FP8_MIN_CAPABILITY
+    from mxlab.kernels.cast import CastLaunch, bits, launch
+
+    capable = torch.cuda.get_device_capability() >= launch.HARDWARE_FP8_MIN_CAPABILITY
     x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
     assert kernels.hardware_fp8_applies(x.device, FORMATS[fmt], "nearest_even") == capable
     if not capable:
         pytest.skip(f"compute capability {torch.cuda.get_device_capability()} < 9.0: the integer path runs")
-    view_arguments = dict(row=(32, -1, None), column=(32, 0, None), both=(32, 0, kernels.LAYOUT_BOTH),
+    view_arguments = dict(row=(32, -1, None), column=(32, 0, None), both=(32, 0, bits.LAYOUT_BOTH),
                           tile=((32, 32), -1, None))[layout]
     block, axis, forced_layout = view_arguments
-    view = kernels._make_view(x, block, axis, False, layout=forced_layout)
+    view = launch._make_view(x, block, axis, False, layout=forced_layout)
     for rounding, hw_fp8, expected in (("nearest_even", True, True), ("nearest_even", False, False),
                                        ("stochastic", True, False)):
-        out = kernels._launch(view, FORMATS[fmt], "floor", rounding, 5, want_codes=True, want_values=True,
-                              hw_fp8=hw_fp8)
+        out = launch.launch_cast(view, FORMATS[fmt], "floor", rounding, 5, want_codes=True, want_values=True,
+                                 options=CastLaunch(hw_fp8=hw_fp8))
         ptx = out["kernel"].asm["ptx"]
         assert (HARDWARE_INSTRUCTION[fmt] in ptx) == expected, (rounding, hw_fp8)
         assert "cvt.rz.f16.f32" not in ptx
@@ -385,22 +386,6 @@ def test_gpu_hardware_path_bit_identical_on_adversarial_input(kernels, fmt, dtyp
     seed = 100 + 10 * DTYPES.index(dtype) + FP8_FORMATS.index(fmt)
     x = adversarial_input(2048, 1536, fmt, dtype, seed).cuda()  # 3.1M elements
     check_against_reference_and_integer_path(kernels, x, fmt, layout)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FP8_FORMATS)
-@pytest.mark.parametrize("layout, column_passes, col_blocks, num_warps, rows_in_flight", [
-    ("column", 1, 4, 1, 8), ("column", 1, 4, 2, 8), ("both", 1, 4, 1, 8), ("both", 1, 8, 4, 8), ("column", 2, 32, 4, 4),
-    ("both", 2, 32, 4, 4),
-])
-def test_gpu_hardware_path_column_tile_variants(kernels, fmt, layout, column_passes, col_blocks, num_warps,
-                                                rows_in_flight):
-    """The column launch shapes `mxlab bench quant` may time (TileConfig.column_passes, col_blocks, num_warps,
-    rows_in_flight)."""
-    x = adversarial_input(1024, 1536, fmt, torch.bfloat16, seed=9).cuda()
-    tile = kernels.TileConfig(rows=32, col_blocks=col_blocks, num_warps=num_warps, column_passes=column_passes,
-                              rows_in_flight=rows_in_flight)
-    check_against_reference_and_integer_path(kernels, x, fmt, layout, tile=tile)
 
 
 @pytest.mark.gpu
@@ -421,38 +406,3 @@ def test_gpu_hardware_path_other_scale_modes(kernels, fmt, scale_mode):
     x = adversarial_input(1024, 1024, fmt, torch.bfloat16, seed=9).cuda()
     check_against_reference_and_integer_path(kernels, x, fmt, "row", scale_mode=scale_mode)
     check_against_reference_and_integer_path(kernels, x, fmt, "both", scale_mode=scale_mode)
-
-
-SASS_SCRIPT = r"""
-import json
-from mxlab.bench import sass
-from mxlab.kernels.mx_quant import TileConfig
-operations = sass.bench_operations()
-two_passes = sass.bench_operations(tile=TileConfig(rows=32, col_blocks=16, num_warps=4, column_passes=2))
-counts = sass.count_operations({"row cast": operations["row cast"], "column cast": operations["column cast"],
-                                "column cast, two passes": two_passes["column cast"]})
-print(json.dumps([dict(name=c.name, per_element=c.per_element, converts=c.fp8_converts_per_element,
-                       registers=c.registers, spill=c.spill_bytes, loops=c.loops) for c in counts]))
-"""
-
-
-def test_sm90_machine_code_of_the_bench_casts():
-    """`mxlab bench sass` on the casts the H200 bench times (compiled for sm_90 in a fresh process): the
-    counted path is the hardware FP8 path (one paired conversion per two elements), nothing spills, the one-pass
-    column cast loads each element once (no loop on its common path), and the rarely taken paths do not raise the
-    register count of the row cast and the two-pass column launch (each launch's registers are its largest
-    branch's)."""
-    environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", SASS_SCRIPT], capture_output=True, text=True, env=environment,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    row, column, two_passes = json.loads(result.stdout.strip().splitlines()[-1])
-    for count in (row, column, two_passes):
-        assert count["converts"] == 0.5, count
-        assert count["spill"] == 0, count
-        assert 4 < count["per_element"] < 14, count
-    assert row["registers"] <= 64, row  # 117 while the exact path shared the tile's registers
-    assert column["loops"] == [], column
-    assert two_passes["registers"] <= 64, two_passes
-    assert [loop["trips"] for loop in two_passes["loops"]] == [4, 16]  # the max pass (8 rows a step), the quantize pass
-    assert two_passes["loops"][0]["loads_before_first_use"] >= 6  # rows in flight in the max pass

@@ -27,7 +27,6 @@ Tolerances, derived from what differs between the two implementations:
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 import pytest
@@ -37,7 +36,13 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-jagged_attention_module = importlib.import_module("mxlab.kernels.jagged_attention")
+from mxlab.kernels import attention as jagged_attention_module  # noqa: E402  (after TRITON_INTERPRET is set)
+from mxlab.kernels.attention import api as attention_api  # noqa: E402
+from mxlab.kernels.attention import codes as attention_codes  # noqa: E402
+from mxlab.kernels.attention import launch as attention_launch  # noqa: E402
+from mxlab.kernels.attention import tiles as attention_tiles  # noqa: E402
+from mxlab.kernels.attention import AttentionLaunch  # noqa: E402
+
 jagged_attention = jagged_attention_module.jagged_attention
 unsupported_reason = jagged_attention_module.unsupported_reason
 
@@ -47,7 +52,8 @@ import triton.language as tl  # noqa: E402
 from mxlab.numerics.formats import get_format  # noqa: E402
 from mxlab.kernels import _mx_device  # noqa: E402
 from mxlab.kernels._mx_device import fake_quant_tile, score_random_bits  # noqa: E402
-from mxlab.nn.attention import JaggedAttention  # noqa: E402
+from mxlab.nn.attention import JaggedAttention, call_seeds  # noqa: E402
+from mxlab.numerics.seeding import seed_key  # noqa: E402
 from mxlab.nn.qmatmul import OperandQuant  # noqa: E402
 from mxlab.recipe import AttentionPolicy, AttentionRecipe  # noqa: E402
 
@@ -82,8 +88,15 @@ def _inputs(q_lengths: list[int], k_lengths: list[int], heads: int, head_dim: in
     return q, k, v, grad
 
 
+def _kernel_call(q, k, v, q_offsets, k_offsets, policy, tiles=None, hw_fp8=True, **options):
+    """The kernel on these inputs as mxlab.nn.attention runs it: this call's seeds drawn from the policy
+    (`call_seeds`, which advances each product's call counter when an operand rounds stochastically)."""
+    return jagged_attention(q, k, v, q_offsets, k_offsets, policy=policy, seeds=call_seeds(policy),
+                            _launch=AttentionLaunch(tiles=tiles, hw_fp8=hw_fp8), **options)
+
+
 def _run_both(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy, tiles=None):
-    out = jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
+    out = _kernel_call(q, k, v, q_offsets, k_offsets, policy, tiles, causal=causal, activation=activation)
     kernel = (out, *torch.autograd.grad(out, (q, k, v), grad))
     reference_module = JaggedAttention(backend="reference")
     reference_module.policy = policy
@@ -228,7 +241,7 @@ def test_unwritten_outputs_are_exact_zeros_not_uninitialized_memory(nan_filled_e
     tiles = FUSED_DQ_TILES if fused_dq else None
     for policy in (None, _policy()):
         for activation in ("softmax", "silu"):
-            out = jagged_attention(q, k, v, _offsets(q_lengths), _offsets(k_lengths), activation=activation, policy=policy, tiles=tiles)
+            out = _kernel_call(q, k, v, _offsets(q_lengths), _offsets(k_lengths), policy, tiles, activation=activation)
             dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
             for name, tensor in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
                 assert torch.isfinite(tensor).all(), f"{name}: rows left unwritten ({activation}, policy {policy is not None})"
@@ -239,13 +252,13 @@ def test_unwritten_outputs_are_exact_zeros_not_uninitialized_memory(nan_filled_e
 
 def test_tile_tables_are_cached_on_the_offsets_until_changed_in_place(monkeypatch):
     computed = []
-    compute_tiles = jagged_attention_module._compute_tiles
+    compute_tiles = attention_tiles._compute_tiles
 
     def counting(offsets, tokens, work_offsets, block):
         computed.append((tokens, block))
         return compute_tiles(offsets, tokens, work_offsets, block)
 
-    monkeypatch.setattr(jagged_attention_module, "_compute_tiles", counting)
+    monkeypatch.setattr(attention_tiles, "_compute_tiles", counting)
     lengths, permuted = [31, 0, 1, 33, 65], [65, 31, 0, 33, 1]
     q, k, v, grad = _inputs(lengths, lengths, 1, 32, seed=11)
     offsets = _offsets(lengths)
@@ -279,21 +292,21 @@ def test_tile_cache_drops_the_tables_of_freed_partner_offsets():
     queries = _offsets([2, 2, 2])  # e.g. pooled attention's fixed seed queries, with per-batch keys
     for batch in range(5):
         keys = _offsets([batch + 1, 3, 40])
-        jagged_attention_module._tiles(queries, 6, keys, 32)
+        attention_tiles._tiles(queries, 6, keys, 32)
         del keys
-    _, entries = queries.__dict__[jagged_attention_module._OFFSETS_CACHE_ATTRIBUTE]
+    _, entries = queries.__dict__[attention_tiles._OFFSETS_CACHE_ATTRIBUTE]
     assert len(entries) <= 2, f"{len(entries)} cached tables for one live partner"
 
 
 def test_offset_checks_run_once_per_offsets_version(monkeypatch):
     checked = []
-    check_offset_values = jagged_attention_module.check_offsets_values
+    check_offset_values = attention_api.check_offsets_values
 
     def counting(name, offsets, total):
         checked.append(name)
         return check_offset_values(name, offsets, total)
 
-    monkeypatch.setattr(jagged_attention_module, "check_offsets_values", counting)
+    monkeypatch.setattr(attention_api, "check_offsets_values", counting)
     q, k, v, _ = _inputs([4, 3], [4, 3], 1, 32, seed=2)
     offsets = _offsets([4, 3])
     with torch.no_grad():
@@ -342,7 +355,9 @@ def test_refusals_name_the_problem():
 
 # ----------------------------------------------------------------------------- hardware FP8 conversion
 def _device_module():
-    return importlib.import_module("mxlab.kernels._mx_device")
+    from mxlab.kernels import _mx_device
+
+    return _mx_device
 
 
 def test_operand_code_packs_the_hardware_switch_and_refuses_it_where_it_is_not_exact():
@@ -356,16 +371,16 @@ def test_operand_code_packs_the_hardware_switch_and_refuses_it_where_it_is_not_e
 
 
 def test_host_sets_the_hardware_switch_per_operand_where_the_cast_kernels_would(monkeypatch):
-    from mxlab.kernels import mx_quant
+    from mxlab.kernels.cast import launch as cast_launch
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     capability = {"value": (9, 0)}
-    monkeypatch.setattr(mx_quant, "_cuda_capability", lambda index: capability["value"])
+    monkeypatch.setattr(cast_launch, "_cuda_capability", lambda index: capability["value"])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     cuda = torch.device("cuda", 0)
 
     def switches(policy):
-        codes = jagged_attention_module._codes(policy, cuda)
+        codes = attention_codes._codes(policy, cuda)
         return {name: (code >> 24) & 1 for name, code in vars(codes).items()}
 
     assert set(switches(_policy(fwd="e4m3", grad="e5m2")).values()) == {1}
@@ -376,8 +391,8 @@ def test_host_sets_the_hardware_switch_per_operand_where_the_cast_kernels_would(
     capability["value"] = (8, 9)  # Triton 3.6 converts float32 -> FP8 there in two roundings
     assert set(switches(_policy()).values()) == {0}
     capability["value"] = (9, 0)
-    assert set(vars(jagged_attention_module._codes(_policy(), None)).values()) == set(vars(jagged_attention_module._codes(_policy(), torch.device("cpu"))).values())
-    assert all(code >> 24 == 0 for code in vars(jagged_attention_module._codes(_policy(), None)).values())
+    assert set(vars(attention_codes._codes(_policy(), None)).values()) == set(vars(attention_codes._codes(_policy(), torch.device("cpu"))).values())
+    assert all(code >> 24 == 0 for code in vars(attention_codes._codes(_policy(), None)).values())
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert set(switches(_policy()).values()) == {0}
 
@@ -388,7 +403,7 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mxlab.kernels import jagged_attention as ja
+from mxlab.kernels.attention import device, kernels
 from mxlab.kernels._mx_device import operand_code
 
 def conversions(kernel, runtime, constants, num_warps):
@@ -406,7 +421,7 @@ pointers.update({name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt",
                                           "p_seed_key", "d_seed_key", "t_seed_key", "pm_seed_key", "dsm_seed_key", "dsn_seed_key")})
 pointers["sm_scale"] = "fp32"
 common = dict(HEAD_DIM=64, CAUSAL=False, SILU=False, QUANT=True, S_DTYPE=tl.bfloat16, OP_DTYPE=tl.bfloat16,
-              DOT_DTYPE=tl.bfloat16, BY_BITS=False, ABLATE=0)
+              DOT_DTYPE=tl.bfloat16, BY_BITS=False)
 result = []
 for kernel, fmt, mode in json.loads(sys.argv[1]):
     if mode == "stochastic":
@@ -415,13 +430,13 @@ for kernel, fmt, mode in json.loads(sys.argv[1]):
         code = operand_code(fmt, "floor", "nearest_even", hw_fp8=mode == "hardware")
     if kernel == "forward":
         constants = dict(common, BLOCK_M=64, BLOCK_N=32, WRITE_OU=True, P_CODE=code)
-        result.append(conversions(ja._jagged_attention_fwd, pointers, constants, 4))
+        result.append(conversions(kernels._jagged_attention_fwd, pointers, constants, 4))
     elif kernel == "dkdv":
         constants = dict(common, BLOCK_M=32, BLOCK_N=64, PM_CODE=code, DSM_CODE=code, FUSED_DQ=True, DSN_CODE=code)
-        result.append(conversions(ja._jagged_attention_bwd_dkdv, pointers, constants, 4))
+        result.append(conversions(kernels._jagged_attention_bwd_dkdv, pointers, constants, 4))
     else:
         constants = dict(COLS=256, D_CODE=code, T_CODE=code, ALONG_D=True, ALONG_T=True, ROW_DOT=False, HEAD_DIM=64)
-        result.append(conversions(ja._prequantize, pointers, constants, 8))
+        result.append(conversions(device._prequantize, pointers, constants, 8))
 print(json.dumps(result))
 """
 
@@ -445,53 +460,9 @@ def test_attention_kernels_compile_the_hardware_switch_to_the_fp8_conversion_for
     assert instructions == expected
 
 
-# ----------------------------------------------------------------------------- benchmark ablations
-ABLATIONS = jagged_attention_module.ABLATIONS
-# Which outputs (out, dq, dk, dv) each benchmark ablation changes; the others keep the kernel's bits. P is
-# quantized for out (forward) and dv (dK/dV kernel), dS for dq and dk; the row term (P @ quant(V), from the
-# unquantized P) only enters dS; the one-pass forward ends with the true statistics, which the backward reads.
-ABLATION_CHANGES = {
-    "no P quant": {"out", "dv"}, "no dS quant": {"dq", "dk"}, "one softmax pass": {"out", "dq", "dk"},
-    "no P split": {"dq", "dk"}, "no row term": {"dq", "dk"}, "no prequantize": {"out", "dq", "dk", "dv"},
-}
-
-
-def test_benchmark_ablations_run_and_change_only_their_part():
-    """Each `_ablate` bit compiles and runs (forward + backward) and changes exactly the outputs its removed
-    step feeds; ablate=0 is the kernel's own result, bit for bit."""
-    assert set(ABLATION_CHANGES) == set(ABLATIONS)
-    lengths = [40, 1]  # two key tiles: the one-pass statistics differ from the final ones
-    q, k, v, grad = _inputs(lengths, lengths, 1, 32, seed=11)
-    offsets = _offsets(lengths)
-    policy = _policy()
-
-    def run(**ablate):
-        out = jagged_attention(q, k, v, offsets, offsets, policy=policy, **ablate)
-        return dict(zip(("out", "dq", "dk", "dv"), (out, *torch.autograd.grad(out, (q, k, v), grad))))
-
-    kernel = run()
-    assert all(torch.equal(kernel[name], value) for name, value in run(_ablate=0).items())
-    for ablation, bit in ABLATIONS.items():
-        ablated = run(_ablate=bit)
-        changed = {name for name, value in ablated.items() if not torch.equal(value, kernel[name])}
-        assert all(torch.isfinite(value).all() for value in ablated.values()), ablation
-        assert changed == ABLATION_CHANGES[ablation], f"{ablation}: changed {sorted(changed)}"
-    everything = run(_ablate=sum(ABLATIONS.values()))
-    assert all(torch.isfinite(value).all() for value in everything.values())
-
-
-def test_benchmark_ablations_refuse_unknown_bits_and_bf16_mode():
-    q, k, v, _ = _inputs([3], [3], 1, 32, seed=0)
-    offsets = _offsets([3])
-    with pytest.raises(ValueError, match="unknown bits"):
-        jagged_attention(q, k, v, offsets, offsets, policy=_policy(), _ablate=64)
-    with pytest.raises(ValueError, match="needs a policy"):
-        jagged_attention(q, k, v, offsets, offsets, policy=None, _ablate=1)
-
-
 # ----------------------------------------------------------------------------- stochastic rounding
 def _run_kernel(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy, tiles=None):
-    out = jagged_attention(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, tiles=tiles)
+    out = _kernel_call(q, k, v, q_offsets, k_offsets, policy, tiles, causal=causal, activation=activation)
     return (out, *torch.autograd.grad(out, (q, k, v), grad))
 
 
@@ -538,7 +509,7 @@ def test_other_seeds_fail_the_comparison():
     reference_module = JaggedAttention(backend="reference")
     reference_module.policy = policy
     with torch.no_grad():
-        kernel = jagged_attention(q, k, v, offsets, offsets, policy=policy)
+        kernel = _kernel_call(q, k, v, offsets, offsets, policy)
         later_call = reference_module(q, k, v, offsets, offsets)
     with pytest.raises(AssertionError, match="differ by more than one ulp"):
         _assert_exact_up_to_accumulation("out", kernel, later_call, 3)
@@ -555,11 +526,11 @@ def test_stochastic_prequantized_operands_equal_the_reference_bits():
     x = (torch.randn(tokens, heads, head_dim, generator=generator)
          * torch.exp2(torch.randint(-30, 10, (tokens, heads, head_dim), generator=generator).float())).to(DEVICE)
     quant = OperandQuant("e4m3", 32, "even", "stochastic")
-    code = jagged_attention_module.operand_code("e4m3", "even", "stochastic")
+    code = attention_codes.operand_code("e4m3", "even", "stochastic")
     seeds = (12345, 2**32 - 7)
-    keys = [jagged_attention_module._seed_key(seed) for seed in seeds]
+    keys = [seed_key(seed) for seed in seeds]
     offsets = _offsets(lengths)
-    along_d, along_t, _ = jagged_attention_module._prequantized(x, offsets, code, code, d_seed_key=keys[0], t_seed_key=keys[1])
+    along_d, along_t, _ = attention_launch._prequantized(x, offsets, code, code, d_seed_key=keys[0], t_seed_key=keys[1])
     counter = torch.arange(x.numel(), device=DEVICE).view(x.shape)
     assert torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, seeds[0], counter))
     for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
@@ -620,10 +591,10 @@ def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis):
     x[9, :] = torch.randn(64, generator=generator) * 2.0**-140
     x = x.to(DEVICE)
     quant = OperandQuant(fmt, 32, "floor", "stochastic")
-    code = jagged_attention_module.operand_code(fmt, "floor", "stochastic")
+    code = attention_codes.operand_code(fmt, "floor", "stochastic")
     for first_row, heads, head, seed in ((0, 1, 0, 3), (2**30 + 17, 3, 2, 2**31 + 5)):
         y = torch.empty_like(x)
-        _score_tile_kernel[(1,)](x, y, first_row, head, heads, jagged_attention_module._seed_key(seed), AXIS=axis, CODE=code)
+        _score_tile_kernel[(1,)](x, y, first_row, head, heads, seed_key(seed), AXIS=axis, CODE=code)
         rows = torch.arange(first_row, first_row + 32, device=DEVICE)[None, :]
         counter = score_counter(rows, heads, 64)[0, head]
         expected = _stochastic_fake_quantize(x, quant, axis, seed, counter)
@@ -695,12 +666,12 @@ def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(po
     """Same kernels, same accumulation order: the outputs and gradients must be equal bit for bit."""
     lengths, q, k, v, grad = _benchmark_inputs()
     policy = _policy(**policy_arguments)
-    codes = jagged_attention_module._codes(policy, q.device)
+    codes = attention_codes._codes(policy, q.device)
     assert (codes.p_n >> 24) & 1 == 1, "this GPU must take the hardware FP8 path (sm_90+)"
     offsets = _offsets(lengths)
     results = []
     for hw_fp8 in (True, False):
-        out = jagged_attention(q, k, v, offsets, offsets, causal=causal, activation=activation, policy=policy, hw_fp8=hw_fp8)
+        out = _kernel_call(q, k, v, offsets, offsets, policy, hw_fp8=hw_fp8, causal=causal, activation=activation)
         results.append((out, *torch.autograd.grad(out, (q, k, v), grad)))
     for name, hardware, integer in zip(("out", "dq", "dk", "dv"), *results):
         assert torch.equal(hardware, integer), f"{name}: {(hardware != integer).sum().item()} elements differ"
@@ -719,8 +690,8 @@ def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
     exponents = torch.randint(-100, 100, (q.shape[0], q.shape[1], 1), generator=generator).float()
     x = (q.detach().float().cpu() * torch.exp2(exponents)).to(torch.bfloat16).to(q.device)
     offsets = _offsets(lengths)
-    code = jagged_attention_module.operand_code(fmt, "rceil", "nearest_even", hw_fp8=True)
-    along_d, along_t, _ = jagged_attention_module._prequantized(x, offsets, code, code)
+    code = attention_codes.operand_code(fmt, "rceil", "nearest_even", hw_fp8=True)
+    along_d, along_t, _ = attention_launch._prequantized(x, offsets, code, code)
     flat = x.float().reshape(x.shape[0], x.shape[1], x.shape[2] // 32, 32)
     expected_d = reference.fake_quantize_blocks(flat, (3,), FORMATS[fmt], "rceil", "nearest_even").reshape(x.shape)
     assert torch.equal(along_d.float().view(torch.int32), expected_d.view(torch.int32))
@@ -773,17 +744,17 @@ def test_stochastic_operands_equal_the_reference_bits_on_gpu():
     lengths, q, _, _, _ = _benchmark_inputs()
     x = q.detach()
     quant = OperandQuant("e4m3", 32, "rceil", "stochastic")
-    code = jagged_attention_module.operand_code("e4m3", "rceil", "stochastic")
+    code = attention_codes.operand_code("e4m3", "rceil", "stochastic")
     offsets = _offsets(lengths)
-    along_d, along_t, _ = jagged_attention_module._prequantized(x, offsets, code, code, d_seed_key=jagged_attention_module._seed_key(5),
-                                                                t_seed_key=jagged_attention_module._seed_key(6))
+    along_d, along_t, _ = attention_launch._prequantized(x, offsets, code, code, d_seed_key=seed_key(5),
+                                                                t_seed_key=seed_key(6))
     counter = torch.arange(x.numel(), device=x.device).view(x.shape)
     assert torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, 5, counter))
     for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
         assert torch.equal(along_t[begin:end].float(), _stochastic_fake_quantize(x[begin:end], quant, 0, 6, counter[begin:end]))
     scores = x.float().reshape(-1, 64)[:32].contiguous()
     y = torch.empty_like(scores)
-    _score_tile_kernel[(1,)](scores, y, 1000, 3, 4, jagged_attention_module._seed_key(9), AXIS=1, CODE=code)
+    _score_tile_kernel[(1,)](scores, y, 1000, 3, 4, seed_key(9), AXIS=1, CODE=code)
     expected = _stochastic_fake_quantize(scores, quant, 1, 9, score_counter(torch.arange(1000, 1032, device=x.device)[None], 4, 64)[0, 3])
     assert torch.equal(y, expected)
 
@@ -821,3 +792,27 @@ def test_an_installed_gemm_observer_does_not_send_attention_to_the_reference():
         assert jagged_attention_module.unsupported_reason(q, policy) is None
     finally:
         qmatmul_module.set_gemm_observer(previous)
+
+
+def test_the_kernel_takes_seeds_and_never_advances_the_call_counter():
+    """Stochastic rounding needs the call's seeds from the caller; the kernel refuses to run without them and
+    leaves the policy's call counters alone (mxlab.nn.attention.call_seeds advances them)."""
+    q, k, v, _ = _inputs([3, 2], [3, 2], 1, 32, seed=6)
+    offsets = _offsets([3, 2])
+    policy = _policy(rounding="stochastic")
+    with pytest.raises(ValueError, match="needs seeds=\\(qk seeds, pv seeds\\)"):
+        jagged_attention(q, k, v, offsets, offsets, policy=policy)
+    with pytest.raises(ValueError, match="needs seeds"):
+        jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=((1, 2), (3, 4)))
+    seeds = (policy.qk.next_call_seeds(), policy.pv.next_call_seeds())
+    calls = (policy.qk.calls, policy.pv.calls)
+    with torch.no_grad():
+        first = jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=seeds)
+        again = jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=seeds)
+    assert (policy.qk.calls, policy.pv.calls) == calls
+    assert torch.equal(first, again)
+
+
+def test_launch_options_refuse_what_is_not_a_tile_table():
+    with pytest.raises(ValueError, match="AttentionLaunch.tiles"):
+        AttentionLaunch(tiles=(32, 32))

@@ -1,4 +1,4 @@
-"""The Triton MX kernels against the PyTorch reference, bit for bit.
+"""The Triton MX cast kernels (mxlab.kernels.cast) against the PyTorch reference, bit for bit.
 
 CPU runs use the Triton interpreter at small sizes; `-m gpu` runs large and awkward sizes on CUDA.
 Every comparison is on bit patterns (codes, scale bytes, value bits), with NaN where NaN.
@@ -11,6 +11,8 @@ import torch
 
 from mxlab.numerics import quant
 from mxlab.numerics.formats import FORMATS
+
+LAUNCH_OPTIONS = ("fast", "hw_fp8", "tile")  # what a test may vary besides the numerics: CastLaunch's fields
 
 FMTS = list(FORMATS)
 SCALE_MODES = ["floor", "ceil", "rceil", "even"]
@@ -44,6 +46,27 @@ def reference_quantize(x, fmt, **options):
 def reference_fake_quantize(x, fmt, **options):
     with backend("reference"):
         return quant.fake_quantize(x, fmt, **options)
+
+
+def with_launch(options: dict) -> dict:
+    """`options` with the launch options (fast, hw_fp8, tile) moved into one CastLaunch under `_launch`."""
+    from mxlab.kernels.cast import CastLaunch
+
+    launch = {key: options[key] for key in LAUNCH_OPTIONS if key in options}
+    rest = {key: value for key, value in options.items() if key not in LAUNCH_OPTIONS}
+    return {**rest, "_launch": CastLaunch(**launch)} if launch else rest
+
+
+def numerics_only(options: dict) -> dict:
+    """`options` without the launch options (for the reference, which has none)."""
+    return {key: value for key, value in options.items() if key not in LAUNCH_OPTIONS}
+
+
+def launch_tiles():
+    """mxlab.kernels.cast.launch (TileConfig and the default launch shapes)."""
+    from mxlab.kernels.cast import launch
+
+    return launch
 
 
 def assert_same_bits(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
@@ -93,14 +116,14 @@ def row_tile(kernels):
 
 
 def check_quantize(kernels, x, fmt, tile=None, fast=True, **options):
-    codes, scales = kernels.quantize(x, FORMATS[fmt], fast=fast, tile=tile, **options)
+    codes, scales = kernels.quantize(x, FORMATS[fmt], **with_launch(dict(fast=fast, tile=tile)), **options)
     ref_codes, ref_scales = reference_quantize(x, fmt, **options)
     assert_same_bits(scales, ref_scales, "scales")
     assert_same_bits(codes, ref_codes, "codes")
 
 
 def check_fake_quantize(kernels, x, fmt, tile=None, fast=True, **options):
-    values = kernels.fake_quantize(x, FORMATS[fmt], fast=fast, tile=tile, **options)
+    values = kernels.fake_quantize(x, FORMATS[fmt], **with_launch(dict(fast=fast, tile=tile)), **options)
     assert_same_bits(values, reference_fake_quantize(x, fmt, **options), "values")
 
 
@@ -140,7 +163,7 @@ def test_rowwise_half_precision_inputs(kernels, device, dtype, fmt, scale_mode, 
 def test_exact_path_equals_fast_path_on_ordinary_blocks(kernels, device, fmt):
     x = (torch.randn(16, 64, generator=torch.Generator().manual_seed(3)) * 10).to(device)
     fast = kernels.fake_quantize(x, FORMATS[fmt])
-    exact = kernels.fake_quantize(x, FORMATS[fmt], fast=False)
+    exact = kernels.fake_quantize(x, FORMATS[fmt], **with_launch(dict(fast=False)))
     assert_same_bits(fast, exact, "fast vs exact")
     check_quantize(kernels, x, fmt, fast=False)
 
@@ -150,21 +173,22 @@ def test_exact_path_equals_fast_path_on_ordinary_blocks(kernels, device, fmt):
     [(fmt, *(("floor", "nearest_even"), ("even", "stochastic"))[i % 2]) for i, fmt in enumerate(FMTS)],
 )
 def test_columnwise(kernels, device, fmt, scale_mode, rounding):
-    """Both column kernels: the default launch of the call, and the one-pass kernel at its hardware-path shape."""
+    """The column kernel at the default launch of the call and at its hardware-path shape."""
     x = awkward_rows(32, 64, torch.float32, seed=4).t().contiguous()  # specials now in columns
     x[:32] = torch.randn(32, 32, generator=torch.Generator().manual_seed(4)) * 100  # an ordinary 32-row block
     x = x.to(device)
     options = dict(axis=0, scale_mode=scale_mode, rounding=rounding, seed=99 if rounding == "stochastic" else None)
-    for tile in (None, kernels.COL_TILE):
+    for tile in (None, launch_tiles().COL_TILE):
         check_quantize(kernels, x, fmt, tile=tile, **options)
         check_fake_quantize(kernels, x, fmt, tile=tile, **options)
 
 
-@pytest.mark.parametrize("column_passes", [2, 1])
+@pytest.mark.parametrize("hardware_shape", [False, True], ids=["default-launch", "hardware-path-shape"])
 @pytest.mark.parametrize("fmt, rounding", [("e4m3", "nearest_even"), ("e4m3", "stochastic"), ("int8", "stochastic"), ("e2m1", "nearest_even")])
-def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rounding, column_passes):
-    """Both-at-once casts from the two-pass kernel and from the one-pass kernel (at its hardware-path shape)."""
-    tile = kernels.COL_TILE if column_passes == 1 else kernels.INTEGER_COL_TILE
+def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rounding, hardware_shape):
+    """Both-at-once casts from the one-pass column kernel, at the call's default launch and at the hardware path's
+    shape."""
+    tile = launch_tiles().COL_TILE if hardware_shape else None
     x = awkward_rows(64, 64, torch.bfloat16, seed=5)[:32]  # one 32-row block with every kind of awkward value
     if fmt != "e2m1":  # padded along both dims, one ordinary 32-row block (fast path) and one awkward
         x = awkward_rows(64, 64, torch.bfloat16, seed=5)[:50, :45]
@@ -172,43 +196,17 @@ def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rou
     x = x.to(device)
     options = dict(scale_mode="rceil", rounding=rounding, seed=7 if rounding == "stochastic" else None,
                    pad=fmt != "e2m1")
-    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], tile=tile, **options)
+    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], **with_launch(dict(tile=tile)),
+                                                                               **options)
     expected_row = reference_quantize(x.cpu(), fmt, axis=-1, **options)
     expected_col = reference_quantize(x.cpu(), fmt, axis=0, **options)
     assert_same_bits(row_codes.cpu(), expected_row[0], "row codes")
     assert_same_bits(row_scales.cpu(), expected_row[1], "row scales")
     assert_same_bits(col_codes.cpu(), expected_col[0], "column codes")
     assert_same_bits(col_scales.cpu(), expected_col[1], "column scales")
-    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS[fmt], tile=tile, **options)
+    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS[fmt], **with_launch(dict(tile=tile)), **options)
     assert_same_bits(along_last.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=-1, **options), "along last")
     assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=0, **options), "along first")
-
-
-COLUMN_TILE_VARIANTS = [  # (column_passes, rows_in_flight, col_blocks, rounding): launch shapes the bench may time
-    (1, 8, 1, "nearest_even"), (1, 8, 2, "stochastic"), (2, 4, 2, "stochastic"), (2, 8, 1, "nearest_even"),
-]
-
-
-@pytest.mark.parametrize("column_passes, rows_in_flight, col_blocks, rounding", COLUMN_TILE_VARIANTS)
-def test_column_tile_variants_give_the_same_bits(kernels, device, column_passes, rows_in_flight, col_blocks, rounding):
-    """The one-pass column kernel (2-D tiles; tiles off the common path are quantized row by row from memory again)
-    and the two-pass kernel with other numbers of rows in flight: column-wise and both-at-once as the reference."""
-    x = awkward_rows(64, 64, torch.bfloat16, seed=12)[:50, :45]  # padded; awkward values in the second row block
-    x[:32] = torch.randn(32, 45, generator=torch.Generator().manual_seed(12)).to(torch.bfloat16)
-    x = x.to(device)
-    tile = kernels.TileConfig(rows=32, col_blocks=col_blocks, num_warps=4, column_passes=column_passes,
-                              rows_in_flight=rows_in_flight)
-    options = dict(scale_mode="floor", rounding=rounding, seed=13 if rounding == "stochastic" else None, pad=True)
-    check_quantize(kernels, x, "e4m3", axis=0, tile=tile, **options)
-    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS["e4m3"], tile=tile, **options)
-    for actual, expected, what in zip((row_codes, row_scales, col_codes, col_scales),
-                                      (*reference_quantize(x.cpu(), "e4m3", axis=-1, **options),
-                                       *reference_quantize(x.cpu(), "e4m3", axis=0, **options)),
-                                      ("row codes", "row scales", "column codes", "column scales")):
-        assert_same_bits(actual.cpu(), expected, what)
-    along_last, along_first = kernels.fake_quantize_rowcol(x, FORMATS["e4m3"], tile=tile, **options)
-    assert_same_bits(along_last.cpu(), reference_fake_quantize(x.cpu(), "e4m3", axis=-1, **options), "along last")
-    assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), "e4m3", axis=0, **options), "along first")
 
 
 def element_normal_blocks(rows: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
@@ -264,9 +262,13 @@ def test_stochastic_tiles_at_the_rounding_boundary(kernels, device, fmt):
     check_fake_quantize(kernels, x, fmt, **options)
 
 
+def test_launch_options_refuse_what_is_not_a_tile(kernels):
+    with pytest.raises(ValueError, match="CastLaunch.tile"):
+        kernels.CastLaunch(tile=(16, 8, 4))
+
+
 def test_tile_config_refuses_bad_values(kernels):
-    for bad in (dict(rows=12), dict(col_blocks=0), dict(num_warps=3), dict(column_passes=3), dict(rows_in_flight=64),
-                dict(rows_in_flight=6)):
+    for bad in (dict(rows=12), dict(col_blocks=0), dict(num_warps=3)):
         with pytest.raises(ValueError, match=next(iter(bad))):
             kernels.TileConfig(**bad)
 
@@ -289,8 +291,8 @@ def test_padding_and_other_axes(kernels, device, shape, axis, pad):
     check_quantize(kernels, x, "e4m3", axis=axis, pad=pad, rounding="stochastic", seed=5)
     check_fake_quantize(kernels, x, "e2m1", axis=axis, pad=pad)
     if axis % x.dim() != x.dim() - 1:  # the one-pass column kernel, the hardware path's launch
-        check_quantize(kernels, x, "e4m3", axis=axis, pad=pad, tile=kernels.COL_TILE)
-        check_fake_quantize(kernels, x, "e2m1", axis=axis, pad=pad, tile=kernels.COL_TILE)
+        check_quantize(kernels, x, "e4m3", axis=axis, pad=pad, tile=launch_tiles().COL_TILE)
+        check_fake_quantize(kernels, x, "e2m1", axis=axis, pad=pad, tile=launch_tiles().COL_TILE)
 
 
 def test_non_contiguous_rows(kernels, device):
@@ -298,7 +300,7 @@ def test_non_contiguous_rows(kernels, device):
     transposed = base.t()  # (96, 64), strides (1, 96)
     check_quantize(kernels, transposed, "e4m3", rounding="stochastic", seed=3)
     check_fake_quantize(kernels, base[::2, 32:], "e5m2")
-    for tile in (None, kernels.COL_TILE):  # column blocks of non-contiguous views, both column kernels
+    for tile in (None, launch_tiles().COL_TILE):  # column blocks of non-contiguous views, both column launch shapes
         check_quantize(kernels, transposed, "e4m3", axis=0, tile=tile)
         check_fake_quantize(kernels, base[::2, 32:], "e5m2", axis=0, tile=tile)
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from mxlab.numerics import quant
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.hadamard import random_hadamard
-from tests.kernels.test_mx_kernels import assert_same_bits, backend, big_input
+from tests.kernels.cast.test_casts import assert_same_bits, backend, big_input, numerics_only, with_launch
 
 pytestmark = pytest.mark.filterwarnings(  # the interpreter's numpy arithmetic on Inf and NaN blocks
     "ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning"
@@ -54,16 +54,16 @@ def reference_codes(x: torch.Tensor, fmt: str, *, axis: int, hadamard_seed: int,
 
 
 def check_values(kernels, x, fmt, **options) -> torch.Tensor:
-    values = kernels.hadamard_fake_quantize(x, FORMATS[fmt], **options)
-    options = {key: value for key, value in options.items() if key not in ("tile", "fast", "hw_fp8")}
+    values = kernels.hadamard_fake_quantize(x, FORMATS[fmt], **with_launch(options))
+    options = numerics_only(options)
     assert values.dtype == torch.float32
     assert_same_bits(values, reference_values(x, fmt, **options), f"{fmt} values")
     return values
 
 
 def check_codes(kernels, x, fmt, **options) -> None:
-    codes, scales = kernels.hadamard_quantize(x, FORMATS[fmt], **options)
-    options = {key: value for key, value in options.items() if key not in ("tile", "fast", "hw_fp8")}
+    codes, scales = kernels.hadamard_quantize(x, FORMATS[fmt], **with_launch(options))
+    options = numerics_only(options)
     expected_codes, expected_scales = reference_codes(x, fmt, **options)
     assert_same_bits(scales, expected_scales, f"{fmt} scales")
     assert_same_bits(codes, expected_codes, f"{fmt} codes")
@@ -306,7 +306,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mxlab.numerics.formats import FORMATS
-from mxlab.kernels import mx_quant as mq
+from mxlab.kernels.cast import bits as mq, kernels, launch
 
 def ptx(fmt, layout, hw_fp8, in_kind, rounding):
     value_pointer = "*i32" if in_kind == mq.KIND_FP32 else "*i16"
@@ -315,14 +315,14 @@ def ptx(fmt, layout, hw_fp8, in_kind, rounding):
                    BP="i32", stride_a="i32", stride_l="i32", stride_b="i32", seed_key="i32", hadamard_key="i64")
     row = layout == mq.LAYOUT_ROW
     constants = dict(IN_KIND=in_kind, OUT_KIND=mq.KIND_FP32, LAYOUT=layout, WANT_CODES=True, WANT_VALUES=True,
-                     **mq._format_constants(FORMATS[fmt]), SCALE_MODE=mq.SCALE_RCEIL, ROUNDING=rounding, FAST=True,
-                     HW_FP8=hw_fp8, WIDE_INDEX=False, PROBE=False, HADAMARD=True,
-                     RB=mq.ROW_TILE.rows if row else 1, RS=1 if row else 32,
-                     CB=mq.ROW_TILE.col_blocks if row else mq.HADAMARD_COL_TILE.col_blocks)
-    kernel = mq._mx_kernel
+                     **launch._format_constants(FORMATS[fmt]), SCALE_MODE=mq.SCALE_RCEIL, ROUNDING=rounding, FAST=True,
+                     HW_FP8=hw_fp8, WIDE_INDEX=False, HADAMARD=True,
+                     RB=launch.ROW_TILE.rows if row else 1, RS=1 if row else 32,
+                     CB=launch.ROW_TILE.col_blocks if row else launch.HADAMARD_COL_TILE.col_blocks)
+    kernel = kernels._mx_kernel
     signature = {name: runtime.get(name, "constexpr") for name in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
-    options = dict(num_warps=4, **mq.HADAMARD_COMPILE_OPTIONS)
+    options = dict(num_warps=4, **launch.HADAMARD_COMPILE_OPTIONS)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 cases = json.loads(sys.argv[1])
@@ -335,11 +335,13 @@ def test_hadamard_kernels_compile_for_sm90_without_contraction_or_flush(kernels)
     """Compiles the Hadamard variants for sm_90 in a fresh process: the hardware FP8 conversion is there
     exactly where HW_FP8 asks for it, and float32 arithmetic is IEEE (`.rn`, so ptxas contracts no
     multiply-add; no `.ftz`) as the bit-for-bit argument needs."""
-    row, col = kernels.LAYOUT_ROW, kernels.LAYOUT_COL
+    from mxlab.kernels.cast import bits
+
+    row, col = bits.LAYOUT_ROW, bits.LAYOUT_COL
     cases = [  # fmt, layout, HW_FP8, input kind, rounding
-        ("e4m3", row, True, kernels.KIND_BF16, kernels.ROUND_NEAREST_EVEN),
-        ("e5m2", col, True, kernels.KIND_FP32, kernels.ROUND_NEAREST_EVEN),
-        ("e4m3", col, False, kernels.KIND_FP16, kernels.ROUND_STOCHASTIC),
+        ("e4m3", row, True, bits.KIND_BF16, bits.ROUND_NEAREST_EVEN),
+        ("e5m2", col, True, bits.KIND_FP32, bits.ROUND_NEAREST_EVEN),
+        ("e4m3", col, False, bits.KIND_FP16, bits.ROUND_STOCHASTIC),
     ]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(cases)], capture_output=True, text=True,
@@ -388,7 +390,7 @@ def equal_magnitude_blocks(blocks: int, fmt: str, seed: int) -> torch.Tensor:
     does it. The y are values of the format's top binade and the ties between them, and values between the
     max normal and 2^(emax + 1), times 2^S for S in the fast path's range: round-to-nearest-even ties and
     saturation of the hardware FP8 conversion after the transform."""
-    from tests.kernels.test_mx_quant_hw import adversarial_magnitudes
+    from tests.kernels.cast.test_hardware_fp8 import adversarial_magnitudes
 
     g = torch.Generator().manual_seed(seed)
     top = adversarial_magnitudes(fmt)[1]
@@ -410,7 +412,7 @@ def test_equal_magnitude_blocks_have_what_they_promise():
     x = equal_magnitude_blocks(4096, "e4m3", seed=1).reshape(-1, 32)
     y = random_hadamard(x, 32, -1, 1).abs()
     assert (y == y[:, :1]).all()  # one magnitude per block
-    from tests.kernels.test_mx_quant_hw import adversarial_magnitudes
+    from tests.kernels.cast.test_hardware_fp8 import adversarial_magnitudes
 
     top = adversarial_magnitudes("e4m3")[1]
     mantissas = torch.frexp(y[:, 0].double())[0] * 2 * 2.0 ** FORMATS["e4m3"].emax
@@ -422,19 +424,21 @@ def test_equal_magnitude_blocks_have_what_they_promise():
 @pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_gpu_hardware_fp8_path(kernels, fmt, axis):
-    capable = torch.cuda.get_device_capability() >= kernels.HARDWARE_FP8_MIN_CAPABILITY
+    from mxlab.kernels.cast import CastLaunch, launch
+
+    capable = torch.cuda.get_device_capability() >= launch.HARDWARE_FP8_MIN_CAPABILITY
     adversarial = equal_magnitude_blocks(2**16, fmt, seed=FMTS.index(fmt)).reshape(2048, 1024)
     ordinary = big_input(2048, 1024, torch.float32, seed=3).cpu()
     x = torch.cat([adversarial, ordinary]).cuda()  # 4M elements
     x = x if axis == -1 else x.reshape(1024, 4096).t()  # axis 0: the equal-magnitude blocks run down columns
     options = dict(axis=axis, hadamard_seed=1)
     hardware = check_values(kernels, x, fmt, **options)
-    integer = kernels.hadamard_fake_quantize(x, FORMATS[fmt], hw_fp8=False, **options)
+    integer = kernels.hadamard_fake_quantize(x, FORMATS[fmt], _launch=CastLaunch(hw_fp8=False), **options)
     assert_same_bits(hardware, integer, "hardware vs integer fast path")
     check_codes(kernels, x, fmt, **options)
-    view = kernels._make_view(x, 32, axis, False)
-    out = kernels._launch(view, FORMATS[fmt], "floor", "nearest_even", None, want_codes=True, want_values=True,
-                          hadamard_seed=1)
+    view = launch._make_view(x, 32, axis, False)
+    out = launch.launch_cast(view, FORMATS[fmt], "floor", "nearest_even", None, want_codes=True, want_values=True,
+                             hadamard_seed=1)
     assert (HARDWARE_INSTRUCTION[fmt] in out["kernel"].asm["ptx"]) == capable
 
 

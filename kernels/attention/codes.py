@@ -1,0 +1,139 @@
+"""Operand codes and seed keys of a jagged attention call: the packed constexpr of each of the twelve quantized
+operands (format, scale mode, rounding, hardware FP8 switch), the seed key of each stochastic one, and why a
+policy cannot run in the kernels."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import torch
+
+from mxlab.kernels._mx_device import ROUND_STOCHASTIC, operand_code
+from mxlab.kernels.cast import hardware_fp8_applies
+from mxlab.numerics.formats import FORMATS
+from mxlab.numerics.jagged_checks import ACTIVATIONS
+from mxlab.numerics.seeding import SEED_SLOTS, seed_key
+
+
+@dataclass(frozen=True)
+class _OperandCodes:
+    """Packed operand codes of the 12 quantized operands (None: BF16 mode)."""
+
+    q_d: int
+    k_d: int
+    p_n: int
+    v_n: int
+    do_d: int
+    v_d: int
+    p_m: int
+    do_m: int
+    ds_n: int
+    k_n: int
+    q_m: int
+    ds_m: int
+
+
+@dataclass(frozen=True)
+class _SeedKeys:
+    """mix32 of the per-call stochastic-rounding seed of each of the 12 operands, as signed int32
+    (0 where an operand does not round stochastically)."""
+
+    q_d: int = 0
+    k_d: int = 0
+    p_n: int = 0
+    v_n: int = 0
+    do_d: int = 0
+    v_d: int = 0
+    p_m: int = 0
+    do_m: int = 0
+    ds_n: int = 0
+    k_n: int = 0
+    q_m: int = 0
+    ds_m: int = 0
+
+
+_NO_SEEDS = _SeedKeys()
+
+
+def _stochastic(code: int) -> bool:
+    return (code >> 15) & 3 == ROUND_STOCHASTIC.value
+
+
+# qmatmul's seed slot of each operand: fwd.a, fwd.b, grad_a.g, grad_a.b, grad_b.a, grad_b.g are Q, K, dS (along keys),
+# K (along keys), Q (along queries), dS (along queries) for qk and P, V, dO, V (along the head dim), P (along
+# queries), dO (along queries) for pv (docs/numerics.md, "Jagged attention").
+_OPERAND_SLOTS = {
+    "q_d": (0, "fwd.a"), "k_d": (0, "fwd.b"), "ds_n": (0, "grad_a.g"), "k_n": (0, "grad_a.b"), "q_m": (0, "grad_b.a"),
+    "ds_m": (0, "grad_b.g"), "p_n": (1, "fwd.a"), "v_n": (1, "fwd.b"), "do_d": (1, "grad_a.g"), "v_d": (1, "grad_a.b"),
+    "p_m": (1, "grad_b.a"), "do_m": (1, "grad_b.g"),
+}
+
+
+def rounds_stochastically(codes: Optional[_OperandCodes]) -> bool:
+    """Whether any operand of these codes rounds stochastically (False for BF16 mode)."""
+    return codes is not None and any(_stochastic(code) for code in vars(codes).values())
+
+
+def _seed_keys(seeds: Optional[Sequence[Sequence[int]]], codes: Optional[_OperandCodes]) -> _SeedKeys:
+    """The seed keys of one attention call from `seeds` = (qk seeds, pv seeds), each one seed per
+    mxlab.numerics.seeding.SEED_SLOTS slot (a MatmulPrecision's `next_call_seeds()`). Refuses (ValueError)
+    missing or short seeds when an operand rounds stochastically."""
+    if not rounds_stochastically(codes):
+        return _NO_SEEDS
+    if seeds is None or len(seeds) != 2 or any(product is None or len(product) != len(SEED_SLOTS) for product in seeds):
+        raise ValueError("stochastic rounding in attention needs seeds=(qk seeds, pv seeds), each one seed per "
+                         f"SEED_SLOTS slot ({len(SEED_SLOTS)}); got {seeds!r}")
+    return _SeedKeys(**{name: seed_key(seeds[product][SEED_SLOTS[slot]]) if _stochastic(getattr(codes, name)) else 0
+                        for name, (product, slot) in _OPERAND_SLOTS.items()})
+
+
+def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:
+    if quant.fmt not in FORMATS:
+        raise ValueError(f"{where}: operand format {quant.fmt!r} is not an MX format; the kernel quantizes every operand in MX mode")
+    if quant.block != 32:
+        raise ValueError(f"{where}: block {quant.block!r} is not supported by the kernel; accepted: 32")
+    hw_fp8 = device is not None and hardware_fp8_applies(device, FORMATS[quant.fmt], quant.rounding)
+    return operand_code(quant.fmt, quant.scale_mode, quant.rounding, hw_fp8=hw_fp8)
+
+
+def _codes(policy: Any, device: Optional[torch.device] = None) -> Optional[_OperandCodes]:
+    """Operand codes of an attention policy; None for policy None. ValueError if unsupported.
+    With `device`, operands convert with the hardware FP8 instructions where
+    `mxlab.kernels.cast.hardware_fp8_applies` holds for it (None: integer steps everywhere)."""
+    if policy is None:
+        return None
+    qk, pv = getattr(policy, "qk", None), getattr(policy, "pv", None)
+    if qk is None or pv is None:
+        raise ValueError("the kernel needs both attention products quantized (policy.qk and policy.pv set) or policy None")
+    for name, precision in (("qk", qk), ("pv", pv)):
+        if getattr(precision, "grad_scale", None) is not None:
+            raise ValueError(f"policy.{name}.grad_scale is set; per-layer gradient scaling is not supported by the kernel")
+        for gemm_name, gemm in (("fwd", precision.fwd), ("grad_a", precision.grad_a), ("grad_b", precision.grad_b)):
+            if gemm.hadamard is not None:
+                raise ValueError(f"policy.{name}.{gemm_name} uses a Hadamard transform; not supported by the kernel")
+    return _OperandCodes(
+        q_d=_operand(qk.fwd.a, "qk.fwd.a", device), k_d=_operand(qk.fwd.b, "qk.fwd.b", device),
+        p_n=_operand(pv.fwd.a, "pv.fwd.a", device), v_n=_operand(pv.fwd.b, "pv.fwd.b", device),
+        do_d=_operand(pv.grad_a.a, "pv.grad_a.a", device), v_d=_operand(pv.grad_a.b, "pv.grad_a.b", device),
+        p_m=_operand(pv.grad_b.a, "pv.grad_b.a", device), do_m=_operand(pv.grad_b.b, "pv.grad_b.b", device),
+        ds_n=_operand(qk.grad_a.a, "qk.grad_a.a", device), k_n=_operand(qk.grad_a.b, "qk.grad_a.b", device),
+        q_m=_operand(qk.grad_b.a, "qk.grad_b.a", device), ds_m=_operand(qk.grad_b.b, "qk.grad_b.b", device),
+    )
+
+
+def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax") -> Optional[str]:
+    """Why `jagged_attention` cannot run these inputs (a sentence), or None when it can."""
+    if activation not in ACTIVATIONS:
+        return f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}"
+    accepted = (torch.bfloat16, torch.float16) if policy is None else (torch.bfloat16, torch.float16, torch.float32)
+    if q.dtype not in accepted:
+        return f"dtype {q.dtype} is not supported {'without' if policy is None else 'with'} a policy; accepted: {', '.join(map(str, accepted))}"
+    head_dim = q.shape[-1] if q.dim() == 3 else 0
+    minimum = 32 if policy is not None else 16
+    if head_dim < minimum or head_dim > 256 or head_dim & (head_dim - 1):
+        return f"head_dim {head_dim} is not supported; accepted: powers of two from {minimum} to 256"
+    try:
+        _codes(policy)
+    except ValueError as error:
+        return str(error)
+    return None

@@ -1,0 +1,85 @@
+"""Host launches of the jagged attention kernels besides the three attention kernels: the pre-quantized copies
+of Q, K, V, dO (`_prequantized`), the row dots of the BF16 backward, and the constexprs the kernels share."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from mxlab.kernels.attention.device import _prequantize, _row_dot
+from mxlab.kernels.attention.tiles import TileSizes, _interpreting, _tiles
+
+
+def _dtype_constexpr(dtype: torch.dtype) -> Any:
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
+
+
+def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int], t_code: Optional[int],
+                  dot_with: Optional[torch.Tensor] = None, d_seed_key: int = 0,
+                  t_seed_key: int = 0) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
+    sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
+    itself is returned in that slot. Third: with `dot_with` (contiguous, x's shape; needs
+    d_code), the (heads, tokens) float32 sums over the head dim of along_d * dot_with, else None.
+    d_seed_key, t_seed_key: `seed_key` of each orientation's seed (stochastic codes only)."""
+    if not x.is_contiguous():
+        raise ValueError(f"_prequantized needs a contiguous (tokens, heads, head_dim) tensor; got strides {x.stride()}")
+    seq, start = _tiles(offsets, x.shape[0], None, 32)
+    along_d = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if d_code is not None else x
+    along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if t_code is not None else x
+    row_dots = None
+    if dot_with is not None:
+        if d_code is None or dot_with.shape != x.shape or not dot_with.is_contiguous():
+            raise ValueError(f"_prequantized: dot_with needs d_code and a contiguous tensor of shape {tuple(x.shape)}")
+        row_dots = torch.empty(x.shape[1], x.shape[0], device=x.device, dtype=torch.float32)
+    width = x.shape[1] * x.shape[2]  # a token's heads side by side: one program covers all of them
+    if seq.numel() and width:
+        columns = min(triton.next_power_of_2(width), _PREQUANTIZE_COLUMNS)
+        _prequantize[(seq.numel(), triton.cdiv(width, columns))](
+            x, along_d, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
+            offsets, seq, start, width, width, x.shape[0], d_seed_key, t_seed_key,
+            COLS=columns, D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
+            ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns),
+        )
+    return along_d, along_t, row_dots
+
+
+# Columns (heads x head_dim) of one `_prequantize` program: at most 256 (a multiple of every
+# supported head dim up to 256); 32 x 256 float32 values take 64 registers per thread at 4 warps.
+_PREQUANTIZE_COLUMNS = 256
+
+
+def _prequantize_warps(columns: int) -> int:
+    return 1 if _interpreting() else max(1, min(8, columns // 32))
+
+
+def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(heads, tokens) float32 sums over the head dim of a * b, both contiguous (tokens, heads, head_dim)."""
+    tokens, heads, head_dim = a.shape
+    out = torch.empty(heads, tokens, device=a.device, dtype=torch.float32)
+    rows = tokens * heads
+    if rows:
+        block_rows = 64
+        _row_dot[(triton.cdiv(rows, block_rows),)](a, b, out, rows, heads, tokens, HEAD_DIM=head_dim, BLOCK_ROWS=block_rows, num_warps=4)
+    return out
+
+
+def _launch_options(x: torch.Tensor, silu: bool, causal: bool, quant: bool, tiles: TileSizes) -> dict[str, Any]:
+    """Constexpr arguments and launch options shared by the three attention kernels (a cached
+    dict: callers unpack it and never change it)."""
+    return _cached_launch_options(x.dtype, x.shape[2], silu, causal, quant, tiles, _interpreting())
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_launch_options(dtype: torch.dtype, head_dim: int, silu: bool, causal: bool, quant: bool, tiles: TileSizes,
+                           interpreting: bool) -> dict[str, Any]:
+    s_dtype = _dtype_constexpr(dtype)
+    op_dtype = tl.bfloat16 if quant else s_dtype
+    return dict(
+        HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=s_dtype, OP_DTYPE=op_dtype,
+        DOT_DTYPE=tl.float32 if interpreting else op_dtype, BY_BITS=interpreting,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
