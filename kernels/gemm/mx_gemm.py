@@ -37,6 +37,7 @@ from mxlab.kernels.gemm.prologue import (
     BLOCK,
     DTYPE_KINDS,
     HADAMARD_COMPILE_OPTIONS,
+    _f32_bits_to_output,
     _mix32_host,
     _pow2,
     block_exponents,
@@ -96,7 +97,7 @@ def _mx_gemm_kernel(
     cab, cam, cak, cbb, cbn, cbk, seed_key_a, seed_key_b, hadamard_key,
     CODE_A: tl.constexpr, CODE_B: tl.constexpr, SQUARE_A: tl.constexpr, SQUARE_B: tl.constexpr,
     HADAMARD: tl.constexpr, IN_KIND_A: tl.constexpr, IN_KIND_B: tl.constexpr, CONVERT_BF16: tl.constexpr,
-    MAY_BE_TINY: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    OUT_KIND: tl.constexpr, MAY_BE_TINY: tl.constexpr, DOT_F32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     GROUP_M: tl.constexpr,
 ):
     """C[b] = Q(A[b]) @ Q(B[b])^T for A (M, K) and B (N, K) read through their strides, blocks along K."""
@@ -130,7 +131,8 @@ def _mx_gemm_kernel(
                           DOT_F32)
     c_offsets = batch * stride_cb + rows_a.to(tl.int64)[:, None] * stride_cm + rows_b.to(tl.int64)[None, :] * stride_cn
     c_mask = (rows_a[:, None] < M) & (rows_b[None, :] < N)
-    tl.store(c_ptr + c_offsets, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
+    # rounded to nearest even on the bit pattern (the interpreter's own bfloat16 conversion truncates)
+    tl.store(c_ptr + c_offsets, _f32_bits_to_output(acc.to(tl.int32, bitcast=True), OUT_KIND), mask=c_mask)
 
 
 # ----------------------------------------------------------------------------- host side
@@ -219,13 +221,16 @@ def mx_gemm(a: torch.Tensor, b: torch.Tensor, a_quant: Any, b_quant: Any, *, tra
     `unsupported_reason` names, contraction sizes that differ, and stochastic rounding without a seed.
     """
     _check(a, b, a_quant, b_quant, hadamard_seed)
+    out_dtype = out_dtype or a.dtype
+    if out_dtype not in DTYPE_KINDS:
+        raise ValueError(f"out_dtype {out_dtype}; accepted: float32, bfloat16, float16")
     hadamard = hadamard_seed is not None
     a3, m, k, a_strides, a_counter = _rows_by_contraction(a, -2 if transpose_a else -1, hadamard)
     b3, n, kb, b_strides, b_counter = _rows_by_contraction(b, -1 if transpose_b else -2, hadamard)
     if k != kb:
         raise ValueError(f"contraction sizes differ: {k} and {kb} (a {tuple(a.shape)}, b {tuple(b.shape)})")
     batch = a3.shape[0]
-    out = torch.empty((batch, m, n), dtype=out_dtype or a.dtype, device=a.device)
+    out = torch.empty((batch, m, n), dtype=out_dtype, device=a.device)
     interpreting = _interpreting()
     block_m, block_n = (32, 32) if interpreting else (128, 128)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), batch)
@@ -233,12 +238,12 @@ def mx_gemm(a: torch.Tensor, b: torch.Tensor, a_quant: Any, b_quant: Any, *, tra
     options = dict(HADAMARD_COMPILE_OPTIONS) if hadamard else {}
     if m and n:
         _mx_gemm_kernel[grid](
-            a3.view(_BITS_DTYPES[a.dtype]), b3.view(_BITS_DTYPES[b.dtype]), out, m, n, k, triton.cdiv(k, BLOCK), *a_strides, *b_strides,
+            a3.view(_BITS_DTYPES[a.dtype]), b3.view(_BITS_DTYPES[b.dtype]), out.view(_BITS_DTYPES[out.dtype]), m, n, k, triton.cdiv(k, BLOCK), *a_strides, *b_strides,
             *out.stride(), *a_counter, *b_counter, _seed_key(a_quant, seeds[0]), _seed_key(b_quant, seeds[1]),
             _mix32_host(hadamard_seed & 0xFFFFFFFF) if hadamard else 0,
             CODE_A=_code(a_quant, a.device), CODE_B=_code(b_quant, b.device), SQUARE_A=_block_of(a_quant) == SQUARE,
             SQUARE_B=_block_of(b_quant) == SQUARE, HADAMARD=hadamard, IN_KIND_A=DTYPE_KINDS[a.dtype],
-            IN_KIND_B=DTYPE_KINDS[b.dtype], CONVERT_BF16=not interpreting, MAY_BE_TINY=may_be_tiny,
+            IN_KIND_B=DTYPE_KINDS[b.dtype], OUT_KIND=DTYPE_KINDS[out.dtype], CONVERT_BF16=not interpreting, MAY_BE_TINY=may_be_tiny,
             DOT_F32=interpreting, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8,
             num_warps=4 if interpreting else 8, num_stages=3, **options,
         )

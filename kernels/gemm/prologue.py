@@ -22,7 +22,7 @@ its stored layout, zero-padded along the contraction axis when a Hadamard transf
 multiplies (tests/kernels/gemm/).
 
 Device helpers imported from the cast kernels (one place to repoint): `_fake_quant_blocks`,
-`_scale_exponent`, `_pow2`, `operand_code` (kernels/_mx_device.py); `_load_bits`, `_random_bits24`,
+`_scale_exponent`, `_pow2`, `operand_code` (kernels/_mx_device.py); `_load_bits`, `_f32_bits_to_output`, `_random_bits24`,
 `_random_hadamard_bits`, `_mix32_host`, `hardware_fp8_applies`, `HADAMARD_COMPILE_OPTIONS`,
 `DTYPE_KINDS` (kernels/mx_quant.py).
 """
@@ -35,6 +35,7 @@ from mxlab.kernels._mx_device import _fake_quant_blocks, _pow2, _scale_exponent,
 from mxlab.kernels.mx_quant import (
     DTYPE_KINDS,
     HADAMARD_COMPILE_OPTIONS,
+    _f32_bits_to_output,
     _load_bits,
     _mix32_host,
     _random_bits24,
@@ -46,7 +47,7 @@ BLOCK = 32
 STOCHASTIC_ROUNDING = 3  # the ROUNDING field of an operand code
 
 __all__ = ["load_quantized_tile", "block_exponents", "quantized_operand_kernel", "operand_code", "hardware_fp8_applies",
-           "HADAMARD_COMPILE_OPTIONS", "DTYPE_KINDS", "_mix32_host", "_pow2", "BLOCK"]
+           "HADAMARD_COMPILE_OPTIONS", "DTYPE_KINDS", "_mix32_host", "_pow2", "_f32_bits_to_output", "BLOCK"]
 
 
 @triton.jit
