@@ -55,6 +55,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from mxlab.nn.fused import fused_gemm_kernels
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.hadamard import HADAMARD_BLOCKS
 from mxlab.numerics.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
@@ -386,6 +387,11 @@ def _gemm(
 
     if quant.high_precision:  # the baseline's GEMM: follows torch.autocast like nn.Linear does
         return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
+    kernels = fused_gemm_kernels(a, b, quant) if _observer is None and counters == (None, None) else None
+    if kernels is not None:  # one kernel: both operands quantized in registers, no copies, no host sync
+        out = kernels.mx_gemm(a, b, quant.a, quant.b, transpose_a=transpose_a, transpose_b=transpose_b, seeds=seeds[:2],
+                              hadamard_seed=seeds[2] if quant.hadamard else None, out_dtype=out_dtype)
+        return out, None, None
     with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
         a_in, b_in = a, b
         if quant.hadamard is None:
@@ -428,13 +434,14 @@ UNDERFLOW_LINE = float(torch.finfo(torch.float32).tiny)
 
 
 def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
-    """Accumulate overflow / underflow counts of the (scaled) gradient entering the product."""
+    """Accumulate overflow / underflow counts of the (scaled) gradient entering the product, as 0-d int64
+    tensors on g's device (no host sync; whoever reads them, once per step, syncs)."""
     stats = precision.grad_stats
     magnitude = g.detach().abs()
     nonzero = magnitude != 0
-    stats["nonfinite"] = stats.get("nonfinite", 0) + int((~torch.isfinite(magnitude)).sum())
-    stats["nonzero"] = stats.get("nonzero", 0) + int(nonzero.sum())
-    stats["underflow"] = stats.get("underflow", 0) + int((nonzero & (magnitude < UNDERFLOW_LINE)).sum())
+    stats["nonfinite"] = stats.get("nonfinite", 0) + (~torch.isfinite(magnitude)).sum()
+    stats["nonzero"] = stats.get("nonzero", 0) + nonzero.sum()
+    stats["underflow"] = stats.get("underflow", 0) + (nonzero & (magnitude < UNDERFLOW_LINE)).sum()
     stats["backward_calls"] = stats.get("backward_calls", 0) + 1
 
 
