@@ -36,6 +36,7 @@ from mxlab.numerics.formats import FORMATS, get_format
 from mxlab.kernels.gemm.prologue import (
     BLOCK,
     DTYPE_KINDS,
+    K_BLOCK,
     HADAMARD_COMPILE_OPTIONS,
     _f32_bits_to_output,
     _mix32_host,
@@ -118,14 +119,14 @@ def _mx_gemm_kernel(
     if DOT_F32:  # the interpreter: its range() takes no runtime bound (numpy 2 refuses int() of its 1-element scalars)
         step = 0
         while step < K_STEPS:
-            acc = _k_step(acc, step * BLOCK, a_base, b_base, rows_a, rows_b, M, N, K, stride_am, stride_ak, stride_bn,
+            acc = _k_step(acc, step * K_BLOCK, a_base, b_base, rows_a, rows_b, M, N, K, stride_am, stride_ak, stride_bn,
                           stride_bk, batch * cab, cam, cak, batch * cbb, cbn, cbk, seed_key_a, seed_key_b, hadamard_key,
                           CODE_A, CODE_B, SQUARE_A, SQUARE_B, HADAMARD, IN_KIND_A, IN_KIND_B, CONVERT_BF16, MAY_BE_TINY,
                           DOT_F32)
             step += 1
     else:
         for step in range(0, K_STEPS):
-            acc = _k_step(acc, step * BLOCK, a_base, b_base, rows_a, rows_b, M, N, K, stride_am, stride_ak, stride_bn,
+            acc = _k_step(acc, step * K_BLOCK, a_base, b_base, rows_a, rows_b, M, N, K, stride_am, stride_ak, stride_bn,
                           stride_bk, batch * cab, cam, cak, batch * cbb, cbn, cbk, seed_key_a, seed_key_b, hadamard_key,
                           CODE_A, CODE_B, SQUARE_A, SQUARE_B, HADAMARD, IN_KIND_A, IN_KIND_B, CONVERT_BF16, MAY_BE_TINY,
                           DOT_F32)
@@ -232,9 +233,11 @@ def mx_gemm(a: torch.Tensor, b: torch.Tensor, a_quant: Any, b_quant: Any, *, tra
     batch = a3.shape[0]
     out = torch.empty((batch, m, n), dtype=out_dtype, device=a.device)
     interpreting = _interpreting()
-    block_m, block_n = (32, 32) if interpreting else (128, 128)
-    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), batch)
     may_be_tiny = hadamard or a.dtype == torch.float32 or b.dtype == torch.float32
+    heavy = may_be_tiny or "stochastic" in (a_quant.rounding, b_quant.rounding)
+    # (128, 128) tiles, 8 warps; (128, 64) where the prologue needs more registers (sm_90 ptxas: no spills)
+    block_m, block_n = (32, 32) if interpreting else (128, 64 if heavy else 128)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), batch)
     options = dict(HADAMARD_COMPILE_OPTIONS) if hadamard else {}
     if m and n:
         _mx_gemm_kernel[grid](

@@ -43,17 +43,18 @@ from mxlab.kernels.mx_quant import (
     hardware_fp8_applies,
 )
 
-BLOCK = 32
-STOCHASTIC_ROUNDING = 3  # the ROUNDING field of an operand code
+BLOCK = 32  # host side
+K_BLOCK = tl.constexpr(32)  # device side: Triton reads only constexpr globals
+STOCHASTIC_ROUNDING = tl.constexpr(3)  # the ROUNDING field of an operand code
 
 __all__ = ["load_quantized_tile", "block_exponents", "quantized_operand_kernel", "operand_code", "hardware_fp8_applies",
-           "HADAMARD_COMPILE_OPTIONS", "DTYPE_KINDS", "_mix32_host", "_pow2", "_f32_bits_to_output", "BLOCK"]
+           "HADAMARD_COMPILE_OPTIONS", "DTYPE_KINDS", "_mix32_host", "_pow2", "_f32_bits_to_output", "BLOCK", "K_BLOCK"]
 
 
 @triton.jit
 def _load_tile(ptr, rows, k0, R, K, stride_r, stride_k, IN_KIND: tl.constexpr, CONVERT_BF16: tl.constexpr):
     """float32 (len(rows), 32) tile of the (R, K) matrix at contraction columns k0 .. k0 + 31 (zeros outside)."""
-    cols = k0 + tl.arange(0, BLOCK)
+    cols = k0 + tl.arange(0, K_BLOCK)
     mask = (rows[:, None] < R) & (cols[None, :] < K)
     offsets = rows.to(tl.int64)[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_k
     return _load_bits(ptr + offsets, mask, IN_KIND, CONVERT_BF16)
@@ -72,9 +73,9 @@ def load_quantized_tile(ptr, rows, k0, R, K, stride_r, stride_k, counter_base, c
     BLOCK_R: tl.constexpr = rows.shape[0]
     bits = _load_tile(ptr, rows, k0, R, K, stride_r, stride_k, IN_KIND, CONVERT_BF16)
     if HADAMARD:
-        bits = tl.reshape(_random_hadamard_bits(tl.reshape(bits, (1, 1, BLOCK_R, BLOCK)), hadamard_key, 3), (BLOCK_R, BLOCK))
+        bits = tl.reshape(_random_hadamard_bits(tl.reshape(bits, (1, 1, BLOCK_R, K_BLOCK)), hadamard_key, 3), (BLOCK_R, K_BLOCK))
     x = bits.to(tl.float32, bitcast=True)
-    cols = k0 + tl.arange(0, BLOCK)
+    cols = k0 + tl.arange(0, K_BLOCK)
     if ((CODE >> 15) & 3) == STOCHASTIC_ROUNDING:
         index = counter_base + rows.to(tl.int64)[:, None] * cr + cols.to(tl.int64)[None, :] * ck
         r24 = _random_bits24(index, seed_key, True)
@@ -82,8 +83,8 @@ def load_quantized_tile(ptr, rows, k0, R, K, stride_r, stride_k, counter_base, c
         r24 = 0
     if SQUARE:
         if ((CODE >> 15) & 3) == STOCHASTIC_ROUNDING:
-            r24 = tl.reshape(r24, (BLOCK_R // BLOCK, BLOCK * BLOCK))
-        y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (BLOCK_R // BLOCK, BLOCK * BLOCK)), r24, 1, CODE), (BLOCK_R, BLOCK))
+            r24 = tl.reshape(r24, (BLOCK_R // K_BLOCK, K_BLOCK * K_BLOCK))
+        y = tl.reshape(_fake_quant_blocks(tl.reshape(x, (BLOCK_R // K_BLOCK, K_BLOCK * K_BLOCK)), r24, 1, CODE), (BLOCK_R, K_BLOCK))
     else:
         y = _fake_quant_blocks(x, r24, 1, CODE)
     if not HADAMARD:
@@ -104,15 +105,15 @@ def block_exponents(x, CODE: tl.constexpr, SQUARE: tl.constexpr):
     BLOCK_R: tl.constexpr = x.shape[0]
     magnitude = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
     if SQUARE:
-        amax = tl.max(tl.reshape(magnitude, (BLOCK_R // BLOCK, BLOCK * BLOCK)), axis=1)
+        amax = tl.max(tl.reshape(magnitude, (BLOCK_R // K_BLOCK, K_BLOCK * K_BLOCK)), axis=1)
     else:
         amax = tl.max(magnitude, axis=1)
     special = amax >= 0x7F800000
     s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
     low = (s + EMIN - MBITS < -126) & (amax != 0) & (~special)
     if SQUARE:
-        s = tl.reshape(tl.broadcast_to(s[:, None], (BLOCK_R // BLOCK, BLOCK)), (BLOCK_R,))
-        low = tl.reshape(tl.broadcast_to(low[:, None], (BLOCK_R // BLOCK, BLOCK)), (BLOCK_R,))
+        s = tl.reshape(tl.broadcast_to(s[:, None], (BLOCK_R // K_BLOCK, K_BLOCK)), (BLOCK_R,))
+        low = tl.reshape(tl.broadcast_to(low[:, None], (BLOCK_R // K_BLOCK, K_BLOCK)), (BLOCK_R,))
     return s, low
 
 
@@ -122,11 +123,11 @@ def quantized_operand_kernel(x_ptr, out_ptr, R, K, KP, stride_b, stride_r, strid
                              CONVERT_BF16: tl.constexpr, BLOCK_R: tl.constexpr):
     """Store the prologue's tiles: out (batch, R, KP) float32 contiguous, KP = K rounded up to 32."""
     pid_r = tl.program_id(0)
-    k0 = tl.program_id(1) * BLOCK
+    k0 = tl.program_id(1) * K_BLOCK
     batch = tl.program_id(2).to(tl.int64)
     rows = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
     y, _ = load_quantized_tile(x_ptr + batch * stride_b, rows, k0, R, K, stride_r, stride_k, batch * cb, cr, ck, seed_key,
                             hadamard_key, CODE, SQUARE, HADAMARD, IN_KIND, CONVERT_BF16)
-    cols = k0 + tl.arange(0, BLOCK)
+    cols = k0 + tl.arange(0, K_BLOCK)
     offsets = batch * R * KP + rows.to(tl.int64)[:, None] * KP + cols[None, :]
     tl.store(out_ptr + offsets, y, mask=rows[:, None] < R)

@@ -21,14 +21,24 @@ dims and blocks never cross them: in a padded per-sequence attention layout (B, 
 key-axis blocks of P @ V and of the gradients start at each sequence's first key, and keys
 padded with zeros change neither the blocks of the real keys nor the product.
 
-On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation and a
-float32 result (`torch.mm(..., out_dtype=torch.float32)`) whenever both operands are exactly
+On CUDA a GEMM whose two operands are MX (any format, scale mode, rounding, block 32 or (32, 32),
+no Hadamard or Hadamard block 32, no stochastic-rounding counters, no GEMM observer installed) runs in
+the fused MX GEMM (`mxlab.kernels.gemm.mx_gemm`, chosen by `mxlab.nn.fused`): one kernel reads the
+high-precision operands through their strides, quantizes each K-block in registers bit-identically to
+the reference, and multiplies on the BF16 tensor cores with float32 accumulation (exact even for MX
+values below 2^-126, without a host sync). No quantized copy is made or saved: the backward GEMMs
+quantize the saved high-precision a and b (and g) again, and nothing syncs with the host.
+
+Every other emulated GEMM (per-tensor FP8 or high-precision operands, other Hadamard blocks, counters,
+an installed observer, the CPU, `MXLAB_BACKEND=reference`) takes the reference path: operands quantized
+by `mxlab.numerics.quant.fake_quantize` (mxlab/nn/operands.py), then on CUDA the BF16 tensor cores with
+float32 accumulation (`torch.mm(..., out_dtype=torch.float32)`) whenever both operands are exactly
 representable in bfloat16. That holds for FP8 values, and for every MX element value quantized
 from a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a
 point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
 or float16 (via float32) are checked: no nonzero magnitude below 2^-126, where bfloat16 loses
-bits. Other GEMMs (float32 high-precision operands, the CPU) multiply float32 operands. The two
-differ only in the order of float32 accumulation, as any two GEMM kernels do.
+bits (a host sync). Other GEMMs (float32 high-precision operands, the CPU) multiply float32 operands.
+All of these differ only in the order of float32 accumulation, as any two GEMM kernels do.
 
 A GEMM whose two operands are both high precision (`bf16` or `fp32`) is a plain
 `torch.matmul` of the unmodified operands: "bf16" means the precision the baseline model runs
