@@ -236,7 +236,7 @@ def mx_gemm(a: torch.Tensor, b: torch.Tensor, a_quant: Any, b_quant: Any, *, tra
     may_be_tiny = hadamard or a.dtype == torch.float32 or b.dtype == torch.float32
     heavy = may_be_tiny or "stochastic" in (a_quant.rounding, b_quant.rounding)
     # (128, 128) tiles, 8 warps; (128, 64) where the prologue needs more registers (sm_90 ptxas: no spills)
-    block_m, block_n = (32, 32) if interpreting else (128, 64 if heavy else 128)
+    block_m, block_n = (64, 64) if interpreting else (128, 64 if heavy else 128)
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), batch)
     options = dict(HADAMARD_COMPILE_OPTIONS) if hadamard else {}
     if m and n:

@@ -64,8 +64,8 @@ QUANTS = [
 
 @pytest.mark.parametrize("qa,qb", QUANTS, ids=[f"{a.describe()} x {b.describe()}" for a, b in QUANTS])
 def test_three_orientations(gemm, device, qa, qb):
-    a = operand((2, 40, 70), 1).to(device)
-    b = operand((2, 70, 36), 2, tiny_rows=False).to(device)
+    a = operand((2, 40, 45), 1).to(device)
+    b = operand((2, 45, 36), 2, tiny_rows=False).to(device)
     g = operand((2, 40, 36), 3).to(device)
     check(gemm, a, b, qa, qb)  # forward: a along K, b along K (its dim -2)
     check(gemm, g[0], b[1], qa, qb, transpose_b=True)  # dgrad: g @ b^T, both along N
@@ -83,8 +83,8 @@ def test_transposed_weight_view_and_bfloat16(gemm, device):
 
 @pytest.mark.parametrize("qa,qb", QUANTS[:3:2], ids=["e4m3", "e2m1 x int8 stochastic"])
 def test_hadamard(gemm, device, qa, qb):
-    a = operand((40, 70), 7).to(device)
-    b = operand((70, 36), 8, tiny_rows=False).to(device)
+    a = operand((40, 45), 7).to(device)
+    b = operand((45, 36), 8, tiny_rows=False).to(device)
     check(gemm, a, b, qa, qb, hadamard_seed=9)
     check(gemm, a, a, qa, qb, transpose_a=True, hadamard_seed=10)
 
@@ -96,3 +96,19 @@ def test_tiny_values_use_the_block_scaled_product(gemm, device):
     b = (torch.randn(64, 32) * 2.0 ** 30).to(device)
     q = OperandQuant("e4m3", 32, "floor")
     check(gemm, a, b, q, q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qa,qb", QUANTS, ids=[f"{a.describe()} x {b.describe()}" for a, b in QUANTS])
+def test_gpu_three_orientations_at_layer_sizes(gemm, qa, qb):
+    """CUDA, bfloat16 tensor cores: QLinear-sized GEMMs (M = 1000, K = 520, N = 300), float32 and bfloat16."""
+    for dtype in (torch.float32, torch.bfloat16):
+        a = operand((1000, 520), 1).to(dtype).cuda()
+        b = operand((520, 300), 2, tiny_rows=False).to(dtype).cuda()
+        g = operand((1000, 300), 3).to(dtype).cuda()
+        check(gemm, a, b, qa, qb)
+        check(gemm, g, b, qa, qb, transpose_b=True)
+        check(gemm, a, g, qa, qb, transpose_a=True)
+        check(gemm, a, b, qa, qb, hadamard_seed=5)
+    check(gemm, (torch.randn(256, 512) * 2.0 ** -135).cuda(), (torch.randn(512, 256) * 2.0 ** 30).cuda(),
+          QUANTS[0][0], QUANTS[0][1])

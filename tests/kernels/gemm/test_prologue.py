@@ -104,3 +104,17 @@ def test_refusals_name_the_value(gemm, device):
         gemm.quantized_operand(x, OperandQuant("e4m3"), axis=0)
     assert "Hadamard block 64" in gemm.unsupported_reason(x, x, OperandQuant("e4m3"), OperandQuant("e4m3"), hadamard=64)
     assert gemm.unsupported_reason(x, x.t(), OperandQuant("e4m3"), OperandQuant("int8", (32, 32))) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_gpu_operand_bits_at_layer_sizes(gemm, fmt):
+    """On CUDA (the hardware FP8 conversion included): every rounding and scale mode, both blocks, both
+    axes, float32 and bfloat16 inputs, with and without the Hadamard transform, at (2, 500, 264)."""
+    for i, (rounding, block, dtype) in enumerate(itertools.product(ROUNDING_MODES, (32, SQUARE), (torch.float32, torch.bfloat16))):
+        q = OperandQuant(fmt, block, SCALE_MODES[i % 4], rounding)
+        x = bottom_of_range((2, 500, 264), torch.float32, i).to(dtype).cuda()
+        check(gemm, x, q, -1)
+        check(gemm, x[0].t(), q, -2, seed=11)
+        if i % 3 == 0:
+            check(gemm, x[1], q, -2, hadamard_seed=i)
