@@ -114,11 +114,8 @@ def qlinear_step(layer: QLinear, x: torch.Tensor, g: torch.Tensor):
     return y.detach(), x.grad, layer.weight.grad
 
 
-def test_qlinear_fused_equals_the_reference_products(gemm, device, counted, monkeypatch):
-    torch.manual_seed(3)
-    layer = QLinear(70, 36, bias=False, precision=precision("mxfp8"), device=device)
-    x = torch.randn(4, 10, 70, device=device)
-    g = torch.randn(4, 10, 36, device=device)
+def qlinear_reference_records(layer: QLinear, x, g, kind: str, monkeypatch) -> dict:
+    """The observer's records of one reference-path step; leaves the layer with a fresh precision of `kind`."""
     records = {}
     monkeypatch.setenv("MXLAB_BACKEND", "reference")
     previous = set_gemm_observer(lambda **record: records.__setitem__(record["gemm"], record))
@@ -127,7 +124,16 @@ def test_qlinear_fused_equals_the_reference_products(gemm, device, counted, monk
     finally:
         set_gemm_observer(previous)
     layer.weight.grad = None
-    layer.precision = precision("mxfp8")
+    layer.precision = precision(kind)
+    return records
+
+
+def test_qlinear_fused_equals_the_reference_products(gemm, device, counted, monkeypatch):
+    torch.manual_seed(3)
+    layer = QLinear(70, 36, bias=False, precision=precision("mxfp8"), device=device)
+    x = torch.randn(4, 10, 70, device=device)
+    g = torch.randn(4, 10, 36, device=device)
+    records = qlinear_reference_records(layer, x, g, "mxfp8", monkeypatch)
     monkeypatch.setenv("MXLAB_BACKEND", "triton")
     y, grad_x, grad_w = qlinear_step(layer, x, g)
     assert len(counted) == 3
@@ -164,15 +170,7 @@ def test_gpu_qlinear_fused_without_host_sync(gemm, monkeypatch):
         layer = QLinear(520, 300, bias=False, precision=precision(kind), device="cuda")
         x = torch.randn(1000, 520, device="cuda").to(torch.bfloat16)
         g = torch.randn(1000, 300, device="cuda").to(torch.bfloat16)
-        records = {}
-        monkeypatch.setenv("MXLAB_BACKEND", "reference")
-        previous = set_gemm_observer(lambda **record: records.__setitem__(record["gemm"], record))
-        try:
-            qlinear_step(layer, x, g)
-        finally:
-            set_gemm_observer(previous)
-        layer.weight.grad = None
-        layer.precision = precision(kind)
+        records = qlinear_reference_records(layer, x, g, kind, monkeypatch)
         monkeypatch.delenv("MXLAB_BACKEND")
         qlinear_step(layer, x, g)  # compile outside the sync check
         layer.weight.grad = None
