@@ -185,3 +185,35 @@ def test_gpu_qlinear_fused_without_host_sync(gemm, monkeypatch):
         assert_within_accumulation(y.cpu(), *want["fwd"][:2], 520)
         assert_within_accumulation(grad_x.cpu(), *want["grad_a"][:2], 300)
         assert_within_accumulation(grad_w.t().cpu(), *want["grad_b"][:2], 1000)
+
+
+def test_fused_forward_saves_only_the_high_precision_inputs(gemm, device, counted, monkeypatch):
+    """A square-block weight is reused from the forward on the reference path; the fused path keeps no copy."""
+    monkeypatch.setenv("MXLAB_BACKEND", "triton")
+    w = OperandQuant("e4m3", SQUARE, "rceil")
+    prec = MatmulPrecision(GemmQuant(OperandQuant("e4m3"), w), GemmQuant(OperandQuant("e5m2"), w), GemmQuant(OperandQuant("e4m3"), OperandQuant("e5m2")))
+    a = torch.randn(32, 64, device=device, requires_grad=True)
+    b = torch.randn(64, 32, device=device, requires_grad=True)
+    out = qmatmul(a, b, prec)
+    assert len(counted) == 1
+    assert out.grad_fn.b_quantized is None
+    saved = out.grad_fn.saved_tensors
+    assert len(saved) == 2 and saved[0] is a and saved[1] is b
+
+
+def test_refused_gemms_take_the_reference_path(gemm, device, counted, monkeypatch):
+    """Per-tensor FP8, a high-precision operand, Hadamard 64 and an installed observer: no fused call, and the
+    reference path's bits."""
+    a, b = torch.randn(32, 64, device=device), torch.randn(64, 32, device=device)
+    mx = OperandQuant("e4m3")
+    for fwd in (GemmQuant(OperandQuant("fp8_tensor_e4m3"), mx), GemmQuant(OperandQuant("bf16"), mx), GemmQuant(mx, mx, hadamard=64)):
+        monkeypatch.setenv("MXLAB_BACKEND", "reference")
+        expected_out = qmatmul(a, b, MatmulPrecision(fwd=fwd))
+        monkeypatch.setenv("MXLAB_BACKEND", "triton")
+        assert torch.equal(qmatmul(a, b, MatmulPrecision(fwd=fwd)), expected_out)
+    previous = set_gemm_observer(lambda **record: None)
+    try:
+        qmatmul(a, b, MatmulPrecision(fwd=GemmQuant(mx, mx)))
+    finally:
+        set_gemm_observer(previous)
+    assert counted == []
