@@ -1,0 +1,70 @@
+"""One run over several processes: DDP over NCCL on GPUs, gloo on CPUs (`mxlab run --nproc-per-node N`).
+
+Every rank reads the same global batch order and trains on its shard (mxlab.experiment.distributed);
+rank 0 writes the run folder, so a checkpoint written at one world size resumes at another.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from mxlab.experiment.distributed import World
+from mxlab.experiment.train import RunJob, RunResult, run_is_done, train_run
+from mxlab.experiment.worker import FileProgress, make_data_source, read_result
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def rank_device(devices: Sequence[str], rank: int) -> str:
+    """The device of `rank`: GPUs in turn ('cuda:0', 'cuda:1', ...), or 'cpu'."""
+    cuda = [device for device in devices if device.startswith("cuda")]
+    if not cuda:
+        return "cpu"
+    if cuda == ["cuda"]:
+        return f"cuda:{rank % max(1, torch.cuda.device_count())}"
+    return cuda[rank % len(cuda)]
+
+
+def _rank_main(rank: int, job: RunJob, world_size: int, port: int, devices: Sequence[str]) -> None:
+    import torch.distributed as dist
+
+    device = rank_device(devices, rank)
+    backend = "nccl" if device.startswith("cuda") else "gloo"
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        progress = FileProgress(job.run_dir) if rank == 0 else None
+        train_run(job, make_data_source(job.spec), device, world=World(rank, world_size), progress=progress)
+    finally:
+        dist.destroy_process_group()
+
+
+def train_data_parallel(job: RunJob, nproc: int, devices: Sequence[str], *, progress: Any = None) -> RunResult:
+    """Train `job` over `nproc` spawned processes on `devices`; return its record (a done run is read back).
+
+    Refuses (RuntimeError with the first rank's error) when a rank fails.
+    """
+    if run_is_done(job.run_dir):
+        return read_result(job.run_dir)
+    import torch.multiprocessing as mp
+
+    Path(job.run_dir).mkdir(parents=True, exist_ok=True)
+    context = mp.start_processes(_rank_main, args=(job, nproc, free_port(), list(devices)), nprocs=nproc,
+                                 join=False, start_method="spawn")
+    try:
+        while not context.join(timeout=0.25):
+            if progress is not None:
+                progress.poll(job.label, job.run_dir)
+    except Exception as error:
+        raise RuntimeError(f"{job.label} over {nproc} processes failed: {str(error).strip().splitlines()[-1]}") from error
+    return read_result(job.run_dir)
