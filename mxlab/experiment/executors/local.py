@@ -1,7 +1,8 @@
 """Runs on this machine: each in its own worker process (one per device at a time), or inline.
 
-`LocalExecutor` starts one process per run (spawned, so every run starts with a fresh CUDA
-context and caching allocator, and its memory is returned when it ends); with several devices,
+`LocalExecutor` starts one process per run (forked from a fork server that never touches CUDA,
+so every run starts with a fresh CUDA context and caching allocator, and its memory is returned
+when it ends); with several devices,
 one run per device at a time. A run that crashes (an exception, an out-of-memory error, a killed
 process) is recorded in its done.json as failed and the other runs go on. `InlineExecutor` runs
 every job in this process, one after another (the Python API's step hooks need it).
@@ -38,6 +39,14 @@ class InlineExecutor:
         return results
 
 
+def worker_context() -> Any:
+    """The multiprocessing context of worker processes: a fork server that has imported torch and mxlab once
+    (and never touches CUDA), so each run starts in a fresh process without paying the imports again."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["mxlab.experiment.worker", "mxlab.models", "mxlab.recipe", "mxlab.data", "mxlab.scaling"])
+    return context
+
+
 def _exit_reason(code: int | None) -> str:
     if code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else str(-code)
@@ -64,7 +73,7 @@ class LocalExecutor:
         """Train each job in its own process; return {label: record} (failed runs included)."""
         if self.nproc_per_node > 1:
             return self._run_data_parallel(jobs, progress)
-        context = multiprocessing.get_context("spawn")
+        context = worker_context()
         queue = list(jobs)
         free = list(self.devices)
         active: dict[str, tuple[Any, Any, RunJob, str]] = {}
@@ -109,13 +118,11 @@ class LocalExecutor:
             try:
                 status, payload = receiver.recv()
                 return status, payload if isinstance(payload, str) else ""
-            except EOFError:
+            except EOFError:  # closed without an answer
                 pass
         if process.is_alive():
             return None
         process.join()
-        if receiver.poll():
-            return LocalExecutor._answer(process, receiver)
         return "crashed", _exit_reason(process.exitcode)
 
     def _run_data_parallel(self, jobs: Sequence[RunJob], progress: StudyProgress) -> dict[str, RunResult]:
