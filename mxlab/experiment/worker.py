@@ -9,6 +9,8 @@ goes on and `--resume` tries that run again. Progress goes to the run folder's p
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 import traceback
 from pathlib import Path
@@ -71,7 +73,8 @@ def record_failure(run_dir: Path, reason: str) -> RunResult:
 
 
 class FileProgress:
-    """A RunProgress that writes the run's state to RUN/progress.json (atomically) for the driver to show."""
+    """A RunProgress that writes the run's state (step, loss, speed, process id and host) to RUN/progress.json
+    (atomically, at most every `min_interval_s`) for the driver to show."""
 
     def __init__(self, run_dir: Path, min_interval_s: float = 0.5) -> None:
         self.path = Path(run_dir) / PROGRESS
@@ -86,7 +89,8 @@ class FileProgress:
             self.written = now
 
     def start(self, label: str, total_steps: int, start_step: int) -> None:
-        self.state = {"label": label, "total": total_steps, "step": start_step, "loss": None, "examples_per_s": None, "status": "running"}
+        self.state = {"label": label, "total": total_steps, "step": start_step, "loss": None, "examples_per_s": None,
+                      "status": "running", "pid": os.getpid(), "host": socket.gethostname()}
         self._write(force=True)
 
     def advance(self, step: int, loss: float, examples_per_s: float) -> None:

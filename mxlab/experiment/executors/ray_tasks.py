@@ -8,6 +8,8 @@ An exception inside a run is recorded in its done.json as failed, like the local
 """
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any, Sequence
 
 from mxlab.experiment.executors.progress import StudyProgress, describe
@@ -61,6 +63,7 @@ class RayExecutor:
         resources = {"num_gpus": 1} if self.gpus else {"num_cpus": self.cpus_per_run}
         remote = ray.remote(max_retries=self.max_retries, retry_exceptions=False, **resources)(_task)
         device = "cuda" if self.gpus else "cpu"
+        jobs = [dataclasses.replace(job, run_dir=Path(job.run_dir).resolve()) for job in jobs]  # workers may start elsewhere
         pending = {remote.remote(job, device): job for job in jobs}
         results: dict[str, RunResult] = {}
         try:
