@@ -27,6 +27,14 @@ PROGRESS = "progress.json"
 _SOURCES: dict[str, Any] = {}
 
 
+def preload_worker_modules() -> None:
+    """Have the fork server that starts worker processes import torch and mxlab's training modules once."""
+    import multiprocessing
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(
+        ["mxlab.experiment.worker", "mxlab.models", "mxlab.recipe", "mxlab.data", "mxlab.scaling"])
+
+
 def max_history_of(model_config: dict[str, Any]) -> int:
     """The model's max_history (its own default when the spec leaves it out)."""
     if "max_history" in model_config:

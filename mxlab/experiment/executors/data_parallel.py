@@ -14,7 +14,7 @@ import torch
 
 from mxlab.experiment.distributed import World
 from mxlab.experiment.train import RunJob, RunResult, run_is_done, train_run
-from mxlab.experiment.worker import FileProgress, make_data_source, read_result
+from mxlab.experiment.worker import FileProgress, make_data_source, preload_worker_modules, read_result
 
 
 def free_port() -> int:
@@ -58,9 +58,11 @@ def train_data_parallel(job: RunJob, nproc: int, devices: Sequence[str], *, prog
         return read_result(job.run_dir)
     import torch.multiprocessing as mp
 
+    preload_worker_modules()
+
     Path(job.run_dir).mkdir(parents=True, exist_ok=True)
     context = mp.start_processes(_rank_main, args=(job, nproc, free_port(), list(devices)), nprocs=nproc,
-                                 join=False, start_method="spawn")
+                                 join=False, start_method="forkserver")
     try:
         while not context.join(timeout=0.25):
             if progress is not None:

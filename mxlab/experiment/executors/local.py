@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 from mxlab.experiment.executors.progress import StudyProgress, describe
 from mxlab.experiment.train import RunJob, RunResult, StepHook, train_run
-from mxlab.experiment.worker import cached_source, describe_error, process_main, read_result, record_failure
+from mxlab.experiment.worker import cached_source, describe_error, preload_worker_modules, process_main, read_result, record_failure
 
 POLL_S = 0.25
 
@@ -42,9 +42,8 @@ class InlineExecutor:
 def worker_context() -> Any:
     """The multiprocessing context of worker processes: a fork server that has imported torch and mxlab once
     (and never touches CUDA), so each run starts in a fresh process without paying the imports again."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["mxlab.experiment.worker", "mxlab.models", "mxlab.recipe", "mxlab.data", "mxlab.scaling"])
-    return context
+    preload_worker_modules()
+    return multiprocessing.get_context("forkserver")
 
 
 def _exit_reason(code: int | None) -> str:
