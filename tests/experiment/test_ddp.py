@@ -8,13 +8,13 @@ they agree only to bfloat16 precision (as on any BF16 data-parallel system).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from mxlab.experiment import load_spec
@@ -105,3 +105,18 @@ def test_a_checkpoint_written_at_world_size_two_resumes_at_one(tmp_path):
     [reference] = study_jobs(longer, tmp_path / "one/runs")
     train_run(reference, make_data_source(longer), "cpu")
     _assert_close(_parameters(reference.run_dir), _parameters(run_dir))
+
+
+@pytest.mark.gpu
+def test_gpu_two_ranks_sharing_one_gpu_match_one_process(tmp_path):
+    spec = load_spec(_spec_path(tmp_path), MICRO + ARMS)
+    run_study(spec, tmp_path / "one", device="cuda", executor="inline", show_progress=False)
+    result = run_study(spec, tmp_path / "two", device="cuda", gpus=1, executor="local", nproc_per_node=2, show_progress=False)
+    assert sorted(result.trained) == ["bf16/seed0", "mx-fwd-dgrad/seed0"] and not result.failed
+    for arm in ("bf16", "mx-fwd-dgrad"):
+        run = f"runs/{arm}/seed0"
+        config = json.loads((tmp_path / "two" / run / "config.json").read_text())
+        assert config["world_size"] == 2 and config["device"] == "cuda:0"
+        one, two = _parameters(tmp_path / "one" / run), _parameters(tmp_path / "two" / run)
+        for key in one:  # float32 on the GPU; its scatter-add backward of embeddings adds in any order
+            torch.testing.assert_close(one[key], two[key], rtol=1e-4, atol=1e-5)

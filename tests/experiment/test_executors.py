@@ -103,3 +103,15 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(local_ray, tmp_path)
     assert untouched["status"] == "finished" and untouched["resumed_from_step"] is None
     again = run_study(spec, out, device="cpu", executor="ray", resume=True, show_progress=False)
     assert again.trained == [] and again.already_done == ["bf16/seed0", "bf16/seed1"]
+
+
+@pytest.mark.gpu
+def test_gpu_local_executor_runs_on_the_gpus_asked_for(tmp_path):
+    spec = load_spec(QUICKSTART, MICRO + ["seeds=[0, 1]", "train.max_steps=3"])
+    result = run_study(spec, tmp_path / "out", device="cuda", gpus=1, executor="local", show_progress=False)
+    assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1", "mxfp8-rceil-sr/seed0", "mxfp8-rceil-sr/seed1"]
+    assert not result.failed
+    execution = json.loads((tmp_path / "out/study.json").read_text())["execution"]
+    assert execution["devices"] == ["cuda:0"] and execution["gpus"] == 1
+    for label in result.trained:
+        assert json.loads((tmp_path / "out/runs" / label / "config.json").read_text())["device"] == "cuda:0"

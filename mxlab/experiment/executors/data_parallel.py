@@ -1,5 +1,7 @@
 """One run over several processes: DDP over NCCL on GPUs, gloo on CPUs (`mxlab run --nproc-per-node N`).
 
+Ranks that share a GPU (more processes than GPUs, e.g. a check on one GPU) reduce over gloo.
+
 Every rank reads the same global batch order and trains on its shard (mxlab.experiment.distributed);
 rank 0 writes the run folder, so a checkpoint written at one world size resumes at another.
 """
@@ -34,11 +36,18 @@ def rank_device(devices: Sequence[str], rank: int) -> str:
     return cuda[rank % len(cuda)]
 
 
+def backend_for(devices: Sequence[str], world_size: int) -> str:
+    """'nccl' when every rank has a GPU of its own, else 'gloo' (CPUs, or ranks sharing a GPU, which NCCL refuses)."""
+    ranks = [rank_device(devices, rank) for rank in range(world_size)]
+    on_gpu = all(device.startswith("cuda") for device in ranks)
+    return "nccl" if on_gpu and len(set(ranks)) == world_size else "gloo"
+
+
 def _rank_main(rank: int, job: RunJob, world_size: int, port: int, devices: Sequence[str]) -> None:
     import torch.distributed as dist
 
     device = rank_device(devices, rank)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = backend_for(devices, world_size)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)

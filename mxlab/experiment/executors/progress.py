@@ -28,7 +28,7 @@ class StudyProgress:
             TimeElapsedColumn(),
             TextColumn("ETA"),
             TimeRemainingColumn(),
-            console=Console(stderr=True),
+            console=Console(stderr=True, log_path=False),
             disable=not enabled,
         )
         self.study_task = self.progress.add_task("runs", total=total_runs, loss="-", speed="")
