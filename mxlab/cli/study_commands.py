@@ -91,8 +91,6 @@ def run(
 
         if executor is not None and executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; accepted: {', '.join(EXECUTORS)}")
-        if out is not None and out.exists() and not out.is_dir():
-            raise ValueError(f"--out {out} is a file, not a folder; choose a folder (it is created if missing)")
         spec = load_spec(spec_path, overrides)
         result = run_study(spec, out, device=device, resume=resume, overrides=overrides, executor=executor,
                            ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node)

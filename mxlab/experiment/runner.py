@@ -298,7 +298,12 @@ def run_study(
         raise ValueError(f"on_step hooks need executor 'inline' (runs in this process), not {executor!r}")
     gpus = execution.gpus if gpus is None else gpus
     ray_address = ray_address if ray_address is not None else execution.ray_address
-    devices = list(devices) if devices else resolve_devices(device, gpus)
+    if devices:
+        devices = list(devices)
+    elif executor == "ray" and device == "cuda" and not torch.cuda.is_available():
+        devices = ["cuda"]  # a driver without GPUs, for workers with them
+    else:
+        devices = resolve_devices(device, gpus)
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records

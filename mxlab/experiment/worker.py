@@ -27,12 +27,17 @@ PROGRESS = "progress.json"
 _SOURCES: dict[str, Any] = {}
 
 
+# What a run imports on its way (the optimizer alone pulls in torch._dynamo, seconds of imports); a
+# name that does not exist is skipped by the fork server.
+PRELOAD = ("torch._dynamo", "triton", "mxlab.experiment.worker", "mxlab.models", "mxlab.recipe", "mxlab.data",
+           "mxlab.nn", "mxlab.scaling", "mxlab.diagnostics", "mxlab.te_backend", "mxlab.metrics")
+
+
 def preload_worker_modules() -> None:
     """Have the fork server that starts worker processes import torch and mxlab's training modules once."""
     import multiprocessing
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(
-        ["mxlab.experiment.worker", "mxlab.models", "mxlab.recipe", "mxlab.data", "mxlab.scaling"])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
 
 
 def max_history_of(model_config: dict[str, Any]) -> int:
