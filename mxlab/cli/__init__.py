@@ -7,8 +7,7 @@ Each command imports its module lazily, so `mxlab --help` stays fast. Help is pl
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 

@@ -48,7 +48,7 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` to `path` atomically; refuses (ValueError) a state that `load_checkpoint` would refuse."""
+    """Write `state` (tensors, numbers, strings, lists, dicts) to `path` atomically."""
     io.write_torch(path, state)
 
 

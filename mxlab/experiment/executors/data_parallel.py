@@ -7,7 +7,6 @@ rank 0 writes the run folder, so a checkpoint written at one world size resumes 
 """
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 from typing import Any, Sequence
