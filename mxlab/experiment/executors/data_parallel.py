@@ -66,11 +66,13 @@ def train_data_parallel(job: RunJob, nproc: int, devices: Sequence[str], *, prog
         return read_result(job.run_dir)
     import torch.multiprocessing as mp
 
-    preload_worker_modules()
+    on_gpu = any(device.startswith("cuda") for device in devices)
+    if not on_gpu:
+        preload_worker_modules()
 
     Path(job.run_dir).mkdir(parents=True, exist_ok=True)
     context = mp.start_processes(_rank_main, args=(job, nproc, free_port(), list(devices)), nprocs=nproc,
-                                 join=False, start_method="forkserver")
+                                 join=False, start_method="spawn" if on_gpu else "forkserver")
     try:
         while not context.join(timeout=0.25):
             if progress is not None:

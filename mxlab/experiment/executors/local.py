@@ -1,8 +1,8 @@
 """Runs on this machine: each in its own worker process (one per device at a time), or inline.
 
-`LocalExecutor` starts one process per run (forked from a fork server that never touches CUDA,
-so every run starts with a fresh CUDA context and caching allocator, and its memory is returned
-when it ends); with several devices,
+`LocalExecutor` starts one process per run (spawned on GPUs, forked from a preloaded fork server
+on CPUs), so every run starts with a fresh CUDA context and caching allocator, and its memory is
+returned when it ends; with several devices,
 one run per device at a time. A run that crashes (an exception, an out-of-memory error, a killed
 process) is recorded in its done.json as failed and the other runs go on. `InlineExecutor` runs
 every job in this process, one after another (the Python API's step hooks need it).
@@ -39,9 +39,12 @@ class InlineExecutor:
         return results
 
 
-def worker_context() -> Any:
-    """The multiprocessing context of worker processes: a fork server that has imported torch and mxlab once
-    (and never touches CUDA), so each run starts in a fresh process without paying the imports again."""
+def worker_context(devices: Sequence[str]) -> Any:
+    """The multiprocessing context of worker processes: on CPUs a fork server that has imported torch and
+    mxlab once, so each run starts in a fresh process without paying the imports again; with GPUs spawn
+    (a fresh interpreter, whatever an import might have done to CUDA; seconds against a run's minutes)."""
+    if any(device.startswith("cuda") for device in devices):
+        return multiprocessing.get_context("spawn")
     preload_worker_modules()
     return multiprocessing.get_context("forkserver")
 
@@ -72,7 +75,7 @@ class LocalExecutor:
         """Train each job in its own process; return {label: record} (failed runs included)."""
         if self.nproc_per_node > 1:
             return self._run_data_parallel(jobs, progress)
-        context = worker_context()
+        context = worker_context(self.devices)
         queue = list(jobs)
         free = list(self.devices)
         active: dict[str, tuple[Any, Any, RunJob, str]] = {}
