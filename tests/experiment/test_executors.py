@@ -45,14 +45,20 @@ def _kill_when_running(run_dir: Path, at_step: int, killed: list[int], timeout_s
     return thread
 
 
+def _study_with_a_kill(out: Path, executor: str):
+    """Run the LONGER study on `executor`, killing the process of bf16/seed0 at step 4 or later."""
+    killed: list[int] = []
+    watcher = _kill_when_running(out / "runs/bf16/seed0", 4, killed)
+    result = run_study(load_spec(QUICKSTART, LONGER), out, device="cpu", executor=executor, show_progress=False)
+    watcher.join()
+    assert killed, "the run finished before it could be killed"
+    return result
+
+
 def test_a_killed_local_worker_is_recorded_and_the_study_goes_on(tmp_path):
     spec = load_spec(QUICKSTART, LONGER)
     out = tmp_path / "out"
-    killed: list[int] = []
-    watcher = _kill_when_running(out / "runs/bf16/seed0", 4, killed)
-    result = run_study(spec, out, device="cpu", executor="local", show_progress=False)
-    watcher.join()
-    assert killed, "the run finished before it could be killed"
+    result = _study_with_a_kill(out, "local")
     failed = json.loads((out / "runs/bf16/seed0/done.json").read_text())
     assert failed["status"] == "failed" and "SIGKILL" in failed["reason"]
     assert list(result.failed) == ["bf16/seed0"]
@@ -91,11 +97,7 @@ def test_ray_gives_the_same_bits_as_local(local_ray, tmp_path):
 def test_a_killed_ray_worker_is_retried_from_its_checkpoint(local_ray, tmp_path):
     spec = load_spec(QUICKSTART, LONGER)
     out = tmp_path / "out"
-    killed: list[int] = []
-    watcher = _kill_when_running(out / "runs/bf16/seed0", 4, killed)
-    result = run_study(spec, out, device="cpu", executor="ray", show_progress=False)
-    watcher.join()
-    assert killed, "the run finished before it could be killed"
+    result = _study_with_a_kill(out, "ray")
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"] and not result.failed
     retried = json.loads((out / "runs/bf16/seed0/done.json").read_text())
     assert retried["status"] == "finished" and retried["steps"] == 16 and retried["resumed_from_step"] >= 2
