@@ -1,6 +1,7 @@
 """Atomic file writes for run folders: write to a temporary name in the same folder, then os.replace.
 
 A reader (or a resumed run) therefore sees either the previous complete file or the new one.
+Written files get the mode the user's umask gives (as open() would), not the 0600 of a temporary file.
 """
 from __future__ import annotations
 
@@ -14,11 +15,19 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write_bytes(path: Path, payload: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets what open() would give
         with os.fdopen(handle, "wb") as stream:
             stream.write(payload)
             stream.flush()

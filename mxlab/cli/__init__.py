@@ -2,35 +2,44 @@
 
 One module per command group (bench, study, data, check); this module assembles the app.
 
-Each command imports its module lazily, so `mxlab --help` stays fast.
+Each command imports its module lazily, so `mxlab --help` stays fast. Help is plain text
+(rich_markup_mode=None): boolean flags show as flags, and each command's help ends with an example.
 """
 from __future__ import annotations
 
-from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
+
+from mxlab.cli.command import Command
 
 app = typer.Typer(
     help="mxlab: exact MX (microscaling) numerics and precision experiments for CTR/CVR models.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
 )
 
 
-@app.command("formats")
+@app.command("formats", cls=Command)
 def formats_command() -> None:
-    """Print the table of MX element formats and the E8M0 scale."""
+    """Print the table of MX element formats and the E8M0 scale.
+
+    Example: mxlab formats
+    """
     from mxlab.numerics.formats import format_table
 
     typer.echo(format_table())
 
 
-@app.command("recipe")
+@app.command("recipe", cls=Command)
 def recipe_command(
-    name: "Optional[str]" = typer.Argument(None, help="Recipe name (experiments/recipes/NAME.toml) or .toml path; omit to list the shipped ones."),
+    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Recipe name (experiments/recipes/NAME.toml) or .toml path; omit to list the shipped ones."),
 ) -> None:
-    """Validate a recipe and print its policies, rules, attention and loss scaling (or list the recipes)."""
+    """Validate a recipe and print its policies, rules, attention and loss scaling (or list the recipes).
+
+    Example: mxlab recipe mxfp8-rceil-sr
+    """
     from mxlab.recipe import available_recipes, describe_recipe, load_recipe
 
     if name is None:

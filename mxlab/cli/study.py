@@ -1,4 +1,4 @@
-"""`mxlab run`, `report`, `compare`, `sweep-layers`: the study commands (bodies in mxlab/experiment/commands.py)."""
+"""`mxlab run`, `report`, `compare`, `sweep-layers`: the study commands (bodies in mxlab/cli/study_commands.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,61 +6,84 @@ from typing import List, Optional
 
 import typer
 
+from mxlab.cli.command import Command
+
 _commands = typer.Typer()
 
 
 _SET_HELP = "Override a spec value: dotted key = TOML value, e.g. train.epochs=2 or seeds=[0]. Repeatable."
 
 
-@_commands.command("run")
+@_commands.command("run", cls=Command)
 def run_command(
-    spec: "Path" = typer.Argument(..., help="Experiment spec (experiments/NAME.toml)."),
-    device: str = typer.Option("auto", "--device", help="cuda | cpu | auto (several GPUs: one run per GPU)."),
-    out: "Optional[Path]" = typer.Option(None, "--out", help="Study folder (default reports/NAME)."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="Experiment spec (experiments/NAME.toml)."),
+    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="cuda | cpu | auto."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Study folder (default reports/NAME)."),
     resume: bool = typer.Option(False, "--resume", help="Skip finished runs; continue interrupted ones from their checkpoint."),
-    overrides: "List[str]" = typer.Option([], "--set", help=_SET_HELP),
+    overrides: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
+    executor: Optional[str] = typer.Option(None, "--executor", metavar="NAME",
+                                           help="local (a worker process per run, one per GPU) | ray (a Ray task per run); default: the spec's [execution]."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDRESS",
+                                              help="Ray cluster to join (e.g. auto); default: start a local Ray."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", min=0, help="GPUs to use, one run per GPU (0 = every visible one)."),
+    nproc_per_node: int = typer.Option(1, "--nproc-per-node", metavar="N", min=1,
+                                       help="Train each run data-parallel over N processes (DDP: NCCL on GPUs, gloo on CPUs)."),
 ) -> None:
-    """Run every arm x seed of an experiment, then write the regression report."""
-    from mxlab.experiment import commands
+    """Run every arm x seed of an experiment, then write the regression report.
 
-    raise typer.Exit(commands.run(spec, device=device, out=out, resume=resume, overrides=overrides))
+    Example: mxlab run experiments/quickstart.toml --device cpu --resume
+    """
+    from mxlab.cli import study_commands
 
-
-@_commands.command("report")
-def report_command(study_dir: "Path" = typer.Argument(..., help="Study folder written by `mxlab run`.")) -> None:
-    """Re-render report.md, report.html, summary.json and figures from a study's run folders."""
-    from mxlab.experiment import commands
-
-    raise typer.Exit(commands.report(study_dir))
+    raise typer.Exit(study_commands.run(spec, device=device, out=out, resume=resume, overrides=overrides, executor=executor,
+                                        ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node))
 
 
-@_commands.command("compare")
+@_commands.command("report", cls=Command)
+def report_command(study_dir: Path = typer.Argument(..., metavar="DIR", help="Study folder written by `mxlab run`.")) -> None:
+    """Re-render report.md, report.html, summary.json and figures from a study's run folders.
+
+    Example: mxlab report reports/quickstart
+    """
+    from mxlab.cli import study_commands
+
+    raise typer.Exit(study_commands.report(study_dir))
+
+
+@_commands.command("compare", cls=Command)
 def compare_command(
-    study_a: "Path" = typer.Argument(..., help="First study folder."),
-    study_b: "Path" = typer.Argument(..., help="Second study folder."),
+    study_a: Path = typer.Argument(..., metavar="DIR_A", help="First study folder."),
+    study_b: Path = typer.Argument(..., metavar="DIR_B", help="Second study folder."),
 ) -> None:
-    """Show how two studies differ (spec, environment, per-arm deltas)."""
-    from mxlab.experiment import commands
+    """Show how two studies differ (spec, environment, per-arm deltas).
 
-    raise typer.Exit(commands.compare(study_a, study_b))
+    Example: mxlab compare reports/quickstart reports/quickstart-cuda
+    """
+    from mxlab.cli import study_commands
+
+    raise typer.Exit(study_commands.compare(study_a, study_b))
 
 
-@_commands.command("sweep-layers")
+@_commands.command("sweep-layers", cls=Command)
 def sweep_layers_command(
-    spec: "Path" = typer.Argument(..., help="Experiment spec (its data, model and train settings are used)."),
-    recipe: str = typer.Option(..., "--recipe", help="Recipe to sweep (a name in the spec's recipes/ folder, or a .toml path)."),
-    seeds: "Optional[str]" = typer.Option(None, "--seeds", help="Seeds, e.g. 0,1 (default: the spec's)."),
-    steps: "Optional[int]" = typer.Option(None, "--steps", min=1, help="Training steps per run (default min(200, the spec's))."),
-    device: str = typer.Option("auto", "--device", help="cuda | cpu | auto."),
-    out: "Optional[Path]" = typer.Option(None, "--out", help="Study folder; the sweep goes to DIR/sweep (default reports/NAME)."),
+    spec: Path = typer.Argument(..., metavar="SPEC", help="Experiment spec (its data, model and train settings are used)."),
+    recipe: str = typer.Option(..., "--recipe", metavar="RECIPE", help="Recipe to sweep (a name in the spec's recipes/ folder, or a .toml path)."),
+    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="SEEDS", help="Seeds, e.g. 0,1 (default: the spec's)."),
+    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", min=1, help="Training steps per run (default min(200, the spec's))."),
+    device: str = typer.Option("auto", "--device", metavar="DEVICE", help="cuda | cpu | auto."),
+    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Study folder; the sweep goes to DIR/sweep (default reports/NAME)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep."),
-    overrides: "List[str]" = typer.Option([], "--set", help=_SET_HELP),
+    overrides: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
 ) -> None:
-    """Rank layers by the NE/AUC change of quantizing each alone, and all but each, against the baseline."""
-    from mxlab.experiment import commands
+    """Rank layers by the NE/AUC change of quantizing each alone, and all but each, against the baseline.
+
+    Example: mxlab sweep-layers experiments/quickstart.toml --recipe mxfp8-rceil --seeds 0 --steps 50
+    """
+    from mxlab.cli import study_commands
 
     raise typer.Exit(
-        commands.sweep_layers(spec, recipe=recipe, seeds=seeds, steps=steps, device=device, out=out, resume=resume, overrides=overrides)
+        study_commands.sweep_layers(spec, recipe=recipe, seeds=seeds, steps=steps, device=device, out=out, resume=resume,
+                                    overrides=overrides)
     )
 
 

@@ -1,4 +1,5 @@
-"""Experiments: spec loading and validation, the runner (arms x seeds, devices, resume), training, evaluation.
+"""Experiments: spec loading and validation, the runner (arms x seeds, resume), the executors (local
+worker processes, Ray tasks, data-parallel runs), training, evaluation and checkpoints.
 
 Public entry points: `load_spec`, `run_study`, `sweep_layers`.
 """

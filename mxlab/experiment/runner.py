@@ -1,4 +1,7 @@
-"""The study runner: every arm x seed of a spec, sequentially or one job per GPU, then the report.
+"""The study runner: every arm x seed of a spec, what is left to run, resume, and the study record.
+
+Where the runs run is the executor's job (mxlab.experiment.executors: local worker processes or
+Ray tasks); the report is built afterwards by the command line (mxlab.cli), not here.
 
 Pairing: all arms of a seed share the data order (`source.train_batches(batch_size, seed, epoch)`)
 and the initial weights (the model is built right after `torch.manual_seed(seed)`, before the
@@ -10,11 +13,8 @@ import datetime
 import json
 import os
 import platform
-import selectors
 import shlex
 import subprocess
-import sys
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -22,9 +22,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mxlab import io
+from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
 from mxlab.experiment.spec import ExperimentSpec
-from mxlab.experiment.worker import ANSWER_TAG
-from mxlab.experiment.train import RunJob, RunResult, StepHook, run_is_done, train_run
+from mxlab.experiment.train import RunJob, RunResult, run_is_done
+from mxlab.experiment.worker import make_data_source, read_result
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
 JobStepHook = Callable[[RunJob, int], None]
@@ -39,18 +40,21 @@ class StudyResult:
     already_done: list[str] = field(default_factory=list)
     diverged: list[str] = field(default_factory=list)
     backend_skipped: list[str] = field(default_factory=list)
-    report_paths: dict[str, Path] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # label -> reason (a crash, an out-of-memory error)
 
 
 # ----------------------------------------------------------------------------------------------
 # devices and environment
 
 
-def resolve_devices(device: str) -> list[str]:
-    """The devices to run on: ['cpu'], ['cuda:0', ...] (every visible GPU) for 'cuda', or by availability for 'auto'.
+def resolve_devices(device: str, gpus: int = 0) -> list[str]:
+    """The devices to run on: ['cpu'], ['cuda:0', ...] (every visible GPU, or the first `gpus`) for 'cuda',
+    or by availability for 'auto'.
 
-    Refuses an unknown device name and 'cuda' on a machine without CUDA.
+    Refuses an unknown device name, 'cuda' on a machine without CUDA, and more GPUs than are visible.
     """
+    if gpus < 0:
+        raise ValueError(f"--gpus must be >= 0 (0 = every visible GPU), got {gpus}")
     if device not in DEVICE_CHOICES and not device.startswith("cuda:"):
         raise ValueError(f"unknown device {device!r}; accepted: {', '.join(DEVICE_CHOICES)} or cuda:N")
     if device == "cpu":
@@ -63,7 +67,10 @@ def resolve_devices(device: str) -> list[str]:
         if device == "cuda":
             raise ValueError("device 'cuda' asked for, but CUDA is not available; use --device cpu or auto")
         return ["cpu"]
-    return [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    count = torch.cuda.device_count()
+    if gpus > count:
+        raise ValueError(f"--gpus {gpus} asked for, but {count} GPUs are visible")
+    return [f"cuda:{index}" for index in range(gpus or count)]
 
 
 def _cpu_name() -> str:
@@ -126,75 +133,18 @@ def environment_info(devices: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def reproduce_command(spec: ExperimentSpec, out_dir: Path, device: str, overrides: Sequence[str]) -> str:
-    """The `mxlab run` command line that reproduces this study."""
+def reproduce_command(spec: ExperimentSpec, out_dir: Path, device: str, overrides: Sequence[str], options: Sequence[str] = ()) -> str:
+    """The `mxlab run` command line that reproduces this study (`options`: further flags, e.g. --executor ray)."""
     spec_path = spec.spec_path
     if spec_path is not None:
         try:
             spec_path = spec_path.relative_to(Path.cwd())
         except ValueError:
             pass
-    parts = ["mxlab", "run", str(spec_path), "--device", device, "--out", str(out_dir)]
+    parts = ["mxlab", "run", str(spec_path), "--device", device, "--out", str(out_dir), *options]
     for override in overrides:
         parts += ["--set", override]
     return " ".join(shlex.quote(part) for part in parts)
-
-
-# ----------------------------------------------------------------------------------------------
-# progress (rich)
-
-
-class RichProgress:
-    """Progress of a study on the terminal: runs done of all, and the current run's step, loss, examples/s, ETA."""
-
-    def __init__(self, total_runs: int, enabled: bool = True) -> None:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self.progress = Progress(
-            TextColumn("{task.description:<28}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]}"),
-            TextColumn("{task.fields[speed]}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            disable=not enabled,
-        )
-        self.study_task = self.progress.add_task("runs", total=total_runs, loss="-", speed="")
-        self.run_task: Any = None
-        self.enabled = enabled
-
-    def log(self, message: str) -> None:
-        if self.enabled:
-            self.progress.console.log(message)
-
-    def __enter__(self) -> "RichProgress":
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.progress.stop()
-
-    def run_done(self, label: str, status: str) -> None:
-        self.progress.advance(self.study_task)
-        self.log(f"{label}: {status}")
-
-    # RunProgress
-    def start(self, label: str, total_steps: int, start_step: int) -> None:
-        if self.run_task is not None:
-            self.progress.remove_task(self.run_task)
-        self.run_task = self.progress.add_task(label, total=total_steps, completed=start_step, loss="-", speed="")
-
-    def advance(self, step: int, loss: float, examples_per_s: float) -> None:
-        self.progress.update(self.run_task, completed=step, loss=f"{loss:.4f}", speed=f"{examples_per_s:,.0f} ex/s")
-
-    def finish(self, status: str) -> None:
-        if self.run_task is not None:
-            self.progress.remove_task(self.run_task)
-            self.run_task = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,145 +164,16 @@ def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
     ]
 
 
-def make_data_source(spec: ExperimentSpec) -> Any:
-    """The spec's data source (mxlab.data.make_source with the model's max_history)."""
-    from mxlab.data import make_source
+def run_jobs(jobs: Sequence[RunJob], executor: Any, *, show_progress: bool = True) -> dict[str, RunResult]:
+    """Train every job without a finished record on `executor`; return {label: record} for all jobs.
 
-    return make_source(dict(spec.data), max_history_of(spec.model))
-
-
-def max_history_of(model_config: dict[str, Any]) -> int:
-    """The model's max_history (its own default when the spec leaves it out)."""
-    if "max_history" in model_config:
-        return int(model_config["max_history"])
-    import mxlab.models as models
-
-    default = getattr(models, "DEFAULT_MAX_HISTORY", None)
-    if default is None:
-        raise ValueError("[model] needs max_history (the longest user history the model attends over)")
-    return int(default)
-
-
-def _read_result(run_dir: Path) -> RunResult:
-    record = json.loads((Path(run_dir) / "done.json").read_text())
-    return RunResult(
-        status=record["status"], steps=record["steps"], wall_s=record["wall_s"],
-        diverged_at_step=record.get("diverged_at_step"), reason=record.get("reason"),
-        skipped_steps=record.get("skipped_steps", 0), resumed_from_step=record.get("resumed_from_step"),
-    )
-
-
-def run_jobs(
-    jobs: Sequence[RunJob],
-    devices: Sequence[str],
-    *,
-    source: Any = None,
-    on_step: JobStepHook | None = None,
-    show_progress: bool = True,
-    log_dir: Path | None = None,
-) -> dict[str, RunResult]:
-    """Train every job that has no done.json; return {label: result} for all jobs (done ones read back).
-
-    One device: sequentially in this process (`source` is built from the first job's spec when not
-    given). Several: one worker subprocess per device, each taking the next job when it is free;
-    `on_step` is not available there. Refuses (RuntimeError, after the other jobs ran) when a
-    worker's job failed with an error.
+    Finished and diverged runs are read back, never trained again; a skipped or failed run is tried again.
     """
-    results: dict[str, RunResult] = {}
-    pending = [job for job in jobs if not run_is_done(job.run_dir)]
-    for job in jobs:
-        if run_is_done(job.run_dir):
-            results[job.label] = _read_result(job.run_dir)
-    if not pending:
-        return results
-    with RichProgress(len(pending), enabled=show_progress) as progress:
-        if len(devices) <= 1:
-            source = source if source is not None else make_data_source(pending[0].spec)
-            for job in pending:
-                hook: StepHook | None = (lambda step, job=job: on_step(job, step)) if on_step else None
-                result = train_run(job, source, devices[0] if devices else "cpu", progress=progress, on_step=hook)
-                results[job.label] = result
-                progress.run_done(job.label, _describe(result))
-        else:
-            if on_step is not None:
-                raise ValueError("on_step hooks run only in the sequential runner (one device)")
-            results.update(_run_parallel(pending, devices, progress, log_dir or Path(pending[0].run_dir).parents[2] / "logs"))
-    return results
-
-
-def _describe(result: RunResult) -> str:
-    if result.status == "skipped":
-        return f"skipped: {result.reason}"
-    if result.status == "diverged":
-        return f"diverged at step {result.diverged_at_step} ({result.reason})"
-    return f"{result.status}, {result.steps} steps in {result.wall_s:.1f} s"
-
-
-def _run_parallel(jobs: Sequence[RunJob], devices: Sequence[str], progress: RichProgress, log_dir: Path) -> dict[str, RunResult]:
-    """Dispatch jobs to one worker subprocess per device (mxlab.experiment.worker); collect results."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    queue = deque(jobs)
-    for job in jobs:
-        io.write_torch(Path(job.run_dir) / "job.pt", job)
-    selector = selectors.DefaultSelector()
-    workers: list[subprocess.Popen] = []
-    busy: dict[int, RunJob] = {}
-    results: dict[str, RunResult] = {}
-    failures: list[str] = []
-    for index, device in enumerate(devices):
-        with open(log_dir / f"worker{index}-{device.replace(':', '')}.log", "a") as log:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "mxlab.experiment.worker", "--device", device],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1,
-            )
-        workers.append(worker)
-        selector.register(worker.stdout, selectors.EVENT_READ, index)
-
-    def dispatch(index: int) -> None:
-        if queue:
-            job = queue.popleft()
-            busy[index] = job
-            workers[index].stdin.write(str(Path(job.run_dir) / "job.pt") + "\n")
-            workers[index].stdin.flush()
-            progress.log(f"{job.label}: started on {devices[index]}")
-
-    try:
-        for index in range(len(workers)):
-            dispatch(index)
-        while busy:
-            for key, _ in selector.select():
-                index = key.data
-                line = key.fileobj.readline()
-                if line and not line.startswith(ANSWER_TAG):
-                    continue  # not an answer (the worker sends everything else to its log)
-                job = busy.pop(index, None)
-                if not line:  # the worker exited
-                    selector.unregister(key.fileobj)
-                    if job is not None:
-                        failures.append(f"{job.label}: the worker on {devices[index]} exited (log in {log_dir})")
-                    continue
-                if job is None:
-                    continue
-                status, _, message = line[len(ANSWER_TAG):].strip().partition(" ")
-                if status == "ok":
-                    results[job.label] = _read_result(job.run_dir)
-                    progress.run_done(job.label, _describe(results[job.label]))
-                else:
-                    failures.append(f"{job.label}: {message}")
-                    progress.run_done(job.label, f"failed: {message}")
-                dispatch(index)
-    finally:
-        for worker in workers:
-            if worker.poll() is None:
-                worker.stdin.close()
-        for worker in workers:
-            worker.wait()
-        for job in jobs:
-            (Path(job.run_dir) / "job.pt").unlink(missing_ok=True)
-    if queue:
-        failures.append(f"{len(queue)} runs not started: every worker exited")
-    if failures:
-        raise RuntimeError("some runs failed:\n  " + "\n  ".join(failures))
+    results = {job.label: read_result(job.run_dir) for job in jobs if run_is_done(job.run_dir)}
+    pending = [job for job in jobs if job.label not in results]
+    if pending:
+        with StudyProgress(len(pending), enabled=show_progress) as progress:
+            results.update(executor.run(pending, progress))
     return results
 
 
@@ -405,20 +226,37 @@ def check_out_dir(
         )
     study_path = Path(out_dir) / recorded
     if resume and study_path.exists():
-        recorded = json.loads(study_path.read_text())
-        current = spec.to_dict()
-        changed = [key for key in ("data", "model", "train") if recorded.get(key) != json.loads(io.to_json(current[key]))]
+        recorded_study = json.loads(study_path.read_text())
+        current = json.loads(io.to_json(spec.to_dict()))
+        changed = [
+            f"{key} {_short(old)} (recorded) vs {_short(new)} (now)"
+            for table in ("data", "model", "train")
+            for key, old, new in changed_keys(recorded_study.get(table), current[table], table)
+        ]
         if changed:
-            raise ValueError(
-                f"cannot resume {out_dir}: [{changed[0]}] differs from the study recorded there "
-                f"({recorded.get(changed[0])} vs {current[changed[0]]}); use a fresh --out"
-            )
+            raise ValueError(f"cannot resume {out_dir}: the settings differ from the study recorded there: "
+                             f"{'; '.join(changed)}; use those settings or a fresh --out")
 
 
-def write_study_json(spec: ExperimentSpec, out_dir: Path, devices: Sequence[str], command: str) -> dict[str, Any]:
-    """Write DIR/study.json (resolved spec, command, environment); return what was written."""
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def changed_keys(old: Any, new: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """[(dotted key, old value, new value)] for every leaf where two nested tables differ (a missing key is None)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [change for key in sorted(set(old) | set(new), key=str)
+                for change in changed_keys(old.get(key), new.get(key), f"{prefix}.{key}")]
+    return [] if old == new else [(prefix, old, new)]
+
+
+def write_study_json(spec: ExperimentSpec, out_dir: Path, devices: Sequence[str], command: str,
+                     execution: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write DIR/study.json (resolved spec, command, environment, `execution` as run); return what was written."""
     study = {
         **spec.to_dict(),
+        **({"execution": execution} if execution is not None else {}),
         "command": command,
         "environment": environment_info(devices),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -434,19 +272,38 @@ def run_study(
     device: str = "auto",
     resume: bool = False,
     overrides: Sequence[str] = (),
-    report: bool = True,
     show_progress: bool = True,
-    on_step: JobStepHook | None = None,
+    on_step: Callable[[RunJob, int], None] | None = None,
     devices: Sequence[str] | None = None,
+    executor: str | None = None,
+    ray_address: str | None = None,
+    gpus: int | None = None,
+    nproc_per_node: int = 1,
 ) -> StudyResult:
-    """Run every arm x seed of `spec` into `out_dir` (default reports/NAME), then write the report.
+    """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
 
-    Returns a StudyResult. `devices` overrides the device list resolved from `device` (several
-    entries run one worker per entry). Refuses an existing study folder with runs unless `resume`;
-    with `resume`, finished runs are skipped and interrupted ones continue from their checkpoint.
+    `executor` ('local', 'ray', or 'inline': every run in this process, which `on_step` hooks
+    need) and `ray_address` / `gpus` default to the spec's [execution]; `devices` overrides the
+    device list resolved from `device` and `gpus`; `nproc_per_node` > 1 trains each run
+    data-parallel. Refuses an `out_dir` that is a file, an existing study folder with runs unless
+    `resume`, and on `resume` a study whose data/model/train settings changed (naming the keys).
+    A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
     """
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
-    devices = list(devices) if devices else resolve_devices(device)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {out_dir} is a file, not a folder; choose a folder (it is created if missing)")
+    execution = spec.execution
+    executor = executor or ("inline" if on_step is not None else execution.executor)
+    if on_step is not None and executor != "inline":
+        raise ValueError(f"on_step hooks need executor 'inline' (runs in this process), not {executor!r}")
+    gpus = execution.gpus if gpus is None else gpus
+    ray_address = ray_address if ray_address is not None else execution.ray_address
+    if devices:
+        devices = list(devices)
+    elif executor == "ray" and device == "cuda" and not torch.cuda.is_available():
+        devices = ["cuda"]  # a driver without GPUs, for workers with them
+    else:
+        devices = resolve_devices(device, gpus)
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
@@ -456,25 +313,25 @@ def run_study(
     if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
         source = make_data_source(spec)
         preflight([job for job in jobs if job.label not in done_before], source, devices[0])
+    if executor == "inline":
+        runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
+    else:
+        runner = make_executor(executor, devices, ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
+                               cpus_per_run=execution.cpus_per_run, max_retries=execution.max_retries)
+    options = [] if executor in ("local", "inline") else ["--executor", executor]
+    options += ["--ray-address", ray_address] if executor == "ray" and ray_address else []
+    options += ["--gpus", str(gpus)] if gpus else []
+    options += ["--nproc-per-node", str(nproc_per_node)] if nproc_per_node > 1 else []
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides))
-    results = run_jobs(jobs, devices, source=source if len(devices) <= 1 else None, on_step=on_step,
-                       show_progress=show_progress, log_dir=out_dir / "logs")
-    outcome = StudyResult(
+    write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
+                     {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
+                      "devices": devices, "nproc_per_node": nproc_per_node})
+    results = run_jobs(jobs, runner, show_progress=show_progress)
+    return StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],
         already_done=sorted(done_before),
         diverged=[label for label, result in results.items() if result.status == "diverged"],
         backend_skipped=[label for label, result in results.items() if result.status == "skipped"],
+        failed={label: result.reason or "" for label, result in results.items() if result.status == "failed"},
     )
-    if report:
-        from mxlab.report import write_report
-
-        try:
-            outcome.report_paths = dict(write_report(out_dir))
-        except Exception as error:
-            raise RuntimeError(
-                f"every run is finished and saved under {out_dir / 'runs'}, but writing the report failed: "
-                f"{type(error).__name__}: {error}. Re-render it with `mxlab report {out_dir}`."
-            ) from error
-    return outcome

@@ -20,7 +20,8 @@ else:  # pragma: no cover - exercised on 3.10 only
 DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 PRECISIONS = ("bf16", "fp32")
-TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report")
+TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution")
+EXECUTORS = ("local", "ray")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
 
 
@@ -54,6 +55,23 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class ExecutionConfig:
+    """The [execution] table: where the runs run (docs/running.md); it does not change any result.
+
+    `executor`: "local" (each run in its own worker process on this machine, one per GPU) or "ray"
+    (each run a Ray task). `gpus`: how many GPUs to use, 0 = every visible one. `ray_address`: ""
+    starts a local Ray, else ray.init(address=...) (e.g. "auto"). `cpus_per_run`: a Ray task's
+    num_cpus on CPU. `max_retries`: how often Ray retries a run whose worker died.
+    """
+
+    executor: str = "local"
+    gpus: int = 0
+    ray_address: str = ""
+    cpus_per_run: int = 1
+    max_retries: int = 3
+
+
+@dataclass(frozen=True)
 class ExperimentSpec:
     """A validated experiment: arms x seeds over one data source and one model shape.
 
@@ -69,6 +87,7 @@ class ExperimentSpec:
     train: TrainConfig = field(default_factory=TrainConfig)
     report: Any = None  # mxlab.analysis.ReportSettings: the [report] thresholds, validated by the analysis
     description: str = ""
+    execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     recipe_paths: dict[str, Path] = field(default_factory=dict)
     spec_path: Path | None = None
 
@@ -84,6 +103,7 @@ class ExperimentSpec:
             "model": copy.deepcopy(self.model),
             "train": dataclasses.asdict(self.train),
             "report": dataclasses.asdict(self.report) if self.report is not None else {},
+            "execution": dataclasses.asdict(self.execution),
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
         }
@@ -141,6 +161,12 @@ def _build_table(cls: type, table: Mapping[str, Any], where: str) -> Any:
 
 
 def _check_ranges(config: Any, where: str) -> None:
+    if isinstance(config, ExecutionConfig):
+        if config.executor not in EXECUTORS:
+            raise ValueError(f"{where}.executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
+        for key, low in (("gpus", 0), ("cpus_per_run", 1), ("max_retries", 0)):
+            if getattr(config, key) < low:
+                raise ValueError(f"{where}.{key} must be >= {low}, got {getattr(config, key)}")
     if isinstance(config, TrainConfig):
         for key in ("batch_size", "eval_batch_size", "epochs", "log_every"):
             if getattr(config, key) < 1:
@@ -346,6 +372,7 @@ def spec_from_dict(
     model = _validate_model(raw["model"])
     train = _build_table(TrainConfig, raw.get("train", {}), "train")
     report = report_settings(raw.get("report", {}))
+    execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
 
     if check_recipes:
         for arm, path in recipe_paths.items():
@@ -361,6 +388,7 @@ def spec_from_dict(
         train=train,
         report=report,
         description=description,
+        execution=execution,
         recipe_paths=recipe_paths,
         spec_path=Path(spec_path).resolve() if spec_path else None,
     )

@@ -49,13 +49,15 @@ def train_step(
     device: torch.device,
     precision: str,
     sampling: ContextManager[Any] | None = None,
+    loss_weight: float = 1.0,
 ) -> torch.Tensor:
     """One step: zero the gradients, forward under `autocast(device, precision)`, `loss_fn`, the
     scaled backward, `scaler.step_on_device(optimizer)` (with a fused optimizer
     the skip of a non-finite step is decided on the device too).
 
     Returns the detached float32 tensor [loss, loss_ctr, loss_ctcvr] on the device; reads nothing
-    back to the host itself. `sampling` (a diagnostics context) wraps forward and backward.
+    back to the host itself. `sampling` (a diagnostics context) wraps forward and backward;
+    `loss_weight` multiplies the loss that is backpropagated (a data-parallel rank's share of the batch).
     Refuses an unknown precision (ValueError).
     """
     optimizer.zero_grad(set_to_none=True)
@@ -63,7 +65,7 @@ def train_step(
         with autocast(device, precision):
             output = model(batch)
         losses = loss_fn(output, batch)
-        scaler.scale(losses["loss"]).backward()
+        scaler.scale(losses["loss"] * loss_weight if loss_weight != 1.0 else losses["loss"]).backward()
     scaler.step_on_device(optimizer)
     return torch.stack([losses["loss"], losses["ctr"], losses["ctcvr"]]).detach().float()
 

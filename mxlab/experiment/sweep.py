@@ -17,9 +17,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from mxlab import io
-from mxlab.experiment.runner import check_out_dir, make_data_source, resolve_devices, run_jobs
+from mxlab.experiment.executors import InlineExecutor, LocalExecutor
+from mxlab.experiment.runner import check_out_dir, resolve_devices, run_jobs
 from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe_path
 from mxlab.experiment.train import RunJob, build_run_model, estimated_total_steps
+from mxlab.experiment.worker import make_data_source
 
 SWEEP_TASKS = ("ctr", "cvr", "ctcvr")
 DEFAULT_SWEEP_STEPS = 200
@@ -205,7 +207,8 @@ def sweep_layers(
     devices = resolve_devices(device)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     io.write_json(sweep_dir / "sweep_spec.json", {**sweep_spec.to_dict(), "sweep_recipe": recipe_source, "modules": modules})
-    run_jobs(jobs, devices, source=source if len(devices) <= 1 else None, show_progress=show_progress, log_dir=sweep_dir / "logs")
+    executor = InlineExecutor(devices[0], source=source) if len(devices) <= 1 else LocalExecutor(devices)  # short runs: inline on one device
+    run_jobs(jobs, executor, show_progress=show_progress)
 
     def per_seed(arm: str) -> list[dict[str, float] | None]:
         return [_run_deltas(runs_root / arm / f"seed{seed}", runs_root / spec.baseline / f"seed{seed}") for seed in seeds]

@@ -18,11 +18,12 @@ import numpy as np
 import torch
 
 from mxlab import io
+from mxlab.experiment.checkpoint import CHECKPOINT, load_checkpoint, restore_rng, rng_state, save_checkpoint as write_checkpoint
+from mxlab.experiment.distributed import World
 from mxlab.experiment.evaluate import evaluate_model
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
 
-CHECKPOINT = "checkpoint.pt"
 DONE = "done.json"
 METRICS = "metrics.jsonl"
 NUMERICS = "numerics.jsonl"
@@ -75,7 +76,7 @@ class RunJob:
 class RunResult:
     """The outcome recorded in done.json."""
 
-    status: str  # finished | diverged | skipped (its backend cannot run here; `reason` says why)
+    status: str  # finished | diverged | skipped (its backend cannot run here) | failed (crashed); `reason` says why
     steps: int
     wall_s: float
     diverged_at_step: int | None = None
@@ -96,13 +97,13 @@ class RunResult:
 
 
 def run_is_done(run_dir: Path) -> bool:
-    """True when `run_dir` holds a done.json of a finished or diverged run (a skipped run is tried again)."""
+    """True when `run_dir` holds a done.json of a finished or diverged run (a skipped or failed run is tried again)."""
     path = Path(run_dir) / DONE
     if not path.is_file():
         return False
     import json
 
-    return json.loads(path.read_text()).get("status") != "skipped"
+    return json.loads(path.read_text()).get("status") not in ("skipped", "failed")
 
 
 def make_optimizer(train: TrainConfig, parameters: Any) -> torch.optim.Optimizer:
@@ -145,21 +146,6 @@ def estimated_total_steps(train: TrainConfig, n_train: int) -> int:
     """Steps the run will take: epochs x ceil(n_train / batch_size), capped by max_steps when set."""
     total = train.epochs * max(1, math.ceil(n_train / train.batch_size))
     return min(total, train.max_steps) if train.max_steps else total
-
-
-def _rng_state() -> dict[str, Any]:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def _rounding_state(model: torch.nn.Module) -> dict[str, int]:
@@ -234,6 +220,7 @@ def train_run(
     *,
     progress: RunProgress | None = None,
     on_step: StepHook | None = None,
+    world: World | None = None,
 ) -> RunResult:
     """Train and evaluate one arm x seed, writing its run folder; continue from its checkpoint if there is one.
 
@@ -247,6 +234,8 @@ def train_run(
     the run with its files as they were at the last checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
     A recipe that Transformer Engine cannot run on `device` (mxlab.recipe.backends.te) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
+    In a data-parallel group (`world`, mxlab.experiment.distributed) each rank trains on its shard
+    of every batch and only rank 0 writes the run folder.
     """
     from mxlab.models import esmm_loss
     from mxlab.recipe.loss_scaling import make_loss_scaler
@@ -255,6 +244,7 @@ def train_run(
     if run_is_done(run_dir):
         raise ValueError(f"{run_dir} already has {DONE}; remove it to run {job.label} again")
     progress = progress or SilentProgress()
+    world = world or World()
     train = job.spec.train
     device = torch.device(device)
     from mxlab.recipe.backends.te import recipe_unavailable_reason
@@ -262,16 +252,19 @@ def train_run(
     skip_reason = recipe_unavailable_reason(job.recipe, device)
     if skip_reason is not None:  # the arm's backend (Transformer Engine) cannot run here: record why, train nothing
         result = RunResult(status="skipped", steps=0, wall_s=0.0, reason=skip_reason)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        io.write_json(run_dir / DONE, result.to_dict())
+        if world.writes:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            io.write_json(run_dir / DONE, result.to_dict())
         progress.finish("skipped")
         return result
 
-    (run_dir / DONE).unlink(missing_ok=True)  # a "skipped" record of an earlier attempt; this one runs
+    if world.writes:
+        (run_dir / DONE).unlink(missing_ok=True)  # a "skipped" or "failed" record of an earlier attempt; this one runs
     if device.type == "cpu" and train.cpu_threads:
         torch.set_num_threads(train.cpu_threads)
     model, plan = build_run_model(job, source.info)
     model.to(device)
+    trained = world.wrap(model)
     optimizer = make_optimizer(train, model.parameters())
     scaler = make_loss_scaler(job.recipe.loss_scaling, model)
     monitor = None
@@ -290,11 +283,13 @@ def train_run(
         "model": job.spec.model,
         "train": job.spec.to_dict()["train"],
         "study": job.spec.name,
+        "world_size": world.size,
         **job.extra_config,
     }
-    io.write_json(run_dir / "config.json", config)
-    io.write_json(run_dir / "plan.json", _plan_dict(plan))
-    io.write_text(run_dir / "plan.txt", _plan_text(plan) + "\n")
+    if world.writes:
+        io.write_json(run_dir / "config.json", config)
+        io.write_json(run_dir / "plan.json", _plan_dict(plan))
+        io.write_text(run_dir / "plan.txt", _plan_text(plan) + "\n")
 
     step, epoch, batches_in_epoch = 0, 0, 0
     nonfinite_streak, elapsed_before = 0, 0.0
@@ -304,7 +299,7 @@ def train_run(
     resumed_from: int | None = None
     checkpoint_path = run_dir / CHECKPOINT
     if checkpoint_path.exists():
-        checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+        checkpoint = load_checkpoint(checkpoint_path)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
@@ -313,24 +308,28 @@ def train_run(
         interval.load(checkpoint["interval"])
         metrics = [record for record in io.read_jsonl(run_dir / METRICS) if record["step"] <= step]
         numerics = [record for record in io.read_jsonl(run_dir / NUMERICS) if record["step"] <= step]
-        _set_rng_state(checkpoint["rng"])
+        restore_rng(checkpoint["rng"])
         _load_rounding_state(model, checkpoint["rounding"])
         resumed_from = step
 
     def save_logs() -> None:
+        if not world.writes:
+            return
         io.write_jsonl(run_dir / METRICS, metrics)
         if monitor is not None:
             io.write_jsonl(run_dir / NUMERICS, numerics)
 
     def save_checkpoint() -> None:
         save_logs()  # logs first: a crash in between leaves logs ahead of the checkpoint, trimmed on resume
-        io.write_torch(
+        if not world.writes:
+            return
+        write_checkpoint(
             checkpoint_path,
             {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
                 "scaler": scaler.state_dict(),
-                "rng": _rng_state(),
+                "rng": rng_state(),
                 "step": step,
                 "epoch": epoch,
                 "batches_in_epoch": batches_in_epoch,
@@ -385,15 +384,18 @@ def train_run(
                 next(batches)
             tick = time.perf_counter()
             for batch in batches:
+                rows = int(batch.click.shape[0])
+                batch, weight = world.shard(batch)
                 batch = batch.to(device)
                 sampling = monitor.sampling(step + 1) if monitor is not None else None
-                losses = train_step(model, batch, optimizer, scaler, esmm_loss, device=device, precision=train.precision,
-                                    sampling=sampling)
+                losses = train_step(trained, batch, optimizer, scaler, esmm_loss, device=device, precision=train.precision,
+                                    sampling=sampling, loss_weight=weight)
+                losses = world.mean_on_device(losses, weight)
                 step += 1
                 batches_in_epoch += 1
                 if monitor is not None:
                     numerics.extend(monitor.drain())
-                pending.append(PendingStep.after(step, epoch, losses, scaler, int(batch.click.shape[0]), time.perf_counter() - tick))
+                pending.append(PendingStep.after(step, epoch, losses, scaler, rows, time.perf_counter() - tick))
                 at_end = bool(train.max_steps and step >= train.max_steps)
                 checkpoint_due = bool(train.checkpoint_every and step % train.checkpoint_every == 0)
                 if step % train.log_every == 0 or checkpoint_due or at_end:
@@ -416,7 +418,7 @@ def train_run(
             closing = last_read or read_pending([PendingStep.after(step, min(epoch, train.epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
             metrics.append(interval.record(closing, elapsed_before + (time.perf_counter() - started)))
             interval = _LogInterval()
-        if status == "finished":
+        if status == "finished" and world.writes:
             save_checkpoint()
             with autocast(device, train.precision):
                 arrays = evaluate_model(model, source, train.eval_batch_size, device)
@@ -432,7 +434,8 @@ def train_run(
             skipped_steps=last_read.skipped if diverged_at is not None and last_read else int(getattr(scaler, "skipped_steps", 0)),
             resumed_from_step=resumed_from,
         )
-        io.write_json(run_dir / DONE, result.to_dict())
+        if world.writes:
+            io.write_json(run_dir / DONE, result.to_dict())
     finally:
         progress.finish(status if run_is_done(run_dir) else "interrupted")
     return result

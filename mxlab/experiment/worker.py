@@ -1,57 +1,152 @@
-"""A runner worker bound to one device: reads job-file paths on stdin, trains each, answers one line per job.
+"""One run (arm, seed) where an executor places it: its data source, its device, its record of a crash.
 
-Started by mxlab.experiment.runner for parallel runs (one per GPU); not a user command.
-Answers `mxlab-worker: ok PATH` or `mxlab-worker: error MESSAGE` on stdout; everything else goes to stderr.
+`run_job` trains one job in the calling process (a local worker process, a Ray task, or a rank of
+a data-parallel group). `process_main` is the entry of a local worker process: it runs one job
+and answers on a pipe; a crash is recorded in the run's done.json (status "failed") so the study
+goes on and `--resume` tries that run again. Progress goes to the run folder's progress.json
+(written atomically), which the driver shows as one live line per run.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
+import socket
+import time
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
 
-ANSWER_TAG = "mxlab-worker:"
+from mxlab import io
+from mxlab.experiment.distributed import World
+from mxlab.experiment.spec import ExperimentSpec
+from mxlab.experiment.train import DONE, RunJob, RunResult, run_is_done, train_run
+
+PROGRESS = "progress.json"
+_SOURCES: dict[str, Any] = {}
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve jobs until stdin closes; returns the process exit code (0)."""
-    from mxlab.experiment.runner import make_data_source
-    from mxlab.experiment.train import train_run
+# What a run imports on its way (the optimizer alone pulls in torch._dynamo, seconds of imports); a
+# name that does not exist is skipped by the fork server.
+PRELOAD = ("torch._dynamo", "triton", "mxlab.experiment.worker", "mxlab.models", "mxlab.recipe", "mxlab.data",
+           "mxlab.nn", "mxlab.scaling", "mxlab.diagnostics", "mxlab.te_backend", "mxlab.metrics")
 
-    parser = argparse.ArgumentParser(prog="python -m mxlab.experiment.worker")
-    parser.add_argument("--device", required=True)
-    args = parser.parse_args(argv)
-    # Answers go to the original stdout; everything else that writes to stdout (libraries, C code)
-    # lands in stderr, the worker's log, so it cannot be mistaken for an answer.
-    protocol = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    if args.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(args.device))
-    sources: dict[str, Any] = {}
-    for line in sys.stdin:
-        job_path = line.strip()
-        if not job_path:
-            continue
+
+def preload_worker_modules() -> None:
+    """Have the fork server that starts worker processes import torch and mxlab's training modules once."""
+    import multiprocessing
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
+
+
+def max_history_of(model_config: dict[str, Any]) -> int:
+    """The model's max_history (its own default when the spec leaves it out)."""
+    if "max_history" in model_config:
+        return int(model_config["max_history"])
+    import mxlab.models as models
+
+    default = getattr(models, "DEFAULT_MAX_HISTORY", None)
+    if default is None:
+        raise ValueError("[model] needs max_history (the longest user history the model attends over)")
+    return int(default)
+
+
+def make_data_source(spec: ExperimentSpec) -> Any:
+    """The spec's data source (mxlab.data.make_source with the model's max_history)."""
+    from mxlab.data import make_source
+
+    return make_source(dict(spec.data), max_history_of(spec.model))
+
+
+def cached_source(spec: ExperimentSpec) -> Any:
+    """The spec's data source, built once per process for the same [data] and [model]."""
+    key = json.dumps([spec.data, spec.model], sort_keys=True, default=str)
+    if key not in _SOURCES:
+        _SOURCES.clear()
+        _SOURCES[key] = make_data_source(spec)
+    return _SOURCES[key]
+
+
+def read_result(run_dir: Path) -> RunResult:
+    """The RunResult recorded in `run_dir/done.json`."""
+    record = json.loads((Path(run_dir) / DONE).read_text())
+    return RunResult(
+        status=record["status"], steps=record["steps"], wall_s=record["wall_s"],
+        diverged_at_step=record.get("diverged_at_step"), reason=record.get("reason"),
+        skipped_steps=record.get("skipped_steps", 0), resumed_from_step=record.get("resumed_from_step"),
+    )
+
+
+def record_failure(run_dir: Path, reason: str) -> RunResult:
+    """Write done.json with status "failed" and `reason`; returns that record (a later --resume runs it again)."""
+    result = RunResult(status="failed", steps=0, wall_s=0.0, reason=reason)
+    io.write_json(Path(run_dir) / DONE, result.to_dict())
+    return result
+
+
+class FileProgress:
+    """A RunProgress that writes the run's state (step, loss, speed, process id and host) to RUN/progress.json
+    (atomically, at most every `min_interval_s`) for the driver to show."""
+
+    def __init__(self, run_dir: Path, min_interval_s: float = 0.5) -> None:
+        self.path = Path(run_dir) / PROGRESS
+        self.min_interval_s = min_interval_s
+        self.state: dict[str, Any] = {}
+        self.written = 0.0
+
+    def _write(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.written >= self.min_interval_s:
+            io.write_json(self.path, self.state)
+            self.written = now
+
+    def start(self, label: str, total_steps: int, start_step: int) -> None:
+        self.state = {"label": label, "total": total_steps, "step": start_step, "loss": None, "examples_per_s": None,
+                      "status": "running", "pid": os.getpid(), "host": socket.gethostname()}
+        self._write(force=True)
+
+    def advance(self, step: int, loss: float, examples_per_s: float) -> None:
+        self.state.update(step=step, loss=loss, examples_per_s=examples_per_s)
+        self._write()
+
+    def finish(self, status: str) -> None:
+        self.state["status"] = status
+        self._write(force=True)
+
+
+def describe_error(error: BaseException) -> str:
+    """One line naming the error: 'OutOfMemoryError: CUDA out of memory ...'."""
+    return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def run_job(job: RunJob, device: str, *, world: World | None = None, progress: Any = None) -> RunResult:
+    """Train `job` on `device` in this process (its data source built here) unless it is done; return its record.
+
+    A finished or diverged run is read back, never trained again (a retried Ray task lands here).
+    """
+    if run_is_done(job.run_dir):
+        return read_result(job.run_dir)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    return train_run(job, cached_source(job.spec), device, world=world,
+                     progress=progress if progress is not None else FileProgress(job.run_dir))
+
+
+def process_main(job: RunJob, device: str, connection: Any) -> None:
+    """Entry of a local worker process: run `job`, send ("ok", record) or ("failed", reason) on `connection`.
+
+    An exception (an out-of-memory error included) is recorded in the run's done.json as failed.
+    """
+    try:
+        result = run_job(job, device)
+        connection.send(("ok", result.to_dict()))
+    except Exception as error:  # recorded; the study goes on with the other runs (an interrupt is not recorded)
+        traceback.print_exc()
+        reason = describe_error(error)
         try:
-            job = torch.load(job_path, weights_only=False)
-            key = json.dumps([job.spec.data, job.spec.model], sort_keys=True, default=str)
-            if key not in sources:
-                sources.clear()
-                sources[key] = make_data_source(job.spec)
-            print(f"[{args.device}] {job.label}", file=sys.stderr, flush=True)
-            train_run(job, sources[key], args.device)
-            answer = f"ok {job_path}"
-        except Exception as error:  # reported to the runner, which goes on with the other jobs
-            traceback.print_exc(file=sys.stderr)
-            message = " ".join(f"{type(error).__name__}: {error}".split())
-            answer = f"error {message}"
-        print(f"{ANSWER_TAG} {answer}", file=protocol, flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            record_failure(job.run_dir, reason)
+        finally:
+            connection.send(("failed", reason))
+    finally:
+        connection.close()

@@ -104,7 +104,7 @@ def test_the_loop_reads_losses_every_log_every_steps_and_at_checkpoints(monkeypa
     original = train_module.read_pending
     monkeypatch.setattr(train_module, "read_pending", lambda pending: read_at.append([p.step for p in pending]) or original(pending))
     spec = load_spec(tmp_path / "logic.toml", ['arms=["base"]', 'baseline="base"', "seeds=[0]"])
-    run_study(spec, tmp_path / "out", device="cpu", report=False, show_progress=False)
+    run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
     # 96 examples / 16 = 6 steps per epoch, 2 epochs; log_every 3, checkpoint_every 4; epoch ends at 6 and 12
     assert [steps for steps in read_at if steps] == [[1, 2, 3], [4], [5, 6], [7, 8], [9], [10, 11, 12]]
     metrics = [line for line in (tmp_path / "out/runs/base/seed0/metrics.jsonl").read_text().splitlines()]

@@ -420,13 +420,16 @@ def test_a_study_trains_a_te_arm_and_skips_one_the_gpu_cannot_run_with_the_reaso
     from mxlab.experiment.runner import run_study
 
     spec = load_spec(_te_study_spec(tmp_path, ["bf16", "te-fp8-current", "te-mxfp8"], train_examples=256, eval_examples=2048))
-    run_study(spec, tmp_path / "study", device="cpu", show_progress=False)
+    run_study(spec, tmp_path / "study", device="cpu", executor="inline", show_progress=False)
+    from mxlab.report import write_report
+
+    write_report(tmp_path / "study")
     runs = tmp_path / "study" / "runs"
     assert json.loads((runs / "bf16" / "seed0" / "done.json").read_text())["status"] == "finished"
     te_run = runs / "te-fp8-current" / "seed0"
     assert json.loads((te_run / "done.json").read_text())["status"] == "finished"
     assert "history.blocks.0.attn.qkv" in json.loads((te_run / "plan.json").read_text())["backends"]
-    checkpoint = torch.load(te_run / "checkpoint.pt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(te_run / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert "history.blocks.0.attn.qkv._extra_state" in checkpoint["model"]  # TE's state is saved with the run
     skipped = json.loads((runs / "te-mxfp8" / "seed0" / "done.json").read_text())
     assert skipped["status"] == "skipped" and skipped["reason"].endswith(MXFP8_REFUSAL)

@@ -1,7 +1,8 @@
 """The bodies of `mxlab run`, `mxlab report`, `mxlab compare` and `mxlab sweep-layers`.
 
-Each returns the process exit code: 0 on success, 2 on bad input (the message names the value
-and the accepted ones), 1 when a run failed.
+`run` runs the study (mxlab.experiment) and then builds its report (mxlab.report). Each returns
+the process exit code: 0 on success, 2 on bad input (the message names the value and the
+accepted ones), 1 when a run failed.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _guarded(body: Callable[[], int], interrupted_hint: str = "") -> int:
     except KeyboardInterrupt:
         typer.secho(f"interrupted. {interrupted_hint}".rstrip(), err=True, fg=typer.colors.YELLOW)
         return 130
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, NotADirectoryError, FileExistsError) as error:
         return _fail(str(error))
     except RuntimeError as error:
         return _fail(str(error), EXIT_FAILED)
@@ -55,24 +56,57 @@ def parse_seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
-def run(spec_path: Path, *, device: str, out: Path | None, resume: bool, overrides: Sequence[str]) -> int:
+def write_study_report(out_dir: Path) -> dict[str, Path]:
+    """Build the report of a study whose runs are saved; returns its files. Refuses (RuntimeError) a failed build."""
+    from mxlab.report import write_report
+
+    try:
+        return dict(write_report(out_dir))
+    except Exception as error:
+        raise RuntimeError(
+            f"the runs are saved under {out_dir / 'runs'}, but writing the report failed: "
+            f"{type(error).__name__}: {error}. Re-render it with `mxlab report {out_dir}`."
+        ) from error
+
+
+def run(
+    spec_path: Path,
+    *,
+    device: str,
+    out: Path | None,
+    resume: bool,
+    overrides: Sequence[str],
+    executor: str | None = None,
+    ray_address: str | None = None,
+    gpus: int | None = None,
+    nproc_per_node: int = 1,
+) -> int:
     """`mxlab run`: load and validate the spec, run the study, render the report, print where it is."""
 
     def body() -> int:
         from mxlab.experiment.runner import run_study
         from mxlab.experiment.spec import load_spec
 
+        from mxlab.experiment.spec import EXECUTORS
+
+        if executor is not None and executor not in EXECUTORS:
+            raise ValueError(f"unknown executor {executor!r}; accepted: {', '.join(EXECUTORS)}")
         spec = load_spec(spec_path, overrides)
-        result = run_study(spec, out, device=device, resume=resume, overrides=overrides)
+        result = run_study(spec, out, device=device, resume=resume, overrides=overrides, executor=executor,
+                           ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node)
         typer.echo(
             f"study {spec.name}: {len(result.trained)} runs trained, {len(result.already_done)} already done"
             + (f", diverged: {', '.join(result.diverged)}" if result.diverged else "")
             + (f", skipped (backend unavailable): {', '.join(result.backend_skipped)}" if result.backend_skipped else "")
         )
         typer.echo(f"runs in {result.out_dir / 'runs'}")
-        if result.report_paths:
-            typer.echo("report:")
-            _print_report_paths(result.report_paths)
+        if result.failed:
+            for label, reason in result.failed.items():
+                typer.secho(f"failed: {label}: {reason}", err=True, fg=typer.colors.RED)
+            raise RuntimeError(f"{len(result.failed)} runs failed (recorded in their done.json); "
+                               f"fix the cause and run again with --resume to retry them")
+        typer.echo("report:")
+        _print_report_paths(write_study_report(result.out_dir))
         return 0
 
     hint = f"Finished runs are kept; continue with: mxlab run {spec_path} --resume" + (f" --out {out}" if out else "")

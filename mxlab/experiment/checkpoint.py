@@ -1,0 +1,68 @@
+"""Run checkpoints that hold tensors and plain data only, loaded with `torch.load(weights_only=True)`.
+
+A study folder on a shared filesystem is not a way in: a checkpoint that carries any pickled
+object (a class instance, a function) is refused on load instead of running its code. What a
+checkpoint holds beyond tensors (RNG states, counters, data positions) is stored as tensors,
+numbers, strings, lists and dicts.
+"""
+from __future__ import annotations
+
+import pickle
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mxlab import io
+
+CHECKPOINT = "checkpoint.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG state of this process (torch, CUDA if in use, numpy, Python) as tensors and plain data."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back the RNG states saved by `rng_state`."""
+    torch.set_rng_state(state["torch"])
+    saved = state["numpy"]
+    np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["position"],
+                         saved["has_gauss"], saved["cached_gaussian"]))
+    python = state["python"]
+    random.setstate((python["version"], tuple(int(value) for value in python["internal"].tolist()), python["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """Write `state` (tensors, numbers, strings, lists, dicts) to `path` atomically."""
+    io.write_torch(path, state)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint at `path`, read with weights_only=True (on the CPU).
+
+    Refuses (ValueError naming the file) a checkpoint that holds anything but tensors and plain
+    data: loading it would run pickled code.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(
+            f"refusing to load {path}: it holds objects other than tensors and plain data ({first}); "
+            f"checkpoints are read with torch.load(weights_only=True). Delete it to restart that run from step 0"
+        ) from None

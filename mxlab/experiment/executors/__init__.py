@@ -1,0 +1,30 @@
+"""Where the runs of a study run: `local` (worker processes on this machine) or `ray` (Ray tasks).
+
+An executor has one method, `run(jobs, progress) -> {label: RunResult}`: it trains every job
+given (the runner passes only runs without a finished record), records a crashed run as failed
+in its done.json, and goes on with the others. `make_executor` builds one from its name.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from mxlab.experiment.executors.local import InlineExecutor, LocalExecutor
+from mxlab.experiment.executors.progress import StudyProgress
+from mxlab.experiment.executors.ray_tasks import RayExecutor
+from mxlab.experiment.spec import EXECUTORS
+
+__all__ = ["EXECUTORS", "InlineExecutor", "LocalExecutor", "RayExecutor", "StudyProgress", "make_executor"]
+
+
+def make_executor(name: str, devices: Sequence[str], *, ray_address: str | None = None, gpus: int = 0,
+                  nproc_per_node: int = 1, cpus_per_run: int = 1, max_retries: int = 3) -> Any:
+    """The executor `name` ('local' or 'ray') for `devices`; refuses another name and DDP on Ray."""
+    if name == "local":
+        return LocalExecutor(devices, nproc_per_node=nproc_per_node)
+    if name == "ray":
+        if nproc_per_node > 1:
+            raise ValueError("--nproc-per-node runs on the local executor only; use --executor local (or torchrun)")
+        on_gpu = any(device.startswith("cuda") for device in devices)
+        return RayExecutor(address=ray_address, gpus=(gpus or len(devices)) if on_gpu else 0,
+                           cpus_per_run=cpus_per_run, max_retries=max_retries)
+    raise ValueError(f"unknown executor {name!r}; accepted: {', '.join(EXECUTORS)}")
