@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from mxlab import io
+from mxlab.experiment.provenance import code_commit
 from mxlab.experiment.spec import ExperimentSpec
 from mxlab.experiment.worker import ANSWER_TAG
 from mxlab.experiment.train import RunJob, RunResult, StepHook, run_is_done, train_run
@@ -122,7 +123,7 @@ def environment_info(devices: Sequence[str]) -> dict[str, Any]:
         "mxlab": mxlab.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "git": _git_commit(),
+        "git": code_commit(),
     }
 
 

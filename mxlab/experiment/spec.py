@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mxlab.experiment.report_settings import ReportSettings
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
@@ -67,7 +69,7 @@ class ExperimentSpec:
     data: dict[str, Any]
     model: dict[str, Any]
     train: TrainConfig = field(default_factory=TrainConfig)
-    report: Any = None  # mxlab.analysis.ReportSettings: the [report] thresholds, validated by the analysis
+    report: ReportSettings = field(default_factory=ReportSettings)  # the [report] table
     description: str = ""
     recipe_paths: dict[str, Path] = field(default_factory=dict)
     spec_path: Path | None = None
@@ -83,7 +85,7 @@ class ExperimentSpec:
             "data": copy.deepcopy(self.data),
             "model": copy.deepcopy(self.model),
             "train": dataclasses.asdict(self.train),
-            "report": dataclasses.asdict(self.report) if self.report is not None else {},
+            "report": self.report.to_dict(),
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
         }
@@ -248,14 +250,12 @@ def _find_validator(module_name: str, names: Sequence[str]) -> Any:
     return None
 
 
-def report_settings(table: Any) -> Any:
-    """The [report] table as mxlab.analysis.ReportSettings (thresholds and uncertainty settings).
+def report_settings(table: Any) -> ReportSettings:
+    """The [report] table as ReportSettings (primary metrics, margins, correction).
 
-    The analysis owns these keys; refuses what ReportSettings.from_dict refuses (unknown key,
-    wrong type, out of range), naming the [report] table.
+    Refuses what ReportSettings.from_dict refuses (unknown key or metric, wrong type, negative
+    margin), naming the [report] table.
     """
-    from mxlab.analysis import ReportSettings
-
     if not isinstance(table, Mapping):
         raise ValueError(f"[report] must be a table, got {table!r}")
     try:
