@@ -70,6 +70,7 @@ class Detectable:
     effect: float  # nan when the study cannot estimate its seed variance
     margin: float
     seeds_needed: int | None  # seeds for effect <= margin (None: more than MAX_SEEDS_ADVISED, or unknown)
+    effect_at_min_seeds: float = math.nan  # the detectable effect with MIN_PAIRED_SEEDS seeds
 
 
 @dataclass
@@ -238,7 +239,8 @@ def detectable_effects(analysis_deltas: dict[tuple[str, str], SeedDeltas], setti
             return detectable_effect(math.sqrt(seed_var / n + shared), n - 1, alpha, settings.power)
 
         needed = next((n for n in range(MIN_PAIRED_SEEDS, MAX_SEEDS_ADVISED + 1) if effect(n) <= margin), None)
-        out.append(Detectable(metric, k, effect(k) if k >= 2 else math.nan, margin, needed))
+        out.append(Detectable(metric, k, effect(k) if k >= MIN_PAIRED_SEEDS else math.nan, margin, needed,
+                              effect(MIN_PAIRED_SEEDS)))
     return out
 
 

@@ -94,8 +94,11 @@ def _warnings(analysis: StudyAnalysis) -> list[str]:
     out = list(analysis.inputs.notes)
     for d in analysis.detectable:
         if d.n_seeds < MIN_PAIRED_SEEDS:
-            need = f"; at this study's variance a regression of the margin's size needs {d.seeds_needed} seeds" \
-                if d.seeds_needed else ""
+            need = (f"; at this study's variance a regression of the margin's size needs {d.seeds_needed} seeds"
+                    if d.seeds_needed else
+                    f"; at this study's variance 3 seeds would detect {format_value(d.metric, d.effect_at_min_seeds, False)}, "
+                    f"and a regression of the margin's size needs more than 64 seeds or a larger eval set"
+                    if math.isfinite(d.effect_at_min_seeds) else "")
             out.append(f"**Too few seeds for a verdict on {d.metric}**: {d.n_seeds} paired seed(s), every verdict needs "
                        f"{MIN_PAIRED_SEEDS}{need}.")
         elif math.isfinite(d.effect) and d.effect > d.margin:
@@ -131,11 +134,13 @@ def _ship_table(analysis: StudyAnalysis) -> list[Block]:
         words = {analysis.comparison(arm, m).verdict for m in primary if analysis.comparison(arm, m)}
         classes.append("regression" if "regression" in words else "improvement" if words == {"improvement"} else "")
     rows.append(["smallest detectable regression", "-"] + [
-        (format_value(d.metric, d.effect, False) + f" at {d.n_seeds} seeds" if math.isfinite(d.effect) else "n/a")
+        (format_value(d.metric, d.effect, False) + f" at {d.n_seeds} seeds" if math.isfinite(d.effect)
+         else f"none at {d.n_seeds} seed(s)")
         + (f"; margin needs {d.seeds_needed} seeds" if d.seeds_needed and (not math.isfinite(d.effect) or d.effect > d.margin)
            else "") for d in analysis.detectable])
     classes.append("")
-    family = (f"Holm over the {analysis.family_size} arm x primary-metric hypotheses with {MIN_PAIRED_SEEDS}+ seeds, "
+    family = ("no hypothesis has 3 paired seeds, so none is judged" if analysis.family_size == 0 else
+              f"Holm over the {analysis.family_size} arm x primary-metric hypotheses with {MIN_PAIRED_SEEDS}+ seeds, "
               f"family-wise {s.confidence:.0%}" if s.correction == "holm" else
               f"{s.correction} correction over {analysis.family_size} hypotheses, family-wise {s.confidence:.0%}")
     return [Heading("Ship table", 2), Table(header, rows, classes), Paragraph(
@@ -364,6 +369,11 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
         diverged = {(r.arm, r.seed): r.diverged_at_step for r in study.runs.values() if r.status == "diverged"}
         training = add_figure("training.png", lambda p: figures.training_curves(p, logs, study.arms, diverged))
         blocks.append(Figure(training, "Training loss and loss scale per run (one colour per arm, one line per seed)"))
+    if not study.has_runs:  # figures drawn from the runs by the earlier render stay valid: the same runs
+        for name in ("reliability.png", "training.png", "numerics.png"):
+            if (figures_dir / name).is_file():
+                blocks.append(Figure(Path("figures") / name, f"{name[:-4]} (drawn from the run folders by an earlier "
+                                                             "render; the runs are not here to redraw it)"))
     blocks += [Heading("Details", 2), _secondary(analysis), _controls(analysis), _per_seed(analysis),
                _absolute_metrics(analysis), Details("Runs", [_runs_table(analysis, logs)])]
     delong = _delong(analysis)
@@ -381,7 +391,7 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
                                      "(no plan.txt)"))]) for arm in study.arms]
     blocks += [Details("Recipes: the plan of each arm", plans), _method(analysis)] + _environment(analysis)
 
-    kept = {"forest.png", "training.png", "numerics.png"} if not study.has_runs else set()
+    kept = {"reliability.png", "training.png", "numerics.png"} if not study.has_runs else set()
     for name in FIGURE_NAMES:  # a figure of an earlier render that this one has no data for would be stale
         if f"figures/{name}" not in written and name not in kept:
             (figures_dir / name).unlink(missing_ok=True)
