@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from mxlab.experiment.report_settings import ReportSettings
+from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -20,6 +20,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
+SOURCES_WITH_TRUTH = ("synthetic",)
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 PRECISIONS = ("bf16", "fp32")
 TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report")
@@ -352,6 +353,10 @@ def spec_from_dict(
     model = _validate_model(raw["model"])
     train = _build_table(TrainConfig, raw.get("train", {}), "train")
     report = report_settings(raw.get("report", {}))
+    needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
+    if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:
+        raise ValueError(f"[report] primary {needs_truth} needs a source with truth ({', '.join(SOURCES_WITH_TRUTH)}); "
+                         f"[data] source is {data['source']!r}")
 
     if check_recipes:
         for arm, path in recipe_paths.items():

@@ -116,3 +116,20 @@ def test_an_earlier_versions_study_folder_without_runs_is_read_from_its_summary(
     old = next(x for x in legacy["comparisons"] if (x["arm"], x["task"], x["metric"]) == ("mxfp4-all", "ctr", "ne_pct"))
     assert c.per_seed == {int(k): v for k, v in old["per_seed"].items()}
     assert c.verdict == "inconclusive"  # 2 paired seeds
+
+
+def test_a_spec_with_a_truth_metric_on_a_source_without_truth_is_refused(tmp_path):
+    from mxlab.experiment.spec import spec_from_dict
+
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "bf16.toml").write_text('name = "bf16"\ndefault = "hp"\n[policies.hp]\nall = "bf16"\n')
+    raw = {"name": "x", "seeds": [0], "baseline": "bf16", "arms": ["bf16"], "data": {"source": "movielens-100k"},
+           "model": {}, "report": {"primary": ["ctr.excess_ne"]}}
+    with pytest.raises(ValueError, match=r"primary \['ctr.excess_ne'\] needs a source with truth \(synthetic\)"):
+        spec_from_dict(raw, recipe_dir=tmp_path / "recipes", check_recipes=False)
+    raw["report"] = {"primary": ["ctr.ndcg"]}
+    with pytest.raises(ValueError, match=r"\[report\]: report setting primary names unknown metric 'ctr.ndcg'; accepted: ctr.ne"):
+        spec_from_dict(raw, recipe_dir=tmp_path / "recipes", check_recipes=False)
+    raw["report"] = {"auc_regression": -0.1}
+    with pytest.raises(ValueError, match=r"auc_regression=-0.1 must be >= 0 \(accepted: a number >= 0\)"):
+        spec_from_dict(raw, recipe_dir=tmp_path / "recipes", check_recipes=False)
