@@ -103,7 +103,7 @@ def _warnings(analysis: StudyAnalysis) -> list[str]:
                        f"{MIN_PAIRED_SEEDS}{need}.")
         elif math.isfinite(d.effect) and d.effect > d.margin:
             need = (f"it would need {d.seeds_needed} seeds" if d.seeds_needed else
-                    "no number of seeds up to 64 gets there at this eval size (the shared eval noise alone is too large)")
+                    "more than 64 seeds, or a larger eval set, would be needed")
             out.append(f"**This study is too small for its margin on {d.metric}**: it detects a regression of "
                        f"{format_value(d.metric, d.effect, False)} with {analysis.settings.power:.0%} power, the margin is "
                        f"{format_value(d.metric, d.margin, False)}; {need}. Non-inferiority at this margin cannot be shown.")
