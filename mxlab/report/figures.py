@@ -42,7 +42,7 @@ def forest_plot(path: Path, comparisons: list[Comparison], controls: list[Compar
     one row per arm (labelled ``row_labels[arm]`` when given) plus the A/A control; the shaded band is
     +- the margin."""
     rows = list(arms) + (["A/A"] if controls else [])
-    figure = _new_figure(3.6 * len(metric_names), 1.2 + 0.34 * len(rows))
+    figure = _new_figure(max(3.6 * len(metric_names), 6.0), 1.5 + 0.34 * len(rows))
     axes = figure.subplots(1, len(metric_names), squeeze=False)[0]
     by_key = {(c.arm, c.metric): c for c in list(comparisons) + list(controls)}
     for j, metric in enumerate(metric_names):
@@ -66,8 +66,8 @@ def forest_plot(path: Path, comparisons: list[Comparison], controls: list[Compar
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.tick_params(axis="x", labelsize=7)
         ax.set_title(f"{metric} delta (worse: {'left' if metric.endswith('.auc') else 'right'})", fontsize=9)
-    figure.suptitle("Delta against the baseline (dot) and the interval its verdict rests on (bar). Red = regression, "
-                    "green = improvement, blue = non-inferior, grey = inconclusive; shaded = within the margin", fontsize=9)
+    figure.suptitle("Delta against the baseline (dot) and the interval its verdict rests on (bar)\nred = regression, "
+                    "green = improvement, blue = non-inferior, grey = inconclusive; shaded = within the margin", fontsize=8)
     figure.savefig(path)
 
 
