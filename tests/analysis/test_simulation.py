@@ -80,3 +80,20 @@ def test_power_on_planted_regressions_matches_the_power_command():
     assert abs(measured - predicted.power) <= margin
     assert measured >= 0.7  # the stated smallest detectable effect is detected most of the time (80% at Bonferroni)
     assert predicted.false_regression_rate <= 0.05 + binomial_margin(0.05, 2000)
+
+
+def test_power_command_prints_rates_and_refuses_bad_options():
+    from mxlab.cli.power import power_main
+
+    lines: list[str] = []
+    status = power_main(None, "3,5", 2, 1.5, None, 0.5, 0.1, 0.5, 1.0, 200, echo=lines.append)
+    assert status == 0
+    rows = [line.split() for line in lines if "±" in line]
+    assert [row[0] for row in rows] == ["3", "5"]
+    assert all(float(row[1]) <= 0.05 + binomial_margin(0.05, 200) for row in rows)
+    assert float(rows[1][4]) > float(rows[0][4])  # more seeds, more power
+    bad: list[str] = []
+    assert power_main(None, "three", None, 0.0, None, 0.5, 0.1, 0.5, 1.0, 100, echo=bad.append) == 2
+    assert "error: invalid literal" in bad[0] or "--seeds" in bad[0]
+    assert power_main(None, "3", None, 0.0, "ctr.nee", 0.5, 0.1, 0.5, 1.0, 100, echo=bad.append) == 2
+    assert "unknown metric 'ctr.nee'; accepted: ctr.ne" in bad[-1]
