@@ -53,12 +53,13 @@ def recipe_command(
 
 
 def _register() -> None:
-    from mxlab.cli import bench, check, data, study
+    from mxlab.cli import bench, check, data, power, study
 
     app.add_typer(bench.app, name="bench")
     app.add_typer(data.app, name="data")
     app.add_typer(check.app, name="check")
     study.register(app)
+    power.register(app)
 
 
 _register()

@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -23,6 +22,7 @@ import torch
 
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
+from mxlab.experiment.provenance import code_commit
 from mxlab.experiment.spec import ExperimentSpec
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
 from mxlab.experiment.worker import make_data_source, read_result
@@ -83,26 +83,6 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_commit() -> dict[str, Any]:
-    """The commit of the mxlab checkout and whether it has uncommitted changes.
-
-    Where the source tree is not a git checkout (a copy shipped to another machine), the
-    environment variable MXLAB_GIT_COMMIT names the commit instead (dirty is then unknown).
-    """
-    root = Path(__file__).resolve().parents[2]
-    shipped_commit = os.environ.get("MXLAB_GIT_COMMIT") or None
-    try:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-        status = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {"commit": shipped_commit, "dirty": None}
-    if commit.returncode != 0:
-        return {"commit": shipped_commit, "dirty": None}
-    return {"commit": commit.stdout.strip(), "dirty": bool(status.stdout.strip())}
-
-
 def environment_info(devices: Sequence[str]) -> dict[str, Any]:
     """Device names, library versions (torch, triton, numpy, mxlab, python) and the git commit of mxlab."""
     from importlib import metadata
@@ -129,7 +109,7 @@ def environment_info(devices: Sequence[str]) -> dict[str, Any]:
         "mxlab": mxlab.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "git": _git_commit(),
+        "git": code_commit(),
     }
 
 

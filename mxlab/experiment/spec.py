@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
+SOURCES_WITH_TRUTH = ("synthetic",)
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 PRECISIONS = ("bf16", "fp32")
 TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution")
@@ -85,7 +88,7 @@ class ExperimentSpec:
     data: dict[str, Any]
     model: dict[str, Any]
     train: TrainConfig = field(default_factory=TrainConfig)
-    report: Any = None  # mxlab.analysis.ReportSettings: the [report] thresholds, validated by the analysis
+    report: ReportSettings = field(default_factory=ReportSettings)  # the [report] table
     description: str = ""
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     recipe_paths: dict[str, Path] = field(default_factory=dict)
@@ -102,7 +105,7 @@ class ExperimentSpec:
             "data": copy.deepcopy(self.data),
             "model": copy.deepcopy(self.model),
             "train": dataclasses.asdict(self.train),
-            "report": dataclasses.asdict(self.report) if self.report is not None else {},
+            "report": self.report.to_dict(),
             "execution": dataclasses.asdict(self.execution),
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
@@ -274,14 +277,12 @@ def _find_validator(module_name: str, names: Sequence[str]) -> Any:
     return None
 
 
-def report_settings(table: Any) -> Any:
-    """The [report] table as mxlab.analysis.ReportSettings (thresholds and uncertainty settings).
+def report_settings(table: Any) -> ReportSettings:
+    """The [report] table as ReportSettings (primary metrics, margins, correction).
 
-    The analysis owns these keys; refuses what ReportSettings.from_dict refuses (unknown key,
-    wrong type, out of range), naming the [report] table.
+    Refuses what ReportSettings.from_dict refuses (unknown key or metric, wrong type, negative
+    margin), naming the [report] table.
     """
-    from mxlab.analysis import ReportSettings
-
     if not isinstance(table, Mapping):
         raise ValueError(f"[report] must be a table, got {table!r}")
     try:
@@ -373,6 +374,10 @@ def spec_from_dict(
     train = _build_table(TrainConfig, raw.get("train", {}), "train")
     report = report_settings(raw.get("report", {}))
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
+    needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
+    if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:
+        raise ValueError(f"[report] primary {needs_truth} needs a source with truth ({', '.join(SOURCES_WITH_TRUTH)}); "
+                         f"[data] source is {data['source']!r}")
 
     if check_recipes:
         for arm, path in recipe_paths.items():

@@ -55,6 +55,15 @@ class SilentProgress:
         pass
 
 
+PLACEBO_ARM = "placebo"  # the A/A control: the baseline's recipe, its own data order
+PLACEBO_DATA_SEED_OFFSET = 1_000_003
+
+
+def data_order_seed(job: "RunJob") -> int:
+    """The seed of the run's training data order: the run's seed, offset for the placebo arm."""
+    return job.seed + PLACEBO_DATA_SEED_OFFSET if job.arm == PLACEBO_ARM else job.seed
+
+
 @dataclass
 class RunJob:
     """One arm x seed: what to train (`recipe` is a loaded mxlab.recipe.Recipe) and where to write it."""
@@ -277,6 +286,7 @@ def train_run(
     config = {
         "arm": job.arm,
         "seed": job.seed,
+        "data_order_seed": data_order_seed(job),
         "recipe": job.recipe_source,
         "device": str(device),
         "data": job.spec.data,
@@ -379,7 +389,7 @@ def train_run(
     status = "finished"
     try:
         while epoch < train.epochs and diverged_at is None and not (train.max_steps and step >= train.max_steps):
-            batches = source.train_batches(train.batch_size, job.seed, epoch)
+            batches = source.train_batches(train.batch_size, data_order_seed(job), epoch)
             for _ in range(batches_in_epoch):  # the data position of a resumed run
                 next(batches)
             tick = time.perf_counter()

@@ -1,6 +1,8 @@
 """Assemble a study's report (report.md, report.html, summary.json, figures/*.png) from its folder.
 
-Reads only files (study.json and the run folders); runs are never retrained or re-evaluated.
+The report opens with the ship table (per arm: the verdict on each primary metric with its
+interval, and the smallest detectable effect), then the truth ceiling and the figures; secondary
+metrics, controls, per-seed detail and diagnostics are folded below. Reads only files.
 """
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ from typing import Any, Callable
 import numpy as np
 
 from mxlab import metrics
-from mxlab.analysis import (DELTA_METRIC_BY_NAME, DELTA_METRICS, MetricComparison, StudyAnalysis, analyze_study,
-                            load_study)
+from mxlab.analysis import Comparison, StudyAnalysis, analyze_study, load_study
+from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS
 from mxlab.report import figures
 from mxlab.report.document import (Block, BulletList, CodeBlock, Details, Figure, Heading, Paragraph, Table,
                                    render_html, render_markdown)
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
 
-VERDICT_MARKS = {"regression": "**▼ REGRESSION**", "improvement": "▲ improvement", "neutral": "neutral",
-                 "diverged": "**✖ DIVERGED**", "skipped": "skipped (not run)", "not compared": "not compared", None: ""}
+VERDICT_MARKS = {"regression": "**▼ regression**", "improvement": "▲ improvement", "non-inferior": "✔ non-inferior",
+                 "inconclusive": "inconclusive", None: ""}
 RELIABILITY_BINS = 20
 POSITIVES_PER_BIN = 15
 FIGURE_NAMES = ("forest.png", "reliability.png", "training.png", "numerics.png")
@@ -31,28 +33,20 @@ FIGURE_NAMES = ("forest.png", "reliability.png", "training.png", "numerics.png")
 # ----------------------------------------------------------------------------- formatting
 
 
-def _decimals(metric: str, threshold: float | None) -> int:
-    if threshold:
-        return max(2, 2 - math.floor(math.log10(threshold)))
-    return 4
-
-
-def format_value(metric: str, value: float, threshold: float | None = None, signed: bool = True) -> str:
-    """A delta or interval end with a precision fitted to the metric's threshold ('n/a' when not finite)."""
+def format_value(metric: str, value: float | None, signed: bool = True) -> str:
+    """A delta or interval end: percent with 3 significant digits for NE metrics, 5 decimals otherwise."""
     if value is None or not math.isfinite(value):
         return "n/a"
-    text = f"{value:{'+' if signed else ''}.{_decimals(metric, threshold)}f}"
-    return text + ("%" if metric == "ne_pct" else "")
+    if metric.endswith("ne"):
+        return f"{value:{'+' if signed else ''}.3g}%"
+    return f"{value:{'+' if signed else ''}.5f}"
 
 
-def format_comparison(c: MetricComparison, with_verdict: bool = True) -> str:
-    """'delta [low, high]' of the interval the verdict rests on, followed by the verdict when not neutral."""
-    i = c.interval
-    text = (f"{format_value(c.metric, c.delta, c.threshold)} "
-            f"[{format_value(c.metric, i.low, c.threshold)}, {format_value(c.metric, i.high, c.threshold)}]")
-    if with_verdict and c.verdict not in (None, "neutral"):
-        text += " " + VERDICT_MARKS[c.verdict]
-    return text
+def format_interval(c: Comparison | dict[str, Any]) -> str:
+    """'delta [low, high]'."""
+    get = c.get if isinstance(c, dict) else lambda k: getattr(c, k)
+    m = get("metric")
+    return f"{format_value(m, get('delta'))} [{format_value(m, get('low'))}, {format_value(m, get('high'))}]"
 
 
 def _mean_sd(values: list[float], digits: int = 4) -> str:
@@ -96,171 +90,169 @@ def draw_png(draw: Callable[[Path], None], temporary: Path) -> None:
 # ----------------------------------------------------------------------------- sections
 
 
-def _how_to_read(analysis: StudyAnalysis) -> list[Block]:
+def _warnings(analysis: StudyAnalysis) -> list[str]:
+    out = list(analysis.inputs.notes)
+    for d in analysis.detectable:
+        if d.n_seeds < MIN_PAIRED_SEEDS:
+            need = (f"; at this study's variance a regression of the margin's size needs {d.seeds_needed} seeds"
+                    if d.seeds_needed else
+                    f"; at this study's variance 3 seeds would detect {format_value(d.metric, d.effect_at_min_seeds, False)}, "
+                    f"and a regression of the margin's size needs more than 64 seeds or a larger eval set"
+                    if math.isfinite(d.effect_at_min_seeds) else "")
+            out.append(f"**Too few seeds for a verdict on {d.metric}**: {d.n_seeds} paired seed(s), every verdict needs "
+                       f"{MIN_PAIRED_SEEDS}{need}.")
+        elif math.isfinite(d.effect) and d.effect > d.margin:
+            need = (f"it would need {d.seeds_needed} seeds" if d.seeds_needed else
+                    "more than 64 seeds, or a larger eval set, would be needed")
+            out.append(f"**This study is too small for its margin on {d.metric}**: it detects a regression of "
+                       f"{format_value(d.metric, d.effect, False)} with {analysis.settings.power:.0%} power, the margin is "
+                       f"{format_value(d.metric, d.margin, False)}; {need}. Non-inferiority at this margin cannot be shown.")
+    for arm, r in analysis.arms.items():
+        if r.diverged:
+            steps = ", ".join(f"seed {s} at step {step}" for s, step in r.diverged.items())
+            out.append(f"**{arm} diverged** ({steps}): those seeds are left out; its verdicts rest on seeds {r.paired_seeds}.")
+        if r.skipped:
+            reasons = "; ".join(sorted({x or "no reason recorded" for x in r.skipped.values()}))
+            out.append(f"**{arm} was skipped** on seeds {sorted(r.skipped)} ({reasons}).")
+        if r.missing:
+            out.append(f"{arm}: seeds {r.missing} not run or not finished.")
+    return out
+
+
+def _ship_table(analysis: StudyAnalysis) -> list[Block]:
     s = analysis.settings
-    base = analysis.study.baseline
-    return [
-        Heading("How to read this report", 2),
-        Paragraph(
-            f"Each **arm** is one precision recipe, trained on the same seeds (same initial weights and data order) "
-            f"as the baseline **{base}** and evaluated on the same eval examples. A **delta** is arm minus baseline on "
-            f"the same seed, averaged over seeds (NE in % of the baseline's NE; for AUC higher is better, for NE, "
-            f"|calibration - 1| and ECE lower is better). Every delta has an interval. An arm **regresses** on a metric "
-            f"when the interval excludes zero on the bad side *and* the delta is worse than the threshold "
-            f"(AUC {s.auc_regression}, NE {s.ne_regression_pct}%, |calibration - 1| {s.calibration_tolerance}, "
-            f"ECE {s.ece_regression}); an **improvement** is the mirror image; anything else is **neutral**, which means "
-            f"\"no confident change beyond the threshold\", not \"identical\": look at the interval's width. "
-            f"The intervals are family-wise: all {s.checks_per_arm} checks of an arm hold together with "
-            f"{s.confidence:.0%} confidence (each at {s.interval_confidence:.2%}"
-            + (", Bonferroni)" if s.multiple_testing == "bonferroni" else ")")
-            + ". The **noise floor** (A/A, the last row of each headline table) shows how large deltas are when "
-            "only the seed changes. "
-            "Read the conclusions first, then the headline tables and the forest plot; the rest is detail."),
-    ]
-
-
-def _conclusions(analysis: StudyAnalysis) -> list[Block]:
-    items = [f"**{r.arm}**: {r.conclusion.split(': ', 1)[1] if r.conclusion.startswith(r.arm + ': ') else r.conclusion}"
-             for r in analysis.arms.values()]
-    runs = analysis.study.runs.values()
-    finished = sum(r.status == "finished" for r in runs)
-    diverged = [f"{r.arm}/seed{r.seed} (step {r.diverged_at_step})" for r in runs if r.status == "diverged"]
-    missing = [f"{r.arm}/seed{r.seed}" for r in runs if r.status == "missing"]
-    skipped_by_reason: dict[str, list[str]] = {}
-    for r in runs:
-        if r.status == "skipped":
-            skipped_by_reason.setdefault(r.reason or "no reason recorded", []).append(f"{r.arm}/seed{r.seed}")
-    status = f"{finished} of {len(analysis.study.runs)} runs finished"
-    if diverged:
-        status += "; diverged (left out of every delta): " + ", ".join(diverged)
-    for reason, names in skipped_by_reason.items():
-        status += f"; skipped before training, the backend cannot run here (left out): {', '.join(names)} ({reason})"
-    if missing:
-        status += "; not run or not finished (left out): " + ", ".join(missing)
-    return [Heading("Conclusions", 2), BulletList(items or ["The study has no arm besides the baseline."]),
-            Paragraph(status + ".")]
-
-
-def _basis_text(c: MetricComparison, analysis: StudyAnalysis) -> str:
-    i = c.interval
-    if c.basis == "t over seeds":
-        return f"t over {i.n_seeds} seeds"
-    return f"bootstrap† ({i.n_seeds} seed{'s' if i.n_seeds != 1 else ''}, {i.n_resamples} resamples)"
-
-
-def _headline(analysis: StudyAnalysis) -> list[Block]:
-    blocks: list[Block] = [Heading("Headline: deltas against the baseline", 2)]
-    if not analysis.comparisons:
-        return blocks + [Paragraph("No arm has a finished run paired with a finished baseline run: no deltas.")]
-    metric_names = [m.name for m in DELTA_METRICS]
-    for task in metrics.TASKS:
-        header = ["arm", "arm verdict", "interval rests on"] + [
-            f"{DELTA_METRIC_BY_NAME[m].label} delta" + (f" (thr {DELTA_METRIC_BY_NAME[m].threshold(analysis.settings):g})"
-                                                        if DELTA_METRIC_BY_NAME[m].worse_when else "")
-            for m in metric_names]
-        rows, classes = [], []
-        for arm, result in analysis.arms.items():
-            cells = [analysis.comparison(arm, task, m) for m in metric_names]
-            if cells[0] is None:
-                rows.append([arm, VERDICT_MARKS.get(result.verdict, result.verdict), "-"] + ["-"] * len(metric_names))
-            else:
-                rows.append([arm, VERDICT_MARKS.get(result.verdict, result.verdict), _basis_text(cells[0], analysis)]
-                            + [format_comparison(c) for c in cells])
-            task_verdicts = {c.verdict for c in cells if c is not None}
-            classes.append("diverged" if result.verdict == "diverged" else "regression" if "regression" in task_verdicts
-                           else "improvement" if "improvement" in task_verdicts else "")
-        if analysis.noise_floor:
-            noise = {c.metric: c for c in analysis.noise_floor if c.task == task}
-            rows.append([f"A/A noise: {analysis.study.baseline} reseeded", "-", _basis_text(noise[metric_names[0]], analysis)]
-                        + [format_comparison(noise[m]) for m in metric_names])
-            classes.append("")
-        examples = analysis.n_examples.get(task, 0)
-        blocks += [Heading(f"{task.upper()}: {metrics.TASK_DESCRIPTIONS[task]}", 3),
-                   Table(header, rows, classes),
-                   Paragraph(f"Each interval rests on {examples} eval examples from {analysis.n_users} users and the seeds "
-                             f"named in its row; delta [interval] then the verdict when it is not neutral.")]
-    rows = []
-    for c in analysis.comparisons:
-        per_seed = "; ".join(
-            f"seed {seed}: {format_value(c.metric, value, c.threshold)} "
-            f"[{format_value(c.metric, c.bootstrap_per_seed[seed].low, c.threshold)}, "
-            f"{format_value(c.metric, c.bootstrap_per_seed[seed].high, c.threshold)}]"
-            for seed, value in c.per_seed.items())
-        t_text = "-" if c.t_interval is None else (f"[{format_value(c.metric, c.t_interval.low, c.threshold)}, "
-                                                   f"{format_value(c.metric, c.t_interval.high, c.threshold)}]")
-        pooled = f"[{format_value(c.metric, c.bootstrap.low, c.threshold)}, {format_value(c.metric, c.bootstrap.high, c.threshold)}]"
-        rows.append([c.arm, c.task.upper(), DELTA_METRIC_BY_NAME[c.metric].label, per_seed, t_text, pooled])
-    blocks.append(Details("Per-seed deltas with their bootstrap intervals, the t-interval over seeds and the pooled bootstrap",
-                          [Table(["arm", "task", "metric", "per seed: delta [bootstrap interval]", "t-interval over seeds",
-                                  "pooled bootstrap"], rows)]))
-    blocks.append(Paragraph(
-        "† bootstrap: with fewer than "
-        f"{analysis.settings.min_seeds_for_t} paired seeds the verdict rests on the paired user bootstrap over eval "
-        "examples (the same user resample for the arm and the baseline, pooled over seeds). It covers eval sampling "
-        "only, not the noise of retraining with another seed: compare such deltas with the noise floor below."))
-    return blocks
-
-
-def _noise_floor(analysis: StudyAnalysis) -> list[Block]:
-    blocks: list[Block] = [Heading("Noise floor (A/A)", 2), Paragraph(analysis.noise_floor_note)]
-    if not analysis.noise_floor:
-        return blocks
-    header = ["task", "metric", "A/A delta per seed", "largest |A/A delta|", "threshold", "mean [interval]", "verdict"]
+    primary = list(s.primary)
+    header = ["arm", "paired seeds"] + [f"{m} (margin {format_value(m, s.margin(m), False)})" for m in primary]
     rows, classes = [], []
-    below_noise = []
-    for c in analysis.noise_floor:
-        per_seed = ", ".join(f"seed {s}: {format_value(c.metric, v, c.threshold)}" for s, v in c.per_seed.items())
-        largest = max(abs(v) for v in c.per_seed.values())
-        if c.threshold is not None and largest > c.threshold:
-            below_noise.append(f"{c.task.upper()} {DELTA_METRIC_BY_NAME[c.metric].label}")
-        rows.append([c.task.upper(), DELTA_METRIC_BY_NAME[c.metric].label, per_seed,
-                     format_value(c.metric, largest, c.threshold, signed=False),
-                     "-" if c.threshold is None else format_value(c.metric, c.threshold, c.threshold, signed=False),
-                     format_comparison(c, with_verdict=False), VERDICT_MARKS[c.verdict] or "-"])
-        classes.append(c.verdict if c.verdict in ("regression", "improvement") else "")
-    flagged = [c for c in analysis.noise_floor if c.verdict in ("regression", "improvement")]
-    verdict_text = ("The A/A comparison is judged neutral on every check, as it should be." if not flagged else
-                    f"The A/A comparison is flagged on {len(flagged)} check(s) although nothing but the seed changed: "
-                    "intervals of this study understate the noise; treat verdicts of the same kind with caution.")
-    if below_noise:
-        verdict_text += (" Reseeding alone moves " + ", ".join(below_noise) + " by more than the threshold: a single "
-                         "run cannot resolve effects of the threshold's size there; verdicts need several seeds.")
-    return blocks + [Table(header, rows, classes), Paragraph(verdict_text)]
+    for arm, r in analysis.arms.items():
+        cells = []
+        for m in primary:
+            c = analysis.comparison(arm, m)
+            cells.append("-" if c is None else f"{VERDICT_MARKS[c.verdict]}: {format_interval(c)}")
+        seeds = f"{len(r.paired_seeds)}" + (f" ({len(r.diverged)} diverged)" if r.diverged else "")
+        rows.append([arm, seeds] + cells)
+        words = {analysis.comparison(arm, m).verdict for m in primary if analysis.comparison(arm, m)}
+        classes.append("regression" if "regression" in words else "improvement" if words == {"improvement"} else "")
+    rows.append(["smallest detectable regression", "-"] + [
+        (format_value(d.metric, d.effect, False) + f" at {d.n_seeds} seeds" if math.isfinite(d.effect)
+         else f"none at {d.n_seeds} seed(s)")
+        + (f"; margin needs {d.seeds_needed} seeds" if d.seeds_needed and (not math.isfinite(d.effect) or d.effect > d.margin)
+           else "") for d in analysis.detectable])
+    classes.append("")
+    family = ("no hypothesis has 3 paired seeds, so none is judged" if analysis.family_size == 0 else
+              f"Holm over the {analysis.family_size} arm x primary-metric hypotheses with {MIN_PAIRED_SEEDS}+ seeds, "
+              f"family-wise {s.confidence:.0%}" if s.correction == "holm" else
+              f"{s.correction} correction over {analysis.family_size} hypotheses, family-wise {s.confidence:.0%}")
+    return [Heading("Ship table", 2), Table(header, rows, classes), Paragraph(
+        f"Delta = arm minus baseline **{analysis.study.baseline}** on the same seed and eval examples, mean over paired "
+        f"seeds (NE in % of the baseline's NE; excess NE in % of the baseline-to-truth gap). Each interval carries "
+        f"retraining noise (over seeds) and eval-sampling noise (over users), at the level its verdict was judged ({family}). "
+        "**regression**: the interval lies beyond zero on the bad side and the delta is worse than the margin; "
+        "**improvement**: the mirror image; **non-inferior**: the whole interval is on the good side of the margin; "
+        "**inconclusive**: no evidence either way (always below 3 paired seeds), not \"safe\". The last row is the "
+        f"smallest regression this study detects with {s.power:.0%} power (docs/statistics.md).")]
 
 
-def _absolute_metrics(analysis: StudyAnalysis) -> list[Block]:
-    blocks: list[Block] = [Heading("Metrics per arm (mean ± sd over finished seeds)", 2)]
-    names = ["auc", "gauc", "gauc_users", "log_loss", "ne", "calibration", "ece", "mae_truth", "calibration_truth"]
-    digits = {"gauc_users": 0}
-    for task in metrics.TASKS:
-        present = [n for n in names if any(n in m[task] for seeds in analysis.run_metrics.values() for m in seeds.values())]
-        header = ["arm", "seeds"] + present
-        rows = []
-        for arm in analysis.study.arms:
-            seeds = analysis.run_metrics.get(arm, {})
-            rows.append([arm + (" (baseline)" if arm == analysis.study.baseline else ""), str(len(seeds))]
-                        + [_mean_sd([m[task].get(n, math.nan) for m in seeds.values()], digits.get(n, 4)) for n in present])
-        if analysis.truth and task in analysis.truth:
-            rows.append(["truth (ceiling)", "-"] + [_mean_sd([analysis.truth[task].get(n, math.nan)], digits.get(n, 4))
-                                                    for n in present])
-        blocks += [Heading(task.upper(), 3), Table(header, rows)]
-    if analysis.truth:
-        blocks.append(Paragraph("The truth row scores the data's true probabilities as predictions: the best any model "
-                                "can do on this eval set (synthetic data only)."))
-    return blocks
-
-
-def _delong(analysis: StudyAnalysis) -> list[Block]:
-    if not analysis.delong:
+def _truth_ceiling(analysis: StudyAnalysis) -> list[Block]:
+    truth = analysis.inputs.truth
+    if not truth:
         return []
-    rows = [[arm, str(seed), task.upper(), f"{r.auc_a:.5f}", f"{r.auc_b:.5f}", f"{r.delta:+.5f}", f"{r.se:.5f}",
-             f"{r.z:+.2f}", f"{r.p_value:.3g}"]
-            for (arm, task, seed), r in sorted(analysis.delong.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1]))]
-    return [Heading("DeLong tests of the AUC difference, per seed", 2),
-            Paragraph("DeLong's variance of the paired AUC difference on one seed's eval set (examples treated as "
-                      "independent; the user bootstrap above accounts for users). p is two-sided and not adjusted "
-                      "for multiple tests."),
-            Details(f"{len(rows)} tests", [Table(["arm", "seed", "task", "AUC arm", "AUC baseline", "delta", "se", "z", "p"], rows)])]
+    base = analysis.study.baseline
+    rm = analysis.inputs.run_metrics
+    rows = []
+    for task in metrics.TASKS:
+        bayes = truth[task]["ne"]
+        for arm in analysis.study.arms:
+            seeds = rm.get(arm, {})
+            if not seeds:
+                continue
+            excess = [m[task]["ne"] - bayes for m in seeds.values()]
+            share = analysis.comparison(arm, f"{task}.excess_ne") if arm != base else None
+            rows.append([task.upper(), f"{bayes:.4f}", arm + (" (baseline)" if arm == base else ""), _mean_sd(excess),
+                         "-" if share is None else format_interval(share) + (f" ({VERDICT_MARKS[share.verdict]})"
+                                                                              if share.verdict else "")])
+    return [Heading("Truth ceiling", 2), Table(["task", "Bayes NE (true probabilities)", "arm", "excess NE over Bayes",
+                                                "share of the baseline-to-truth gap the arm adds"], rows),
+            Paragraph("The data's true probabilities scored as predictions give the Bayes-optimal NE of this eval set; an "
+                      "arm's excess NE removes the label noise every model shares. Its delta, as a share of the baseline's "
+                      "excess, is the metric `TASK.excess_ne` (primary when the spec says so).")]
+
+
+def _secondary(analysis: StudyAnalysis) -> Block:
+    rows = [[c.arm, c.metric, format_interval(c), str(len(c.per_seed))] for c in analysis.comparisons if not c.primary]
+    return Details(f"Secondary metrics: unadjusted {analysis.settings.confidence:.0%} intervals, no verdict ({len(rows)})",
+                   [Table(["arm", "metric", "delta [interval]", "paired seeds"], rows)])
+
+
+def _controls(analysis: StudyAnalysis) -> Block:
+    blocks: list[Block] = []
+    pairs = analysis.inputs.aa_pairs
+    placebo = [c for c in analysis.comparisons if c.arm == "placebo" and c.primary]
+    if placebo:
+        blocks.append(Paragraph("**placebo** (BF16 with its own data-order seed, through the arms' pipeline) is judged in "
+                                "the family like any arm: " + "; ".join(f"{c.metric} {c.verdict}" for c in placebo) + "."))
+    if analysis.aa:
+        rows = [[c.metric, ", ".join(f"{format_value(c.metric, v)}" for v in c.per_seed.values()), format_interval(c),
+                 c.verdict or "-", c.reason] for c in analysis.aa]
+        blocks += [Paragraph(f"A/A: the baseline against itself on disjoint seed pairs {pairs} (distinct seeds, so each "
+                             "pair differs by init and data order), with the arms' interval method, unadjusted."),
+                   Table(["metric", "per pair", "delta [interval]", "verdict", "why"], rows)]
+    if not blocks:
+        blocks.append(Paragraph("No control: no placebo arm and fewer than two finished baseline seeds."))
+    return Details("Controls: placebo and A/A noise floor", blocks)
+
+
+def _per_seed(analysis: StudyAnalysis) -> Block:
+    rows = [[c.arm, c.metric, "; ".join(f"seed {s}: {format_value(c.metric, v)}" for s, v in c.per_seed.items()),
+             f"{c.se:.3g}", f"{c.level:.4f}", c.reason] for c in analysis.comparisons]
+    return Details("Per-seed deltas, standard errors and interval levels",
+                   [Table(["arm", "metric", "per seed", "se", "interval level", "decision"], rows)])
+
+
+def _absolute_metrics(analysis: StudyAnalysis) -> Block:
+    names = ["auc", "gauc", "log_loss", "ne", "calibration", "ece", "mae_truth"]
+    blocks: list[Block] = []
+    for task in metrics.TASKS:
+        rm = analysis.inputs.run_metrics
+        present = [n for n in names if any(n in m[task] for seeds in rm.values() for m in seeds.values())]
+        rows = [[arm + (" (baseline)" if arm == analysis.study.baseline else ""), str(len(rm.get(arm, {})))]
+                + [_mean_sd([m[task].get(n, math.nan) for m in rm.get(arm, {}).values()]) for n in present]
+                for arm in analysis.study.arms]
+        if analysis.inputs.truth:
+            rows.append(["truth (ceiling)", "-"] + [_mean_sd([analysis.inputs.truth[task].get(n, math.nan)]) for n in present])
+        blocks += [Heading(task.upper(), 3), Table(["arm", "seeds"] + present, rows)]
+    return Details("Metrics per arm (mean ± sd over finished seeds)", blocks)
+
+
+def _delong(analysis: StudyAnalysis) -> Block | None:
+    if not analysis.inputs.delong:
+        return None
+    rows = [[arm, str(seed), task.upper(), f"{r.auc_a:.5f}", f"{r.auc_b:.5f}", f"{r.delta:+.5f}", f"{r.z:+.2f}", f"{r.p_value:.3g}"]
+            for (arm, task, seed), r in sorted(analysis.inputs.delong.items())]
+    return Details("Diagnostics: DeLong tests per seed (tests of two fitted models, not of the recipe)", [
+        Paragraph("Each row tests whether two fitted models, the arm's and the baseline's of one seed, rank this eval set "
+                  "equally well (DeLong 1988; examples independent). It ignores retraining noise, so a tiny p here says "
+                  "nothing about the recipe: the verdicts above never use it."),
+        Table(["arm", "seed", "task", "AUC arm", "AUC baseline", "delta", "z", "p"], rows)])
+
+
+def _method(analysis: StudyAnalysis) -> Block:
+    s = analysis.settings
+    return Details("Method and conventions", [
+        BulletList([
+            "Pairing: arm and baseline on the same seed (initial weights, data order) and the same eval examples.",
+            "Interval: mean of the per-seed deltas; variance = (sample variance over seeds) / k + the eval-sampling "
+            "variance shared by all seeds (the eval set is the same), from per-user influence values; Student t on "
+            "k - 1 degrees of freedom (docs/statistics.md).",
+            f"Verdicts on the primary metrics {list(s.primary)}: Holm's step-down test of delta = 0 at family-wise "
+            f"{1 - s.confidence:.0%} across arms x primary metrics (correction = {s.correction!r}); the interval of each "
+            "hypothesis is at the level of its Holm step. Fewer than 3 paired seeds: inconclusive.",
+            f"Margins: {', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.primary)}; secondary metrics "
+            f"{sorted(set(METRIC_NAMES) - set(s.primary))[:3]}...: unadjusted intervals, no verdict.",
+            f"Smallest detectable regression: the true delta a one-sided test at the Bonferroni level (Holm's first "
+            f"step) finds with {s.power:.0%} power, from the study's seed and shared eval variance (noncentral t).",
+        ]),
+        BulletList([f"**{name}**: {text}" for name, text in metrics.METRIC_CONVENTIONS.items()])])
 
 
 def _runs_table(analysis: StudyAnalysis, logs: dict[str, dict[int, list[dict[str, Any]]]]) -> Table:
@@ -279,36 +271,16 @@ def _runs_table(analysis: StudyAnalysis, logs: dict[str, dict[int, list[dict[str
                  rows, classes)
 
 
-def _conventions(analysis: StudyAnalysis) -> list[Block]:
-    s = analysis.settings
-    rules = [
-        f"Pairing: arm and baseline on the same seed and the same eval examples; the delta of a study is the mean of the per-seed deltas.",
-        f"Intervals: with {s.min_seeds_for_t} or more paired seeds, a Student-t interval over the per-seed deltas "
-        f"(training noise and eval sampling); with fewer, the paired user bootstrap ({s.bootstrap_resamples} resamples of "
-        f"users with replacement, seed {s.bootstrap_seed}; the same resample weights every run; interval = delta ± z × "
-        f"bootstrap sd; ECE bins fixed from the original sample).",
-        f"Confidence: {s.confidence:.0%} family-wise per arm over {s.checks_per_arm} checks "
-        f"(multiple_testing = {s.multiple_testing!r}: each interval at {s.interval_confidence:.3%}).",
-        f"Thresholds (study.json [report]): auc_regression {s.auc_regression}, ne_regression_pct {s.ne_regression_pct} (%), "
-        f"calibration_tolerance {s.calibration_tolerance} (on |calibration - 1|), ece_regression {s.ece_regression}.",
-        "Verdict: regression = interval excludes zero on the bad side and the delta is worse than the threshold; "
-        "improvement = the mirror image; otherwise neutral. An arm regresses when any of its checks does; "
-        "a diverged run is left out of the deltas and makes the arm's verdict 'diverged'.",
-        "NE delta = 100 × (NE_arm / NE_baseline − 1); |cal−1| delta = |cal_arm − 1| − |cal_baseline − 1| (the judged "
-        "calibration metric); calibration delta = cal_arm − cal_baseline (direction only).",
-    ]
-    return [Heading("Conventions", 2),
-            BulletList([f"**{name}**: {text}" for name, text in metrics.METRIC_CONVENTIONS.items()]),
-            Paragraph("How deltas, intervals and verdicts are formed:"),
-            BulletList(rules)]
-
-
 def _environment(analysis: StudyAnalysis) -> list[Block]:
     spec = analysis.study.spec
     blocks: list[Block] = [Heading("Environment and reproduction", 2)]
     environment = spec.get("environment")
     if isinstance(environment, dict) and environment:
-        items = []
+        git = environment.get("git") if isinstance(environment.get("git"), dict) else {"commit": environment.get("commit")}
+        commit = git.get("commit")
+        items = [f"**code**: commit {commit}" + (f" (from {git['source']})" if git.get("source") else "")
+                 + (" with uncommitted changes" if git.get("dirty") else "") if commit else
+                 "**code**: commit not recorded (the study predates provenance records)"]
         for key, value in environment.items():
             if isinstance(value, dict):
                 value = ", ".join(f"{k} {v}" for k, v in value.items())
@@ -353,17 +325,15 @@ def reliability_bin_count(positives_per_seed: int, n: int) -> int:
     return int(min(n, max(3, min(RELIABILITY_BINS, positives_per_seed // POSITIVES_PER_BIN))))
 
 
-def write_report(study_dir: str | os.PathLike, *, n_resamples: int | None = None,
-                 analysis: StudyAnalysis | None = None) -> dict[str, Path]:
+def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None = None) -> dict[str, Path]:
     """Write report.md, report.html (self-contained), summary.json and figures/*.png into the study folder.
 
-    Returns {relative file name: path} for every file written. ``n_resamples`` overrides the bootstrap
-    size of study.json; ``analysis`` reuses an already computed :func:`mxlab.analysis.analyze_study`.
-    Reads files only. Refuses what :func:`mxlab.analysis.analyze_study` refuses.
+    Returns {relative file name: path} for every file written; ``analysis`` reuses an already computed
+    :func:`mxlab.analysis.analyze_study`. Reads files only. Refuses what analyze_study refuses.
     """
     directory = Path(study_dir)
     if analysis is None:
-        analysis = analyze_study(directory, n_resamples=n_resamples)
+        analysis = analyze_study(directory)
     study = analysis.study
     written: dict[str, Path] = {}
     figures_dir = directory / "figures"
@@ -374,61 +344,56 @@ def write_report(study_dir: str | os.PathLike, *, n_resamples: int | None = None
         written[f"figures/{name}"] = path
         return Path("figures") / name
 
-    logs = {arm: {seed: read_training_log(study.run_dir(arm, seed)) for seed in study.seeds} for arm in study.arms}
-    numerics_by_arm = {arm: [r for seed in study.seeds for r in read_numerics(study.run_dir(arm, seed))] for arm in study.arms}
     non_baseline = [a for a in study.arms if a != study.baseline]
-
-    blocks: list[Block] = [Heading(f"Precision study: {study.name}", 1),
-                           Paragraph(f"Baseline **{study.baseline}**; arms {', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; "
-                                     f"seeds {study.seeds}; {analysis.n_examples.get('ctr', 0)} eval impressions "
-                                     f"({analysis.n_examples.get('cvr', 0)} clicked) from {analysis.n_users} users.")]
-    blocks += _how_to_read(analysis) + _conclusions(analysis) + _headline(analysis)
+    n = analysis.inputs.n_examples
+    blocks: list[Block] = [Heading(f"Precision study: {study.name}", 1), Paragraph(
+        f"Baseline **{study.baseline}**; arms {', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
+        f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users.")]
+    warnings = _warnings(analysis)
+    if warnings:
+        blocks.append(BulletList(warnings))
+    blocks += _ship_table(analysis) + _truth_ceiling(analysis)
     if analysis.comparisons:
-        labels = {arm: f"{arm} (diverged: {len(r.diverged)} seed{'s' if len(r.diverged) > 1 else ''} left out)"
-                  for arm, r in analysis.arms.items() if r.diverged}
-        forest = add_figure("forest.png", lambda p: figures.forest_plot(p, analysis.comparisons, analysis.noise_floor,
-                                                                         non_baseline, labels))
-        blocks.append(Figure(forest, "Forest plot: each arm's delta per task and metric with the interval its verdict rests on"))
-    blocks += _noise_floor(analysis) + _absolute_metrics(analysis)
-
-    curves = _reliability_curves(analysis)
-    if any(curves.values()):
-        reliability = add_figure("reliability.png", lambda p: figures.reliability_diagram(p, curves, study.arms))
-        blocks += [Heading("Reliability diagrams", 2),
-                   Figure(reliability, f"Observed rate against mean prediction in equal-count bins (up to "
-                                       f"{RELIABILITY_BINS}, about {POSITIVES_PER_BIN} positives per bin and seed), pooled "
-                                       "over finished seeds; log axes, so a bin without positives is not drawn; the "
-                                       "dotted diagonal is perfect calibration")]
-    blocks += _delong(analysis)
-
-    blocks.append(Heading("Training", 2))
+        labels = {a: f"{a} ({len(r.diverged)} diverged)" for a, r in analysis.arms.items() if r.diverged}
+        forest = add_figure("forest.png", lambda p: figures.forest_plot(
+            p, [c for c in analysis.comparisons if c.primary], analysis.aa, non_baseline, list(analysis.settings.primary), labels))
+        blocks.append(Figure(forest, "Primary metrics: delta and the interval its verdict rests on, per arm"))
+    if study.has_runs:
+        curves = _reliability_curves(analysis)
+        if any(curves.values()):
+            reliability = add_figure("reliability.png", lambda p: figures.reliability_diagram(p, curves, study.arms))
+            blocks.append(Figure(reliability, "Reliability: observed rate against mean prediction in equal-count bins, "
+                                              "pooled over finished seeds; log axes; dotted = perfect calibration"))
+    logs = {arm: {seed: read_training_log(study.run_dir(arm, seed)) for seed in study.seeds} for arm in study.arms}
     if any(records for seeds in logs.values() for records in seeds.values()):
         diverged = {(r.arm, r.seed): r.diverged_at_step for r in study.runs.values() if r.status == "diverged"}
         training = add_figure("training.png", lambda p: figures.training_curves(p, logs, study.arms, diverged))
         blocks.append(Figure(training, "Training loss and loss scale per run (one colour per arm, one line per seed)"))
-    blocks.append(_runs_table(analysis, logs))
-
+    if not study.has_runs:  # figures drawn from the runs by the earlier render stay valid: the same runs
+        for name in ("reliability.png", "training.png", "numerics.png"):
+            if (figures_dir / name).is_file():
+                blocks.append(Figure(Path("figures") / name, f"{name[:-4]} (drawn from the run folders by an earlier "
+                                                             "render; the runs are not here to redraw it)"))
+    blocks += [Heading("Details", 2), _secondary(analysis), _controls(analysis), _per_seed(analysis),
+               _absolute_metrics(analysis), Details("Runs", [_runs_table(analysis, logs)])]
+    delong = _delong(analysis)
+    if delong is not None:
+        blocks.append(delong)
+    numerics_by_arm = {arm: [r for seed in study.seeds for r in read_numerics(study.run_dir(arm, seed))] for arm in study.arms}
     if any(numerics_by_arm.values()):
         heatmap = add_figure("numerics.png", lambda p: figures.numerics_heatmap(p, numerics_by_arm))
-        blocks += [Heading("Per-layer numerics", 2),
-                   Paragraph("From numerics.jsonl (diagnostics sampled during training): SQNR of each quantized GEMM "
-                             "operand against its high-precision shadow, and the fractions of elements that saturated, "
-                             "flushed to zero or became subnormal; mean over sampled steps and seeds."),
-                   Figure(heatmap, "Per-layer numerics: rows are module / GEMM, columns are arms")]
-    else:
-        blocks += [Heading("Per-layer numerics", 2), Paragraph("No run recorded numerics (diagnostics were off).")]
+        blocks.append(Details("Per-layer numerics", [Paragraph(
+            "From numerics.jsonl: SQNR of each quantized GEMM operand against its high-precision shadow, and the fractions "
+            "of elements that saturated, flushed to zero or became subnormal; mean over sampled steps and seeds."),
+            Figure(heatmap, "Per-layer numerics: rows are module / GEMM, columns are arms")]))
+    plans = [Details(f"{arm}" + (" (baseline)" if arm == study.baseline else ""),
+                     [CodeBlock(next((t for s in study.seeds if (t := read_plan(study.run_dir(arm, s))) is not None),
+                                     "(no plan.txt)"))]) for arm in study.arms]
+    blocks += [Details("Recipes: the plan of each arm", plans), _method(analysis)] + _environment(analysis)
 
-    plans: list[Block] = []
-    for arm in study.arms:
-        plan = next((text for seed in study.seeds if (text := read_plan(study.run_dir(arm, seed))) is not None), None)
-        plans.append(Details(f"{arm}" + (" (baseline)" if arm == study.baseline else ""),
-                             [CodeBlock(plan if plan is not None else "(no plan.txt)")]))
-    blocks += [Heading("Recipes: the plan of each arm", 2),
-               Paragraph("Which precision each GEMM of each module got (plan.txt of the arm's first run).")] + plans
-    blocks += _conventions(analysis) + _environment(analysis)
-
+    kept = {"reliability.png", "training.png", "numerics.png"} if not study.has_runs else set()
     for name in FIGURE_NAMES:  # a figure of an earlier render that this one has no data for would be stale
-        if f"figures/{name}" not in written:
+        if f"figures/{name}" not in written and name not in kept:
             (figures_dir / name).unlink(missing_ok=True)
     _write_text(directory / "report.md", render_markdown(blocks))
     written["report.md"] = directory / "report.md"
@@ -453,17 +418,9 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: value}
 
 
-def _summary(directory: Path) -> dict[str, Any]:
-    path = directory / "summary.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    return analyze_study(directory).to_dict()
-
-
 def compare_studies(dir_a: str | os.PathLike, dir_b: str | os.PathLike) -> str:
-    """Markdown: how two studies differ in their spec (study.json, key by key) and in their deltas and
-    verdicts for the arms they share. Uses each study's summary.json when present, else analyzes it
-    (files only). Refuses folders without study.json."""
+    """Markdown: how two studies differ in their spec (study.json, key by key) and in their primary verdicts and
+    deltas for the arms they share (each analyzed from its files). Refuses folders without study.json."""
     a_dir, b_dir = Path(dir_a), Path(dir_b)
     study_a, study_b = load_study(a_dir), load_study(b_dir)
     flat_a, flat_b = _flatten(study_a.spec), _flatten(study_b.spec)
@@ -476,45 +433,18 @@ def compare_studies(dir_a: str | os.PathLike, dir_b: str | os.PathLike) -> str:
         lines += [f"| {k} | {json.dumps(flat_a.get(k, '(absent)'))} | {json.dumps(flat_b.get(k, '(absent)'))} |" for k in differing]
     else:
         lines.append("The two specs are identical.")
-    summary_a, summary_b = _summary(a_dir), _summary(b_dir)
-    arms = [a for a in study_a.arms if a in study_b.arms and a not in (study_a.baseline, study_b.baseline)]
-    lines += ["", "## Verdicts", ""]
-    lines += ["| arm | A | B |", "|---|---|---|"] if arms else ["The studies share no compared arm."]
-    for arm in arms:
-        va = summary_a["verdicts"].get(arm, {}).get("verdict", "-")
-        vb = summary_b["verdicts"].get(arm, {}).get("verdict", "-")
-        lines.append(f"| {arm} | {va} | {vb}{' (changed)' if va != vb else ''} |")
-    only_a = [a for a in study_a.arms if a not in study_b.arms]
-    only_b = [b for b in study_b.arms if b not in study_a.arms]
-    if only_a or only_b:
-        lines += ["", f"Arms only in A: {only_a or 'none'}; only in B: {only_b or 'none'}."]
     if study_a.baseline != study_b.baseline:
         lines += ["", f"**The baselines differ** (A: {study_a.baseline}, B: {study_b.baseline}): deltas are not comparable."]
-
-    def index(summary: dict[str, Any]) -> dict[tuple[str, str, str], dict[str, Any]]:
-        return {(c["arm"], c["task"], c["metric"]): c for c in summary["comparisons"]}
-
-    comps_a, comps_b = index(summary_a), index(summary_b)
-
-    def cell(c: dict[str, Any] | None) -> str:
-        if c is None:
-            return "-"
-        i = c["interval"]
-        fmt = lambda v: "n/a" if v is None else format_value(c["metric"], v, c["threshold"])  # noqa: E731
-        verdict = c.get("verdict")
-        return f"{fmt(c['delta'])} [{fmt(i['low'])}, {fmt(i['high'])}]" + (f" {verdict}" if verdict not in (None, "neutral") else "")
-
+    analysis_a, analysis_b = analyze_study(study_a), analyze_study(study_b)
+    arms = [a for a in study_a.arms if a in study_b.arms and a not in (study_a.baseline, study_b.baseline)]
+    lines += ["", "## Primary verdicts", ""]
     if not arms:
-        return "\n".join(lines) + "\n"
-    lines += ["", "## Deltas against each study's baseline", "",
-              "| arm | task | metric | A | B | B - A |", "|---|---|---|---|---|---|"]
+        return "\n".join(lines + ["The studies share no compared arm."]) + "\n"
+    lines += ["| arm | metric | A | B |", "|---|---|---|---|"]
     for arm in arms:
-        for task in metrics.TASKS:
-            for metric in DELTA_METRICS:
-                ca, cb = comps_a.get((arm, task, metric.name)), comps_b.get((arm, task, metric.name))
-                if ca is None and cb is None:
-                    continue
-                shift = "-" if ca is None or cb is None or ca["delta"] is None or cb["delta"] is None else \
-                    format_value(metric.name, cb["delta"] - ca["delta"], ca["threshold"])
-                lines.append(f"| {arm} | {task.upper()} | {metric.label} | {cell(ca)} | {cell(cb)} | {shift} |")
+        for metric in dict.fromkeys(list(analysis_a.settings.primary) + list(analysis_b.settings.primary)):
+            ca, cb = analysis_a.comparison(arm, metric), analysis_b.comparison(arm, metric)
+            cell = lambda c: "-" if c is None else f"{c.verdict or 'secondary'}: {format_interval(c)}"  # noqa: E731
+            changed = " (changed)" if ca and cb and ca.verdict != cb.verdict else ""
+            lines.append(f"| {arm} | {metric} | {cell(ca)} | {cell(cb)}{changed} |")
     return "\n".join(lines) + "\n"

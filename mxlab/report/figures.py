@@ -16,9 +16,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import NullFormatter
 
 from mxlab import metrics
-from mxlab.analysis import DELTA_METRICS, MetricComparison
+from mxlab.analysis import Comparison
 
-VERDICT_COLORS = {"regression": "#d62728", "improvement": "#2ca02c", "neutral": "#555555", "diverged": "#9467bd",
+VERDICT_COLORS = {"regression": "#d62728", "improvement": "#2ca02c", "non-inferior": "#1f77b4", "inconclusive": "#555555",
                   None: "#555555"}
 ARM_PALETTE = ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
                "#bcbd22", "#7f7f7f"]
@@ -36,46 +36,38 @@ def arm_colors(arms: Sequence[str]) -> dict[str, str]:
     return {arm: ARM_PALETTE[i % len(ARM_PALETTE)] for i, arm in enumerate(arms)}
 
 
-def forest_plot(path: Path, comparisons: list[MetricComparison], noise_floor: list[MetricComparison],
-                arms: Sequence[str], row_labels: Mapping[str, str] | None = None) -> None:
-    """Deltas against the baseline with the interval each verdict rests on: one panel per task x judged metric,
-    one row per arm (labelled ``row_labels[arm]`` when given) plus the A/A noise floor; the shaded band is
-    +- the threshold."""
-    judged = [m for m in DELTA_METRICS if m.worse_when is not None]
-    rows = list(arms) + (["A/A (noise)"] if noise_floor else [])
-    figure = _new_figure(3.3 * len(judged), 0.9 + 0.32 * len(rows) * len(metrics.TASKS))
-    axes = figure.subplots(len(metrics.TASKS), len(judged), squeeze=False)
-    by_key = {(c.arm, c.task, c.metric): c for c in comparisons}
-    by_key.update({("A/A (noise)", c.task, c.metric): c for c in noise_floor})
-    for i, task in enumerate(metrics.TASKS):
-        for j, metric in enumerate(judged):
-            ax = axes[i][j]
-            threshold = None
-            for y, arm in enumerate(rows):
-                c = by_key.get((arm, task, metric.name))
-                if c is None:
-                    ax.text(0, y, "no data", ha="center", va="center", fontsize=7, color="#999999")
-                    continue
-                threshold = c.threshold
-                interval = c.interval
-                color = VERDICT_COLORS[c.verdict] if arm != "A/A (noise)" else "#999999"
-                filled = c.basis == "t over seeds"
-                if np.isfinite(interval.low) and np.isfinite(interval.high):
-                    ax.plot([interval.low, interval.high], [y, y], color=color, lw=2)
-                ax.plot([c.delta], [y], "o", color=color, markerfacecolor=color if filled else "white", markersize=6)
-            if threshold:
-                ax.axvspan(-threshold, threshold, color="#dddddd", alpha=0.6, lw=0)
-            ax.axvline(0, color="#333333", lw=0.8)
-            ax.set_yticks(range(len(rows)))
-            shown = [(row_labels or {}).get(row, row) for row in rows]
-            ax.set_yticklabels(shown if j == 0 else [""] * len(rows), fontsize=8)
-            ax.set_ylim(len(rows) - 0.5, -0.5)
-            ax.tick_params(axis="x", labelsize=7)
-            worse = "worse: left" if metric.worse_when == "lower" else "worse: right"
-            ax.set_title(f"{task.upper()} - {metric.label} delta ({worse})", fontsize=9)
-    figure.suptitle("Delta against the baseline (dot) and the interval the verdict rests on (bar). "
-                    "Red = regression, green = improvement, grey = neutral; open dot = bootstrap-based; "
-                    "shaded = within the threshold", fontsize=9)
+def forest_plot(path: Path, comparisons: list[Comparison], controls: list[Comparison], arms: Sequence[str],
+                metric_names: Sequence[str], row_labels: Mapping[str, str] | None = None) -> None:
+    """Deltas against the baseline with the interval each verdict rests on: one panel per primary metric,
+    one row per arm (labelled ``row_labels[arm]`` when given) plus the A/A control; the shaded band is
+    +- the margin."""
+    rows = list(arms) + (["A/A"] if controls else [])
+    figure = _new_figure(max(3.6 * len(metric_names), 6.0), 1.5 + 0.34 * len(rows))
+    axes = figure.subplots(1, len(metric_names), squeeze=False)[0]
+    by_key = {(c.arm, c.metric): c for c in list(comparisons) + list(controls)}
+    for j, metric in enumerate(metric_names):
+        ax = axes[j]
+        margin = None
+        for y, arm in enumerate(rows):
+            c = by_key.get((arm, metric))
+            if c is None or not np.isfinite(c.delta):
+                ax.text(0, y, "no data", ha="center", va="center", fontsize=7, color="#999999")
+                continue
+            margin = c.margin
+            color = VERDICT_COLORS.get(c.verdict, "#555555") if arm != "A/A" else "#999999"
+            if np.isfinite(c.low) and np.isfinite(c.high):
+                ax.plot([c.low, c.high], [y, y], color=color, lw=2)
+            ax.plot([c.delta], [y], "o", color=color, markersize=6)
+        if margin:
+            ax.axvspan(-margin, margin, color="#dddddd", alpha=0.6, lw=0)
+        ax.axvline(0, color="#333333", lw=0.8)
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels([(row_labels or {}).get(r, r) for r in rows] if j == 0 else [""] * len(rows), fontsize=8)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(f"{metric} delta (worse: {'left' if metric.endswith('.auc') else 'right'})", fontsize=9)
+    figure.suptitle("Delta against the baseline (dot) and the interval its verdict rests on (bar)\nred = regression, "
+                    "green = improvement, blue = non-inferior, grey = inconclusive; shaded = within the margin", fontsize=8)
     figure.savefig(path)
 
 

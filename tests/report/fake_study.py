@@ -56,7 +56,7 @@ def make_fake_study(
         "data": {"source": "synthetic", "train_examples": 100_000, "eval_examples": n_examples},
         "model": {"dim": 16, "layers": 1, "heads": 2, "max_history": 32},
         "train": {"batch_size": 256, "lr": 1e-3, "epochs": 1},
-        "report": report if report is not None else {"bootstrap_resamples": 50},
+        "report": report if report is not None else {},
         "command": f"mxlab run experiments/{directory.name}.toml --device cpu --out {directory}",
         "environment": {"device": "cpu (fake)", "versions": {"python": "3.12", "torch": "2.13.0"}, "commit": "0123abc"},
     }

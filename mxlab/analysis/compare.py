@@ -1,0 +1,306 @@
+"""Every arm of a study against its baseline: paired deltas, intervals, verdicts, detectable effects.
+
+``analyze_study(DIR)`` reads the study folder (mxlab.analysis.study), forms for every arm, seed and
+metric the paired delta and its per-user influence values (mxlab.analysis.stats), and applies the
+decision rule (mxlab.analysis.verdicts) to the primary metrics; secondary metrics get unadjusted
+intervals and no verdict. A diverged or missing run drops its seed from that arm's pairs only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mxlab import metrics
+from mxlab.analysis.stats import (Estimate, RunSums, SeedDeltas, delong_components, delong_from_components, delong_result,
+                                  detectable_effect,
+                                  estimate, eval_variances, paired_delta, truth_log_loss)
+from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs, inputs_from_summary, load_study
+from mxlab.analysis.verdicts import Hypothesis, decide
+from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS, TRUTH_METRIC_KINDS, ReportSettings
+
+MAX_SEEDS_ADVISED = 64
+
+
+def worse_when(metric: str) -> str:
+    """'lower' for AUC, 'higher' for the NE, calibration and ECE deltas."""
+    return "lower" if metric.endswith(".auc") else "higher"
+
+
+@dataclass
+class Comparison:
+    """One arm (or the A/A control) against the baseline on one metric."""
+
+    arm: str
+    metric: str
+    primary: bool
+    delta: float
+    per_seed: dict[int, float]
+    low: float
+    high: float
+    level: float  # the interval's two-sided confidence
+    se: float
+    df: float
+    verdict: str | None  # primary metrics only
+    reason: str
+    margin: float
+
+
+@dataclass
+class ArmResult:
+    """An arm's runs: the seeds paired with the baseline, and those diverged, missing or skipped."""
+
+    arm: str
+    paired_seeds: list[int]
+    diverged: dict[int, int | None]
+    missing: list[int]
+    skipped: dict[int, str | None] = field(default_factory=dict)
+
+
+@dataclass
+class Detectable:
+    """The smallest regression of a primary metric the study detects with the settings' power."""
+
+    metric: str
+    n_seeds: int
+    effect: float  # nan when the study cannot estimate its seed variance
+    margin: float
+    seeds_needed: int | None  # seeds for effect <= margin (None: more than MAX_SEEDS_ADVISED, or unknown)
+    effect_at_min_seeds: float = math.nan  # the detectable effect with MIN_PAIRED_SEEDS seeds
+
+
+@dataclass
+class StudyAnalysis:
+    """The decision and everything behind it (the report's content)."""
+
+    study: StudyData
+    settings: ReportSettings
+    inputs: StudyInputs
+    comparisons: list[Comparison]
+    aa: list[Comparison]
+    arms: dict[str, ArmResult]
+    detectable: list[Detectable]
+    family_size: int
+
+    def comparison(self, arm: str, metric: str) -> Comparison | None:
+        """The comparison of an arm on a metric, or None."""
+        return next((c for c in self.comparisons if c.arm == arm and c.metric == metric), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (summary.json): settings, verdicts, comparisons and the inputs that re-render it."""
+        inputs = self.inputs
+
+        def deltas(d: SeedDeltas, **key: Any) -> dict[str, Any]:
+            return {**key, "per_seed": {str(s): v for s, v in d.per_seed.items()}, "eval_var": d.eval_var,
+                    "eval_var_of_mean": d.eval_var_of_mean}
+
+        return _json_ready({
+            "name": self.study.name, "baseline": self.study.baseline, "arms": self.study.arms, "seeds": self.study.seeds,
+            "settings": self.settings.to_dict(), "family_size": self.family_size,
+            "conventions": metrics.METRIC_CONVENTIONS,
+            "n_eval_examples": inputs.n_examples, "n_eval_users": inputs.n_users,
+            "runs": [{"arm": r.arm, "seed": r.seed, "status": r.status, "diverged_at_step": r.diverged_at_step,
+                      "steps": r.steps, "wall_s": r.wall_s, "reason": r.reason, "skipped_steps": r.skipped_steps}
+                     for r in self.study.runs.values()],
+            "verdicts": {a: {c.metric: c.verdict for c in self.comparisons if c.arm == a and c.primary} for a in self.arms},
+            "comparisons": [asdict(c) for c in self.comparisons],
+            "aa": [asdict(c) for c in self.aa],
+            "detectable": [asdict(d) for d in self.detectable],
+            "arm_runs": {a: asdict(r) for a, r in self.arms.items()},
+            "run_metrics": {a: {str(s): m for s, m in seeds.items()} for a, seeds in inputs.run_metrics.items()},
+            "truth": inputs.truth,
+            "delong": [dict(arm=a, task=t, seed=s, **asdict(r)) for (a, t, s), r in inputs.delong.items()],
+            "inputs": {"deltas": [deltas(d, arm=a, metric=m) for (a, m), d in inputs.deltas.items()],
+                       "aa": [deltas(d, metric=m) for m, d in inputs.aa.items()], "aa_pairs": inputs.aa_pairs,
+                       "notes": inputs.notes},
+        })
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (np.floating, float)):
+        return None if not math.isfinite(float(value)) else float(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+# ----------------------------------------------------------------------------- inputs from the run folders
+
+
+def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...]) -> StudyInputs:
+    """Per-seed deltas and their eval variances from every finished run's eval.npz. Refuses eval sets
+    whose labels or users differ between runs (the pairing is broken) and what metrics.evaluate_run refuses."""
+    arrays: dict[tuple[str, int], dict[str, np.ndarray]] = {}
+    reference_key = None
+    for arm in study.arms:
+        for seed in study.finished_seeds(arm):
+            loaded = metrics.load_eval(study.run_dir(arm, seed) / "eval.npz")
+            if reference_key is None:
+                reference_key = (arm, seed)
+            else:
+                for name in ("click", "conversion", "user_id"):
+                    if not np.array_equal(loaded[name], arrays[reference_key][name]):
+                        raise ValueError(f"eval.npz of {arm}/seed{seed} has different {name!r} from {reference_key[0]}/"
+                                         f"seed{reference_key[1]}: runs must share the eval set, in the same order")
+            arrays[(arm, seed)] = loaded
+    run_metrics: dict[str, dict[int, dict[str, dict[str, float]]]] = {arm: {} for arm in study.arms}
+    for (arm, seed), a in arrays.items():
+        try:
+            run_metrics[arm][seed] = metrics.evaluate_run(a)
+        except ValueError as error:
+            raise ValueError(f"{arm}/seed{seed}: {error}") from error
+    if reference_key is None:
+        return StudyInputs(run_metrics, None, {}, {}, [], {}, {}, 0)
+    reference = arrays[reference_key]
+    truth = metrics.truth_metrics(reference) if "true_ctr" in reference else None
+    _, user_index = np.unique(reference["user_id"], return_inverse=True)
+    n_users = int(user_index.max()) + 1
+    views = metrics.task_views(reference)
+    task_users = {t: user_index if v.mask is None else user_index[v.mask] for t, v in views.items()}
+    truth_loss = {t: truth_log_loss(v.labels, v.true_probs, task_users[t], n_users) if v.true_probs is not None else None
+                  for t, v in views.items()}
+    components: dict[tuple[str, int, str], tuple[float, np.ndarray]] = {}
+    sums: dict[tuple[str, int], dict[str, RunSums]] = {}
+    for key, a in arrays.items():
+        sums[key] = {}
+        for task, view in metrics.task_views(a).items():
+            sums[key][task] = RunSums.build(view.labels, view.probs, task_users[task], n_users)
+    base = study.baseline
+    base_seeds = study.finished_seeds(base)
+    usable = [m for m in metric_names if truth is not None or m.split(".", 1)[1] not in TRUTH_METRIC_KINDS]
+
+    def seed_deltas(pairs: dict[int, tuple[tuple[str, int], tuple[str, int]]], metric: str) -> SeedDeltas:
+        task, kind = metric.split(".", 1)
+        per_seed, influence = {}, []
+        for label, (arm_key, base_key) in pairs.items():
+            delta, psi = paired_delta(kind, sums[arm_key][task], sums[base_key][task], truth_loss[task])
+            per_seed[label] = delta
+            influence.append(psi)
+        eval_var, eval_var_of_mean = eval_variances(np.array(influence))
+        return SeedDeltas(per_seed, eval_var, eval_var_of_mean)
+
+    deltas: dict[tuple[str, str], SeedDeltas] = {}
+    delong = {}
+    for arm in study.arms:
+        paired = [s for s in base_seeds if (arm, s) in arrays]
+        if arm == base or not paired:
+            continue
+        for metric in usable:
+            deltas[(arm, metric)] = seed_deltas({s: ((arm, s), (base, s)) for s in paired}, metric)
+        for s in paired:
+            for task, view in views.items():
+                probs = {k: metrics.task_views(arrays[k])[task].probs for k in ((arm, s), (base, s))}
+                parts = [delong_components(view.labels, np.asarray(probs[k], dtype=np.float64)) for k in ((arm, s), (base, s))]
+                delong[(arm, task, s)] = delong_result(*delong_from_components(view.labels, [p[0] for p in parts],
+                                                                                [p[1] for p in parts]), 0.95)
+    pairs = disjoint_pairs(base_seeds)
+    aa = {m: seed_deltas({i: ((base, b), (base, a)) for i, (a, b) in enumerate(pairs)}, m) for m in usable} if pairs else {}
+    n_examples = {t: int(v.labels.size) for t, v in views.items()}
+    return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users)
+
+
+# ----------------------------------------------------------------------------- the decision
+
+
+def _comparison(arm: str, metric: str, primary: bool, e: Estimate, per_seed: dict[int, float], low: float, high: float,
+                level: float, verdict: str | None, reason: str, margin: float) -> Comparison:
+    return Comparison(arm, metric, primary, e.delta, per_seed, low, high, level, e.se, e.df, verdict, reason, margin)
+
+
+def detectable_effects(analysis_deltas: dict[tuple[str, str], SeedDeltas], settings: ReportSettings,
+                       primary: list[str], family_size: int) -> list[Detectable]:
+    """Per primary metric: the smallest regression detected with ``settings.power`` at the Bonferroni level
+    (Holm's first step, its least powerful) with the study's seeds, from the seed and shared eval variance
+    pooled (averaged) over its arms, and the seeds a regression of the margin's size would need."""
+    alpha = (1 - settings.confidence) / max(family_size, 1)
+    out = []
+    for metric in primary:
+        found = [d for (a, m), d in analysis_deltas.items() if m == metric]
+        margin = settings.margin(metric)
+        k = max((len(d.per_seed) for d in found), default=0)
+        usable = [estimate(d) for d in found if len(d.per_seed) >= 2]
+        if not usable:
+            out.append(Detectable(metric, k, math.nan, margin, None))
+            continue
+        seed_var = float(np.mean([e.seed_var for e in usable]))
+        shared = float(np.mean([e.shared_eval_var for e in usable]))
+
+        def effect(n: int) -> float:
+            return detectable_effect(math.sqrt(seed_var / n + shared), n - 1, alpha, settings.power)
+
+        needed = next((n for n in range(MIN_PAIRED_SEEDS, MAX_SEEDS_ADVISED + 1) if effect(n) <= margin), None)
+        out.append(Detectable(metric, k, effect(k) if k >= MIN_PAIRED_SEEDS else math.nan, margin, needed,
+                              effect(MIN_PAIRED_SEEDS)))
+    return out
+
+
+def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) -> StudyAnalysis:
+    """Apply the decision rule to a study's inputs: Holm over arms x primary metrics, unadjusted
+    intervals for the others, the A/A control at the unadjusted level, detectable effects.
+    Refuses a primary truth metric (excess_ne) on a study without truth."""
+    if inputs.truth is None and inputs.deltas:
+        lacking = [m for m in settings.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
+        if lacking:
+            raise ValueError(f"primary metric(s) {lacking} need a source with truth; this study has none "
+                             f"(accepted here: {[m for m in METRIC_NAMES if m.split('.', 1)[1] not in TRUTH_METRIC_KINDS]})")
+    primary = list(settings.primary)
+    base = study.baseline
+    hypotheses, secondary = [], []
+    for (arm, metric), d in inputs.deltas.items():
+        e = estimate(d)
+        if metric in primary:
+            hypotheses.append((Hypothesis(arm, metric, e, settings.margin(metric), worse_when(metric)), d))
+        else:
+            secondary.append((arm, metric, e, d))
+    verdicts = decide([h for h, _ in hypotheses], settings.confidence, settings.correction)
+    family_size = sum(1 for h, _ in hypotheses if h.estimate.n_seeds >= MIN_PAIRED_SEEDS)
+    comparisons = [_comparison(v.arm, v.metric, True, h.estimate, d.per_seed, v.low, v.high, v.level, v.verdict, v.reason,
+                               v.margin) for (h, d), v in zip(hypotheses, verdicts)]
+    for arm, metric, e, d in secondary:
+        low, high = e.interval(settings.confidence)
+        comparisons.append(_comparison(arm, metric, False, e, d.per_seed, low, high, settings.confidence, None,
+                                       "secondary metric: unadjusted interval, no verdict", settings.margin(metric)))
+    order = {m: i for i, m in enumerate(primary + [m for m in METRIC_NAMES if m not in primary])}
+    comparisons.sort(key=lambda c: (study.arms.index(c.arm), order[c.metric]))
+    aa = []
+    aa_hypotheses = [Hypothesis("A/A", m, estimate(d), settings.margin(m), worse_when(m)) for m, d in inputs.aa.items()
+                     if m in primary]
+    for h, v in zip(aa_hypotheses, decide(aa_hypotheses, settings.confidence, "none")):
+        aa.append(_comparison("A/A", h.metric, True, h.estimate, inputs.aa[h.metric].per_seed, v.low, v.high, v.level,
+                              v.verdict, v.reason, v.margin))
+    arms = {}
+    for arm in study.arms:
+        if arm == base:
+            continue
+        runs = {s: study.runs[(arm, s)] for s in study.seeds}
+        paired = sorted(next((d.per_seed for (a, _), d in inputs.deltas.items() if a == arm), {}))
+        arms[arm] = ArmResult(arm, paired, {s: r.diverged_at_step for s, r in runs.items() if r.status == "diverged"},
+                              [s for s, r in runs.items() if r.status == "missing"],
+                              {s: r.reason for s, r in runs.items() if r.status == "skipped"})
+    detectable = detectable_effects(inputs.deltas, settings, primary, max(family_size, len(arms) * len(primary)))
+    return StudyAnalysis(study, settings, inputs, comparisons, aa, arms, detectable, family_size)
+
+
+def analyze_study(study_dir: str | PathLike | StudyData) -> StudyAnalysis:
+    """Compare every arm with the baseline and decide (module docstring); reads files only. Without
+    run folders, reads the comparisons back from summary.json. Refuses what load_study,
+    inputs_from_runs, inputs_from_summary and conclude refuse."""
+    study = study_dir if isinstance(study_dir, StudyData) else load_study(study_dir)
+    settings = ReportSettings.from_dict(study.spec.get("report"), legacy=True)
+    if study.has_runs:
+        inputs = inputs_from_runs(study, METRIC_NAMES)
+    else:
+        import json
+
+        inputs = inputs_from_summary(json.loads((study.directory / "summary.json").read_text()), study.baseline)
+    return conclude(study, inputs, settings)

@@ -1,0 +1,135 @@
+"""The [report] table of an experiment spec: primary metrics, margins, multiplicity correction.
+
+The analysis (mxlab/analysis/) reads these settings back from study.json; the schema lives here,
+in the experiment layer, so a spec is validated completely before any training.
+
+A compared metric is named ``TASK.METRIC`` (``ctr.ne``, ``ctcvr.excess_ne``, ``cvr.auc``, ...):
+tasks ``ctr``, ``cvr``, ``ctcvr``; metrics
+
+- ``ne``: 100 x (NE_arm / NE_baseline - 1), percent of the baseline's NE (worse when positive);
+- ``excess_ne``: 100 x (NE_arm - NE_baseline) / (NE_baseline - NE_truth), the share of the
+  baseline-to-truth gap the arm adds, in percent (worse when positive; sources with truth only);
+- ``auc``: AUC_arm - AUC_baseline (worse when negative);
+- ``calibration_error``: |cal_arm - 1| - |cal_baseline - 1| (worse when positive);
+- ``ece``: ECE_arm - ECE_baseline (worse when positive).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+TASK_NAMES: tuple[str, ...] = ("ctr", "cvr", "ctcvr")
+METRIC_KINDS: tuple[str, ...] = ("ne", "excess_ne", "auc", "calibration_error", "ece")
+METRIC_NAMES: tuple[str, ...] = tuple(f"{task}.{kind}" for task in TASK_NAMES for kind in METRIC_KINDS)
+TRUTH_METRIC_KINDS: tuple[str, ...] = ("excess_ne",)
+CORRECTIONS: tuple[str, ...] = ("holm", "bonferroni", "none")
+DEFAULT_PRIMARY: tuple[str, ...] = ("ctr.ne", "ctcvr.ne")
+# Keys written by earlier versions into study.json's "report"; read back and ignored.
+LEGACY_KEYS: tuple[str, ...] = ("bootstrap_resamples", "bootstrap_seed", "min_seeds_for_t", "multiple_testing")
+# Which setting holds the default margin of each metric kind.
+MARGIN_SETTING: dict[str, str] = {"ne": "ne_regression_pct", "excess_ne": "excess_ne_pct", "auc": "auc_regression",
+                                  "calibration_error": "calibration_tolerance", "ece": "ece_regression"}
+MIN_PAIRED_SEEDS = 3
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """The validated [report] table.
+
+    ``primary``: the metrics that get verdict words (the others are shown with unadjusted intervals).
+    ``margins``: per metric name, overriding the default margin of its kind
+    (``ne_regression_pct`` % of NE, ``excess_ne_pct`` % of the baseline-to-truth gap, ``auc_regression``,
+    ``calibration_tolerance``, ``ece_regression``). A regression needs its point delta beyond the
+    margin; non-inferiority needs the whole interval on the good side of it.
+    ``confidence``: family-wise over the arms x primary metrics, ``correction`` (holm by default).
+    ``power``: the power at which the smallest detectable effect is stated.
+    """
+
+    primary: tuple[str, ...] = DEFAULT_PRIMARY
+    ne_regression_pct: float = 0.02
+    excess_ne_pct: float = 1.0
+    auc_regression: float = 0.001
+    calibration_tolerance: float = 0.01
+    ece_regression: float = 0.001
+    margins: dict[str, float] = field(default_factory=dict)
+    confidence: float = 0.95
+    correction: str = "holm"
+    power: float = 0.8
+
+    def margin(self, metric: str) -> float:
+        """The margin of a metric name (``TASK.KIND``); refuses an unknown name, listing the accepted ones."""
+        if metric not in METRIC_NAMES:
+            raise ValueError(f"unknown metric {metric!r}; accepted: {', '.join(METRIC_NAMES)}")
+        if metric in self.margins:
+            return self.margins[metric]
+        return float(getattr(self, MARGIN_SETTING[metric.split(".", 1)[1]]))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None, *, legacy: bool = False) -> "ReportSettings":
+        """Settings from a mapping. Refuses unknown keys, wrong types, an unknown primary metric, a
+        negative margin, an unknown correction, naming the value and the accepted ones. ``legacy``
+        drops the keys of earlier versions (:data:`LEGACY_KEYS`), for reading old study folders."""
+        values = dict(values or {})
+        if legacy:
+            values = {k: v for k, v in values.items() if k not in LEGACY_KEYS}
+        accepted = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(accepted))
+        if unknown:
+            raise ValueError(f"unknown report setting(s) {unknown}; accepted: {accepted}")
+        clean: dict[str, Any] = {}
+        for name, value in values.items():
+            if name == "primary":
+                clean[name] = _primary(value)
+            elif name == "margins":
+                clean[name] = _margins(value)
+            elif name == "correction":
+                if value not in CORRECTIONS:
+                    raise ValueError(f"report setting correction={value!r}; accepted: {', '.join(CORRECTIONS)}")
+                clean[name] = value
+            else:
+                clean[name] = _number(name, value)
+        settings = cls(**clean)
+        for name in MARGIN_SETTING.values():
+            if getattr(settings, name) < 0:
+                raise ValueError(f"report setting {name}={getattr(settings, name)!r} must be >= 0 (accepted: a number >= 0)")
+        if not 0.5 <= settings.confidence < 1:
+            raise ValueError(f"report setting confidence={settings.confidence!r}; accepted: a number in [0.5, 1)")
+        if not 0.5 <= settings.power < 1:
+            raise ValueError(f"report setting power={settings.power!r}; accepted: a number in [0.5, 1)")
+        return settings
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (what study.json records), read back by :meth:`from_dict`."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else
+                         dict(v) if isinstance(v, dict) else v) for f in fields(self)}
+
+
+def _number(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"report setting {name}={value!r} must be a number")
+    return float(value)
+
+
+def _primary(value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"report setting primary={value!r} must be a non-empty list of metric names; "
+                         f"accepted names: {', '.join(METRIC_NAMES)}")
+    for name in value:
+        if name not in METRIC_NAMES:
+            raise ValueError(f"report setting primary names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"report setting primary={list(value)!r} repeats a metric")
+    return tuple(value)
+
+
+def _margins(value: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"report setting margins={value!r} must be a table of metric name = margin")
+    out = {}
+    for name, margin in value.items():
+        if name not in METRIC_NAMES:
+            raise ValueError(f"report setting margins names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}")
+        out[name] = _number(f"margins.{name}", margin)
+        if out[name] < 0:
+            raise ValueError(f"report setting margins.{name}={margin!r} must be >= 0 (accepted: a number >= 0)")
+    return out
