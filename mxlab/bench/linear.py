@@ -6,8 +6,8 @@ Implementations ("arms"), all on BF16 inputs (M, K), weight (N, K), no bias, tim
 | arm | what runs |
 |---|---|
 | torch bf16 | `nn.Linear` in BF16 (cuBLAS): the baseline every ratio divides by |
-| mxlab mxfp8 (emulated) | `QLinear` with the mxfp8-rceil policy: each GEMM one fused MX GEMM kernel (mxlab.kernels.gemm: operands quantized in registers, BF16 tensor cores, FP32 accumulation) |
-| mxlab mxfp8-hadamard (emulated) | the same with the wgrad operands through the random Hadamard transform (block 32) inside the fused GEMM |
+| mxlab mxfp8 (emulated) | `QLinear` with the mxfp8-rceil policy: every operand MX-quantized (Triton casts), BF16 tensor-core GEMMs with FP32 accumulation (exact for MX values) |
+| mxlab mxfp8-hadamard (emulated) | the same with the wgrad operands through the fused random Hadamard (block 32) + MX cast |
 | mxlab fp8-tensor (emulated) | `QLinear` with the fp8-tensor policy: per-tensor FP8 current scaling, emulated |
 | TE bf16 | `te.Linear` without FP8 |
 | TE fp8_current / fp8_delayed / fp8_block / mxfp8 | `te.Linear` under `te.autocast` with that recipe (mxlab.recipe.backends.te) |
@@ -15,8 +15,8 @@ Implementations ("arms"), all on BF16 inputs (M, K), weight (N, K), no bias, tim
 Shapes: recommendation-model token counts M = 16384 and 65536, K = N = 512, 1024, 4096. The
 baseline is measured in the same run on the same tensors. TE arms are skipped, with the reason in
 the note column, when TE is missing or the GPU cannot run the recipe (MXFP8 needs compute
-capability 10.0). mxlab's emulation quantizes inside the GEMM kernel and multiplies the dequantized values with FP32
-accumulation, so it is a numerics tool first: expect it above 1x; TE's FP8 at K = N <= 1024 is also slower
+capability 10.0). mxlab's emulation quantizes in Triton kernels and multiplies the dequantized values with FP32
+accumulation, so it is a numerics tool, not a fast path: expect it above 1x; TE's FP8 at K = N <= 1024 is also slower
 than BF16 on the H200 (its fixed cost per call dominates small GEMMs; see shared/te/README.md).
 """
 from __future__ import annotations

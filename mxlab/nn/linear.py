@@ -11,10 +11,7 @@ With x (M, K) (leading dims of the input are flattened into M), W (N, K):
 It is `qmatmul(x, W^T, precision)` plus the bias (added in high precision, its gradient is the
 plain sum of dy), so the semantics, padding and seeding are those of `mxlab.nn.qmatmul`:
 in_features or out_features that are not a multiple of 32 are zero-padded for quantization
-(`padded_dims` says which), accumulation is FP32 and the output has the input's dtype. On CUDA a GEMM
-with two MX operands runs in the fused MX GEMM kernel (mxlab.kernels.gemm): x, W and dy are quantized
-in registers inside each GEMM, so the layer saves only x and W for backward, as nn.Linear does, and
-makes no quantized copy and no host sync.
+(`padded_dims` says which), accumulation is FP32 and the output has the input's dtype.
 
 Stochastic rounding seeds: the seed of each operand of each GEMM at forward call c is
 `derive_seed(precision.seed, c, slot)` (mxlab.nn.qmatmul.SEED_SLOTS), where `precision.seed` is

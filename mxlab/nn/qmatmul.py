@@ -21,24 +21,14 @@ dims and blocks never cross them: in a padded per-sequence attention layout (B, 
 key-axis blocks of P @ V and of the gradients start at each sequence's first key, and keys
 padded with zeros change neither the blocks of the real keys nor the product.
 
-On CUDA a GEMM whose two operands are MX (any format, scale mode, rounding, block 32 or (32, 32),
-no Hadamard or Hadamard block 32, no stochastic-rounding counters, no GEMM observer installed) runs in
-the fused MX GEMM (`mxlab.kernels.gemm.mx_gemm`, chosen by `mxlab.nn.fused`): one kernel reads the
-high-precision operands through their strides, quantizes each K-block in registers bit-identically to
-the reference, and multiplies on the BF16 tensor cores with float32 accumulation (exact even for MX
-values below 2^-126, without a host sync). No quantized copy is made or saved: the backward GEMMs
-quantize the saved high-precision a and b (and g) again, and nothing syncs with the host.
-
-Every other emulated GEMM (per-tensor FP8 or high-precision operands, other Hadamard blocks, counters,
-an installed observer, the CPU, `MXLAB_BACKEND=reference`) takes the reference path: operands quantized
-by `mxlab.numerics.quant.fake_quantize` (mxlab/nn/operands.py), then on CUDA the BF16 tensor cores with
-float32 accumulation (`torch.mm(..., out_dtype=torch.float32)`) whenever both operands are exactly
+On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation and a
+float32 result (`torch.mm(..., out_dtype=torch.float32)`) whenever both operands are exactly
 representable in bfloat16. That holds for FP8 values, and for every MX element value quantized
 from a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a
 point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
 or float16 (via float32) are checked: no nonzero magnitude below 2^-126, where bfloat16 loses
-bits (a host sync). Other GEMMs (float32 high-precision operands, the CPU) multiply float32 operands.
-All of these differ only in the order of float32 accumulation, as any two GEMM kernels do.
+bits. Other GEMMs (float32 high-precision operands, the CPU) multiply float32 operands. The two
+differ only in the order of float32 accumulation, as any two GEMM kernels do.
 
 A GEMM whose two operands are both high precision (`bf16` or `fp32`) is a plain
 `torch.matmul` of the unmodified operands: "bf16" means the precision the baseline model runs
@@ -65,18 +55,6 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from mxlab.nn.fused import fused_gemm_kernels
-from mxlab.nn.operands import (  # noqa: F401  (_exact_in_bfloat16, _counted_stochastic_fake_quantize: for tests)
-    QuantizedOperand,
-    _counted_stochastic_fake_quantize,
-    _dequantized,
-    _exact_in_bfloat16,
-    _fake_quantize_operand,
-    _float32_product,
-    _hadamard_quantized_operand,
-    _hadamard_transformed,
-    _quantized_operand,
-)
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.hadamard import HADAMARD_BLOCKS
 from mxlab.numerics.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
@@ -242,7 +220,121 @@ def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver
 # ---------------------------------------------------------------------------------------------
 
 
+def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> torch.Tensor:
+    """x quantized and dequantized as `quant` says (unchanged if high precision), in float32."""
+    values, factor = _quantized_operand(x, quant, axis, seed)
+    return values.float() if factor is None else values.float() * factor
+
+
+QuantizedOperand = tuple[torch.Tensor, Optional[torch.Tensor]]
 Counters = tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]  # of a, b, grad of the output
+
+
+def _quantized_operand(
+    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: Optional[torch.Tensor] = None
+) -> QuantizedOperand:
+    """(values, factor): x quantized and dequantized as `quant` says is values * factor (factor None: 1).
+    `counter` (int64, broadcastable to x): stochastic rounding draws its bits from it (see
+    `_counted_stochastic_fake_quantize`) instead of from each element's linear index.
+
+    MX operands: their dequantized values, in bfloat16 where that holds them exactly (see
+    `_exact_in_bfloat16`), else float32. Per-tensor FP8: the FP8 values (bfloat16 on CUDA, exact)
+    and the 0-d float32 scale_inv, applied to the float32 product as FP8 hardware does. High
+    precision: x itself (bfloat16 stays bfloat16, anything else becomes float32)."""
+    if quant.high_precision:
+        return (x if x.dtype == torch.bfloat16 else x.float()), None
+    from mxlab.numerics.quant import fake_quantize, quantize_per_tensor_fp8
+
+    if not quant.block_scaled:
+        q, scale_inv = quantize_per_tensor_fp8(x, quant.fmt)
+        return q.to(torch.bfloat16 if x.is_cuda else torch.float32), scale_inv
+    kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True,
+                              "block": quant.block, "axis": axis if quant.block == 32 else -1}
+    if quant.rounding == "stochastic" and counter is not None:
+        values = _counted_stochastic_fake_quantize(x, quant, axis, seed, counter)
+        return (values.to(torch.bfloat16) if x.dtype == torch.bfloat16 else _narrowed_to_bfloat16(values)), None
+    if quant.rounding == "stochastic":
+        kwargs["seed"] = seed
+    if x.dtype == torch.bfloat16:
+        return fake_quantize(x, quant.fmt, **kwargs), None  # exact in bfloat16, see the module docstring
+    return _narrowed_to_bfloat16(fake_quantize(x.float(), quant.fmt, **kwargs)), None
+
+
+def _counted_stochastic_fake_quantize(
+    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: torch.Tensor
+) -> torch.Tensor:
+    """x fake-quantized (float32) as the MX operand `quant` says, with stochastic rounding whose random
+    bits are `mxlab.numerics.reference.random_bits24(counter, seed)` element by element (counter broadcast to x);
+    blocks of 32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
+    from mxlab.numerics.quant import fake_quantize_counted
+
+    return fake_quantize_counted(x.float(), quant.fmt, counter=counter, seed=seed, block=quant.block,
+                                 axis=axis if quant.block == BLOCK_SIZE else -1, scale_mode=quant.scale_mode, pad=True)
+
+
+def _narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
+    """float32 MX values as bfloat16 where that is exact on CUDA (see `_exact_in_bfloat16`), else unchanged."""
+    if mx_values.is_cuda and _exact_in_bfloat16(mx_values):
+        return mx_values.to(torch.bfloat16)
+    return mx_values
+
+
+BFLOAT16_EXACT_FLOOR = 2.0 ** -126  # below it, bfloat16 (8 significant bits) is subnormal
+
+
+def _exact_in_bfloat16(mx_values: torch.Tensor) -> bool:
+    """Whether MX fake-quantized values (at most 8 significant bits) are all exact in bfloat16: true
+    unless some nonzero magnitude lies below 2^-126. One reduction and a host sync."""
+    magnitude = mx_values.abs()
+    return not bool(((magnitude < BFLOAT16_EXACT_FLOOR) & (magnitude != 0)).any())
+
+
+def _float32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b accumulated and returned in float32: BF16 tensor cores when both are bfloat16 CUDA
+    tensors, else a float32 matmul. a, b: (..., M, K) and (..., K, N) with equal leading dims."""
+    if a.dtype == b.dtype == torch.bfloat16 and a.is_cuda:
+        if a.dim() == 2:
+            return torch.mm(a, b, out_dtype=torch.float32)
+        batch = a.shape[:-2]
+        out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
+        return out.reshape(*batch, *out.shape[-2:])
+    return torch.matmul(a.float(), b.float())
+
+
+def _pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
+    size = x.shape[axis]
+    extra = -size % multiple
+    if extra == 0:
+        return x
+    pad_shape = list(x.shape)
+    pad_shape[axis] = extra
+    return torch.cat([x, x.new_zeros(pad_shape)], dim=axis)
+
+
+def _hadamard_transformed(x: torch.Tensor, axis: int, block: int, hadamard_seed: int) -> torch.Tensor:
+    """x in float32, zero-padded along `axis` to a multiple of `block` and transformed there by the
+    random Hadamard matrix H of `hadamard_seed` (both operands of a GEMM get the same H, so
+    (a H^T)(H b) = a b)."""
+    from mxlab.numerics.hadamard import random_hadamard
+
+    return random_hadamard(_pad_to_multiple(x.float(), axis, block), block, axis, hadamard_seed)
+
+
+def _hadamard_quantized_operand(
+    x: torch.Tensor, quant: OperandQuant, axis: int, block: int, hadamard_seed: int, seed: int
+) -> QuantizedOperand:
+    """`_quantized_operand` of `_hadamard_transformed(x, axis, block, hadamard_seed)`. An MX operand
+    with 1-D blocks goes through `mxlab.numerics.quant.hadamard_fake_quantize`: one fused Triton kernel (one
+    read of x) on CUDA when the Hadamard block is 32, bit-identical to transforming and then quantizing."""
+    if not (quant.block_scaled and quant.block == BLOCK_SIZE):
+        return _quantized_operand(_hadamard_transformed(x, axis, block, hadamard_seed), quant, axis, seed)
+    from mxlab.numerics.quant import hadamard_fake_quantize
+
+    values = hadamard_fake_quantize(
+        x, quant.fmt, block=block, axis=axis, hadamard_seed=hadamard_seed, scale_mode=quant.scale_mode,
+        rounding=quant.rounding, seed=seed if quant.rounding == "stochastic" else None, pad=True,
+    )
+    return _narrowed_to_bfloat16(values), None
 
 
 def _gemm(
@@ -271,11 +363,6 @@ def _gemm(
 
     if quant.high_precision:  # the baseline's GEMM: follows torch.autocast like nn.Linear does
         return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
-    kernels = fused_gemm_kernels(a, b, quant) if _observer is None and counters == (None, None) else None
-    if kernels is not None:  # one kernel: both operands quantized in registers, no copies, no host sync
-        out = kernels.mx_gemm(a, b, quant.a, quant.b, transpose_a=transpose_a, transpose_b=transpose_b, seeds=seeds[:2],
-                              hadamard_seed=seeds[2] if quant.hadamard else None, out_dtype=out_dtype)
-        return out, None, None
     with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
         a_in, b_in = a, b
         if quant.hadamard is None:
@@ -314,14 +401,13 @@ UNDERFLOW_LINE = float(torch.finfo(torch.float32).tiny)
 
 
 def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
-    """Accumulate overflow / underflow counts of the (scaled) gradient entering the product, as 0-d int64
-    tensors on g's device (no host sync; whoever reads them, once per step, syncs)."""
+    """Accumulate overflow / underflow counts of the (scaled) gradient entering the product."""
     stats = precision.grad_stats
     magnitude = g.detach().abs()
     nonzero = magnitude != 0
-    stats["nonfinite"] = stats.get("nonfinite", 0) + (~torch.isfinite(magnitude)).sum()
-    stats["nonzero"] = stats.get("nonzero", 0) + nonzero.sum()
-    stats["underflow"] = stats.get("underflow", 0) + (nonzero & (magnitude < UNDERFLOW_LINE)).sum()
+    stats["nonfinite"] = stats.get("nonfinite", 0) + int((~torch.isfinite(magnitude)).sum())
+    stats["nonzero"] = stats.get("nonzero", 0) + int(nonzero.sum())
+    stats["underflow"] = stats.get("underflow", 0) + int((nonzero & (magnitude < UNDERFLOW_LINE)).sum())
     stats["backward_calls"] = stats.get("backward_calls", 0) + 1
 
 

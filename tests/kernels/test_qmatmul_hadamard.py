@@ -1,17 +1,10 @@
 """qmatmul with a random Hadamard transform: MX operands take the fused Hadamard + cast kernel and
-give the same products and gradients as transforming in PyTorch and then quantizing. The fused MX GEMM
-(mxlab.kernels.gemm) is turned off here so the cast kernels run; tests/nn/test_qmatmul_fused.py checks it."""
+give the same products and gradients as transforming in PyTorch and then quantizing."""
 import pytest
 import torch
 
 from mxlab.numerics import quant as quant_module
-from mxlab.nn import qmatmul as qmatmul_module
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant, qmatmul, set_gemm_observer
-
-
-@pytest.fixture(autouse=True)
-def _cast_kernels_not_the_fused_gemm(monkeypatch):
-    monkeypatch.setattr(qmatmul_module, "fused_gemm_kernels", lambda *args: None)
 
 
 def _hadamard_precision(rounding: str) -> MatmulPrecision:
