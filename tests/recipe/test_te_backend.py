@@ -434,7 +434,7 @@ def test_a_study_trains_a_te_arm_and_skips_one_the_gpu_cannot_run_with_the_reaso
     skipped = json.loads((runs / "te-mxfp8" / "seed0" / "done.json").read_text())
     assert skipped["status"] == "skipped" and skipped["reason"].endswith(MXFP8_REFUSAL)
     report = (tmp_path / "study" / "report.md").read_text()
-    assert "te-mxfp8/seed0" in report and MXFP8_REFUSAL in report
+    assert "te-mxfp8 was skipped** on seeds [0]" in report and MXFP8_REFUSAL in report
 
 
 @pytest.mark.gpu
