@@ -76,7 +76,7 @@ def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):
     original = bench.time_arm
 
     def failing(spec, recipe, *args, **kwargs):
-        if recipe.name == "mxfp8-floor":
+        if recipe.name == "mxfp8-rceil":
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return original(spec, recipe, *args, **kwargs)
 
@@ -84,6 +84,6 @@ def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):
     result = bench.run_step_bench(QUICKSTART, batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu",
                                   echo=lambda text: None)
     rows = {row["arm"]: row for row in result["arms"]}
-    assert list(rows) == ["bf16", "mxfp8-floor", "mxfp4-all"]
-    assert rows["mxfp8-floor"]["ms_per_step"] is None and rows["mxfp8-floor"]["note"].startswith("out of memory")
+    assert list(rows) == ["bf16", "mxfp8-rceil", "mxfp4-all"]
+    assert rows["mxfp8-rceil"]["ms_per_step"] is None and rows["mxfp8-rceil"]["note"].startswith("out of memory")
     assert rows["mxfp4-all"]["ms_per_step"] > 0 and rows["mxfp4-all"]["ratio_to_baseline"] > 0
