@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Optional
 
-from mxlab.nn.qmatmul import (
+from mxlab.nn.precision import (
     HADAMARD_BLOCKS,
     OPERAND_FORMATS,
     ROUNDINGS,
