@@ -6,25 +6,33 @@ from typing import List, Optional
 
 import typer
 
+from mxlab.cli.command import Command
+
 app = typer.Typer(help="Speed benchmarks (CUDA): ratios against baselines measured in the same run.", no_args_is_help=True)
 
 
-@app.command("attention")
+@app.command("attention", cls=Command)
 def bench_attention_command(
-    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."),
     sweep_tiles: bool = typer.Option(False, "--sweep-tiles", help="Also time a few kernel tile sizes on the self-attention shapes."),
 ) -> None:
-    """Jagged attention kernel (BF16, MXFP8) against padded SDPA and FlexAttention: forward + backward, useful TFLOP/s."""
+    """Jagged attention kernel (BF16, MXFP8) against padded SDPA and FlexAttention: forward + backward, useful TFLOP/s.
+
+    Example: mxlab bench attention --json bench_attention.json
+    """
     from mxlab.bench.attention import run_attention_bench
 
     run_attention_bench(json_path, sweep_tiles=sweep_tiles)
 
 
-@app.command("attention-sass")
+@app.command("attention-sass", cls=Command)
 def bench_attention_sass_command(
     integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer quantization steps instead of the hardware FP8 path."),
 ) -> None:
-    """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop."""
+    """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop.
+
+    Example: mxlab bench attention-sass
+    """
     from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
 
     try:
@@ -34,25 +42,31 @@ def bench_attention_sass_command(
         raise typer.Exit(2)
 
 
-@app.command("quant")
+@app.command("quant", cls=Command)
 def bench_quant_command(
-    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."),
     sweep_tiles: bool = typer.Option(False, "--sweep-tiles", help="Also time a few launch shapes at the headline size."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip torch.compile of the reference."),
 ) -> None:
-    """MX casts (row, column, both, tiles, fake-quantize, stochastic) of BF16 tensors: bandwidth as a fraction of copy."""
+    """MX casts (row, column, both, tiles, fake-quantize, stochastic) of BF16 tensors: bandwidth as a fraction of copy.
+
+    Example: mxlab bench quant --json bench_quant.json
+    """
     from mxlab.bench.quant import run_quant_bench
 
     run_quant_bench(json_path, compile_reference=not no_compile, sweep_tiles=sweep_tiles)
 
 
-@app.command("sass")
+@app.command("sass", cls=Command)
 def bench_sass_command(
-    tile: "Optional[str]" = typer.Option(None, "--tile", help="Launch shape for every cast: ROWSxCOL_BLOCKSxWARPS."),
+    tile: "Optional[str]" = typer.Option(None, "--tile", metavar="SHAPE", help="Launch shape for every cast: ROWSxCOL_BLOCKSxWARPS."),
     integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer fast path instead of the hardware FP8 path."),
-    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the counts as JSON to this path."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", metavar="PATH", help="Also write the counts as JSON to this path."),
 ) -> None:
-    """Static sm_90 machine code of the MX casts `bench quant` times (no GPU needed): instructions per element, registers, spills."""
+    """Static sm_90 machine code of the MX casts `bench quant` times (no GPU needed): instructions per element, registers, spills.
+
+    Example: mxlab bench sass --integer-path
+    """
     from mxlab.bench.sass import parse_tile, run_sass_bench
 
     try:
@@ -62,13 +76,16 @@ def bench_sass_command(
         raise typer.Exit(2)
 
 
-@app.command("linear")
+@app.command("linear", cls=Command)
 def bench_linear_command(
-    shapes: "List[str]" = typer.Option([], "--shape", help="MxKxN to time (repeatable; default M = 16384, 65536 x K = N = 512, 1024, 4096)."),
-    repeat: int = typer.Option(20, "--repeat", min=1, help="Timed repetitions per arm (median reported)."),
-    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    shapes: "List[str]" = typer.Option([], "--shape", metavar="MxKxN", help="MxKxN to time (repeatable; default M = 16384, 65536 x K = N = 512, 1024, 4096)."),
+    repeat: int = typer.Option(20, "--repeat", metavar="N", min=1, help="Timed repetitions per arm (median reported)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."),
 ) -> None:
-    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16 nn.Linear."""
+    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16 nn.Linear.
+
+    Example: mxlab bench linear --shape 65536x1024x1024
+    """
     from mxlab.bench.linear import DEFAULT_SHAPES, parse_shape, run_linear_bench
 
     try:
@@ -78,16 +95,19 @@ def bench_linear_command(
         raise typer.Exit(2)
 
 
-@app.command("host")
+@app.command("host", cls=Command)
 def bench_host_command(
-    recipes: "List[str]" = typer.Option([], "--recipe", help="Recipe to apply (repeatable; default mxfp8-rceil, mxfp8-hadamard, fp8-tensor)."),
-    width: int = typer.Option(64, "--width", min=1, help="in_features = out_features of the layer."),
-    tokens: int = typer.Option(64, "--tokens", min=1, help="Rows of the input."),
-    steps: int = typer.Option(200, "--steps", min=1, help="Forward + backward steps per timed loop."),
-    loops: int = typer.Option(5, "--loops", min=1, help="Timed loops (the best is reported)."),
-    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    recipes: "List[str]" = typer.Option([], "--recipe", metavar="NAME", help="Recipe to apply (repeatable; default mxfp8-rceil, mxfp8-hadamard, fp8-tensor)."),
+    width: int = typer.Option(64, "--width", metavar="N", min=1, help="in_features = out_features of the layer."),
+    tokens: int = typer.Option(64, "--tokens", metavar="N", min=1, help="Rows of the input."),
+    steps: int = typer.Option(200, "--steps", metavar="N", min=1, help="Forward + backward steps per timed loop."),
+    loops: int = typer.Option(5, "--loops", metavar="N", min=1, help="Timed loops (the best is reported)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."),
 ) -> None:
-    """Host (Python) time of one emulated linear layer, forward + backward, as a ratio to nn.Linear: on the CPU, with the MX cast launches stubbed out (no GPU needed)."""
+    """Host (Python) time of one emulated linear layer, forward + backward, as a ratio to nn.Linear: on the CPU, with the MX cast launches stubbed out (no GPU needed).
+
+    Example: mxlab bench host --recipe mxfp8-rceil
+    """
     from dataclasses import asdict
 
     from mxlab.bench.host import DEFAULT_RECIPES, run_host_bench
@@ -105,22 +125,25 @@ def bench_host_command(
 
 
 
-@app.command("step")
+@app.command("step", cls=Command)
 def bench_step_command(
-    spec: Path = typer.Option(Path("experiments/gem-synthetic.toml"), "--spec", help="Experiment spec whose model, data, train settings and arms are timed."),
-    arms: "List[str]" = typer.Option([], "--arm", help="Arm (recipe name) to time (repeatable; default every arm of the spec). The spec's baseline is always timed first."),
-    preset: "Optional[str]" = typer.Option(None, "--preset", help="Model size preset (tiny, h200); default the spec's."),
-    batch_size: "Optional[int]" = typer.Option(None, "--batch", min=1, help="Examples per step; default the spec's train.batch_size."),
-    max_history: "Optional[int]" = typer.Option(None, "--max-history", min=1, help="Longest history (model.max_history); default the spec's."),
-    overrides: "List[str]" = typer.Option([], "--set", help="Override a spec value, key=value (repeatable), as for `mxlab run`."),
-    warmup: int = typer.Option(5, "--warmup", min=0, help="Untimed steps per arm first (cover every batch once)."),
-    steps: int = typer.Option(20, "--steps", min=1, help="Timed steps per arm."),
-    batches: int = typer.Option(4, "--batches", min=1, help="Distinct batches, generated once and kept on the device."),
-    device: str = typer.Option("cuda", "--device", help="cuda, cuda:N or cpu."),
-    peak_tflops: float = typer.Option(989.0, "--peak-tflops", help="BF16 peak the MFU divides by (989: dense BF16 of an H100/H200 SXM)."),
-    json_path: "Optional[Path]" = typer.Option(None, "--json", help="Also write the measurements as JSON to this path."),
+    spec: Path = typer.Option(Path("experiments/gem-synthetic.toml"), "--spec", metavar="SPEC", help="Experiment spec whose model, data, train settings and arms are timed."),
+    arms: "List[str]" = typer.Option([], "--arm", metavar="ARM", help="Arm (recipe name) to time (repeatable; default every arm of the spec). The spec's baseline is always timed first."),
+    preset: "Optional[str]" = typer.Option(None, "--preset", metavar="SIZE", help="Model size preset (tiny, h200); default the spec's."),
+    batch_size: "Optional[int]" = typer.Option(None, "--batch", metavar="N", min=1, help="Examples per step; default the spec's train.batch_size."),
+    max_history: "Optional[int]" = typer.Option(None, "--max-history", metavar="N", min=1, help="Longest history (model.max_history); default the spec's."),
+    overrides: "List[str]" = typer.Option([], "--set", metavar="KEY=VALUE", help="Override a spec value, key=value (repeatable), as for `mxlab run`."),
+    warmup: int = typer.Option(5, "--warmup", metavar="N", min=0, help="Untimed steps per arm first (cover every batch once)."),
+    steps: int = typer.Option(20, "--steps", metavar="N", min=1, help="Timed steps per arm."),
+    batches: int = typer.Option(4, "--batches", metavar="N", min=1, help="Distinct batches, generated once and kept on the device."),
+    device: str = typer.Option("cuda", "--device", metavar="DEVICE", help="cuda, cuda:N or cpu."),
+    peak_tflops: float = typer.Option(989.0, "--peak-tflops", metavar="TFLOPS", help="BF16 peak the MFU divides by (989: dense BF16 of an H100/H200 SXM)."),
+    json_path: "Optional[Path]" = typer.Option(None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."),
 ) -> None:
-    """The whole training step (forward, loss, backward, loss scaler, optimizer) of every arm against the baseline: ms/step, ratio, model TFLOP/s, MFU, peak memory."""
+    """The whole training step (forward, loss, backward, loss scaler, optimizer) of every arm against the baseline: ms/step, ratio, model TFLOP/s, MFU, peak memory.
+
+    Example: mxlab bench step --spec experiments/gem-synthetic.toml --preset h200 --batch 4096
+    """
     from mxlab.bench.step import run_step_bench
 
     try:

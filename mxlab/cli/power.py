@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from mxlab.cli.command import Command
+
 
 def power_main(study: Optional[Path], seeds: str, arms: Optional[int], effect: float, metric: Optional[str],
                seed_sd: Optional[float], eval_sd: Optional[float], eval_shared: float, eval_scale: float,
@@ -73,18 +75,18 @@ def power_main(study: Optional[Path], seeds: str, arms: Optional[int], effect: f
 def register(app: typer.Typer) -> None:
     """Add `mxlab power` to the top-level app."""
 
-    @app.command("power")
+    @app.command("power", cls=Command)
     def power_command(
-        study: Optional[Path] = typer.Argument(None, help="A finished study folder to fit the noise model on."),
-        seeds: str = typer.Option("3,5,8", "--seeds", help="Numbers of seeds to simulate, comma-separated."),
-        arms: Optional[int] = typer.Option(None, "--arms", min=1, help="Arms besides the baseline (default: the study's)."),
-        effect: float = typer.Option(0.0, "--effect", help="A planted regression on --metric, in its units (NE: % of NE)."),
-        metric: Optional[str] = typer.Option(None, "--metric", help="The metric of --effect (default: the first primary)."),
-        seed_sd: Optional[float] = typer.Option(None, "--seed-sd", min=0, help="Without a study: retraining sd of a per-seed delta."),
-        eval_sd: Optional[float] = typer.Option(None, "--eval-sd", min=0, help="Without a study: eval-sampling sd of a per-seed delta."),
-        eval_shared: float = typer.Option(0.5, "--eval-shared", min=0, max=1, help="Share of the eval variance common to all seeds."),
-        eval_scale: float = typer.Option(1.0, "--eval-scale", min=1e-6, help="Eval-set size as a multiple of the fitted one."),
-        studies: int = typer.Option(2000, "--studies", min=10, help="Simulated studies per row."),
+        study: Optional[Path] = typer.Argument(None, metavar="STUDY", help="A finished study folder to fit the noise model on."),
+        seeds: str = typer.Option("3,5,8", "--seeds", metavar="K,K,...", help="Numbers of seeds to simulate, comma-separated."),
+        arms: Optional[int] = typer.Option(None, "--arms", metavar="N", min=1, help="Arms besides the baseline (default: the study's)."),
+        effect: float = typer.Option(0.0, "--effect", metavar="X", help="A planted regression on --metric, in its units (NE: % of NE)."),
+        metric: Optional[str] = typer.Option(None, "--metric", metavar="METRIC", help="The metric of --effect (default: the first primary)."),
+        seed_sd: Optional[float] = typer.Option(None, "--seed-sd", metavar="SD", min=0, help="Without a study: retraining sd of a per-seed delta."),
+        eval_sd: Optional[float] = typer.Option(None, "--eval-sd", metavar="SD", min=0, help="Without a study: eval-sampling sd of a per-seed delta."),
+        eval_shared: float = typer.Option(0.5, "--eval-shared", metavar="FRACTION", min=0, max=1, help="Share of the eval variance common to all seeds."),
+        eval_scale: float = typer.Option(1.0, "--eval-scale", metavar="X", min=1e-6, help="Eval-set size as a multiple of the fitted one."),
+        studies: int = typer.Option(2000, "--studies", metavar="N", min=10, help="Simulated studies per row."),
     ) -> None:
         """Simulate the decision rule: false-regression rate under A/A and power, per number of seeds.
 
