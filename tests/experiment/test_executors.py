@@ -16,7 +16,7 @@ from mxlab.experiment import load_spec
 from mxlab.experiment.runner import run_study
 from tests.experiment.test_end_to_end import MICRO, QUICKSTART
 
-LONGER = MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.epochs=4", "train.max_steps=16", "train.checkpoint_every=2"]
+LONGER = MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.epochs=12", "train.max_steps=48", "train.checkpoint_every=2"]
 
 
 def _eval_bytes(run_dir: Path) -> dict[str, bytes]:
@@ -24,8 +24,10 @@ def _eval_bytes(run_dir: Path) -> dict[str, bytes]:
         return {key: npz[key].tobytes() for key in npz.files}
 
 
-def _kill_when_running(run_dir: Path, at_step: int, killed: list[int], timeout_s: float = 120.0) -> threading.Thread:
-    """Kill (SIGKILL) the process that trains `run_dir` once its progress.json shows `at_step` or later."""
+def _kill_when_running(run_dir: Path, at_step: int, killed: list[int], timeout_s: float = 120.0,
+                       before_step: int = 40) -> threading.Thread:
+    """Kill (SIGKILL) the process that trains `run_dir` once its progress.json shows a step in
+    [at_step, before_step): well before its last step, so the kill never lands on a run that has finished."""
 
     def watch() -> None:
         deadline = time.monotonic() + timeout_s
@@ -34,7 +36,7 @@ def _kill_when_running(run_dir: Path, at_step: int, killed: list[int], timeout_s
                 state = json.loads((run_dir / "progress.json").read_text())
             except (OSError, ValueError):
                 state = {}
-            if state.get("step", 0) >= at_step and state.get("pid") not in (None, os.getpid()):
+            if at_step <= state.get("step", 0) < before_step and state.get("pid") not in (None, os.getpid()):
                 os.kill(state["pid"], signal.SIGKILL)
                 killed.append(state["step"])
                 return
@@ -46,7 +48,7 @@ def _kill_when_running(run_dir: Path, at_step: int, killed: list[int], timeout_s
 
 
 def _study_with_a_kill(out: Path, executor: str):
-    """Run the LONGER study on `executor`, killing the process of bf16/seed0 at step 4 or later."""
+    """Run the LONGER study on `executor`, killing the process of bf16/seed0 between steps 4 and 40 (of 48)."""
     killed: list[int] = []
     watcher = _kill_when_running(out / "runs/bf16/seed0", 4, killed)
     result = run_study(load_spec(QUICKSTART, LONGER), out, device="cpu", executor=executor, show_progress=False)
@@ -68,7 +70,7 @@ def test_a_killed_local_worker_is_recorded_and_the_study_goes_on(tmp_path):
     again = run_study(spec, out, device="cpu", executor="local", resume=True, show_progress=False)
     assert again.trained == ["bf16/seed0"] and again.already_done == ["bf16/seed1"] and not again.failed
     done = json.loads((out / "runs/bf16/seed0/done.json").read_text())
-    assert done["status"] == "finished" and done["steps"] == 16 and done["resumed_from_step"] >= 2
+    assert done["status"] == "finished" and done["steps"] == 48 and done["resumed_from_step"] >= 2
     assert {path.name: path.stat().st_mtime_ns for path in (out / "runs/bf16/seed1").iterdir()} == stamps
 
     reference = tmp_path / "reference"
@@ -100,7 +102,7 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(local_ray, tmp_path)
     result = _study_with_a_kill(out, "ray")
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"] and not result.failed
     retried = json.loads((out / "runs/bf16/seed0/done.json").read_text())
-    assert retried["status"] == "finished" and retried["steps"] == 16 and retried["resumed_from_step"] >= 2
+    assert retried["status"] == "finished" and retried["steps"] == 48 and retried["resumed_from_step"] >= 2
     untouched = json.loads((out / "runs/bf16/seed1/done.json").read_text())
     assert untouched["status"] == "finished" and untouched["resumed_from_step"] is None
     again = run_study(spec, out, device="cpu", executor="ray", resume=True, show_progress=False)
