@@ -145,3 +145,11 @@ def test_a_diverged_warmup_fails_its_arms_and_says_why(tmp_path):
 def test_bad_fork_settings_are_refused(overrides, message):
     with pytest.raises(ValueError, match=message):
         _spec(overrides)
+
+
+def test_the_report_names_the_design_and_draws_the_held_out_curves(reference):
+    from mxlab.report import write_report
+
+    written = write_report(reference)
+    text = (reference / "report.md").read_text()
+    assert "Design: **fork**" in text and "trained 4 steps" in text and "figures/heldout.png" in written
