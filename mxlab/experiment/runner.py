@@ -16,6 +16,7 @@ recipe's forward numerics alone: warm-ups run first, then the training arms, the
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -30,7 +31,7 @@ import torch
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
 from mxlab.experiment.provenance import code_commit
-from mxlab.experiment.spec import ExperimentSpec, post_training_recipe
+from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
 from mxlab.experiment.worker import make_data_source, read_result, record_failure
 
@@ -255,10 +256,12 @@ def check_out_dir(
     if resume and study_path.exists():
         recorded_study = json.loads(study_path.read_text())
         current = json.loads(io.to_json(spec.to_dict()))
+        defaults = {f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()}
         changed = [
             f"{key} {_short(old)} (recorded) vs {_short(new)} (now)"
             for table in ("data", "model", "train")
             for key, old, new in changed_keys(recorded_study.get(table), current[table], table)
+            if not (old is None and key in defaults and new == defaults[key])  # a key added since, at its default
         ]
         if changed:
             raise ValueError(f"cannot resume {out_dir}: the settings differ from the study recorded there: "

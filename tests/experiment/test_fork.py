@@ -153,3 +153,17 @@ def test_the_report_names_the_design_and_draws_the_held_out_curves(reference):
     written = write_report(reference)
     text = (reference / "report.md").read_text()
     assert "Design: **fork**" in text and "trained 4 steps" in text and "figures/heldout.png" in written
+
+
+def test_a_study_recorded_before_the_fork_keys_existed_still_resumes(tmp_path):
+    spec = load_spec(QUICKSTART, MICRO + ["train.max_steps=2"])
+    run_study(spec, tmp_path, device="cpu", executor="inline", show_progress=False)
+    study = json.loads((tmp_path / "study.json").read_text())
+    for key in ("fork_from", "fork_steps", "eval_every", "eval_slice"):
+        del study["train"][key]
+    (tmp_path / "study.json").write_text(json.dumps(study))
+    resumed = run_study(spec, tmp_path, device="cpu", executor="inline", show_progress=False, resume=True)
+    assert resumed.trained == [] and len(resumed.already_done) == 2
+    with pytest.raises(ValueError, match=r"train.fork_from \"\" \(recorded\) vs \"bf16\""):
+        run_study(load_spec(QUICKSTART, MICRO + ["train.max_steps=2", "train.fork_from=bf16", "train.fork_steps=2"]),
+                  tmp_path, device="cpu", executor="inline", show_progress=False, resume=True)
