@@ -261,6 +261,9 @@ def train_run(
     divergence is recorded at the step it happened; up to log_every - 1 more steps were queued).
     `on_step(step)` is called after every step (after its checkpoint); an exception from it stops
     the run with its files as they were at the last checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
+    A job with `fork_dir` and no checkpoint of its own starts from that run's final checkpoint
+    (`start_from_fork`: weights, optimizer state unless post-training, data position; `step_limits`);
+    a post-training job takes no step and only evaluates.
     A recipe that Transformer Engine cannot run on `device` (mxlab.recipe.backends.te) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
     In a data-parallel group (`world`, mxlab.experiment.distributed) each rank trains on its shard
@@ -434,8 +437,9 @@ def train_run(
                 checkpoint_due = bool(train.checkpoint_every and step % train.checkpoint_every == 0)
                 if step % train.log_every == 0 or checkpoint_due or at_end:
                     replay_pending()
-                if train.eval_every and step % train.eval_every == 0 and diverged_at is None and world.writes:
-                    with autocast(device, train.precision):  # into this step's record (eval_every is a multiple of log_every)
+                if train.eval_every and step % train.eval_every == 0 and diverged_at is None:
+                    with autocast(device, train.precision):  # into this step's record (eval_every is a multiple of log_every);
+                        # every rank evaluates, so stochastic-rounding counters stay the same across a data-parallel group
                         metrics[-1]["heldout"] = held_out_metrics(model, source, train.eval_batch_size, device, train.eval_slice)
                 tick = time.perf_counter()
                 if diverged_at is not None or at_end:
