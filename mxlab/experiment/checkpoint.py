@@ -66,3 +66,24 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
             f"refusing to load {path}: it holds objects other than tensors and plain data ({first}); "
             f"checkpoints are read with torch.load(weights_only=True). Delete it to restart that run from step 0"
         ) from None
+
+
+def start_from_fork(fork_dir: Path, model: torch.nn.Module, optimizer: Any = None) -> tuple[int, int, int]:
+    """Load the fork warm-up's final model weights (and, given `optimizer`, its optimizer state) from
+    `fork_dir/checkpoint.pt`; return its data position (step, epoch, batches consumed in that epoch).
+
+    The loss scaler, RNG and stochastic-rounding counters are not taken: the continuing run starts
+    them as its recipe does. Refuses (ValueError naming the folder) a warm-up without a checkpoint,
+    and weights that do not fit the model.
+    """
+    path = Path(fork_dir) / CHECKPOINT
+    if not path.is_file():
+        raise ValueError(f"the fork warm-up {fork_dir} has no {CHECKPOINT}; it must finish before its arms start")
+    checkpoint = load_checkpoint(path)
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except RuntimeError as error:
+        raise ValueError(f"the fork warm-up's weights in {path} do not fit this arm's model: {error}") from None
+    if optimizer is not None:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    return int(checkpoint["step"]), int(checkpoint["epoch"]), int(checkpoint["batches_in_epoch"])

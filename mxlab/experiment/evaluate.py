@@ -15,8 +15,10 @@ def _numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
 
 @torch.no_grad()
-def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str) -> dict[str, np.ndarray]:
-    """Run `model` over `source.eval_batches(batch_size)`; return eval.npz's arrays.
+def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str,
+                   limit: int = 0) -> dict[str, np.ndarray]:
+    """Run `model` over `source.eval_batches(batch_size)` (with `limit` > 0, only the first whole
+    batches that hold at least `limit` examples); return eval.npz's arrays.
 
     Keys: click, conversion, p_ctr, p_cvr, p_ctcvr (float32), user_id (int64), and true_ctr,
     true_cvr when the source has ground truth. p_ctcvr = p_ctr * p_cvr. The model is left in
@@ -26,7 +28,11 @@ def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device:
     model.eval()
     columns: dict[str, list[Any]] = {key: [] for key in EVAL_FIELDS + TRUTH_FIELDS}
     try:
+        seen = 0
         for host_batch in source.eval_batches(batch_size):
+            if limit and seen >= limit:
+                break
+            seen += int(host_batch.click.shape[0])
             output = model(host_batch.to(device))
             # predictions stay on the device until the end (one read, no sync per batch); labels
             # come from the batch as the source made it
@@ -59,3 +65,20 @@ def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device:
     arrays["p_cvr"] = arrays["p_cvr"].astype(np.float32)
     arrays["p_ctcvr"] = arrays["p_ctcvr"].astype(np.float32)
     return arrays
+
+
+def held_out_metrics(model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str,
+                     limit: int = 0) -> dict[str, float | None]:
+    """NE and AUC of CTR and CTCVR on the first `limit` eval examples (0 = all; see `evaluate_model`):
+    {"ctr.ne", "ctr.auc", "ctcvr.ne", "ctcvr.auc", "examples"}; a metric the slice cannot give (one
+    class only) is None."""
+    from mxlab import metrics
+
+    arrays = evaluate_model(model, source, min(batch_size, limit) if limit else batch_size, device, limit)
+    labels = {"ctr": arrays["click"], "ctcvr": arrays["click"] * arrays["conversion"]}
+    record: dict[str, float | None] = {"examples": float(len(arrays["click"]))}
+    for task, label in labels.items():
+        both = 0 < float(label.sum()) < len(label)
+        record[f"{task}.ne"] = metrics.normalized_entropy(label, arrays[f"p_{task}"]) if both else None
+        record[f"{task}.auc"] = metrics.auc(label, arrays[f"p_{task}"]) if both else None
+    return record

@@ -6,9 +6,17 @@ Ray tasks); the report is built afterwards by the command line (mxlab.cli), not 
 Pairing: all arms of a seed share the data order (`source.train_batches(batch_size, seed, epoch)`)
 and the initial weights (the model is built right after `torch.manual_seed(seed)`, before the
 recipe is applied), so per-seed differences between arms come from the numerics only.
+
+The fork design ([train] fork_from, fork_steps; docs/statistics.md, "Study designs"): per seed one
+warm-up run (runs/_fork/seedK, the recipe `fork_from`, `fork_steps` steps) runs first; every arm of
+that seed then starts from the warm-up's final weights and optimizer state at its data position,
+and continues on its data stream. A post-training arm ("post:RECIPE", either design) evaluates the
+baseline arm's final weights of its seed under RECIPE without training, so its paired delta is the
+recipe's forward numerics alone: warm-ups run first, then the training arms, then the post-training arms.
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -23,11 +31,12 @@ import torch
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
 from mxlab.experiment.provenance import code_commit
-from mxlab.experiment.spec import ExperimentSpec
+from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
-from mxlab.experiment.worker import make_data_source, read_result
+from mxlab.experiment.worker import make_data_source, read_result, record_failure
 
 DEVICE_CHOICES = ("auto", "cuda", "cpu")
+FORK_DIR = "_fork"  # runs/_fork/seedK: the fork design's warm-up runs
 JobStepHook = Callable[[RunJob, int], None]
 
 
@@ -132,16 +141,55 @@ def reproduce_command(spec: ExperimentSpec, out_dir: Path, device: str, override
 
 
 def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
-    """One RunJob per seed x arm (seed-major, arms in spec order), recipes loaded from spec.recipe_paths."""
+    """One RunJob per seed x arm (seed-major, arms in spec order), recipes loaded from spec.recipe_paths;
+    in the fork design each starts from its seed's warm-up folder (`fork_jobs`)."""
     from mxlab.recipe import load_recipe
 
     recipes = {arm: load_recipe(spec.recipe_paths[arm]) for arm in spec.arms}
+
+    def start(arm: str, seed: int) -> Path | None:
+        if post_training_recipe(arm) is not None:
+            return Path(runs_root) / spec.baseline / f"seed{seed}"
+        return Path(runs_root) / FORK_DIR / f"seed{seed}" if spec.train.fork_from else None
+
     return [
         RunJob(arm=arm, seed=seed, recipe=recipes[arm], recipe_source=str(spec.recipe_paths[arm]),
-               run_dir=Path(runs_root) / arm / f"seed{seed}", spec=spec)
+               run_dir=Path(runs_root) / arm / f"seed{seed}", spec=spec, fork_dir=start(arm, seed),
+               post_training=post_training_recipe(arm) is not None)
         for seed in spec.seeds
         for arm in spec.arms
     ]
+
+
+def fork_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
+    """The fork design's warm-up runs, one per seed (runs/_fork/seedK): recipe train.fork_from for
+    train.fork_steps steps on the seed's data order; [] from scratch."""
+    from mxlab.recipe import load_recipe
+
+    if not spec.train.fork_from:
+        return []
+    steps = spec.train.fork_steps
+    warmup = spec.with_train(fork_from="", fork_steps=0, max_steps=steps, epochs=max(spec.train.epochs, steps))
+    recipe = load_recipe(spec.fork_recipe_path)
+    return [RunJob(arm=FORK_DIR, seed=seed, recipe=recipe, recipe_source=str(spec.fork_recipe_path),
+                   run_dir=Path(runs_root) / FORK_DIR / f"seed{seed}", spec=warmup,
+                   extra_config={"fork_warmup_of": spec.name, "fork_from": spec.train.fork_from})
+            for seed in spec.seeds]
+
+
+def blocked_runs(jobs: Sequence[RunJob], results: dict[str, RunResult]) -> dict[str, RunResult]:
+    """Failed records (written to their done.json) for the jobs whose starting run (a warm-up, or the
+    baseline of a post-training arm) did not finish; the others are left to train."""
+    blocked = {}
+    for job in jobs:
+        if job.fork_dir is None or run_is_done(job.run_dir):
+            continue
+        start = f"{Path(job.fork_dir).parent.name}/{Path(job.fork_dir).name}"
+        before = results.get(start)
+        if before is not None and before.status != "finished":
+            reason = f"the run it starts from, {start}, {before.status}" + (f": {before.reason}" if before.reason else "")
+            blocked[job.label] = record_failure(job.run_dir, reason)
+    return blocked
 
 
 def run_jobs(jobs: Sequence[RunJob], executor: Any, *, show_progress: bool = True) -> dict[str, RunResult]:
@@ -208,10 +256,12 @@ def check_out_dir(
     if resume and study_path.exists():
         recorded_study = json.loads(study_path.read_text())
         current = json.loads(io.to_json(spec.to_dict()))
+        defaults = {f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()}
         changed = [
             f"{key} {_short(old)} (recorded) vs {_short(new)} (now)"
             for table in ("data", "model", "train")
             for key, old, new in changed_keys(recorded_study.get(table), current[table], table)
+            if not (old is None and key in defaults and new == defaults[key])  # a key added since, at its default
         ]
         if changed:
             raise ValueError(f"cannot resume {out_dir}: the settings differ from the study recorded there: "
@@ -287,7 +337,8 @@ def run_study(
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
-    jobs = study_jobs(spec, out_dir / "runs")
+    warmups = fork_jobs(spec, out_dir / "runs")
+    jobs = warmups + study_jobs(spec, out_dir / "runs")
     done_before = {job.label for job in jobs if run_is_done(job.run_dir)}
     source = None
     if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
@@ -306,7 +357,11 @@ def run_study(
     write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
                      {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
                       "devices": devices, "nproc_per_node": nproc_per_node})
-    results = run_jobs(jobs, runner, show_progress=show_progress)
+    results: dict[str, RunResult] = {}
+    arms = jobs[len(warmups):]
+    for phase in (warmups, [job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
+        results.update(blocked_runs(phase, results))  # a run waits for the run it starts from
+        results.update(run_jobs([job for job in phase if job.label not in results], runner, show_progress=show_progress))
     return StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],

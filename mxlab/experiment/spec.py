@@ -26,6 +26,12 @@ PRECISIONS = ("bf16", "fp32")
 TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution")
 EXECUTORS = ("local", "ray")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
+POST_TRAINING_PREFIX = "post:"  # an arm "post:RECIPE": the baseline's trained model evaluated under RECIPE, no training
+
+
+def post_training_recipe(arm: str) -> str | None:
+    """The recipe name of a post-training arm ("post:mxfp8-rceil" -> "mxfp8-rceil"), None for a training arm."""
+    return arm[len(POST_TRAINING_PREFIX):] if arm.startswith(POST_TRAINING_PREFIX) else None
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,15 @@ class TrainConfig:
     # CPU runs: intra-op threads (torch.set_num_threads); 0 keeps torch's default. Small models
     # run faster on one thread, and on a busy machine much faster.
     cpu_threads: int = 0
+    # The fork design (docs/statistics.md, "Study designs"): per seed one warm-up run of recipe
+    # `fork_from` trains `fork_steps` steps; every arm continues from its weights and optimizer
+    # state. "" = from scratch.
+    fork_from: str = ""
+    fork_steps: int = 0
+    # Convergence: every `eval_every` steps (a multiple of log_every; 0 = off) the metrics record of
+    # that step also holds the held-out NE and AUC on the first `eval_slice` eval examples (0 = all).
+    eval_every: int = 0
+    eval_slice: int = 0
 
 
 @dataclass(frozen=True)
@@ -93,6 +108,16 @@ class ExperimentSpec:
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     recipe_paths: dict[str, Path] = field(default_factory=dict)
     spec_path: Path | None = None
+    fork_recipe_path: Path | None = None  # the warm-up's recipe file in the fork design
+
+    @property
+    def design(self) -> dict[str, Any]:
+        """The study design as study.json records it: {"kind": "from-scratch"} or
+        {"kind": "fork", "from": RECIPE, "warmup_steps": N, "recipe": path}."""
+        if not self.train.fork_from:
+            return {"kind": "from-scratch"}
+        return {"kind": "fork", "from": self.train.fork_from, "warmup_steps": self.train.fork_steps,
+                "recipe": str(self.fork_recipe_path) if self.fork_recipe_path else None}
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved spec as plain JSON-able data (what study.json records)."""
@@ -109,6 +134,7 @@ class ExperimentSpec:
             "execution": dataclasses.asdict(self.execution),
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
+            "design": self.design,
         }
 
     def with_train(self, **changes: Any) -> "ExperimentSpec":
@@ -174,7 +200,8 @@ def _check_ranges(config: Any, where: str) -> None:
         for key in ("batch_size", "eval_batch_size", "epochs", "log_every"):
             if getattr(config, key) < 1:
                 raise ValueError(f"{where}.{key} must be >= 1, got {getattr(config, key)}")
-        for key in ("checkpoint_every", "diagnostics_every", "max_steps", "nonfinite_patience", "cpu_threads"):
+        for key in ("checkpoint_every", "diagnostics_every", "max_steps", "nonfinite_patience", "cpu_threads",
+                    "fork_steps", "eval_every", "eval_slice"):
             if getattr(config, key) < 0:
                 raise ValueError(f"{where}.{key} must be >= 0 (0 = off), got {getattr(config, key)}")
         if not config.lr > 0:
@@ -186,6 +213,12 @@ def _check_ranges(config: Any, where: str) -> None:
             raise ValueError(f"{where}.precision {config.precision!r} is not one of: {', '.join(PRECISIONS)}")
         if config.optimizer not in OPTIMIZERS:
             raise ValueError(f"{where}.optimizer {config.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}")
+        if bool(config.fork_from) != bool(config.fork_steps):
+            raise ValueError(f"{where}.fork_from ({config.fork_from!r}) and {where}.fork_steps ({config.fork_steps}) go "
+                             f"together: a recipe name and a number of warm-up steps >= 1, or neither (from scratch)")
+        if config.eval_every and config.eval_every % config.log_every:
+            raise ValueError(f"{where}.eval_every ({config.eval_every}) must be a multiple of {where}.log_every "
+                             f"({config.log_every}): held-out metrics are written into that step's metrics record")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -367,11 +400,19 @@ def spec_from_dict(
     if baseline not in arms:
         raise ValueError(f"baseline {baseline!r} is not one of the arms: {', '.join(arms)}")
 
-    recipe_paths = {arm: resolve_recipe_path(arm, recipe_dir) for arm in arms}
-
     data = _validate_data(raw["data"])
     model = _validate_model(raw["model"])
     train = _build_table(TrainConfig, raw.get("train", {}), "train")
+    recipe_paths = {arm: resolve_recipe_path(post_training_recipe(arm) or arm, recipe_dir) for arm in arms}
+    if post_training_recipe(baseline) is not None:
+        raise ValueError(f"baseline {baseline!r} is a post-training arm; the baseline must train "
+                         f"(a post-training arm evaluates the baseline's trained model)")
+    fork_recipe_path = None
+    if train.fork_from:
+        try:
+            fork_recipe_path = resolve_recipe_path(train.fork_from, recipe_dir)
+        except ValueError as error:
+            raise ValueError(f"train.fork_from: {error}") from None
     report = report_settings(raw.get("report", {}))
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
     needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
@@ -382,6 +423,8 @@ def spec_from_dict(
     if check_recipes:
         for arm, path in recipe_paths.items():
             _check_recipe_loads(arm, path)
+        if fork_recipe_path is not None:
+            _check_recipe_loads(f"fork warm-up {train.fork_from}", fork_recipe_path)
 
     return ExperimentSpec(
         name=name,
@@ -396,6 +439,7 @@ def spec_from_dict(
         execution=execution,
         recipe_paths=recipe_paths,
         spec_path=Path(spec_path).resolve() if spec_path else None,
+        fork_recipe_path=fork_recipe_path,
     )
 
 

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from mxlab import io
-from mxlab.experiment.checkpoint import CHECKPOINT, load_checkpoint, restore_rng, rng_state, save_checkpoint as write_checkpoint
+from mxlab.experiment.checkpoint import (CHECKPOINT, load_checkpoint, restore_rng, rng_state, save_checkpoint as write_checkpoint,
+                                         start_from_fork)
 from mxlab.experiment.distributed import World
-from mxlab.experiment.evaluate import evaluate_model
+from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
 
@@ -66,7 +67,12 @@ def data_order_seed(job: "RunJob") -> int:
 
 @dataclass
 class RunJob:
-    """One arm x seed: what to train (`recipe` is a loaded mxlab.recipe.Recipe) and where to write it."""
+    """One arm x seed: what to train (`recipe` is a loaded mxlab.recipe.Recipe) and where to write it.
+
+    `fork_dir`: the run folder whose final checkpoint the run starts from (the fork design's
+    warm-up: its weights, optimizer state and data position), None from scratch; `post_training`:
+    evaluate the weights of `fork_dir` (the baseline arm's run of the seed), train nothing.
+    """
 
     arm: str
     seed: int
@@ -75,6 +81,8 @@ class RunJob:
     run_dir: Path
     spec: ExperimentSpec
     extra_config: dict[str, Any] = field(default_factory=dict)
+    fork_dir: Path | None = None
+    post_training: bool = False
 
     @property
     def label(self) -> str:
@@ -155,6 +163,18 @@ def estimated_total_steps(train: TrainConfig, n_train: int) -> int:
     """Steps the run will take: epochs x ceil(n_train / batch_size), capped by max_steps when set."""
     total = train.epochs * max(1, math.ceil(n_train / train.batch_size))
     return min(total, train.max_steps) if train.max_steps else total
+
+
+def step_limits(job: RunJob, n_train: int) -> tuple[int, int]:
+    """(last step, epoch bound) of the run's loop (0 = no step cap): the spec's max_steps and epochs from
+    scratch; after a fork, the warm-up's steps plus the study's (its max_steps, else its epochs' worth),
+    on the data stream continued past the warm-up (no epoch bound); a post-training run takes no step."""
+    train = job.spec.train
+    if job.post_training:
+        return 0, 0
+    if job.fork_dir is None:
+        return train.max_steps, train.epochs
+    return train.fork_steps + estimated_total_steps(train, n_train), 2**62
 
 
 def _rounding_state(model: torch.nn.Module) -> dict[str, int]:
@@ -241,6 +261,9 @@ def train_run(
     divergence is recorded at the step it happened; up to log_every - 1 more steps were queued).
     `on_step(step)` is called after every step (after its checkpoint); an exception from it stops
     the run with its files as they were at the last checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
+    A job with `fork_dir` and no checkpoint of its own starts from that run's final checkpoint
+    (`start_from_fork`: weights, optimizer state unless post-training, data position; `step_limits`);
+    a post-training job takes no step and only evaluates.
     A recipe that Transformer Engine cannot run on `device` (mxlab.recipe.backends.te) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
     In a data-parallel group (`world`, mxlab.experiment.distributed) each rank trains on its shard
@@ -294,6 +317,7 @@ def train_run(
         "train": job.spec.to_dict()["train"],
         "study": job.spec.name,
         "world_size": world.size,
+        "fork": None if job.fork_dir is None else {"from": str(job.fork_dir), "post_training": job.post_training},
         **job.extra_config,
     }
     if world.writes:
@@ -321,6 +345,9 @@ def train_run(
         restore_rng(checkpoint["rng"])
         _load_rounding_state(model, checkpoint["rounding"])
         resumed_from = step
+    elif job.fork_dir is not None:
+        step, epoch, batches_in_epoch = start_from_fork(job.fork_dir, model, None if job.post_training else optimizer)
+    max_steps, epochs = step_limits(job, source.n_train)
 
     def save_logs() -> None:
         if not world.writes:
@@ -372,7 +399,7 @@ def train_run(
                 diverged_at, reason = entry.step, f"non-finite loss ({entry.losses[0]}) on {nonfinite_streak} consecutive steps"
             elif entry.scale < train.min_loss_scale:
                 diverged_at, reason = entry.step, f"loss scale {entry.scale:g} fell below the floor {train.min_loss_scale:g}"
-            if entry.step % train.log_every == 0 or diverged_at is not None or (train.max_steps and entry.step >= train.max_steps):
+            if entry.step % train.log_every == 0 or diverged_at is not None or (max_steps and entry.step >= max_steps):
                 metrics.append(interval.record(entry, elapsed_before + (time.perf_counter() - started)))
                 progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
                 interval = _LogInterval()
@@ -380,7 +407,7 @@ def train_run(
                 step = entry.step
                 return
 
-    total_steps = estimated_total_steps(train, source.n_train)
+    total_steps = max_steps or estimated_total_steps(train, source.n_train)
     progress.start(job.label, total_steps, step)
     started = time.perf_counter()
     diverged_at: int | None = None
@@ -388,7 +415,7 @@ def train_run(
     model.train()
     status = "finished"
     try:
-        while epoch < train.epochs and diverged_at is None and not (train.max_steps and step >= train.max_steps):
+        while epoch < epochs and diverged_at is None and not (max_steps and step >= max_steps):
             batches = source.train_batches(train.batch_size, data_order_seed(job), epoch)
             for _ in range(batches_in_epoch):  # the data position of a resumed run
                 next(batches)
@@ -406,10 +433,14 @@ def train_run(
                 if monitor is not None:
                     numerics.extend(monitor.drain())
                 pending.append(PendingStep.after(step, epoch, losses, scaler, rows, time.perf_counter() - tick))
-                at_end = bool(train.max_steps and step >= train.max_steps)
+                at_end = bool(max_steps and step >= max_steps)
                 checkpoint_due = bool(train.checkpoint_every and step % train.checkpoint_every == 0)
                 if step % train.log_every == 0 or checkpoint_due or at_end:
                     replay_pending()
+                if train.eval_every and step % train.eval_every == 0 and diverged_at is None:
+                    with autocast(device, train.precision):  # into this step's record (eval_every is a multiple of log_every);
+                        # every rank evaluates, so stochastic-rounding counters stay the same across a data-parallel group
+                        metrics[-1]["heldout"] = held_out_metrics(model, source, train.eval_batch_size, device, train.eval_slice)
                 tick = time.perf_counter()
                 if diverged_at is not None or at_end:
                     break
@@ -425,7 +456,7 @@ def train_run(
             status = "diverged"
         # a last record for a partial log interval at the end of training
         if interval.losses:
-            closing = last_read or read_pending([PendingStep.after(step, min(epoch, train.epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
+            closing = last_read or read_pending([PendingStep.after(step, min(epoch, epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
             metrics.append(interval.record(closing, elapsed_before + (time.perf_counter() - started)))
             interval = _LogInterval()
         if status == "finished" and world.writes:

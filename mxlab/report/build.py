@@ -19,6 +19,7 @@ from mxlab import metrics
 from mxlab.analysis import Comparison, StudyAnalysis, analyze_study, load_study
 from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS
 from mxlab.report import figures
+from mxlab.report.convergence import convergence_warning, design_text, heldout_series
 from mxlab.report.document import (Block, BulletList, CodeBlock, Details, Figure, Heading, Paragraph, Table,
                                    render_html, render_markdown)
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
@@ -27,7 +28,7 @@ VERDICT_MARKS = {"regression": "**▼ regression**", "improvement": "▲ improve
                  "inconclusive": "inconclusive", None: ""}
 RELIABILITY_BINS = 20
 POSITIVES_PER_BIN = 15
-FIGURE_NAMES = ("forest.png", "reliability.png", "training.png", "numerics.png")
+FIGURE_NAMES = ("forest.png", "reliability.png", "training.png", "heldout.png", "numerics.png")
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -348,8 +349,10 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
     n = analysis.inputs.n_examples
     blocks: list[Block] = [Heading(f"Precision study: {study.name}", 1), Paragraph(
         f"Baseline **{study.baseline}**; arms {', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
-        f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users.")]
-    warnings = _warnings(analysis)
+        f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
+        + design_text(study.spec))]
+    heldout = heldout_series(study) if study.has_runs else {}
+    warnings = [w for w in [convergence_warning(heldout, study.baseline)] if w] + _warnings(analysis)
     if warnings:
         blocks.append(BulletList(warnings))
     blocks += _ship_table(analysis) + _truth_ceiling(analysis)
@@ -369,8 +372,12 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
         diverged = {(r.arm, r.seed): r.diverged_at_step for r in study.runs.values() if r.status == "diverged"}
         training = add_figure("training.png", lambda p: figures.training_curves(p, logs, study.arms, diverged))
         blocks.append(Figure(training, "Training loss and loss scale per run (one colour per arm, one line per seed)"))
+    if heldout:
+        curves_path = add_figure("heldout.png", lambda p: figures.heldout_curves(p, heldout, study.arms))
+        blocks.append(Figure(curves_path, "Convergence: held-out NE every train.eval_every steps, per run "
+                                          "(dashed grey: the fork warm-ups the arms continue from)"))
     if not study.has_runs:  # figures drawn from the runs by the earlier render stay valid: the same runs
-        for name in ("reliability.png", "training.png", "numerics.png"):
+        for name in ("reliability.png", "training.png", "heldout.png", "numerics.png"):
             if (figures_dir / name).is_file():
                 blocks.append(Figure(Path("figures") / name, f"{name[:-4]} (drawn from the run folders by an earlier "
                                                              "render; the runs are not here to redraw it)"))
@@ -391,7 +398,7 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
                                      "(no plan.txt)"))]) for arm in study.arms]
     blocks += [Details("Recipes: the plan of each arm", plans), _method(analysis)] + _environment(analysis)
 
-    kept = {"reliability.png", "training.png", "numerics.png"} if not study.has_runs else set()
+    kept = {"reliability.png", "training.png", "heldout.png", "numerics.png"} if not study.has_runs else set()
     for name in FIGURE_NAMES:  # a figure of an earlier render that this one has no data for would be stale
         if f"figures/{name}" not in written and name not in kept:
             (figures_dir / name).unlink(missing_ok=True)

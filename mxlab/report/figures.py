@@ -200,3 +200,25 @@ def numerics_heatmap(path: Path, records_by_arm: Mapping[str, list[dict[str, Any
                         ax.text(j, i, f"{values[i, j]:.3g}", ha="center", va="center", fontsize=6,
                                 color="white" if dark else "black")
     figure.savefig(path)
+
+
+def heldout_curves(path: Path, series: Mapping[str, Mapping[int, list[tuple[int, Mapping[str, Any]]]]],
+                   arms: Sequence[str], metrics_shown: Sequence[str] = ("ctr.ne", "ctcvr.ne")) -> None:
+    """Held-out NE (one panel per metric) against step; one colour per arm, one line per seed; the fork
+    warm-ups ("_fork", grey, dashed) lead into the arms that continue from them."""
+    colors = {**arm_colors(arms), "_fork": "#7f7f7f"}
+    figure = _new_figure(6 * len(metrics_shown), 4.0)
+    axes = np.atleast_1d(figure.subplots(1, len(metrics_shown)))
+    for ax, metric in zip(axes, metrics_shown):
+        for arm, seeds in series.items():
+            for n, (_, points) in enumerate(sorted(seeds.items())):
+                steps = np.array([p[0] for p in points], dtype=float)
+                values = np.array([np.nan if p[1].get(metric) is None else p[1][metric] for p in points], dtype=float)
+                ax.plot(steps, values, color=colors.get(arm, "#17becf"), lw=1.0, alpha=0.85, marker=".",
+                        ls="--" if arm == "_fork" else "-", label=(("fork warm-up" if arm == "_fork" else arm) if n == 0 else None))
+        ax.set_title(f"held-out {metric} per run (lower is better)", fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    figure.savefig(path)

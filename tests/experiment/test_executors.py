@@ -119,3 +119,15 @@ def test_gpu_local_executor_runs_on_the_gpus_asked_for(tmp_path):
     assert execution["devices"] == ["cuda:0"] and execution["gpus"] == 1
     for label in result.trained:
         assert json.loads((tmp_path / "out/runs" / label / "config.json").read_text())["device"] == "cuda:0"
+
+
+def test_a_fork_study_gives_the_same_bits_inline_local_and_on_ray(local_ray, tmp_path):
+    from tests.experiment.test_fork import FORK, RUNS
+
+    spec = load_spec(QUICKSTART, FORK)
+    for executor in ("inline", "local", "ray"):
+        result = run_study(spec, tmp_path / executor, device="cpu", executor=executor, show_progress=False)
+        assert not result.failed and sorted(result.trained) == sorted(RUNS), executor
+    for run in RUNS:
+        assert _eval_bytes(tmp_path / "inline/runs" / run) == _eval_bytes(tmp_path / "local/runs" / run) \
+            == _eval_bytes(tmp_path / "ray/runs" / run), run

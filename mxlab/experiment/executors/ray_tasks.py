@@ -63,7 +63,8 @@ class RayExecutor:
         resources = {"num_gpus": 1} if self.gpus else {"num_cpus": self.cpus_per_run}
         remote = ray.remote(max_retries=self.max_retries, retry_exceptions=False, **resources)(_task)
         device = "cuda" if self.gpus else "cpu"
-        jobs = [dataclasses.replace(job, run_dir=Path(job.run_dir).resolve()) for job in jobs]  # workers may start elsewhere
+        jobs = [dataclasses.replace(job, run_dir=Path(job.run_dir).resolve(),  # workers may start elsewhere
+                                    fork_dir=Path(job.fork_dir).resolve() if job.fork_dir is not None else None) for job in jobs]
         pending = {remote.remote(job, device): job for job in jobs}
         results: dict[str, RunResult] = {}
         try:
