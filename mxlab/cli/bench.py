@@ -2,13 +2,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 
 from mxlab.cli.command import Command
 
 app = typer.Typer(help="Speed benchmarks (CUDA): ratios against baselines measured in the same run.", no_args_is_help=True)
+
+
+def _exiting_on_bad_input(body: Callable[[], Any]) -> Any:
+    """body(), or a one-line `error: ...` on stderr and exit status 2 when it refuses its input
+    (ValueError) or cannot run here (RuntimeError: no CUDA, no Transformer Engine)."""
+    try:
+        return body()
+    except (RuntimeError, ValueError) as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(2)
 
 
 @app.command("attention", cls=Command)
@@ -35,11 +45,7 @@ def bench_attention_sass_command(
     """
     from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
 
-    try:
-        print_attention_sass_counts(attention_sass_counts(hw_fp8=not integer_path))
-    except RuntimeError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+    _exiting_on_bad_input(lambda: print_attention_sass_counts(attention_sass_counts(hw_fp8=not integer_path)))
 
 
 @app.command("quant", cls=Command)
@@ -69,11 +75,7 @@ def bench_sass_command(
     """
     from mxlab.bench.sass import parse_tile, run_sass_bench
 
-    try:
-        run_sass_bench(hw_fp8=not integer_path, tile=parse_tile(tile) if tile else None, json_path=json_path)
-    except (RuntimeError, ValueError) as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+    _exiting_on_bad_input(lambda: run_sass_bench(hw_fp8=not integer_path, tile=parse_tile(tile) if tile else None, json_path=json_path))
 
 
 @app.command("linear", cls=Command)
@@ -88,11 +90,7 @@ def bench_linear_command(
     """
     from mxlab.bench.linear import DEFAULT_SHAPES, parse_shape, run_linear_bench
 
-    try:
-        run_linear_bench([parse_shape(text) for text in shapes] or DEFAULT_SHAPES, repeat=repeat, json_path=json_path, echo=typer.echo)
-    except (RuntimeError, ValueError) as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+    _exiting_on_bad_input(lambda: run_linear_bench([parse_shape(text) for text in shapes] or DEFAULT_SHAPES, repeat=repeat, json_path=json_path, echo=typer.echo))
 
 
 @app.command("host", cls=Command)
@@ -113,16 +111,10 @@ def bench_host_command(
     from mxlab.bench.host import DEFAULT_RECIPES, run_host_bench
     from mxlab.io import write_json
 
-    try:
-        results = run_host_bench(recipes or DEFAULT_RECIPES, width=width, tokens=tokens, steps=steps, loops=loops,
-                                 echo=typer.echo)
-    except (RuntimeError, ValueError) as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+    results = _exiting_on_bad_input(lambda: run_host_bench(recipes or DEFAULT_RECIPES, width=width, tokens=tokens,
+                                                           steps=steps, loops=loops, echo=typer.echo))
     if json_path is not None:
         write_json(json_path, [asdict(result) for result in results])
-
-
 
 
 @app.command("step", cls=Command)
@@ -146,10 +138,6 @@ def bench_step_command(
     """
     from mxlab.bench.step import run_step_bench
 
-    try:
-        run_step_bench(spec, arms=arms, preset=preset, batch_size=batch_size, max_history=max_history, overrides=overrides,
-                       warmup=warmup, steps=steps, batches=batches, device=device, peak_tflops=peak_tflops,
-                       json_path=json_path, echo=typer.echo)
-    except (RuntimeError, ValueError) as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+    _exiting_on_bad_input(lambda: run_step_bench(
+        spec, arms=arms, preset=preset, batch_size=batch_size, max_history=max_history, overrides=overrides, warmup=warmup,
+        steps=steps, batches=batches, device=device, peak_tflops=peak_tflops, json_path=json_path, echo=typer.echo))
