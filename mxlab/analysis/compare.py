@@ -169,7 +169,6 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...]) -> StudyIn
     task_users = {t: user_index if v.mask is None else user_index[v.mask] for t, v in views.items()}
     truth_loss = {t: truth_log_loss(v.labels, v.true_probs, task_users[t], n_users) if v.true_probs is not None else None
                   for t, v in views.items()}
-    components: dict[tuple[str, int, str], tuple[float, np.ndarray]] = {}
     sums: dict[tuple[str, int], dict[str, RunSums]] = {}
     for key, a in arrays.items():
         sums[key] = {}

@@ -9,7 +9,6 @@ bootstrap intervals, from which the eval variances are recovered (see :func:`inp
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path

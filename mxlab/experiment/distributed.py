@@ -59,12 +59,3 @@ class World:
         reduced = values.to(torch.float64) * (weight / self.size)
         dist.all_reduce(reduced)
         return reduced.to(values.dtype)
-
-
-def current_world() -> World:
-    """The World of this process: from torch.distributed when a process group is up, else World()."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return World(dist.get_rank(), dist.get_world_size())
-    return World()

@@ -70,12 +70,6 @@ def train_step(
     return torch.stack([losses["loss"], losses["ctr"], losses["ctcvr"]]).detach().float()
 
 
-def _snapshot(value: Any) -> Any:
-    """A scaler attribute as of now: a host number as it is, a device tensor cloned (no read)."""
-    value = value() if callable(value) else value
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
-
-
 @dataclass
 class PendingStep:
     """A finished step whose device results have not been read yet."""
@@ -83,18 +77,17 @@ class PendingStep:
     step: int
     epoch: int
     losses: torch.Tensor  # (3,) on the device: loss, ctr, ctcvr
-    scale: Any  # the loss scale after the step: a number or a 0-d tensor
-    skipped: Any  # the scaler's skipped steps after the step: a number or a 0-d tensor
+    scale: torch.Tensor  # 0-d, the loss scale after the step
+    skipped: torch.Tensor  # 0-d, the scaler's skipped steps after the step
     examples: int
     seconds: float
 
     @classmethod
     def after(cls, step: int, epoch: int, losses: torch.Tensor, scaler: Any, examples: int, seconds: float) -> "PendingStep":
-        """The record of a step just taken: the scaler's scale and skipped count as device tensors where it
-        keeps them there (`scale_on_device`), else its host values; no sync."""
-        scale = _snapshot(getattr(scaler, "scale_on_device", None) if hasattr(scaler, "scale_on_device") else getattr(scaler, "scale_value", 1.0))
-        skipped = _snapshot(getattr(scaler, "skipped_on_device") if hasattr(scaler, "skipped_on_device") else getattr(scaler, "skipped_steps", 0))
-        return cls(step, epoch, losses, 1.0 if scale is None else scale, skipped, examples, seconds)
+        """The record of a step just taken: copies of the scaler's device-side scale and skipped count
+        (`scale_on_device`, `skipped_on_device` of mxlab.recipe.loss_scaling's scalers); no sync."""
+        return cls(step, epoch, losses, scaler.scale_on_device.detach().clone(), scaler.skipped_on_device.detach().clone(),
+                   examples, seconds)
 
 
 @dataclass
@@ -114,19 +107,13 @@ def read_pending(pending: Sequence[PendingStep]) -> list[ReadStep]:
     """The host values of `pending`, in order, read with one device-to-host transfer (none when empty)."""
     if not pending:
         return []
-    parts: list[torch.Tensor] = []
-    for entry in pending:
-        parts.append(entry.losses.reshape(-1).to(torch.float64))
-        parts.extend(value.reshape(1).to(torch.float64) for value in (entry.scale, entry.skipped) if isinstance(value, torch.Tensor))
-    values = iter(torch.cat(parts).cpu().tolist())
-
-    def host(value: Any) -> Any:
-        return next(values) if isinstance(value, torch.Tensor) else value
-
+    device = pending[0].losses.device
+    values = iter(torch.cat([torch.cat([value.reshape(-1).to(device, torch.float64) for value in (entry.losses, entry.scale, entry.skipped)])
+                             for entry in pending]).cpu().tolist())
     read = []
     for entry in pending:
         losses = [next(values) for _ in range(entry.losses.numel())]
-        scale, skipped = host(entry.scale), host(entry.skipped)
+        scale, skipped = next(values), next(values)
         read.append(ReadStep(entry.step, entry.epoch, losses, float(scale), int(skipped), entry.examples, entry.seconds))
     return read
 

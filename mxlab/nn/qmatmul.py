@@ -56,7 +56,7 @@ import torch
 
 from mxlab.nn.precision import GemmQuant, MatmulPrecision, OperandQuant  # noqa: F401  (part of this module's API)
 from mxlab.numerics.reference import BLOCK_SIZE
-from mxlab.numerics.seeding import SEED_SLOTS, derive_seed  # noqa: F401  (derive_seed: part of this module's API)
+from mxlab.numerics.seeding import SEED_SLOTS
 
 # ---------------------------------------------------------------------------------------------
 # Observers (diagnostics): called once per emulated GEMM while installed; None costs one check.

@@ -70,26 +70,19 @@ def test_the_train_step_of_the_model_reads_nothing_back(source, monkeypatch, pre
 
 
 def test_pending_steps_are_read_in_one_transfer(monkeypatch):
-    class TensorScaler:  # a scaler that keeps its state on the device
-        scale_on_device = torch.tensor(8.0)
-        skipped_on_device = torch.tensor(1)
-
-    class HostScaler:
-        scale_value, skipped_steps = 4.0, 2
-
-    pending = [
-        PendingStep.after(1, 0, torch.tensor([1.0, 0.25, 0.75]), TensorScaler(), 16, 0.5),
-        PendingStep.after(2, 1, torch.tensor([float("nan"), 1.0, 2.0]), HostScaler(), 8, 0.25),
-    ]
-    TensorScaler.scale_on_device.fill_(2.0)  # a later in-place update does not reach the snapshot
+    scaler = make_loss_scaler({"policy": "dynamic", "init_scale": 8.0})
+    first_pending = PendingStep.after(1, 0, torch.tensor([1.0, 0.25, 0.75]), scaler, 16, 0.5)
+    scaler.scale_on_device.fill_(2.0)  # a later in-place update of the scaler does not reach the snapshot
+    scaler.skipped_on_device.fill_(3)
+    pending = [first_pending, PendingStep.after(2, 1, torch.tensor([float("nan"), 1.0, 2.0]), scaler, 8, 0.25)]
     transfers = []
     original = torch.Tensor.cpu
     monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: transfers.append(self.shape) or original(self, *a, **k))
     first, second = read_pending(pending)
     assert len(transfers) == 1 and read_pending([]) == []
-    assert (first.step, first.epoch, first.losses, first.scale, first.skipped, first.examples) == (1, 0, [1.0, 0.25, 0.75], 8.0, 1, 16)
+    assert (first.step, first.epoch, first.losses, first.scale, first.skipped, first.examples) == (1, 0, [1.0, 0.25, 0.75], 8.0, 0, 16)
     assert second.losses[1:] == [1.0, 2.0] and second.losses[0] != second.losses[0]
-    assert (second.scale, second.skipped, second.seconds) == (4.0, 2, 0.25)
+    assert (second.scale, second.skipped, second.seconds) == (2.0, 3, 0.25)
 
 
 def test_the_loop_reads_losses_every_log_every_steps_and_at_checkpoints(monkeypatch, tmp_path):

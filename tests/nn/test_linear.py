@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from mxlab.nn.linear import QLinear
-from mxlab.nn.qmatmul import SEED_SLOTS, GemmQuant, MatmulPrecision, OperandQuant, derive_seed
+from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
+from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
 from mxlab.numerics.quant import fake_quantize
 
 
