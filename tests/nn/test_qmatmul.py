@@ -2,14 +2,8 @@ import pytest
 import torch
 
 from mxlab.numerics.hadamard import random_hadamard
-from mxlab.nn.qmatmul import (
-    SEED_SLOTS,
-    GemmQuant,
-    MatmulPrecision,
-    OperandQuant,
-    derive_seed,
-    qmatmul,
-)
+from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant, qmatmul
+from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
 from mxlab.numerics.quant import fake_quantize
 
 
