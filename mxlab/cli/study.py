@@ -28,6 +28,9 @@ def run_command(
     gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", min=0, help="GPUs to use, one run per GPU (0 = every visible one)."),
     nproc_per_node: int = typer.Option(1, "--nproc-per-node", metavar="N", min=1,
                                        help="Train each run data-parallel over N processes (DDP: NCCL on GPUs, gloo on CPUs)."),
+    runs_per_device: Optional[int] = typer.Option(None, "--runs-per-device", metavar="K", min=1,
+                                                  help="Runs at once per device, each in its own process (small models "
+                                                       "leave a GPU idle); default: the spec's [execution], else 1."),
 ) -> None:
     """Run every arm x seed of an experiment, then write the regression report.
 
@@ -36,7 +39,8 @@ def run_command(
     from mxlab.cli import study_commands
 
     raise typer.Exit(study_commands.run(spec, device=device, out=out, resume=resume, overrides=overrides, executor=executor,
-                                        ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node))
+                                        ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
+                                        runs_per_device=runs_per_device))
 
 
 @_commands.command("report", cls=Command)

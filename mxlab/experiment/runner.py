@@ -309,13 +309,14 @@ def run_study(
     ray_address: str | None = None,
     gpus: int | None = None,
     nproc_per_node: int = 1,
+    runs_per_device: int | None = None,
 ) -> StudyResult:
     """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
 
     `executor` ('local', 'ray', or 'inline': every run in this process, which `on_step` hooks
     need) and `ray_address` / `gpus` default to the spec's [execution]; `devices` overrides the
     device list resolved from `device` and `gpus`; `nproc_per_node` > 1 trains each run
-    data-parallel. Refuses an `out_dir` that is a file, an existing study folder with runs unless
+    data-parallel; `runs_per_device` (default: the spec's) runs that many runs at once per device. Refuses an `out_dir` that is a file, an existing study folder with runs unless
     `resume`, and on `resume` a study whose data/model/train settings changed (naming the keys).
     A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
     """
@@ -327,6 +328,7 @@ def run_study(
     if on_step is not None and executor != "inline":
         raise ValueError(f"on_step hooks need executor 'inline' (runs in this process), not {executor!r}")
     gpus = execution.gpus if gpus is None else gpus
+    runs_per_device = execution.runs_per_device if runs_per_device is None else runs_per_device
     ray_address = ray_address if ray_address is not None else execution.ray_address
     if devices:
         devices = list(devices)
@@ -348,15 +350,17 @@ def run_study(
         runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
     else:
         runner = make_executor(executor, devices, ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
-                               cpus_per_run=execution.cpus_per_run, max_retries=execution.max_retries)
+                               cpus_per_run=execution.cpus_per_run, max_retries=execution.max_retries,
+                               runs_per_device=runs_per_device)
     options = [] if executor in ("local", "inline") else ["--executor", executor]
     options += ["--ray-address", ray_address] if executor == "ray" and ray_address else []
     options += ["--gpus", str(gpus)] if gpus else []
     options += ["--nproc-per-node", str(nproc_per_node)] if nproc_per_node > 1 else []
+    options += ["--runs-per-device", str(runs_per_device)] if runs_per_device != execution.runs_per_device else []
     out_dir.mkdir(parents=True, exist_ok=True)
     write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
                      {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
-                      "devices": devices, "nproc_per_node": nproc_per_node})
+                      "devices": devices, "nproc_per_node": nproc_per_node, "runs_per_device": runs_per_device})
     results: dict[str, RunResult] = {}
     arms = jobs[len(warmups):]
     for phase in (warmups, [job for job in arms if not job.post_training], [job for job in arms if job.post_training]):

@@ -79,7 +79,9 @@ class ExecutionConfig:
     `executor`: "local" (each run in its own worker process on this machine, one per GPU) or "ray"
     (each run a Ray task). `gpus`: how many GPUs to use, 0 = every visible one. `ray_address`: ""
     starts a local Ray, else ray.init(address=...) (e.g. "auto"). `cpus_per_run`: a Ray task's
-    num_cpus on CPU. `max_retries`: how often Ray retries a run whose worker died.
+    num_cpus on CPU. `max_retries`: how often Ray retries a run whose worker died. `runs_per_device`:
+    how many runs share one device at a time (a small model leaves most of a GPU idle; each run still
+    has its own process, and its results do not depend on its neighbours).
     """
 
     executor: str = "local"
@@ -87,6 +89,7 @@ class ExecutionConfig:
     ray_address: str = ""
     cpus_per_run: int = 1
     max_retries: int = 3
+    runs_per_device: int = 1
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,7 @@ def _check_ranges(config: Any, where: str) -> None:
     if isinstance(config, ExecutionConfig):
         if config.executor not in EXECUTORS:
             raise ValueError(f"{where}.executor {config.executor!r} is not one of: {', '.join(EXECUTORS)}")
-        for key, low in (("gpus", 0), ("cpus_per_run", 1), ("max_retries", 0)):
+        for key, low in (("gpus", 0), ("cpus_per_run", 1), ("max_retries", 0), ("runs_per_device", 1)):
             if getattr(config, key) < low:
                 raise ValueError(f"{where}.{key} must be >= {low}, got {getattr(config, key)}")
     if isinstance(config, TrainConfig):

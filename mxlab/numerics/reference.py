@@ -195,13 +195,23 @@ def quantize_blocks(
 
 
 def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, fmt: ElementFormat, rounding: str) -> bool:
-    """Whether `_fake_quantize_fp32` is exact for this input (see its docstring)."""
+    """Whether `_fake_quantize_fp32` is exact for this input (see its docstring).
+
+    An all-zero block (scale exponent SCALE_EXP_MIN, below the guard for formats with emin < 0) does not
+    count: its elements are +-0, which the float32 path returns exactly at any finite scale (|x| + C - C = 0).
+    """
     if rounding not in ("nearest_even", "stochastic") or x.dtype != torch.float32:
         return False
-    finite_scales = scale_exp[~nonfinite_block]
+    zero_block = (scale_exp == SCALE_EXP_MIN) & (x == 0).all(dim=_reduced_dims(x, scale_exp), keepdim=True)
+    finite_scales = scale_exp[~nonfinite_block & ~zero_block]
     if finite_scales.numel() == 0:
         return True
     return bool(finite_scales.min() + fmt.emin >= -127) and bool(finite_scales.max() + fmt.emax <= 100)
+
+
+def _reduced_dims(x: torch.Tensor, kept: torch.Tensor) -> tuple[int, ...]:
+    """The dims of x that `kept` (x's block statistic, reduced dims kept as size 1) reduced."""
+    return tuple(dim for dim in range(x.dim()) if kept.shape[dim] == 1 and x.shape[dim] != 1)
 
 
 def _power_of_two_fp32(exponent: torch.Tensor) -> torch.Tensor:

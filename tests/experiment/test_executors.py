@@ -109,6 +109,36 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(local_ray, tmp_path)
     assert again.trained == [] and again.already_done == ["bf16/seed0", "bf16/seed1"]
 
 
+def _overlap(first: Path, second: Path) -> bool:
+    """Whether two runs trained at the same time: each started (config.json) before the other ended (done.json)."""
+    start = {run: (run / "config.json").stat().st_mtime for run in (first, second)}
+    end = {run: (run / "done.json").stat().st_mtime for run in (first, second)}
+    return start[first] < end[second] and start[second] < end[first]
+
+
+def test_two_runs_per_device_train_at_once_and_give_the_same_bits(tmp_path):
+    spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.max_steps=48"])
+    result = run_study(spec, tmp_path / "shared", device="cpu", executor="local", runs_per_device=2, show_progress=False)
+    assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"] and not result.failed
+    runs = tmp_path / "shared/runs/bf16"
+    assert _overlap(runs / "seed0", runs / "seed1")
+    assert json.loads((tmp_path / "shared/study.json").read_text())["execution"]["runs_per_device"] == 2
+    run_study(spec, tmp_path / "inline", device="cpu", executor="inline", show_progress=False)
+    for seed in ("seed0", "seed1"):
+        assert _eval_bytes(runs / seed) == _eval_bytes(tmp_path / "inline/runs/bf16" / seed), seed
+
+
+def test_runs_per_device_refuses_zero_and_ddp(tmp_path):
+    spec = load_spec(QUICKSTART, MICRO)
+    with pytest.raises(ValueError, match="runs-per-device must be >= 1, got 0"):
+        run_study(spec, tmp_path / "a", device="cpu", executor="local", runs_per_device=0, show_progress=False)
+    with pytest.raises(ValueError, match="does not combine with --runs-per-device 2"):
+        run_study(spec, tmp_path / "b", device="cpu", executor="local", nproc_per_node=2, runs_per_device=2,
+                  show_progress=False)
+    with pytest.raises(ValueError, match="execution.runs_per_device must be >= 1, got 0"):
+        load_spec(QUICKSTART, MICRO + ["execution.runs_per_device=0"])
+
+
 @pytest.mark.gpu
 def test_gpu_local_executor_runs_on_the_gpus_asked_for(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ["seeds=[0, 1]", "train.max_steps=3"])
@@ -119,6 +149,10 @@ def test_gpu_local_executor_runs_on_the_gpus_asked_for(tmp_path):
     assert execution["devices"] == ["cuda:0"] and execution["gpus"] == 1
     for label in result.trained:
         assert json.loads((tmp_path / "out/runs" / label / "config.json").read_text())["device"] == "cuda:0"
+    shared = run_study(spec, tmp_path / "shared", device="cuda", gpus=1, executor="local", runs_per_device=2,
+                       show_progress=False)
+    assert sorted(shared.trained) == sorted(result.trained) and not shared.failed
+    assert _overlap(tmp_path / "shared/runs/bf16/seed0", tmp_path / "shared/runs/bf16/seed1")
 
 
 def test_a_fork_study_gives_the_same_bits_inline_local_and_on_ray(local_ray, tmp_path):

@@ -40,14 +40,29 @@ def test_fast_float32_path_equals_exact_path(fmt, scale_mode, rounding):
     x[::7, 3] = 0.0
     x[::5, 4] = -0.0
     x[::11] = torch.randn(32, generator=generator) * 2.0**-135
+    x[::13] = 0.0  # all-zero blocks: the float32 path is exact for them at any scale
+    x[1::13] = -0.0
     element_format = FORMATS[fmt]
     scale_exp, nonfinite = reference._block_scales(x, (1,), element_format, scale_mode)
     bits = reference.random_bits24(torch.arange(x.numel()).view(x.shape), seed=9)
     exact = reference._fake_quantize_exact(x, scale_exp, element_format, rounding, bits)
-    guard = ((scale_exp + element_format.emin >= -127) & (scale_exp + element_format.emax <= 100)).squeeze(1)
+    zero_block = (x == 0).all(dim=1)
+    guard = ((scale_exp + element_format.emin >= -127) & (scale_exp + element_format.emax <= 100)).squeeze(1) | zero_block
     assert guard.sum() > 1000 and (~guard).sum() > 100  # both sides of the guard are exercised
     fast = reference._fake_quantize_fp32(x[guard], scale_exp[guard], element_format, rounding, bits[guard])
     assert torch.equal(fast, exact[guard]) and torch.equal(torch.signbit(fast), torch.signbit(exact[guard]))
     # and the public path (which picks per tensor) equals dequantize(quantize(.)) everywhere
     options = dict(scale_mode=scale_mode, rounding=rounding, seed=9)
     assert torch.equal(fake_quantize(x, fmt, **options), dequantize(quantize(x, fmt, **options)))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_zero_blocks_keep_the_fast_path(fmt):
+    x = torch.randn(64, 32)
+    x[5] = 0.0
+    x[9] = -0.0
+    scale_exp, nonfinite = reference._block_scales(x, (1,), FORMATS[fmt], "rceil")
+    assert reference._fast_path_applies(x, scale_exp, nonfinite, FORMATS[fmt], "nearest_even")
+    x[3] = 2.0**-140  # a nonzero block whose scale is below the guard still takes the exact path
+    scale_exp, nonfinite = reference._block_scales(x, (1,), FORMATS[fmt], "rceil")
+    assert reference._fast_path_applies(x, scale_exp, nonfinite, FORMATS[fmt], "nearest_even") == (FORMATS[fmt].emin >= 0)

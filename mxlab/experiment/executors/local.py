@@ -58,18 +58,20 @@ def _exit_reason(code: int | None) -> str:
 
 
 class LocalExecutor:
-    """One spawned worker process per run, at most one per device at a time.
+    """One spawned worker process per run, at most `runs_per_device` per device at a time.
 
     `nproc_per_node` > 1 trains each run data-parallel over that many processes (mxlab.experiment.ddp)
     on the devices, one run at a time.
     """
 
-    def __init__(self, devices: Sequence[str], *, nproc_per_node: int = 1) -> None:
+    def __init__(self, devices: Sequence[str], *, nproc_per_node: int = 1, runs_per_device: int = 1) -> None:
         if not devices:
             raise ValueError("the local executor needs at least one device")
         if nproc_per_node < 1:
             raise ValueError(f"--nproc-per-node must be >= 1, got {nproc_per_node}")
-        self.devices, self.nproc_per_node = list(devices), nproc_per_node
+        if runs_per_device < 1:
+            raise ValueError(f"--runs-per-device must be >= 1, got {runs_per_device}")
+        self.devices, self.nproc_per_node, self.runs_per_device = list(devices), nproc_per_node, runs_per_device
 
     def run(self, jobs: Sequence[RunJob], progress: StudyProgress) -> dict[str, RunResult]:
         """Train each job in its own process; return {label: record} (failed runs included)."""
@@ -77,7 +79,7 @@ class LocalExecutor:
             return self._run_data_parallel(jobs, progress)
         context = worker_context(self.devices)
         queue = list(jobs)
-        free = list(self.devices)
+        free = [device for _ in range(self.runs_per_device) for device in self.devices]  # a slot per run at once
         active: dict[str, tuple[Any, Any, RunJob, str]] = {}
         results: dict[str, RunResult] = {}
         try:

@@ -38,15 +38,17 @@ def _task(job: RunJob, device: str) -> dict[str, Any]:
 class RayExecutor:
     """Every job a Ray task; `address` None starts a local Ray (with `num_cpus`), else ray.init(address=...).
 
-    `gpus` > 0: each task asks for num_gpus=1 and trains on cuda; else num_cpus=`cpus_per_run` on the CPU.
+    `gpus` > 0: each task asks for num_gpus=1/`runs_per_device` (Ray's fractional GPUs) and trains on
+    cuda; else num_cpus=`cpus_per_run` on the CPU.
     """
 
     def __init__(self, *, address: str | None = None, gpus: int = 0, cpus_per_run: int = 1,
-                 max_retries: int = 3, num_cpus: int | None = None) -> None:
-        if gpus < 0 or cpus_per_run < 1 or max_retries < 0:
-            raise ValueError(f"ray executor: need gpus >= 0, cpus_per_run >= 1, max_retries >= 0; got {gpus}, {cpus_per_run}, {max_retries}")
+                 max_retries: int = 3, num_cpus: int | None = None, runs_per_device: int = 1) -> None:
+        if gpus < 0 or cpus_per_run < 1 or max_retries < 0 or runs_per_device < 1:
+            raise ValueError("ray executor: need gpus >= 0, cpus_per_run >= 1, max_retries >= 0, runs_per_device >= 1; "
+                             f"got {gpus}, {cpus_per_run}, {max_retries}, {runs_per_device}")
         self.address, self.gpus, self.cpus_per_run = address or None, gpus, cpus_per_run
-        self.max_retries, self.num_cpus = max_retries, num_cpus
+        self.max_retries, self.num_cpus, self.runs_per_device = max_retries, num_cpus, runs_per_device
 
     def _connect(self) -> Any:
         ray = _ray()
@@ -60,7 +62,7 @@ class RayExecutor:
     def run(self, jobs: Sequence[RunJob], progress: StudyProgress) -> dict[str, RunResult]:
         """Submit every job as a task, follow their progress files, collect their records."""
         ray = self._connect()
-        resources = {"num_gpus": 1} if self.gpus else {"num_cpus": self.cpus_per_run}
+        resources = {"num_gpus": 1 / self.runs_per_device} if self.gpus else {"num_cpus": self.cpus_per_run}
         remote = ray.remote(max_retries=self.max_retries, retry_exceptions=False, **resources)(_task)
         device = "cuda" if self.gpus else "cpu"
         jobs = [dataclasses.replace(job, run_dir=Path(job.run_dir).resolve(),  # workers may start elsewhere
