@@ -133,11 +133,15 @@ def run_job(job: RunJob, device: str, *, world: World | None = None, progress: A
                      progress=progress if progress is not None else FileProgress(job.run_dir))
 
 
-def process_main(job: RunJob, device: str, connection: Any) -> None:
+def process_main(job: RunJob, device: str, connection: Any, threads: int = 0) -> None:
     """Entry of a local worker process: run `job`, send ("ok", record) or ("failed", reason) on `connection`.
 
-    An exception (an out-of-memory error included) is recorded in the run's done.json as failed.
+    `threads` > 0: torch's CPU threads in this process (runs that share a machine share its cores; a CPU
+    run's [train] cpu_threads still wins). An exception (an out-of-memory error included) is recorded in
+    the run's done.json as failed.
     """
+    if threads > 0:
+        torch.set_num_threads(threads)
     try:
         result = run_job(job, device)
         connection.send(("ok", result.to_dict()))

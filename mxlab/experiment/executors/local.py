@@ -10,6 +10,7 @@ every job in this process, one after another (the Python API's step hooks need i
 from __future__ import annotations
 
 import multiprocessing
+import os
 import signal
 import time
 from pathlib import Path
@@ -80,6 +81,8 @@ class LocalExecutor:
         context = worker_context(self.devices)
         queue = list(jobs)
         free = [device for _ in range(self.runs_per_device) for device in self.devices]  # a slot per run at once
+        # runs at once share the cores: torch's default of one thread per core in each would oversubscribe them
+        threads = max(1, (os.cpu_count() or 1) // len(free)) if len(free) > 1 else 0
         active: dict[str, tuple[Any, Any, RunJob, str]] = {}
         results: dict[str, RunResult] = {}
         try:
@@ -87,7 +90,8 @@ class LocalExecutor:
                 while queue and free:
                     job, device = queue.pop(0), free.pop(0)
                     receiver, sender = context.Pipe(duplex=False)
-                    process = context.Process(target=process_main, args=(job, device, sender), name=f"mxlab-{job.label}")
+                    process = context.Process(target=process_main, args=(job, device, sender, threads),
+                                              name=f"mxlab-{job.label}")
                     process.start()
                     sender.close()
                     active[job.label] = (process, receiver, job, device)
