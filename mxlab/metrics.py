@@ -211,18 +211,21 @@ def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, n_bins: in
     return _ece_of_bins(reliability_bins(labels, probs, n_bins))
 
 
-def group_auc(labels: np.ndarray, scores: np.ndarray, user_id: np.ndarray) -> tuple[float, int]:
+def group_auc(labels: np.ndarray, scores: np.ndarray, user_id: np.ndarray,
+              by_score: np.ndarray | None = None) -> tuple[float, int]:
     """gAUC: per-user exact AUC weighted by the user's impressions, skipping single-class users.
 
-    Returns (gAUC, number of users that entered it). Vectorized: one lexsort, no Python loop
-    over users. Refuses data where no user has both classes.
+    Returns (gAUC, number of users that entered it). Vectorized: two stable sorts (by score, then
+    by user; `by_score`: the first, when known), no Python loop over users. Refuses data where no
+    user has both classes.
     """
     y = _as_labels(labels)
     s = np.asarray(scores, dtype=np.float64)
     users = np.asarray(user_id)
     if s.shape != y.shape or users.shape != y.shape:
         raise ValueError(f"labels, scores and user_id must have the same shape; got {y.shape}, {s.shape}, {users.shape}")
-    by_score = np.argsort(s, kind="stable")
+    if by_score is None:
+        by_score = np.argsort(s, kind="stable")
     order = by_score[np.argsort(users[by_score], kind="stable")]  # by user, then by score
     s_sorted, y_sorted, u_sorted = s[order], y[order], users[order]
     n = y.size
@@ -288,7 +291,7 @@ def task_metrics(
         if users.shape != y.shape:
             raise ValueError(f"user_id must have shape {y.shape} like the labels, got {users.shape}")
         try:
-            out["gauc"], used = group_auc(y, p, users)
+            out["gauc"], used = group_auc(y, p, users, order)
         except ValueError:  # no user has both classes (few impressions per user): gAUC is undefined
             out["gauc"], used = math.nan, 0
         out["gauc_users"] = float(used)

@@ -16,9 +16,8 @@ from typing import Any
 import numpy as np
 
 from mxlab import metrics
-from mxlab.analysis.stats import (Estimate, RunSums, SeedDeltas, delong_components, delong_from_components, delong_result,
-                                  detectable_effect,
-                                  estimate, eval_variances, paired_delta, truth_log_loss)
+from mxlab.analysis.reduce import PAIRING_ARRAYS, reduce_runs, user_indices
+from mxlab.analysis.stats import Estimate, SeedDeltas, detectable_effect, estimate, eval_variances, paired_delta, truth_log_loss
 from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs, inputs_from_summary, load_study
 from mxlab.analysis.verdicts import Hypothesis, decide
 from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS, TRUTH_METRIC_KINDS, ReportSettings
@@ -137,45 +136,36 @@ def _json_ready(value: Any) -> Any:
 # ----------------------------------------------------------------------------- inputs from the run folders
 
 
-def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...]) -> StudyInputs:
-    """Per-seed deltas and their eval variances from every finished run's eval.npz. Refuses eval sets
-    whose labels or users differ between runs (the pairing is broken) and what metrics.evaluate_run refuses."""
-    arrays: dict[tuple[str, int], dict[str, np.ndarray]] = {}
-    reference_key = None
-    for arm in study.arms:
-        for seed in study.finished_seeds(arm):
-            loaded = metrics.load_eval(study.run_dir(arm, seed) / "eval.npz")
-            if reference_key is None:
-                reference_key = (arm, seed)
-            else:
-                for name in ("click", "conversion", "user_id"):
-                    if not np.array_equal(loaded[name], arrays[reference_key][name]):
-                        raise ValueError(f"eval.npz of {arm}/seed{seed} has different {name!r} from {reference_key[0]}/"
-                                         f"seed{reference_key[1]}: runs must share the eval set, in the same order")
-            arrays[(arm, seed)] = loaded
+def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: int | None = None) -> StudyInputs:
+    """Per-seed deltas and their eval variances from every finished run's eval.npz (reduced by
+    mxlab.analysis.reduce, `workers` processes; default by the study's size). Refuses eval sets whose
+    labels or users differ between runs (the pairing is broken) and what metrics.evaluate_run refuses."""
+    keys = [(arm, seed) for arm in study.arms for seed in study.finished_seeds(arm)]
     run_metrics: dict[str, dict[int, dict[str, dict[str, float]]]] = {arm: {} for arm in study.arms}
-    for (arm, seed), a in arrays.items():
-        try:
-            run_metrics[arm][seed] = metrics.evaluate_run(a)
-        except ValueError as error:
-            raise ValueError(f"{arm}/seed{seed}: {error}") from error
-    if reference_key is None:
+    if not keys:
         return StudyInputs(run_metrics, None, {}, {}, [], {}, {}, 0)
-    reference = arrays[reference_key]
+    base = study.baseline
+    base_seeds = study.finished_seeds(base)
+    reference_key = keys[0]
+    reference = metrics.load_eval(study.run_dir(*reference_key) / "eval.npz")
+    for key in keys[1:]:
+        with np.load(study.run_dir(*key) / "eval.npz", allow_pickle=False) as loaded:
+            for name in PAIRING_ARRAYS:
+                if not np.array_equal(loaded[name], reference[name]):
+                    raise ValueError(f"eval.npz of {key[0]}/seed{key[1]} has different {name!r} from {reference_key[0]}/"
+                                     f"seed{reference_key[1]}: runs must share the eval set, in the same order")
+    jobs = [(f"{arm}/seed{seed}", study.run_dir(arm, seed) / "eval.npz",
+             study.run_dir(base, seed) / "eval.npz" if arm != base and seed in base_seeds else None) for arm, seed in keys]
+    reduced = dict(zip(keys, reduce_runs(jobs, int(reference["click"].size), workers)))
+    for (arm, seed), run in reduced.items():
+        run_metrics[arm][seed] = run.metrics
     truth = metrics.truth_metrics(reference) if "true_ctr" in reference else None
-    _, user_index = np.unique(reference["user_id"], return_inverse=True)
-    n_users = int(user_index.max()) + 1
+    user_index, n_users = user_indices(reference["user_id"])
     views = metrics.task_views(reference)
     task_users = {t: user_index if v.mask is None else user_index[v.mask] for t, v in views.items()}
     truth_loss = {t: truth_log_loss(v.labels, v.true_probs, task_users[t], n_users) if v.true_probs is not None else None
                   for t, v in views.items()}
-    sums: dict[tuple[str, int], dict[str, RunSums]] = {}
-    for key, a in arrays.items():
-        sums[key] = {}
-        for task, view in metrics.task_views(a).items():
-            sums[key][task] = RunSums.build(view.labels, view.probs, task_users[task], n_users)
-    base = study.baseline
-    base_seeds = study.finished_seeds(base)
+    sums = {key: run.sums for key, run in reduced.items()}
     usable = [m for m in metric_names if truth is not None or m.split(".", 1)[1] not in TRUTH_METRIC_KINDS]
 
     def seed_deltas(pairs: dict[int, tuple[tuple[str, int], tuple[str, int]]], metric: str) -> SeedDeltas:
@@ -191,17 +181,14 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...]) -> StudyIn
     deltas: dict[tuple[str, str], SeedDeltas] = {}
     delong = {}
     for arm in study.arms:
-        paired = [s for s in base_seeds if (arm, s) in arrays]
+        paired = [s for s in base_seeds if (arm, s) in reduced]
         if arm == base or not paired:
             continue
         for metric in usable:
             deltas[(arm, metric)] = seed_deltas({s: ((arm, s), (base, s)) for s in paired}, metric)
         for s in paired:
-            for task, view in views.items():
-                probs = {k: metrics.task_views(arrays[k])[task].probs for k in ((arm, s), (base, s))}
-                parts = [delong_components(view.labels, np.asarray(probs[k], dtype=np.float64)) for k in ((arm, s), (base, s))]
-                delong[(arm, task, s)] = delong_result(*delong_from_components(view.labels, [p[0] for p in parts],
-                                                                                [p[1] for p in parts]), 0.95)
+            for task, result in reduced[(arm, s)].delong.items():
+                delong[(arm, task, s)] = result
     pairs = disjoint_pairs(base_seeds)
     aa = {m: seed_deltas({i: ((base, b), (base, a)) for i, (a, b) in enumerate(pairs)}, m) for m in usable} if pairs else {}
     n_examples = {t: int(v.labels.size) for t, v in views.items()}

@@ -48,19 +48,22 @@ class RunSums:
 
     @classmethod
     def build(cls, labels: np.ndarray, probs: np.ndarray, user_index: np.ndarray, n_users: int,
-              n_bins: int = metrics.ECE_BINS) -> "RunSums":
-        """Per-user sums of one task; refuses fewer than two examples of either class (AUC)."""
+              n_bins: int = metrics.ECE_BINS, order: np.ndarray | None = None) -> "RunSums":
+        """Per-user sums of one task; refuses fewer than two examples of either class (AUC). `order`:
+        the stable argsort of the predictions, when known."""
         y = np.asarray(labels, dtype=np.float64)
         p = np.asarray(probs, dtype=np.float64)
 
         def per_user(weights: np.ndarray) -> np.ndarray:
             return np.bincount(user_index, weights=weights, minlength=n_users)
 
-        auc, component = delong_components(y, p)
+        if order is None:
+            order = np.argsort(p, kind="stable")  # one sort serves the AUC and the ECE bins
+        auc, component = delong_components(y, p, order)
         positive = y == 1
         m, n = int(positive.sum()), int(y.size - positive.sum())
         influence = np.where(positive, (component - auc) / m, (component - auc) / n)
-        bins = metrics.equal_mass_bin_index(p, n_bins)
+        bins = metrics.equal_mass_bin_index(p, n_bins, order)
         gap = np.bincount(bins, weights=p - y, minlength=n_bins)
         ece = float(np.abs(gap).sum() / y.size)
         return cls(per_user(np.ones_like(y)), per_user(y), per_user(metrics.per_example_log_loss(y, p)), per_user(p),
@@ -213,8 +216,9 @@ class DeLongResult:
     high: float
 
 
-def delong_components(labels: np.ndarray, scores: np.ndarray) -> tuple[float, np.ndarray]:
-    """(AUC, structural component of every example in eval order), from one sort (Sun and Xu 2014).
+def delong_components(labels: np.ndarray, scores: np.ndarray, order: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+    """(AUC, structural component of every example in eval order), from one sort (Sun and Xu 2014;
+    `order`: the stable argsort of the scores, when known).
 
     A positive's component is the fraction of negatives it outranks (ties half); a negative's is the
     fraction of positives that outrank it. Refuses fewer than two examples of either class."""
@@ -224,7 +228,8 @@ def delong_components(labels: np.ndarray, scores: np.ndarray) -> tuple[float, np
     if m < 2 or n < 2:
         raise ValueError(f"DeLong needs at least two positives and two negatives, got {m} and {n}")
     s = np.asarray(scores, dtype=np.float64)
-    order = np.argsort(s, kind="stable")
+    if order is None:
+        order = np.argsort(s, kind="stable")
     s_sorted, pos_sorted = s[order], positive[order]
     rank_all = metrics.midranks_of_sorted(s_sorted)
     component = np.empty(y.size)
