@@ -208,6 +208,8 @@ def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block
     """
     if rounding not in ("nearest_even", "stochastic") or x.dtype != torch.float32:
         return False
+    if scale_exp.numel() == 0:
+        return True
     if zero_block is None:
         zero_block = (x == 0).all(dim=_reduced_dims(x, scale_exp), keepdim=True)
     counted = ~nonfinite_block & ~((scale_exp == SCALE_EXP_MIN) & zero_block)
