@@ -169,7 +169,11 @@ def encode_elements(
 
 def _block_scales(x: torch.Tensor, reduce_dims: tuple[int, ...], fmt: ElementFormat, scale_mode: str):
     """(scale exponents, non-finite mask), both with `reduce_dims` kept as size 1."""
-    amax = x.abs().amax(dim=reduce_dims, keepdim=True)
+    return _scales_of_amax(x.abs().amax(dim=reduce_dims, keepdim=True), fmt, scale_mode)
+
+
+def _scales_of_amax(amax: torch.Tensor, fmt: ElementFormat, scale_mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale exponents, non-finite mask) of blocks with the given amax (NaN or Inf: a non-finite block)."""
     nonfinite_block = ~torch.isfinite(amax)
     scale_exp = scale_exponents(torch.where(nonfinite_block, torch.zeros_like(amax), amax), fmt, scale_mode)
     return scale_exp, nonfinite_block
@@ -194,31 +198,30 @@ def quantize_blocks(
     return codes, scale_bytes.to(torch.uint8)
 
 
-def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, fmt: ElementFormat, rounding: str) -> bool:
+def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, fmt: ElementFormat,
+                       rounding: str, zero_block: torch.Tensor | None = None) -> bool:
     """Whether `_fake_quantize_fp32` is exact for this input (see its docstring).
 
     An all-zero block (scale exponent SCALE_EXP_MIN, below the guard for formats with emin < 0) does not
     count: its elements are +-0, which the float32 path returns exactly at any finite scale (|x| + C - C = 0).
+    `zero_block` (the blocks whose amax is 0, reduced dims kept) saves finding them in x.
     """
     if rounding not in ("nearest_even", "stochastic") or x.dtype != torch.float32:
         return False
-    zero_block = (scale_exp == SCALE_EXP_MIN) & (x == 0).all(dim=_reduced_dims(x, scale_exp), keepdim=True)
-    finite_scales = scale_exp[~nonfinite_block & ~zero_block]
-    if finite_scales.numel() == 0:
+    if scale_exp.numel() == 0:
         return True
-    return bool(finite_scales.min() + fmt.emin >= -127) and bool(finite_scales.max() + fmt.emax <= 100)
+    if zero_block is None:
+        zero_block = (x == 0).all(dim=_reduced_dims(x, scale_exp), keepdim=True)
+    counted = ~nonfinite_block & ~((scale_exp == SCALE_EXP_MIN) & zero_block)
+    low = torch.where(counted, scale_exp, SCALE_EXP_MAX).amin()  # no counted block: the guard holds
+    high = torch.where(counted, scale_exp, SCALE_EXP_MIN).amax()
+    low, high = torch.stack((low, high)).tolist()
+    return low + fmt.emin >= -127 and high + fmt.emax <= 100
 
 
 def _reduced_dims(x: torch.Tensor, kept: torch.Tensor) -> tuple[int, ...]:
     """The dims of x that `kept` (x's block statistic, reduced dims kept as size 1) reduced."""
     return tuple(dim for dim in range(x.dim()) if kept.shape[dim] == 1 and x.shape[dim] != 1)
-
-
-def _power_of_two_fp32(exponent: torch.Tensor) -> torch.Tensor:
-    """2^exponent as float32, built from its bits (exact for exponents in [-149, 127])."""
-    normal = (exponent + 127) << 23
-    subnormal = torch.ones_like(exponent) << (exponent + 149).clamp(0, 30)
-    return torch.where(exponent >= -126, normal, subnormal).view(torch.float32)
 
 
 def _fake_quantize_fp32(
@@ -228,20 +231,23 @@ def _fake_quantize_fp32(
 
     With C = 2^(qe + 23), the float32 sum |x| + C lies in [C, 2C), whose spacing is exactly the
     quantum 2^qe, so (|x| + C) - C is |x| rounded to nearest even at that quantum by the FPU.
+    Since qe = max(floor(log2|x|), S + emin) - mbits, C is the larger of 2^floor(log2|x|) (|x| with
+    its fraction bits cleared; 0 for a float32-subnormal |x|) times 2^(23 - mbits) and the block's
+    2^(S + emin - mbits + 23): two powers of two, so the product and the maximum are exact.
     Stochastic rounding steps back to the value below, `lower`; |x| - lower is exact, and
     (|x| - lower) * 2^(25 - qe) (exact in float64) compared with 2r + 1 is the documented test
     u < frac. It needs 2^(qe + 23) to be a float32 normal (qe <= 104, ensured by S + emax <= 100)
     and the exponent of a float32-subnormal |x| to be irrelevant (S + emin >= -127, so qe is set by S).
     """
     magnitude = x.abs()
-    log2_floor = (magnitude.view(torch.int32) >> 23) - 127
-    quantum_exp = torch.maximum(log2_floor, (scale_exp + fmt.emin).to(torch.int32)) - fmt.mbits
-    magic = ((quantum_exp + (23 + 127)) << 23).view(torch.float32)
+    leading_power = (magnitude.view(torch.int32) & 0x7F800000).view(torch.float32)
+    block_magic = (((scale_exp + (fmt.emin - fmt.mbits + 23 + 127)).to(torch.int32)) << 23).view(torch.float32)
+    magic = torch.maximum(leading_power * 2.0 ** (23 - fmt.mbits), block_magic)
     rounded = (magnitude + magic) - magic
     if rounding == "stochastic":
-        quantum = _power_of_two_fp32(quantum_exp)
+        quantum = magic * 2.0**-23
         lower = torch.where(rounded > magnitude, rounded - quantum, rounded)
-        fraction_2pow25 = torch.ldexp((magnitude - lower).double(), 25 - quantum_exp)
+        fraction_2pow25 = (magnitude - lower).double() * 2.0**25 / quantum.double()
         round_up = (2 * random_bits + 1).double() < fraction_2pow25
         rounded = torch.where(round_up, lower + quantum, lower)
     max_magnitude = torch.ldexp(torch.full(scale_exp.shape, fmt.max_normal, dtype=torch.float32, device=x.device), scale_exp.to(torch.int32))
@@ -260,11 +266,14 @@ def fake_quantize_blocks(
     random_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dequantize(quantize(x)) as float32, computed without materializing codes."""
-    scale_exp, nonfinite_block = _block_scales(x, reduce_dims, fmt, scale_mode)
-    if _fast_path_applies(x, scale_exp, nonfinite_block, fmt, rounding):
+    amax = x.abs().amax(dim=reduce_dims, keepdim=True)
+    scale_exp, nonfinite_block = _scales_of_amax(amax, fmt, scale_mode)
+    if _fast_path_applies(x, scale_exp, nonfinite_block, fmt, rounding, zero_block=amax == 0):
         values = _fake_quantize_fp32(x, scale_exp, fmt, rounding, random_bits)
     else:
         values = _fake_quantize_exact(x, scale_exp, fmt, rounding, random_bits)
+    if not bool(nonfinite_block.any()):
+        return values
     return torch.where(nonfinite_block, torch.full_like(values, float("nan")), values)
 
 

@@ -32,6 +32,9 @@ MICRO = [
     "train.log_every=1",
     "train.max_steps=4",
     "train.cpu_threads=1",
+    'train.fork_from=""',  # from scratch: the quickstart's fork design is tested in tests/experiment/test_fork.py
+    "train.fork_steps=0",
+    "execution.runs_per_device=1",
 ]
 RUN_FILES = ("config.json", "plan.json", "plan.txt", "metrics.jsonl", "eval.npz", "checkpoint.pt", "done.json")
 
