@@ -105,9 +105,13 @@ def _warnings(analysis: StudyAnalysis) -> list[str]:
         elif math.isfinite(d.effect) and d.effect > d.margin:
             need = (f"it would need {d.seeds_needed} seeds" if d.seeds_needed else
                     "more than 64 seeds, or a larger eval set, would be needed")
-            out.append(f"**This study is too small for its margin on {d.metric}**: it detects a regression of "
-                       f"{format_value(d.metric, d.effect, False)} with {analysis.settings.power:.0%} power, the margin is "
-                       f"{format_value(d.metric, d.margin, False)}; {need}. Non-inferiority at this margin cannot be shown.")
+            shown = sorted(c.arm for c in analysis.comparisons if c.metric == d.metric and c.verdict == "non-inferior")
+            tail = (f" An arm whose own spread is smaller can still be shown non-inferior, as {', '.join(shown)} here."
+                    if shown else " Non-inferiority at this margin is out of reach for an arm of this spread.")
+            out.append(f"**This study is too small for its margin on {d.metric}**: at the spread of its arms (pooled) it "
+                       f"detects a regression of {format_value(d.metric, d.effect, False)} with "
+                       f"{analysis.settings.power:.0%} power, the margin is {format_value(d.metric, d.margin, False)}; "
+                       f"{need}.{tail}")
     for arm, r in analysis.arms.items():
         if r.diverged:
             steps = ", ".join(f"seed {s} at step {step}" for s, step in r.diverged.items())
