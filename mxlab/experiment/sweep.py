@@ -18,7 +18,7 @@ import numpy as np
 
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, LocalExecutor
-from mxlab.experiment.runner import check_out_dir, resolve_devices, run_jobs
+from mxlab.experiment.runner import FORK_DIR, blocked_runs, check_out_dir, fork_jobs, resolve_devices, run_jobs
 from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe_path
 from mxlab.experiment.train import RunJob, build_run_model, estimated_total_steps
 from mxlab.experiment.worker import make_data_source
@@ -110,12 +110,13 @@ def _mean_deltas(per_seed: Sequence[dict[str, float] | None]) -> tuple[dict[str,
 
 def _format_table(
     recipe: str, layers: Sequence[LayerSensitivity], full: dict[str, float], seeds: Sequence[int], steps: int,
-    noise_floor: float | None,
+    noise_floor: float | None, warmup: str = "",
 ) -> str:
+    start = f" from the seed's {warmup} (the spec's fork design)" if warmup else " from scratch"
     lines = [
         f"# Layer sensitivity of `{recipe}`",
         "",
-        f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}), {steps} training steps per run. Deltas against the "
+        f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}), {steps} training steps per run{start}. Deltas against the "
         "baseline arm of the same seed, mean over seeds: NE in % (positive = worse), AUC absolute (negative = worse). "
         "`only` quantizes this module alone (every other module BF16); `all but` quantizes every module except this one. "
         "`recovers` is the NE the full recipe loses minus what all-but-this loses: what keeping this module in BF16 wins back.",
@@ -160,8 +161,10 @@ def sweep_layers(
 
     Returns the SweepResult, layers ranked by the NE regression of quantizing them alone (worst
     first); writes DIR/sweep/sweep.md and DIR/sweep/sweep.json (DIR defaults to reports/NAME).
-    `steps` defaults to min(200, the spec's own length). Refuses an unknown recipe, seeds that are
-    not integers >= 0, steps < 1, and an existing sweep without `resume`.
+    `steps` defaults to min(200, the spec's own length). In the fork design (`[train] fork_from`) every
+    run continues from its seed's warm-up (DIR/sweep/runs/_fork/seedK, trained first), as the study's
+    arms do. Refuses an unknown recipe, seeds that are not integers >= 0, steps < 1, and an existing
+    sweep without `resume`.
     """
     from mxlab.recipe import quantizable_modules, single_layer_recipe
 
@@ -198,9 +201,11 @@ def sweep_layers(
     for module in modules:
         arms.append((_arm_folder("only", module), single_layer_recipe(quantized_recipe, module, invert=False), f"{recipe_source} only {module}"))
         arms.append((_arm_folder("allbut", module), single_layer_recipe(quantized_recipe, module, invert=True), f"{recipe_source} all but {module}"))
+    warmups = fork_jobs(sweep_spec, runs_root)
     jobs = [
         RunJob(arm=arm, seed=seed, recipe=arm_recipe, recipe_source=source_text, run_dir=runs_root / arm / f"seed{seed}",
-               spec=sweep_spec, extra_config={"sweep_recipe": recipe_name})
+               spec=sweep_spec, extra_config={"sweep_recipe": recipe_name},
+               fork_dir=runs_root / FORK_DIR / f"seed{seed}" if warmups else None)
         for seed in seeds
         for arm, arm_recipe, source_text in arms
     ]
@@ -208,7 +213,9 @@ def sweep_layers(
     sweep_dir.mkdir(parents=True, exist_ok=True)
     io.write_json(sweep_dir / "sweep_spec.json", {**sweep_spec.to_dict(), "sweep_recipe": recipe_source, "modules": modules})
     executor = InlineExecutor(devices[0], source=source) if len(devices) <= 1 else LocalExecutor(devices)  # short runs: inline on one device
-    run_jobs(jobs, executor, show_progress=show_progress)
+    results = run_jobs(warmups, executor, show_progress=show_progress)
+    results.update(blocked_runs(jobs, results))  # a seed whose warm-up failed has nothing to continue from
+    run_jobs([job for job in jobs if job.label not in results], executor, show_progress=show_progress)
 
     def per_seed(arm: str) -> list[dict[str, float] | None]:
         return [_run_deltas(runs_root / arm / f"seed{seed}", runs_root / spec.baseline / f"seed{seed}") for seed in seeds]
@@ -225,7 +232,8 @@ def sweep_layers(
     layers.sort(key=lambda layer: (-layer.score, layer.only["auc_mean"]))
 
     noise_floor = _baseline_noise_floor(runs_root / spec.baseline, seeds)
-    table = _format_table(recipe_name, layers, full, seeds, steps, noise_floor)
+    warmup = f"{spec.train.fork_from} warm-up of {spec.train.fork_steps} steps" if warmups else ""
+    table = _format_table(recipe_name, layers, full, seeds, steps, noise_floor, warmup)
     markdown_path, json_path = sweep_dir / "sweep.md", sweep_dir / "sweep.json"
     io.write_text(markdown_path, table)
     io.write_json(
@@ -236,6 +244,7 @@ def sweep_layers(
             "baseline": spec.baseline,
             "seeds": list(seeds),
             "steps": steps,
+            "design": sweep_spec.design,
             "full_recipe": full,
             "noise_floor_ne_pct": noise_floor,
             "ranking": [

@@ -167,3 +167,19 @@ def test_a_study_recorded_before_the_fork_keys_existed_still_resumes(tmp_path):
     with pytest.raises(ValueError, match=r"train.fork_from \"\" \(recorded\) vs \"bf16\""):
         run_study(load_spec(QUICKSTART, MICRO + ["train.max_steps=2", "train.fork_from=bf16", "train.fork_steps=2"]),
                   tmp_path, device="cpu", executor="inline", show_progress=False, resume=True)
+
+
+def test_the_layer_sweep_continues_from_the_warmup_in_the_fork_design(tmp_path, monkeypatch):
+    from mxlab.experiment import sweep
+
+    spec = _spec(['arms=["bf16", "mxfp8-rceil"]'])
+    monkeypatch.setattr("mxlab.recipe.quantizable_modules", lambda model, recipe: ["towers.ctr.out", "towers.cvr.out"])  # two, for time
+    result = sweep.sweep_layers(spec, "mxfp8-rceil", seeds=[0], steps=2, out_dir=tmp_path, device="cpu", show_progress=False)
+    runs = tmp_path / "sweep/runs"
+    assert json.loads((runs / "_fork/seed0/done.json").read_text())["steps"] == 4
+    for arm in ("bf16", "mxfp8-rceil", "only--towers.ctr.out", "allbut--towers.cvr.out"):
+        done = json.loads((runs / arm / "seed0/done.json").read_text())
+        assert done["status"] == "finished" and done["steps"] == 6, arm  # 4 warm-up steps, then 2 of its own
+        assert [m["step"] for m in _metrics(runs / arm / "seed0")][0] > 4, arm
+    assert "from the seed's bf16 warm-up of 4 steps" in result.table
+    assert json.loads(result.json_path.read_text())["design"]["kind"] == "fork"
