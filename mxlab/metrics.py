@@ -262,6 +262,7 @@ def task_metrics(
     *,
     n_bins: int = ECE_BINS,
     clip: float = PROBABILITY_CLIP,
+    order: np.ndarray | None = None,
 ) -> dict[str, float]:
     """All metrics of one task: {n, positives, base_rate, auc, log_loss, ne, calibration, ece
     [, gauc, gauc_users] [, mae_truth, calibration_truth]}. gauc is NaN (gauc_users 0) when no
@@ -273,7 +274,8 @@ def task_metrics(
     y = _as_labels(labels)
     p = _as_probabilities(probs, y.size)
     _require_both_classes(y, "task metrics (AUC, NE)")
-    order = np.argsort(p, kind="stable")
+    if order is None:  # else: the stable argsort of the predictions, already known
+        order = np.argsort(p, kind="stable")
     y_sorted, p_sorted = y[order], p[order]
     mean_log_loss = log_loss(y, p, clip)
     out: dict[str, float] = {
@@ -357,8 +359,10 @@ def task_views(eval_arrays: Mapping[str, np.ndarray]) -> dict[str, TaskView]:
     }
 
 
-def evaluate_run(eval_npz: str | PathLike | Mapping[str, np.ndarray], *, n_bins: int = ECE_BINS) -> dict[str, dict[str, float]]:
-    """{task: {metric: value}} for ctr, cvr, ctcvr of one run's eval.npz (see :func:`task_metrics`).
+def evaluate_run(eval_npz: str | PathLike | Mapping[str, np.ndarray], *, n_bins: int = ECE_BINS,
+                 orders: Mapping[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
+    """{task: {metric: value}} for ctr, cvr, ctcvr of one run's eval.npz (see :func:`task_metrics`;
+    `orders`: per task the stable argsort of its predictions, when known).
 
     Refuses missing arrays, mismatched lengths, conversions without clicks and the errors of
     :func:`task_metrics`, naming the task.
@@ -367,7 +371,8 @@ def evaluate_run(eval_npz: str | PathLike | Mapping[str, np.ndarray], *, n_bins:
     results: dict[str, dict[str, float]] = {}
     for task, view in task_views(arrays).items():
         try:
-            results[task] = task_metrics(view.labels, view.probs, view.user_id, view.true_probs, n_bins=n_bins)
+            results[task] = task_metrics(view.labels, view.probs, view.user_id, view.true_probs, n_bins=n_bins,
+                                         order=orders.get(task) if orders else None)
         except ValueError as error:
             raise ValueError(f"task {task!r}: {error}") from error
     return results

@@ -154,9 +154,12 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
                 if not np.array_equal(loaded[name], reference[name]):
                     raise ValueError(f"eval.npz of {key[0]}/seed{key[1]} has different {name!r} from {reference_key[0]}/"
                                      f"seed{reference_key[1]}: runs must share the eval set, in the same order")
-    jobs = [(f"{arm}/seed{seed}", study.run_dir(arm, seed) / "eval.npz",
-             study.run_dir(base, seed) / "eval.npz" if arm != base and seed in base_seeds else None) for arm, seed in keys]
-    reduced = dict(zip(keys, reduce_runs(jobs, int(reference["click"].size), workers)))
+    seeds = sorted({seed for _, seed in keys})
+    per_seed = [[key for key in keys if key[1] == seed] for seed in seeds]
+    jobs = [([(f"{arm}/seed{seed}", study.run_dir(arm, seed) / "eval.npz") for arm, seed in group],
+             f"{base}/seed{group[0][1]}" if group[0][1] in base_seeds else None) for group in per_seed]
+    reductions = reduce_runs(jobs, int(reference["click"].size), workers)
+    reduced = {key: run for group, runs in zip(per_seed, reductions) for key, run in zip(group, runs)}
     for (arm, seed), run in reduced.items():
         run_metrics[arm][seed] = run.metrics
     truth = metrics.truth_metrics(reference) if "true_ctr" in reference else None

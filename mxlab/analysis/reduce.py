@@ -1,9 +1,10 @@
-"""Each finished run's eval.npz reduced to what the analysis needs, one run per worker process.
+"""Each finished run's eval.npz reduced to what the analysis needs, one seed per worker process.
 
-`reduce_runs` returns, per (arm, seed): the run's metrics (mxlab.metrics.evaluate_run), its per-user
-sums per task (`RunSums`) and the DeLong comparison of each task with the baseline run of its seed. A study's runs are independent,
-so a large study (tens of runs of a million impressions) is reduced by a pool of processes; a small
-one in this process. Both call `reduce_run`, so they give the same bits.
+`reduce_seed` returns, per run of a seed: its metrics (mxlab.metrics.evaluate_run), its per-user sums
+per task (`RunSums`) and the DeLong comparison of each task with the seed's baseline run (whose
+DeLong components are computed once per seed). Seeds are independent, so a large study (tens of runs
+of a million impressions) is reduced by a pool of processes, a small one in this process; both call
+`reduce_seed`, so they give the same bits.
 """
 from __future__ import annotations
 
@@ -38,48 +39,60 @@ def user_indices(user_id: np.ndarray) -> tuple[np.ndarray, int]:
     return index, int(index.max()) + 1 if index.size else 0
 
 
-def reduce_run(eval_path: Path, baseline_path: Path | None = None) -> RunReduction:
-    """Reduce the run whose eval.npz is `eval_path`; with `baseline_path`, also DeLong against that run.
-    Refuses what metrics.evaluate_run refuses, and a baseline eval set with other labels or users."""
-    arrays = metrics.load_eval(eval_path)
-    base_views = None
-    if baseline_path is not None:
-        base = metrics.load_eval(baseline_path)
-        for name in PAIRING_ARRAYS:
-            if not np.array_equal(base[name], arrays[name]):
-                raise ValueError(f"{eval_path} and {baseline_path} have different {name!r}: runs must share the eval set")
-        base_views = metrics.task_views(base)
-    run_metrics = metrics.evaluate_run(arrays)
-    index, n_users = user_indices(arrays["user_id"])
+def _reduce_run(path: Path) -> tuple[dict, dict[str, RunSums], dict[str, tuple[np.ndarray, float, np.ndarray]]]:
+    """(metrics, per-task RunSums, per-task (labels, AUC, DeLong components)) of one run's eval.npz."""
+    arrays = metrics.load_eval(path)
     views = metrics.task_views(arrays)
-    sums, delong = {}, {}
+    # one sort per task serves the metrics, the gAUC, the sums, the ECE bins and DeLong
+    orders = {task: np.argsort(np.asarray(view.probs, dtype=np.float64), kind="stable") for task, view in views.items()}
+    run_metrics = metrics.evaluate_run(arrays, orders=orders)
+    index, n_users = user_indices(arrays["user_id"])
+    sums, components = {}, {}
     for task, view in views.items():
         probs = np.asarray(view.probs, dtype=np.float64)
-        order = np.argsort(probs, kind="stable")
+        auc_and_components = delong_components(view.labels, probs, orders[task])
         sums[task] = RunSums.build(view.labels, probs, index if view.mask is None else index[view.mask], n_users,
-                                   order=order)
-        if base_views is not None:
-            components = delong_components(view.labels, probs, order)
-            base_components = delong_components(view.labels, np.asarray(base_views[task].probs, dtype=np.float64))
-            delong[task] = delong_result(*delong_from_components(view.labels, [components[0], base_components[0]],
-                                                                 [components[1], base_components[1]]), 0.95)
-    return RunReduction(run_metrics, sums, delong)
+                                   order=orders[task], delong=auc_and_components)
+        components[task] = (view.labels, *auc_and_components)
+    return run_metrics, sums, components
 
 
-def _reduce_one(job: tuple[str, Path, Path | None]) -> RunReduction:
-    label, eval_path, baseline_path = job
-    try:
-        return reduce_run(eval_path, baseline_path)
-    except ValueError as error:
-        raise ValueError(f"{label}: {error}") from error
+def reduce_seed(runs: Sequence[tuple[str, Path]], baseline: str | None = None) -> list[RunReduction]:
+    """Reduce the runs (label, eval.npz path) of one seed, each once, in order; with `baseline` (the label
+    of the seed's baseline run among them), every other run also gets DeLong against it. The runs must
+    share the eval set (mxlab.analysis.compare checks it first). An error names the run."""
+    reduced = {}
+    for label, path in runs:
+        try:
+            reduced[label] = _reduce_run(path)
+        except ValueError as error:
+            raise ValueError(f"{label}: {error}") from error
+    if baseline is not None and baseline not in reduced:
+        raise ValueError(f"baseline run {baseline!r} is not among the seed's runs {sorted(reduced)}")
+    out = []
+    for label, (run_metrics, sums, components) in reduced.items():
+        delong = {}
+        if baseline is not None and label != baseline:
+            for task, (labels, auc, component) in components.items():
+                _, base_auc, base_component = reduced[baseline][2][task]
+                delong[task] = delong_result(*delong_from_components(labels, [auc, base_auc], [component, base_component]),
+                                             0.95)
+        out.append(RunReduction(run_metrics, sums, delong))
+    return out
 
 
-def reduce_runs(jobs: Sequence[tuple[str, Path, Path | None]], n_examples: int, workers: int | None = None) -> list[RunReduction]:
-    """`reduce_run` of every (run label, eval path, baseline eval path or None), in order; an error names
-    the run. `workers`: processes to use
-    (default: every core when len(jobs) x n_examples >= PARALLEL_MIN_EXAMPLES, else 1 = this process)."""
+def _reduce_one(job: tuple[Sequence[tuple[str, Path]], str | None]) -> list[RunReduction]:
+    return reduce_seed(*job)
+
+
+def reduce_runs(jobs: Sequence[tuple[Sequence[tuple[str, Path]], str | None]], n_examples: int,
+                workers: int | None = None) -> list[list[RunReduction]]:
+    """`reduce_seed` of every (runs of a seed, baseline label or None), in order. `workers`: processes to use
+    (default: every core, up to one per job, when runs x n_examples >= PARALLEL_MIN_EXAMPLES, else 1 =
+    this process)."""
+    runs = sum(len(job[0]) for job in jobs)
     if workers is None:
-        workers = min(len(jobs), os.cpu_count() or 1) if len(jobs) * n_examples >= PARALLEL_MIN_EXAMPLES else 1
+        workers = min(len(jobs), os.cpu_count() or 1) if runs * n_examples >= PARALLEL_MIN_EXAMPLES else 1
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     if workers == 1 or len(jobs) < 2:

@@ -48,9 +48,10 @@ class RunSums:
 
     @classmethod
     def build(cls, labels: np.ndarray, probs: np.ndarray, user_index: np.ndarray, n_users: int,
-              n_bins: int = metrics.ECE_BINS, order: np.ndarray | None = None) -> "RunSums":
-        """Per-user sums of one task; refuses fewer than two examples of either class (AUC). `order`:
-        the stable argsort of the predictions, when known."""
+              n_bins: int = metrics.ECE_BINS, order: np.ndarray | None = None,
+              delong: tuple[float, np.ndarray] | None = None) -> "RunSums":
+        """Per-user sums of one task; refuses fewer than two examples of either class (AUC). When known:
+        `order`, the stable argsort of the predictions; `delong`, their `delong_components`."""
         y = np.asarray(labels, dtype=np.float64)
         p = np.asarray(probs, dtype=np.float64)
 
@@ -59,7 +60,7 @@ class RunSums:
 
         if order is None:
             order = np.argsort(p, kind="stable")  # one sort serves the AUC and the ECE bins
-        auc, component = delong_components(y, p, order)
+        auc, component = delong if delong is not None else delong_components(y, p, order)
         positive = y == 1
         m, n = int(positive.sum()), int(y.size - positive.sum())
         influence = np.where(positive, (component - auc) / m, (component - auc) / n)

@@ -316,8 +316,9 @@ def run_study(
     `executor` ('local', 'ray', or 'inline': every run in this process, which `on_step` hooks
     need) and `ray_address` / `gpus` default to the spec's [execution]; `devices` overrides the
     device list resolved from `device` and `gpus`; `nproc_per_node` > 1 trains each run
-    data-parallel; `runs_per_device` (default: the spec's) runs that many runs at once per device. Refuses an `out_dir` that is a file, an existing study folder with runs unless
-    `resume`, and on `resume` a study whose data/model/train settings changed (naming the keys).
+    data-parallel; `runs_per_device` (default: the spec's) runs that many runs at once per device.
+    Refuses an `out_dir` that is a file, an existing study folder with runs unless `resume`, and on
+    `resume` a study whose data/model/train settings changed (naming the keys).
     A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
     """
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name

@@ -198,30 +198,23 @@ def quantize_blocks(
     return codes, scale_bytes.to(torch.uint8)
 
 
-def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, fmt: ElementFormat,
-                       rounding: str, zero_block: torch.Tensor | None = None) -> bool:
+def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, zero_block: torch.Tensor,
+                       fmt: ElementFormat, rounding: str) -> bool:
     """Whether `_fake_quantize_fp32` is exact for this input (see its docstring).
 
-    An all-zero block (scale exponent SCALE_EXP_MIN, below the guard for formats with emin < 0) does not
-    count: its elements are +-0, which the float32 path returns exactly at any finite scale (|x| + C - C = 0).
-    `zero_block` (the blocks whose amax is 0, reduced dims kept) saves finding them in x.
+    An all-zero block (`zero_block`: amax 0, reduced dims kept; its scale exponent SCALE_EXP_MIN is below
+    the guard for formats with emin < 0) does not count: its elements are +-0, which the float32 path
+    returns exactly at any finite scale (|x| + C - C = 0).
     """
     if rounding not in ("nearest_even", "stochastic") or x.dtype != torch.float32:
         return False
     if scale_exp.numel() == 0:
         return True
-    if zero_block is None:
-        zero_block = (x == 0).all(dim=_reduced_dims(x, scale_exp), keepdim=True)
-    counted = ~nonfinite_block & ~((scale_exp == SCALE_EXP_MIN) & zero_block)
+    counted = ~nonfinite_block & ~zero_block
     low = torch.where(counted, scale_exp, SCALE_EXP_MAX).amin()  # no counted block: the guard holds
     high = torch.where(counted, scale_exp, SCALE_EXP_MIN).amax()
     low, high = torch.stack((low, high)).tolist()
     return low + fmt.emin >= -127 and high + fmt.emax <= 100
-
-
-def _reduced_dims(x: torch.Tensor, kept: torch.Tensor) -> tuple[int, ...]:
-    """The dims of x that `kept` (x's block statistic, reduced dims kept as size 1) reduced."""
-    return tuple(dim for dim in range(x.dim()) if kept.shape[dim] == 1 and x.shape[dim] != 1)
 
 
 def _fake_quantize_fp32(
@@ -268,7 +261,7 @@ def fake_quantize_blocks(
     """dequantize(quantize(x)) as float32, computed without materializing codes."""
     amax = x.abs().amax(dim=reduce_dims, keepdim=True)
     scale_exp, nonfinite_block = _scales_of_amax(amax, fmt, scale_mode)
-    if _fast_path_applies(x, scale_exp, nonfinite_block, fmt, rounding, zero_block=amax == 0):
+    if _fast_path_applies(x, scale_exp, nonfinite_block, amax == 0, fmt, rounding):
         values = _fake_quantize_fp32(x, scale_exp, fmt, rounding, random_bits)
     else:
         values = _fake_quantize_exact(x, scale_exp, fmt, rounding, random_bits)

@@ -62,16 +62,17 @@ def test_zero_blocks_keep_the_fast_path(fmt):
     x[5] = 0.0
     x[9] = -0.0
     scale_exp, nonfinite = reference._block_scales(x, (1,), FORMATS[fmt], "rceil")
-    assert reference._fast_path_applies(x, scale_exp, nonfinite, FORMATS[fmt], "nearest_even")
+    zero = x.abs().amax(dim=1, keepdim=True) == 0
+    assert zero.sum() == 2 and reference._fast_path_applies(x, scale_exp, nonfinite, zero, FORMATS[fmt], "nearest_even")
     x[3] = 2.0**-140  # a nonzero block whose scale is below the guard still takes the exact path
     scale_exp, nonfinite = reference._block_scales(x, (1,), FORMATS[fmt], "rceil")
-    assert reference._fast_path_applies(x, scale_exp, nonfinite, FORMATS[fmt], "nearest_even") == (FORMATS[fmt].emin >= 0)
+    assert reference._fast_path_applies(x, scale_exp, nonfinite, zero, FORMATS[fmt], "nearest_even") == (FORMATS[fmt].emin >= 0)
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_an_empty_tensor_passes_the_guard_and_stays_empty(fmt):
     x = torch.zeros(0, 32)
     scale_exp, nonfinite = reference._block_scales(x, (1,), FORMATS[fmt], "rceil")
-    assert reference._fast_path_applies(x, scale_exp, nonfinite, FORMATS[fmt], "nearest_even")
+    assert reference._fast_path_applies(x, scale_exp, nonfinite, scale_exp == 0, FORMATS[fmt], "nearest_even")
     assert fake_quantize(x, fmt).shape == (0, 32)
     assert fake_quantize(x, fmt, rounding="stochastic", seed=3).shape == (0, 32)

@@ -20,8 +20,6 @@ def make_executor(name: str, devices: Sequence[str], *, ray_address: str | None 
                   nproc_per_node: int = 1, cpus_per_run: int = 1, max_retries: int = 3, runs_per_device: int = 1) -> Any:
     """The executor `name` ('local' or 'ray') for `devices`; refuses another name, DDP on Ray, and
     DDP with more than one run per device."""
-    if runs_per_device < 1:
-        raise ValueError(f"--runs-per-device must be >= 1, got {runs_per_device}")
     if nproc_per_node > 1 and runs_per_device > 1:
         raise ValueError("--nproc-per-node trains one run at a time over the devices; it does not combine with "
                          f"--runs-per-device {runs_per_device}")
