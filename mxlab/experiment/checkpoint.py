@@ -76,10 +76,7 @@ def start_from_fork(fork_dir: Path, model: torch.nn.Module, optimizer: Any = Non
     them as its recipe does. Refuses (ValueError naming the folder) a warm-up without a checkpoint,
     and weights that do not fit the model.
     """
-    path = Path(fork_dir) / CHECKPOINT
-    if not path.is_file():
-        raise ValueError(f"the fork warm-up {fork_dir} has no {CHECKPOINT}; it must finish before its arms start")
-    checkpoint = load_checkpoint(path)
+    path, checkpoint = _fork_checkpoint(fork_dir)
     try:
         model.load_state_dict(checkpoint["model"])
     except RuntimeError as error:
@@ -87,3 +84,17 @@ def start_from_fork(fork_dir: Path, model: torch.nn.Module, optimizer: Any = Non
     if optimizer is not None:
         optimizer.load_state_dict(checkpoint["optimizer"])
     return int(checkpoint["step"]), int(checkpoint["epoch"]), int(checkpoint["batches_in_epoch"])
+
+
+def fork_data_position(fork_dir: Path) -> tuple[int, int]:
+    """The fork warm-up's final data position: (epoch, batches taken in it), from `fork_dir/checkpoint.pt`.
+    Refuses (ValueError naming the folder) a warm-up without a checkpoint."""
+    _, checkpoint = _fork_checkpoint(fork_dir)
+    return int(checkpoint["epoch"]), int(checkpoint["batches_in_epoch"])
+
+
+def _fork_checkpoint(fork_dir: Path) -> tuple[Path, dict]:
+    path = Path(fork_dir) / CHECKPOINT
+    if not path.is_file():
+        raise ValueError(f"the fork warm-up {fork_dir} has no {CHECKPOINT}; it must finish before its arms start")
+    return path, load_checkpoint(path)

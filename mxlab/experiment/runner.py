@@ -169,7 +169,8 @@ def fork_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
     if not spec.train.fork_from:
         return []
     steps = spec.train.fork_steps
-    warmup = spec.with_train(fork_from="", fork_steps=0, max_steps=steps, epochs=max(spec.train.epochs, steps))
+    warmup = spec.with_train(fork_from="", fork_steps=0, max_steps=steps, epochs=max(spec.train.epochs, steps),
+                             lr_decay_steps=0)
     recipe = load_recipe(spec.fork_recipe_path)
     return [RunJob(arm=FORK_DIR, seed=seed, recipe=recipe, recipe_source=str(spec.fork_recipe_path),
                    run_dir=Path(runs_root) / FORK_DIR / f"seed{seed}", spec=warmup,

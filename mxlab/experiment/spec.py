@@ -70,6 +70,12 @@ class TrainConfig:
     # that step also holds the held-out NE and AUC on the first `eval_slice` eval examples (0 = all).
     eval_every: int = 0
     eval_slice: int = 0
+    # The learning rate's decay phase: the last `lr_decay_steps` steps of every run take the rate
+    # down linearly from `lr` to lr / lr_decay_steps at the last step (0 = a constant rate). A fork
+    # warm-up never decays (it is the constant phase every arm continues from), so in the fork
+    # design each arm ends in its own decay: the eval then scores a settled model rather than a
+    # snapshot of one still moving at full rate.
+    lr_decay_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -204,7 +210,7 @@ def _check_ranges(config: Any, where: str) -> None:
             if getattr(config, key) < 1:
                 raise ValueError(f"{where}.{key} must be >= 1, got {getattr(config, key)}")
         for key in ("checkpoint_every", "diagnostics_every", "max_steps", "nonfinite_patience", "cpu_threads",
-                    "fork_steps", "eval_every", "eval_slice"):
+                    "fork_steps", "eval_every", "eval_slice", "lr_decay_steps"):
             if getattr(config, key) < 0:
                 raise ValueError(f"{where}.{key} must be >= 0 (0 = off), got {getattr(config, key)}")
         if not config.lr > 0:
@@ -219,6 +225,9 @@ def _check_ranges(config: Any, where: str) -> None:
         if bool(config.fork_from) != bool(config.fork_steps):
             raise ValueError(f"{where}.fork_from ({config.fork_from!r}) and {where}.fork_steps ({config.fork_steps}) go "
                              f"together: a recipe name and a number of warm-up steps >= 1, or neither (from scratch)")
+        if config.lr_decay_steps and config.max_steps and config.lr_decay_steps > config.max_steps:
+            raise ValueError(f"{where}.lr_decay_steps ({config.lr_decay_steps}) must be <= {where}.max_steps "
+                             f"({config.max_steps}): the decay is the last part of each run's own steps")
         if config.eval_every and config.eval_every % config.log_every:
             raise ValueError(f"{where}.eval_every ({config.eval_every}) must be a multiple of {where}.log_every "
                              f"({config.log_every}): held-out metrics are written into that step's metrics record")

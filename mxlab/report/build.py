@@ -194,7 +194,7 @@ def _controls(analysis: StudyAnalysis) -> Block:
     pairs = analysis.inputs.aa_pairs
     placebo = [c for c in analysis.comparisons if c.arm == "placebo" and c.primary]
     if placebo:
-        blocks.append(Paragraph("**placebo** (BF16 with its own data-order seed, through the arms' pipeline) is judged in "
+        blocks.append(Paragraph("**placebo** (BF16 in its own order of the data, through the arms' pipeline; docs/statistics.md, Controls) is judged in "
                                 "the family like any arm: " + "; ".join(f"{c.metric} {c.verdict}" for c in placebo) + "."))
     if analysis.aa:
         rows = [[c.metric, ", ".join(f"{format_value(c.metric, v)}" for v in c.per_seed.values()), format_interval(c),

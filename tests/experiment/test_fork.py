@@ -183,3 +183,111 @@ def test_the_layer_sweep_continues_from_the_warmup_in_the_fork_design(tmp_path, 
         assert [m["step"] for m in _metrics(runs / arm / "seed0")][0] > 4, arm
     assert "from the seed's bf16 warm-up of 4 steps" in result.table
     assert json.loads(result.json_path.read_text())["design"]["kind"] == "fork"
+
+
+DECAY = ["train.lr_decay_steps=3"]  # the arms' steps 5-8: rates lr, lr, 2/3 lr, 1/3 lr
+
+
+def test_learning_rate_is_constant_then_decays_linearly_over_the_last_steps():
+    from mxlab.experiment.train import learning_rate
+
+    train = _spec(DECAY).train
+    assert [learning_rate(train, step, 8) for step in range(1, 9)] == pytest.approx(
+        [train.lr] * 6 + [train.lr * 2 / 3, train.lr / 3])
+    assert learning_rate(train, 9, 8) == pytest.approx(train.lr / 3)  # past an estimated end: the last step's rate
+    assert [learning_rate(_spec().train, step, 8) for step in (1, 8)] == [train.lr, train.lr]
+    with pytest.raises(ValueError, match="steps count from 1, got 0"):
+        learning_rate(train, 0, 8)
+
+
+def test_lr_decay_ends_each_arm_and_leaves_the_warmup_constant(tmp_path, monkeypatch):
+    import mxlab.experiment.train as train_module
+
+    taken: list[float] = []  # the rate of every step, in the inline executor's order: warm-up, bf16, mxfp8-rceil
+    original = train_module.train_step
+
+    def recording(model, batch, optimizer, *args, **kwargs):
+        taken.append(optimizer.param_groups[0]["lr"])
+        return original(model, batch, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_step", recording)
+    spec = _spec(DECAY + ['arms=["bf16", "mxfp8-rceil"]'])
+    run_study(spec, tmp_path, device="cpu", executor="inline", show_progress=False)
+    lr = spec.train.lr
+    arm = [lr, lr, lr * 2 / 3, lr / 3]
+    assert taken == pytest.approx([lr] * 4 + arm + arm)
+    assert json.loads((tmp_path / "runs/_fork/seed0/config.json").read_text())["train"]["lr_decay_steps"] == 0
+
+
+def test_a_decaying_fork_study_resumes_after_a_kill_bit_identical(reference, tmp_path):
+    def hook(job, step):
+        if (job.arm, step) == ("mxfp8-rceil", 7):  # inside the decay, after the checkpoint at step 6
+            raise KeyboardInterrupt("killed")
+
+    spec = _spec(DECAY + ['arms=["bf16", "mxfp8-rceil"]'])
+    run_study(spec, tmp_path / "whole", device="cpu", executor="inline", show_progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_study(spec, tmp_path / "killed", device="cpu", executor="inline", show_progress=False, on_step=hook)
+    run_study(spec, tmp_path / "killed", device="cpu", executor="inline", show_progress=False, resume=True)
+    for label in ("bf16/seed0", "mxfp8-rceil/seed0"):
+        assert _eval_bytes(tmp_path / "killed/runs" / label) == _eval_bytes(tmp_path / "whole/runs" / label), label
+    assert _eval_bytes(tmp_path / "whole/runs/bf16/seed0") != _eval_bytes(reference / "runs/bf16/seed0")  # the decay trains differently
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.lr_decay_steps=-1"], r"train.lr_decay_steps must be >= 0 \(0 = off\), got -1"),
+    (["train.lr_decay_steps=5"], r"train.lr_decay_steps \(5\) must be <= train.max_steps \(4\)"),
+])
+def test_bad_lr_decay_settings_are_refused(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _spec(overrides)
+
+
+def test_swapped_pairs_keeps_the_prefix_and_swaps_each_following_pair():
+    from mxlab.experiment.train import swapped_pairs
+
+    assert list(swapped_pairs(range(7), 2)) == [0, 1, 3, 2, 5, 4, 6]
+    assert list(swapped_pairs(range(4), 0)) == [1, 0, 3, 2]
+    assert list(swapped_pairs(range(3), 5)) == [0, 1, 2]
+
+
+def _recorded_batches(monkeypatch, spec, out, **kwargs):
+    """Run the study inline; return a fingerprint (sparse ids and users) of every batch trained, in order."""
+    import mxlab.experiment.train as train_module
+
+    seen: list[bytes] = []
+    original = train_module.train_step
+
+    def recording(model, batch, *args, **inner):
+        seen.append(batch.sparse.numpy().tobytes() + batch.user_id.numpy().tobytes())
+        return original(model, batch, *args, **inner)
+
+    monkeypatch.setattr(train_module, "train_step", recording)
+    run_study(spec, out, device="cpu", executor="inline", show_progress=False, **kwargs)
+    monkeypatch.setattr(train_module, "train_step", original)
+    return seen
+
+
+def test_the_fork_placebo_takes_the_baselines_batches_swapped_in_pairs(tmp_path, monkeypatch):
+    seen = _recorded_batches(monkeypatch, _spec(['arms=["bf16", "placebo"]']), tmp_path)
+    warmup, bf16, placebo = seen[:4], seen[4:8], seen[8:]
+    assert len(placebo) == 4 and len(set(warmup + bf16)) == 8
+    # steps 5-6 end epoch 0 (the warm-up took 4 of its 6 batches), steps 7-8 open epoch 1: a pair in each
+    assert placebo == [bf16[1], bf16[0], bf16[3], bf16[2]]
+    config = json.loads((tmp_path / "runs/placebo/seed0/config.json").read_text())
+    assert config["data_order_seed"] == 0
+
+
+def test_a_fork_placebo_killed_mid_pair_resumes_bit_identical(tmp_path, monkeypatch):
+    spec = _spec(['arms=["bf16", "placebo"]', "train.checkpoint_every=5"])  # the placebo's checkpoint at step 5: mid-pair
+
+    def hook(job, step):
+        if (job.arm, step) == ("placebo", 6):
+            raise KeyboardInterrupt("killed")
+
+    whole = _recorded_batches(monkeypatch, spec, tmp_path / "whole")
+    with pytest.raises(KeyboardInterrupt):
+        run_study(spec, tmp_path / "killed", device="cpu", executor="inline", show_progress=False, on_step=hook)
+    resumed = _recorded_batches(monkeypatch, spec, tmp_path / "killed", resume=True)
+    assert resumed == whole[-3:]  # steps 6-8 again from the checkpoint at 5, in the same swapped order
+    assert _eval_bytes(tmp_path / "killed/runs/placebo/seed0") == _eval_bytes(tmp_path / "whole/runs/placebo/seed0")

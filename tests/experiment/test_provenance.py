@@ -31,6 +31,7 @@ def test_package_hash_changes_with_a_file(tmp_path):
     assert provenance.package_hash(tmp_path) != first
 
 
-def test_placebo_arm_gets_its_own_data_order_and_other_arms_the_seed():
-    assert data_order_seed(SimpleNamespace(arm="placebo", seed=3)) == 3 + PLACEBO_DATA_SEED_OFFSET
-    assert data_order_seed(SimpleNamespace(arm="mxfp8-rceil", seed=3)) == 3
+def test_placebo_arm_gets_its_own_data_order_from_scratch_and_other_arms_the_seed():
+    assert data_order_seed(SimpleNamespace(arm="placebo", seed=3, fork_dir=None)) == 3 + PLACEBO_DATA_SEED_OFFSET
+    assert data_order_seed(SimpleNamespace(arm="placebo", seed=3, fork_dir="runs/_fork/seed3")) == 3  # pairs swapped instead
+    assert data_order_seed(SimpleNamespace(arm="mxfp8-rceil", seed=3, fork_dir=None)) == 3
