@@ -103,7 +103,8 @@ class StudyAnalysis:
             "conventions": metrics.METRIC_CONVENTIONS,
             "n_eval_examples": inputs.n_examples, "n_eval_users": inputs.n_users,
             "runs": [{"arm": r.arm, "seed": r.seed, "status": r.status, "diverged_at_step": r.diverged_at_step,
-                      "steps": r.steps, "wall_s": r.wall_s, "reason": r.reason, "skipped_steps": r.skipped_steps}
+                      "steps": r.steps, "wall_s": r.wall_s, "reason": r.reason, "skipped_steps": r.skipped_steps,
+                      "step_ms": r.step_ms, "peak_memory_bytes": r.peak_memory_bytes}
                      for r in self.study.runs.values()],
             "verdicts": {a: {c.metric: c.verdict for c in self.comparisons if c.arm == a and c.primary} for a in self.arms},
             "comparisons": [asdict(c) for c in self.comparisons],

@@ -36,6 +36,8 @@ class RunStatus:
     wall_s: float | None = None
     reason: str | None = None
     skipped_steps: int | None = None
+    step_ms: float | None = None  # median ms per training step (done.json; None before it was recorded)
+    peak_memory_bytes: int | None = None  # peak GPU memory of the run's process (None on a CPU)
 
 
 @dataclass
@@ -79,7 +81,8 @@ def load_study(study_dir: str | PathLike) -> StudyData:
         for r in json.loads(summary_path.read_text()).get("runs", []):
             path = directory / "runs" / r["arm"] / f"seed{r['seed']}"
             runs[(r["arm"], int(r["seed"]))] = RunStatus(r["arm"], int(r["seed"]), r["status"], path, r.get("diverged_at_step"),
-                                                         r.get("steps"), r.get("wall_s"), r.get("reason"), r.get("skipped_steps"))
+                                                         r.get("steps"), r.get("wall_s"), r.get("reason"), r.get("skipped_steps"),
+                                                         r.get("step_ms"), r.get("peak_memory_bytes"))
         for arm in arms:
             for seed in seeds:
                 runs.setdefault((arm, seed), RunStatus(arm, seed, "missing", directory / "runs" / arm / f"seed{seed}"))
@@ -98,7 +101,8 @@ def load_study(study_dir: str | PathLike) -> StudyData:
             if status == "finished" and not (path / "eval.npz").is_file():
                 raise ValueError(f"{path} is finished but has no eval.npz")
             runs[(arm, seed)] = RunStatus(arm, seed, status, path, done.get("diverged_at_step"), done.get("steps"), done.get("wall_s"),
-                                          done.get("reason") if status == "skipped" else None, done.get("skipped_steps"))
+                                          done.get("reason") if status == "skipped" else None, done.get("skipped_steps"),
+                                          done.get("step_ms"), done.get("peak_memory_bytes"))
     return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +129,10 @@ class RunResult:
     reason: str | None = None
     skipped_steps: int = 0
     resumed_from_step: int | None = None
+    # What the run cost: the median over its log intervals of ms per training step, and on a GPU the
+    # peak memory allocated by this run's process (torch.cuda.max_memory_allocated; None elsewhere).
+    step_ms: float | None = None
+    peak_memory_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -138,7 +143,15 @@ class RunResult:
             "skipped_steps": self.skipped_steps,
             "wall_s": self.wall_s,
             "resumed_from_step": self.resumed_from_step,
+            "step_ms": self.step_ms,
+            "peak_memory_bytes": self.peak_memory_bytes,
         }
+
+
+def median_step_ms(records: list[dict[str, Any]], batch_size: int) -> float | None:
+    """The median over metrics records of ms per step (batch_size / examples_per_s); None without a timed record."""
+    times = [1000.0 * batch_size / r["examples_per_s"] for r in records if r.get("examples_per_s", 0) > 0]
+    return statistics.median(times) if times else None
 
 
 def run_is_done(run_dir: Path) -> bool:
@@ -333,6 +346,8 @@ def train_run(
         (run_dir / DONE).unlink(missing_ok=True)  # a "skipped" or "failed" record of an earlier attempt; this one runs
     if device.type == "cpu" and train.cpu_threads:
         torch.set_num_threads(train.cpu_threads)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
     model, plan = build_run_model(job, source.info)
     model.to(device)
     trained = world.wrap(model)
@@ -515,6 +530,8 @@ def train_run(
             reason=reason,
             skipped_steps=last_read.skipped if diverged_at is not None and last_read else int(getattr(scaler, "skipped_steps", 0)),
             resumed_from_step=resumed_from,
+            step_ms=median_step_ms(metrics, train.batch_size),
+            peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
         )
         if world.writes:
             io.write_json(run_dir / DONE, result.to_dict())

@@ -19,6 +19,7 @@ from mxlab import metrics
 from mxlab.analysis import Comparison, StudyAnalysis, analyze_study, load_study
 from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS
 from mxlab.report import figures
+from mxlab.report.costs import ArmCost, arm_costs, cost_cell
 from mxlab.report.convergence import convergence_warning, design_text, heldout_series
 from mxlab.report.document import (Block, BulletList, CodeBlock, Details, Figure, Heading, Paragraph, Table,
                                    render_html, render_markdown)
@@ -128,12 +129,18 @@ def _ship_table(analysis: StudyAnalysis) -> list[Block]:
     s = analysis.settings
     primary = list(s.primary)
     header = ["arm", "paired seeds"] + [f"{m} (margin {format_value(m, s.margin(m), False)})" for m in primary]
+    costs = arm_costs(analysis.study)
+    base_cost = costs.get(analysis.study.baseline)
+    if base_cost is not None:
+        header.append(f"step time, peak memory (x {analysis.study.baseline})")
     rows, classes = [], []
     for arm, r in analysis.arms.items():
         cells = []
         for m in primary:
             c = analysis.comparison(arm, m)
             cells.append("-" if c is None else f"{VERDICT_MARKS[c.verdict]}: {format_interval(c)}")
+        if base_cost is not None:
+            cells.append(cost_cell(costs[arm], base_cost))
         seeds = f"{len(r.paired_seeds)}" + (f" ({len(r.diverged)} diverged)" if r.diverged else "")
         rows.append([arm, seeds] + cells)
         words = {analysis.comparison(arm, m).verdict for m in primary if analysis.comparison(arm, m)}
@@ -142,7 +149,7 @@ def _ship_table(analysis: StudyAnalysis) -> list[Block]:
         (format_value(d.metric, d.effect, False) + f" at {d.n_seeds} seeds" if math.isfinite(d.effect)
          else f"none at {d.n_seeds} seed(s)")
         + (f"; margin needs {d.seeds_needed} seeds" if d.seeds_needed and (not math.isfinite(d.effect) or d.effect > d.margin)
-           else "") for d in analysis.detectable])
+           else "") for d in analysis.detectable] + (["-"] if base_cost is not None else []))
     classes.append("")
     family = ("no hypothesis has 3 paired seeds, so none is judged" if analysis.family_size == 0 else
               f"Holm over the {analysis.family_size} arm x primary-metric hypotheses with {MIN_PAIRED_SEEDS}+ seeds, "
@@ -155,7 +162,17 @@ def _ship_table(analysis: StudyAnalysis) -> list[Block]:
         "**regression**: the interval lies beyond zero on the bad side and the delta is worse than the margin; "
         "**improvement**: the mirror image; **non-inferior**: the whole interval is on the good side of the margin; "
         "**inconclusive**: no evidence either way (always below 3 paired seeds), not \"safe\". The last row is the "
-        f"smallest regression this study detects with {s.power:.0%} power (docs/statistics.md).")]
+        f"smallest regression this study detects with {s.power:.0%} power (docs/statistics.md)." + _cost_note(analysis, base_cost))]
+
+
+def _cost_note(analysis: StudyAnalysis, base_cost: ArmCost | None) -> str:
+    if base_cost is None:
+        return ""
+    shared = int(analysis.study.spec.get("execution", {}).get("runs_per_device", 1) or 1)
+    return (f" Step time: the median over seeds of each run's median ms per training step; peak memory: the run's "
+            f"torch.cuda.max_memory_allocated (GPU only); the baseline's: {cost_cell(base_cost, ArmCost(None, None))}."
+            + (f" {shared} runs shared each device, so a step's time includes its neighbours' load: these rank the arms "
+               "of this study; `mxlab bench step` times a step alone." if shared > 1 else ""))
 
 
 def _truth_ceiling(analysis: StudyAnalysis) -> list[Block]:

@@ -58,7 +58,9 @@ def test_cli_run_report_and_compare(tmp_path):
     for arm in ("bf16", "mxfp8-rceil-sr"):
         run_dir = out / "runs" / arm / "seed0"
         assert all((run_dir / name).is_file() for name in RUN_FILES), sorted(p.name for p in run_dir.iterdir())
-        assert json.loads((run_dir / "done.json").read_text())["status"] == "finished"
+        done = json.loads((run_dir / "done.json").read_text())
+        assert done["status"] == "finished" and done["step_ms"] > 0 and done["peak_memory_bytes"] is None  # a CPU run
+    assert "step time, peak memory (x bf16)" in (out / "report.md").read_text()
     study = json.loads((out / "study.json").read_text())
     assert study["arms"] == ["bf16", "mxfp8-rceil-sr"] and study["data"]["train_examples"] == 384
     assert study["model"]["size"] == "tiny" and study["environment"]["torch"] == torch.__version__

@@ -95,3 +95,25 @@ def test_document_rendering_escapes():
     page = render_html(blocks, "t", base_dir=None)
     assert "<strong>b</strong>" in page and "<code>c&lt;d&gt;</code>" in page
     assert "<script>" not in page and '<tr class="regression">' in page
+
+
+def test_the_ship_table_shows_each_arms_step_time_and_memory_against_the_baseline(tmp_path):
+    directory = make_fake_study(tmp_path / "study", arms={"bf16": "same", "mx": "regress"}, seeds=(0, 1, 2))
+    for arm, step_ms, gib in (("bf16", [10.0, 11.0, 12.0], 2.0), ("mx", [24.0, 22.0, 40.0], 3.0)):
+        for seed, ms in enumerate(step_ms):
+            done_path = directory / "runs" / arm / f"seed{seed}" / "done.json"
+            done = json.loads(done_path.read_text())
+            done_path.write_text(json.dumps({**done, "step_ms": ms, "peak_memory_bytes": int(gib * 2**30)}))
+    write_report(directory)
+    ship = (directory / "report.md").read_text().split("## Ship table")[1].split("##")[0]
+    assert "step time, peak memory (x bf16)" in ship
+    mx_row = next(line for line in ship.splitlines() if line.startswith("| mx "))
+    assert "2.18x (24 ms), 1.50x (3 GiB)" in mx_row  # medians 24 / 11 ms and 3 / 2 GiB
+    assert "the baseline's: 11 ms, 2 GiB" in ship
+    runs = json.loads((directory / "summary.json").read_text())["runs"]
+    assert {r["step_ms"] for r in runs if r["arm"] == "mx"} == {24.0, 22.0, 40.0}
+
+
+def test_the_ship_table_has_no_cost_column_when_the_runs_recorded_none(rendered):
+    directory, *_ = rendered
+    assert "step time, peak memory" not in (directory / "report.md").read_text()
