@@ -113,7 +113,7 @@ def test_parse_override_refuses_malformed_text():
 EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 
 
-@pytest.mark.parametrize("name", ["quickstart", "gem-synthetic", "movielens", "recipes-study"])
+@pytest.mark.parametrize("name", sorted(path.stem for path in EXPERIMENTS.glob("*.toml")))
 def test_shipped_experiments_validate_against_the_real_recipes(name, monkeypatch):
     monkeypatch.undo()  # validate the shipped recipe files for real
     spec = load_spec(EXPERIMENTS / f"{name}.toml")
