@@ -92,6 +92,21 @@ def draw_png(draw: Callable[[Path], None], temporary: Path) -> None:
 # ----------------------------------------------------------------------------- sections
 
 
+def _constant_rate_note(analysis: StudyAnalysis, not_converged: bool) -> str | None:
+    """A pointer to the decay phase when the runs ended at a constant learning rate and the study is too
+    noisy for its margin or its baseline had not settled; None otherwise."""
+    if analysis.study.spec.get("train", {}).get("lr_decay_steps", 0):
+        return None
+    too_small = any(d.n_seeds >= MIN_PAIRED_SEEDS and math.isfinite(d.effect) and d.effect > d.margin
+                    for d in analysis.detectable)
+    if not (too_small or not_converged):
+        return None
+    return ("**The runs ended at a constant learning rate**: the eval scores each model as it was at its last step, "
+            "still moving by a full step's worth, which widens every interval (and can make held-out curves oscillate "
+            "rather than fall). Ending each run in a decay of the rate, `[train] lr_decay_steps` (docs/statistics.md, "
+            "\"Study designs\"), narrows them.")
+
+
 def _warnings(analysis: StudyAnalysis) -> list[str]:
     out = list(analysis.inputs.notes)
     for d in analysis.detectable:
@@ -374,6 +389,9 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
         + design_text(study.spec))]
     heldout = heldout_series(study) if study.has_runs else {}
     warnings = [w for w in [convergence_warning(heldout, study.baseline)] if w] + _warnings(analysis)
+    note = _constant_rate_note(analysis, not_converged=bool(warnings and warnings[0].startswith("**The baseline")))
+    if note:
+        warnings.append(note)
     if warnings:
         blocks.append(BulletList(warnings))
     blocks += _ship_table(analysis) + _truth_ceiling(analysis)

@@ -41,7 +41,8 @@ def test_markdown_report_opens_with_the_ship_table(rendered):
                    "tests of two fitted models, not of the recipe", "Method and conventions", "commit 0123abc",
                    "mxlab run experiments/study.toml", "towers.ctr.fc1    e4m3", "smallest detectable regression",
                    "**mx-diverged diverged** (seed 1 at step 37)", "its verdicts rest on seeds [0, 2, 3]",
-                   "**This study is too small for its margin on ctr.ne**"):
+                   "**This study is too small for its margin on ctr.ne**",
+                   "**The runs ended at a constant learning rate**"):
         assert needle in text, needle
     assert "neutral" not in text.split("## Details")[0]
     ship = text.split("## Ship table")[1].split("##")[0]
@@ -117,3 +118,13 @@ def test_the_ship_table_shows_each_arms_step_time_and_memory_against_the_baselin
 def test_the_ship_table_has_no_cost_column_when_the_runs_recorded_none(rendered):
     directory, *_ = rendered
     assert "step time, peak memory" not in (directory / "report.md").read_text()
+
+
+def test_a_study_whose_runs_decayed_the_rate_gets_no_constant_rate_note(tmp_path):
+    directory = make_fake_study(tmp_path / "study", arms={"bf16": "same", "mx": "same"}, seeds=(0, 1, 2, 3))
+    spec = json.loads((directory / "study.json").read_text())
+    spec["train"]["lr_decay_steps"] = 20
+    (directory / "study.json").write_text(json.dumps(spec))
+    write_report(directory)
+    text = (directory / "report.md").read_text()
+    assert "**This study is too small for its margin on ctr.ne**" in text and "constant learning rate" not in text
