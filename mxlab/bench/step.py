@@ -95,7 +95,7 @@ def time_arm(spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: 
     Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps).
     """
     from mxlab.experiment.step import train_step
-    from mxlab.experiment.train import make_optimizer
+    from mxlab.experiment.optim import make_optimizer
     from mxlab.models import build_model, esmm_loss
     from mxlab.recipe import apply_recipe
     from mxlab.recipe.loss_scaling import make_loss_scaler

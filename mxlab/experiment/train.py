@@ -7,14 +7,13 @@ state, the step, the data position (epoch, batches consumed in it) and the parti
 """
 from __future__ import annotations
 
-import itertools
 import math
 import random
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import torch
@@ -22,8 +21,10 @@ import torch
 from mxlab import io
 from mxlab.experiment.checkpoint import (CHECKPOINT, load_checkpoint, restore_rng, rng_state, save_checkpoint as write_checkpoint,
                                          fork_data_position, start_from_fork)
+from mxlab.experiment.data_order import data_order_seed, training_batches
 from mxlab.experiment.distributed import World
 from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
+from mxlab.experiment.optim import learning_rate, make_optimizer
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
 
@@ -56,42 +57,6 @@ class SilentProgress:
 
     def finish(self, status: str) -> None:
         pass
-
-
-PLACEBO_ARM = "placebo"  # the A/A control: the baseline's recipe, its own order of the same data
-PLACEBO_DATA_SEED_OFFSET = 1_000_003
-
-
-def data_order_seed(job: "RunJob") -> int:
-    """The seed of the run's training data order: the run's seed, offset for the placebo arm trained
-    from scratch. In the fork design the placebo keeps the seed (and swaps batches in pairs,
-    `training_batches`): another order would continue on a different subset of the epoch than the
-    one the warm-up left, partly examples the warm-up already took, which is not an A/A."""
-    return job.seed + PLACEBO_DATA_SEED_OFFSET if job.arm == PLACEBO_ARM and job.fork_dir is None else job.seed
-
-
-def swapped_pairs(batches: Iterable[Any], start: int) -> Iterator[Any]:
-    """The stream with its first `start` items as they are, then each following pair in swapped order
-    (items start+1, start, start+3, start+2, ...; an odd last one in place)."""
-    iterator = iter(batches)
-    yield from itertools.islice(iterator, start)
-    for first in iterator:
-        second = next(iterator, None)
-        if second is not None:
-            yield second
-        yield first
-
-
-def training_batches(job: "RunJob", source: Any, epoch: int, skip: int, fork_position: tuple[int, int] | None) -> Iterator[Any]:
-    """The run's training batches of `epoch` past the first `skip` (those a resumed run or a fork's
-    warm-up already took). A placebo in the fork design (`fork_position` = the warm-up's (epoch,
-    batches taken in it)) takes the baseline's stream with the batches from there on swapped in
-    pairs: the same examples at nearly the same time, in another order."""
-    batches = source.train_batches(job.spec.train.batch_size, data_order_seed(job), epoch)
-    if job.arm == PLACEBO_ARM and fork_position is not None:
-        fork_epoch, taken = fork_position
-        batches = swapped_pairs(batches, taken if epoch == fork_epoch else 0)
-    return itertools.islice(batches, skip, None)
 
 
 @dataclass
@@ -164,26 +129,6 @@ def run_is_done(run_dir: Path) -> bool:
     return json.loads(path.read_text()).get("status") not in ("skipped", "failed")
 
 
-def make_optimizer(train: TrainConfig, parameters: Any) -> torch.optim.Optimizer:
-    """The optimizer named by train.optimizer (adam, adamw, sgd, adagrad) at train.lr / weight_decay.
-
-    On CUDA parameters adam, adamw and sgd use torch's fused kernels, which skip a step with a
-    non-finite gradient on the device (no host read of the loss scaler's overflow flag).
-    """
-    parameters = list(parameters)
-    options = {"lr": train.lr, "weight_decay": train.weight_decay}
-    fused = {"fused": True} if parameters and all(parameter.is_cuda for parameter in parameters) else {}
-    if train.optimizer == "adam":
-        return torch.optim.Adam(parameters, **options, **fused)
-    if train.optimizer == "adamw":
-        return torch.optim.AdamW(parameters, **options, **fused)
-    if train.optimizer == "sgd":
-        return torch.optim.SGD(parameters, **options, **fused)
-    if train.optimizer == "adagrad":
-        return torch.optim.Adagrad(parameters, **options)
-    raise ValueError(f"unknown optimizer {train.optimizer!r}")
-
-
 def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
     """Build the model with torch.manual_seed(job.seed) (same init for every arm of a seed), then apply the recipe.
 
@@ -204,17 +149,6 @@ def estimated_total_steps(train: TrainConfig, n_train: int) -> int:
     """Steps the run will take: epochs x ceil(n_train / batch_size), capped by max_steps when set."""
     total = train.epochs * max(1, math.ceil(n_train / train.batch_size))
     return min(total, train.max_steps) if train.max_steps else total
-
-
-def learning_rate(train: TrainConfig, step: int, last_step: int) -> float:
-    """The rate of the run's step `step` (1-based) when its last step is `last_step`: train.lr, and over the
-    last train.lr_decay_steps steps a linear decay to lr / lr_decay_steps at the last step (a step past an
-    estimated last step keeps that rate). Refuses a step below 1."""
-    if step < 1:
-        raise ValueError(f"steps count from 1, got {step}")
-    if not train.lr_decay_steps:
-        return train.lr
-    return train.lr * min(1.0, max(1, last_step - step + 1) / train.lr_decay_steps)
 
 
 def step_limits(job: RunJob, n_train: int) -> tuple[int, int]:
@@ -385,6 +319,7 @@ def train_run(
     numerics: list[dict[str, Any]] = []
     interval = _LogInterval()
     resumed_from: int | None = None
+    fork_position: tuple[int, int] | None = None  # the fork warm-up's (epoch, batches taken in it): where the arm's data begins
     checkpoint_path = run_dir / CHECKPOINT
     if checkpoint_path.exists():
         checkpoint = load_checkpoint(checkpoint_path)
@@ -399,9 +334,10 @@ def train_run(
         restore_rng(checkpoint["rng"])
         _load_rounding_state(model, checkpoint["rounding"])
         resumed_from = step
+        fork_position = fork_data_position(job.fork_dir) if job.fork_dir is not None else None
     elif job.fork_dir is not None:
         step, epoch, batches_in_epoch = start_from_fork(job.fork_dir, model, None if job.post_training else optimizer)
-    fork_position = fork_data_position(job.fork_dir) if job.fork_dir is not None and job.arm == PLACEBO_ARM else None
+        fork_position = (epoch, batches_in_epoch)
     max_steps, epochs = step_limits(job, source.n_train)
 
     def save_logs() -> None:
@@ -479,8 +415,9 @@ def train_run(
                 batch = batch.to(device)
                 sampling = monitor.sampling(step + 1) if monitor is not None else None
                 if train.lr_decay_steps:  # a function of the step alone, so a resumed run takes the same rates
+                    rate = learning_rate(train, step + 1, total_steps)
                     for group in optimizer.param_groups:
-                        group["lr"] = learning_rate(train, step + 1, total_steps)
+                        group["lr"] = rate
                 losses = train_step(trained, batch, optimizer, scaler, esmm_loss, device=device, precision=train.precision,
                                     sampling=sampling, loss_weight=weight)
                 losses = world.mean_on_device(losses, weight)

@@ -97,14 +97,17 @@ def _constant_rate_note(analysis: StudyAnalysis, not_converged: bool) -> str | N
     noisy for its margin or its baseline had not settled; None otherwise."""
     if analysis.study.spec.get("train", {}).get("lr_decay_steps", 0):
         return None
-    too_small = any(d.n_seeds >= MIN_PAIRED_SEEDS and math.isfinite(d.effect) and d.effect > d.margin
-                    for d in analysis.detectable)
-    if not (too_small or not_converged):
+    if not (any(_too_small(d) for d in analysis.detectable) or not_converged):
         return None
     return ("**The runs ended at a constant learning rate**: the eval scores each model as it was at its last step, "
             "still moving by a full step's worth, which widens every interval (and can make held-out curves oscillate "
             "rather than fall). Ending each run in a decay of the rate, `[train] lr_decay_steps` (docs/statistics.md, "
             "\"Study designs\"), narrows them.")
+
+
+def _too_small(d: Any) -> bool:
+    """True when a metric has seeds enough for verdicts but its smallest detectable regression exceeds its margin."""
+    return d.n_seeds >= MIN_PAIRED_SEEDS and math.isfinite(d.effect) and d.effect > d.margin
 
 
 def _warnings(analysis: StudyAnalysis) -> list[str]:
@@ -118,7 +121,7 @@ def _warnings(analysis: StudyAnalysis) -> list[str]:
                     if math.isfinite(d.effect_at_min_seeds) else "")
             out.append(f"**Too few seeds for a verdict on {d.metric}**: {d.n_seeds} paired seed(s), every verdict needs "
                        f"{MIN_PAIRED_SEEDS}{need}.")
-        elif math.isfinite(d.effect) and d.effect > d.margin:
+        elif _too_small(d):
             need = (f"it would need {d.seeds_needed} seeds" if d.seeds_needed else
                     "more than 64 seeds, or a larger eval set, would be needed")
             shown = sorted(c.arm for c in analysis.comparisons if c.metric == d.metric and c.verdict == "non-inferior")
@@ -185,7 +188,7 @@ def _cost_note(analysis: StudyAnalysis, base_cost: ArmCost | None) -> str:
         return ""
     shared = int(analysis.study.spec.get("execution", {}).get("runs_per_device", 1) or 1)
     return (f" Step time: the median over seeds of each run's median ms per training step; peak memory: the run's "
-            f"torch.cuda.max_memory_allocated (GPU only); the baseline's: {cost_cell(base_cost, ArmCost(None, None))}."
+            f"torch.cuda.max_memory_allocated (GPU only); the baseline's: {cost_cell(base_cost)}."
             + (f" {shared} runs shared each device, so a step's time includes its neighbours' load: these rank the arms "
                "of this study; `mxlab bench step` times a step alone." if shared > 1 else ""))
 
@@ -388,10 +391,9 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
         f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
         + design_text(study.spec))]
     heldout = heldout_series(study) if study.has_runs else {}
-    warnings = [w for w in [convergence_warning(heldout, study.baseline)] if w] + _warnings(analysis)
-    note = _constant_rate_note(analysis, not_converged=bool(warnings and warnings[0].startswith("**The baseline")))
-    if note:
-        warnings.append(note)
+    unsettled = convergence_warning(heldout, study.baseline)
+    note = _constant_rate_note(analysis, not_converged=unsettled is not None)
+    warnings = [w for w in [unsettled] if w] + _warnings(analysis) + [w for w in [note] if w]
     if warnings:
         blocks.append(BulletList(warnings))
     blocks += _ship_table(analysis) + _truth_ceiling(analysis)

@@ -34,11 +34,13 @@ def arm_costs(study: StudyData) -> dict[str, ArmCost]:
     return costs if any(c.step_ms is not None for c in costs.values()) else {}
 
 
-def cost_cell(cost: ArmCost, baseline: ArmCost) -> str:
-    """'2.41x (61.2 ms), 1.87x (3.10 GiB)': the arm against the baseline; '-' for a figure not recorded,
-    'no training step' for an arm without a timed step (a post-training arm)."""
+def cost_cell(cost: ArmCost, baseline: ArmCost | None = None) -> str:
+    """'2.41x (61.2 ms), 1.87x (3.10 GiB)': the arm against the baseline ('61.2 ms, 3.10 GiB' without one);
+    '-' for a figure not recorded, 'no training step' for an arm without a timed step (a post-training arm)."""
     if cost.step_ms is None:
         return "no training step"
+    baseline = baseline or ArmCost(None, None)
+
     def part(value: float | None, base: float | None, unit: str, scale: float) -> str:
         if value is None:
             return "-"

@@ -171,6 +171,7 @@ def test_cuda_study_runs_one_job_per_gpu(tmp_path):
     for label in result.trained:
         done = json.loads((tmp_path / "out/runs" / label / "done.json").read_text())
         assert done["status"] == "finished" and done["steps"] == 3
+        assert done["step_ms"] > 0 and done["peak_memory_bytes"] > 0  # the run process's own CUDA peak
         config = json.loads((tmp_path / "out/runs" / label / "config.json").read_text())
         assert config["device"].startswith("cuda")
 

@@ -189,7 +189,7 @@ DECAY = ["train.lr_decay_steps=3"]  # the arms' steps 5-8: rates lr, lr, 2/3 lr,
 
 
 def test_learning_rate_is_constant_then_decays_linearly_over_the_last_steps():
-    from mxlab.experiment.train import learning_rate
+    from mxlab.experiment.optim import learning_rate
 
     train = _spec(DECAY).train
     assert [learning_rate(train, step, 8) for step in range(1, 9)] == pytest.approx(
@@ -244,7 +244,7 @@ def test_bad_lr_decay_settings_are_refused(overrides, message):
 
 
 def test_swapped_pairs_keeps_the_prefix_and_swaps_each_following_pair():
-    from mxlab.experiment.train import swapped_pairs
+    from mxlab.experiment.data_order import swapped_pairs
 
     assert list(swapped_pairs(range(7), 2)) == [0, 1, 3, 2, 5, 4, 6]
     assert list(swapped_pairs(range(4), 0)) == [1, 0, 3, 2]

@@ -4,7 +4,7 @@ import subprocess
 from types import SimpleNamespace
 
 from mxlab.experiment import provenance
-from mxlab.experiment.train import PLACEBO_DATA_SEED_OFFSET, data_order_seed
+from mxlab.experiment.data_order import PLACEBO_DATA_SEED_OFFSET, data_order_seed
 
 
 def test_commit_comes_from_git_then_the_environment_then_the_package(monkeypatch):
