@@ -62,15 +62,20 @@ class SimulationResult:
 
 
 def simulate(models: Mapping[str, NoiseModel], *, n_seeds: int, n_arms: int, margins: Mapping[str, float],
-             worse_when: Mapping[str, str], effect: Mapping[str, float] | None = None, eval_scale: float = 1.0,
-             n_studies: int = 1000, confidence: float = 0.95, correction: str = "holm", seed: int = 0) -> SimulationResult:
+             worse_when: Mapping[str, str], effect: Mapping[str, float] | None = None, effect_sd: float = 0.0,
+             eval_scale: float = 1.0, n_studies: int = 1000, confidence: float = 0.95, correction: str = "holm",
+             seed: int = 0) -> SimulationResult:
     """Simulate ``n_studies`` studies of n_arms arms against one baseline on n_seeds seeds; the first arm
-    carries ``effect`` (metric -> true delta), the others none. Per seed the arms share the baseline run
+    carries ``effect`` (metric -> true delta), the others none. ``effect_sd`` > 0 makes the planted effect
+    vary from seed to seed: per seed it is drawn from N(effect, effect_sd^2) (a recipe whose cost depends
+    on the run, on top of the retraining noise every arm has). Per seed the arms share the baseline run
     (half of the retraining variance), each arm has its own shared eval error; ``eval_scale`` multiplies
     the eval size (eval variances / eval_scale). Returns the false-regression and power rates.
-    Refuses fewer than one arm, seed or study."""
+    Refuses fewer than one arm, seed or study, and a negative effect_sd."""
     if n_arms < 1 or n_seeds < 1 or n_studies < 1:
         raise ValueError(f"n_arms, n_seeds and n_studies must be >= 1, got {n_arms}, {n_seeds}, {n_studies}")
+    if not effect_sd >= 0:
+        raise ValueError(f"effect_sd must be >= 0, got {effect_sd}")
     effect = dict(effect or {})
     rng = np.random.default_rng(seed)
     names = list(models)
@@ -85,6 +90,8 @@ def simulate(models: Mapping[str, NoiseModel], *, n_seeds: int, n_arms: int, mar
             base = rng.normal(0, half, n_seeds)
             for arm in range(n_arms):
                 true = effect.get(metric, 0.0) if arm == 0 else 0.0
+                if true != 0 and effect_sd > 0:
+                    true = true + rng.normal(0, effect_sd, n_seeds)
                 deltas = (true + rng.normal(0, half, n_seeds) - base + rng.normal(0, math.sqrt(shared))
                           + rng.normal(0, math.sqrt(own), n_seeds))
                 seeds = SeedDeltas(dict(enumerate(deltas.tolist())), eval_var, shared + own / n_seeds)

@@ -12,9 +12,10 @@ from mxlab.cli.command import Command
 
 def power_main(study: Optional[Path], seeds: str, arms: Optional[int], effect: float, metric: Optional[str],
                seed_sd: Optional[float], eval_sd: Optional[float], eval_shared: float, eval_scale: float,
-               studies: int, echo=typer.echo) -> int:
+               studies: int, echo=typer.echo, effect_sd: float = 0.0) -> int:
     """Print, per number of seeds, the family-wise false-regression rate under A/A, the power for ``effect``
-    and the smallest detectable regression. Returns the exit status; refuses (status 2) a bad option."""
+    (varying from seed to seed with sd ``effect_sd``) and the smallest detectable regression (of a
+    constant effect). Returns the exit status; refuses (status 2) a bad option."""
     from mxlab.analysis import NoiseModel, analyze_study, detectable_effect, fit_noise_model, simulate
     from mxlab.analysis.compare import worse_when
     from mxlab.experiment.report_settings import ReportSettings
@@ -42,6 +43,10 @@ def power_main(study: Optional[Path], seeds: str, arms: Optional[int], effect: f
             n_arms = arms or 1
             source = f"given: seed sd {seed_sd}, eval sd {eval_sd}, shared {eval_shared}"
         target = metric or settings.primary[0]
+        if effect_sd < 0:
+            raise ValueError(f"--effect-sd {effect_sd:g}: expected a standard deviation >= 0")
+        if effect_sd > 0 and effect == 0:
+            raise ValueError("--effect-sd needs a planted --effect to vary around")
         if target not in models:
             raise ValueError(f"--metric {target!r} is not a primary metric here; accepted: {', '.join(models)}")
     except ValueError as error:
@@ -55,13 +60,14 @@ def power_main(study: Optional[Path], seeds: str, arms: Optional[int], effect: f
         echo(f"  {m}: retraining sd {model.seed_sd:.4g}, eval sd {model.eval_sd:.4g}, shared {model.eval_shared:.2f}, "
              f"margin {margins[m]:g}")
     echo(f"{n_arms} arm(s) x {len(models)} primary metric(s) = {family} hypotheses, {settings.correction}, "
-         f"family-wise {settings.confidence:.0%}; {studies} simulated studies per row; effect {effect:+g} on {target}")
+         f"family-wise {settings.confidence:.0%}; {studies} simulated studies per row; effect {effect:+g} on {target}"
+         + (f", varying from seed to seed with sd {effect_sd:g}" if effect_sd > 0 else ""))
     echo(f"{'seeds':>5}  {'A/A false-regression rate':>26}  {'power':>16}  smallest detectable ({settings.power:.0%} power)")
     for k in seed_counts:
         null = simulate(models, n_seeds=k, n_arms=n_arms, margins=margins, worse_when=worse, eval_scale=eval_scale,
                         n_studies=studies, confidence=settings.confidence, correction=settings.correction, seed=k)
         planted = simulate(models, n_seeds=k, n_arms=n_arms, margins=margins, worse_when=worse, eval_scale=eval_scale,
-                           effect={target: effect * (1 if worse[target] == "higher" else -1)}, n_studies=studies,
+                           effect={target: effect * (1 if worse[target] == "higher" else -1)}, effect_sd=effect_sd, n_studies=studies,
                            confidence=settings.confidence, correction=settings.correction, seed=1000 + k)
         model = models[target]
         se = math.sqrt(model.seed_sd**2 / k + model.eval_sd**2 / eval_scale * (model.eval_shared + (1 - model.eval_shared) / k))
@@ -81,6 +87,7 @@ def register(app: typer.Typer) -> None:
         seeds: str = typer.Option("3,5,8", "--seeds", metavar="K,K,...", help="Numbers of seeds to simulate, comma-separated."),
         arms: Optional[int] = typer.Option(None, "--arms", metavar="N", min=1, help="Arms besides the baseline (default: the study's)."),
         effect: float = typer.Option(0.0, "--effect", metavar="X", help="A planted regression on --metric, in its units (NE: % of NE)."),
+        effect_sd: float = typer.Option(0.0, "--effect-sd", metavar="SD", min=0, help="Let the planted regression vary from seed to seed with this sd (a recipe whose cost depends on the run)."),
         metric: Optional[str] = typer.Option(None, "--metric", metavar="METRIC", help="The metric of --effect (default: the first primary)."),
         seed_sd: Optional[float] = typer.Option(None, "--seed-sd", metavar="SD", min=0, help="Without a study: retraining sd of a per-seed delta."),
         eval_sd: Optional[float] = typer.Option(None, "--eval-sd", metavar="SD", min=0, help="Without a study: eval-sampling sd of a per-seed delta."),
@@ -91,5 +98,7 @@ def register(app: typer.Typer) -> None:
         """Simulate the decision rule: false-regression rate under A/A and power, per number of seeds.
 
         Example: mxlab power reports/quickstart --seeds 3,5,8 --effect 1.0
+        (add --effect-sd 1.0 for a cost that varies from seed to seed around that mean)
         """
-        raise typer.Exit(power_main(study, seeds, arms, effect, metric, seed_sd, eval_sd, eval_shared, eval_scale, studies))
+        raise typer.Exit(power_main(study, seeds, arms, effect, metric, seed_sd, eval_sd, eval_shared, eval_scale, studies,
+                                    effect_sd=effect_sd))

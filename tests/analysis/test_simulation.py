@@ -97,3 +97,28 @@ def test_power_command_prints_rates_and_refuses_bad_options():
     assert "error: invalid literal" in bad[0] or "--seeds" in bad[0]
     assert power_main(None, "3", None, 0.0, "ctr.nee", 0.5, 0.1, 0.5, 1.0, 100, echo=bad.append) == 2
     assert "unknown metric 'ctr.nee'; accepted: ctr.ne" in bad[-1]
+
+
+def test_a_cost_that_varies_from_seed_to_seed_is_detected_less_often():
+    models = {m: NoiseModel(SEED_SD[m], EVAL_SD[m], SHARED) for m in METRICS}
+    common = dict(n_seeds=8, n_arms=2, margins={m: MARGIN for m in METRICS}, worse_when={m: "higher" for m in METRICS},
+                  effect={"ctr.ne": 1.2}, n_studies=400, seed=3)
+    constant = simulate(models, **common)
+    assert simulate(models, effect_sd=0.0, **common) == constant  # sd 0 is the constant effect, same draws
+    varying = simulate(models, effect_sd=2.0, **common)
+    print(f"power at +1.2% NE, 8 seeds: constant {constant.power:.3f}, varying with sd 2.0 {varying.power:.3f}")
+    assert constant.power >= 0.8
+    assert varying.power < constant.power - 3 * math.hypot(constant.power_se, varying.power_se)
+    with pytest.raises(ValueError, match="effect_sd must be >= 0, got -1"):
+        simulate(models, effect_sd=-1.0, **common)
+
+
+def test_power_command_refuses_an_effect_sd_without_an_effect():
+    from mxlab.cli.power import power_main
+
+    lines: list[str] = []
+    assert power_main(None, "3", None, 0.0, None, 0.5, 0.1, 0.5, 1.0, 50, echo=lines.append, effect_sd=1.0) == 2
+    assert lines == ["error: --effect-sd needs a planted --effect to vary around"]
+    lines.clear()
+    assert power_main(None, "5", 1, 1.5, None, 0.5, 0.1, 0.5, 1.0, 50, echo=lines.append, effect_sd=1.0) == 0
+    assert any("varying from seed to seed with sd 1" in line for line in lines)
