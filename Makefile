@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/mxlab run experiments/quickstart.toml --device cpu --resume
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto tests
 
 clean:
 	rm -rf $(VENV) reports/quickstart
