@@ -31,6 +31,9 @@ def run_command(
     runs_per_device: Optional[int] = typer.Option(None, "--runs-per-device", metavar="K", min=1,
                                                   help="Runs at once per device, each in its own process (small models "
                                                        "leave a GPU idle); default: the spec's [execution], else 1."),
+    mps: Optional[bool] = typer.Option(None, "--mps/--no-mps",
+                                       help="Start the CUDA MPS daemon for the study, so runs sharing a GPU run side by side "
+                                            "(needs nvidia-cuda-mps-control); default: the spec's [execution] mps."),
 ) -> None:
     """Run every arm x seed of an experiment, then write the regression report.
 
@@ -40,7 +43,7 @@ def run_command(
 
     raise typer.Exit(study_commands.run(spec, device=device, out=out, resume=resume, overrides=overrides, executor=executor,
                                         ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
-                                        runs_per_device=runs_per_device))
+                                        runs_per_device=runs_per_device, mps=mps))
 
 
 @_commands.command("report", cls=Command)

@@ -81,6 +81,7 @@ def run(
     gpus: int | None = None,
     nproc_per_node: int = 1,
     runs_per_device: int | None = None,
+    mps: bool | None = None,
 ) -> int:
     """`mxlab run`: load and validate the spec, run the study, render the report, print where it is."""
 
@@ -95,7 +96,7 @@ def run(
         spec = load_spec(spec_path, overrides)
         result = run_study(spec, out, device=device, resume=resume, overrides=overrides, executor=executor,
                            ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
-                           runs_per_device=runs_per_device)
+                           runs_per_device=runs_per_device, mps=mps)
         typer.echo(
             f"study {spec.name}: {len(result.trained)} runs trained, {len(result.already_done)} already done"
             + (f", diverged: {', '.join(result.diverged)}" if result.diverged else "")

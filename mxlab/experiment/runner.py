@@ -30,6 +30,7 @@ import torch
 
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
+from mxlab.experiment.executors.mps import mps_daemon
 from mxlab.experiment.provenance import code_commit
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
@@ -311,13 +312,16 @@ def run_study(
     gpus: int | None = None,
     nproc_per_node: int = 1,
     runs_per_device: int | None = None,
+    mps: bool | None = None,
 ) -> StudyResult:
     """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
 
     `executor` ('local', 'ray', or 'inline': every run in this process, which `on_step` hooks
     need) and `ray_address` / `gpus` default to the spec's [execution]; `devices` overrides the
     device list resolved from `device` and `gpus`; `nproc_per_node` > 1 trains each run
-    data-parallel; `runs_per_device` (default: the spec's) runs that many runs at once per device.
+    data-parallel; `runs_per_device` (default: the spec's) runs that many runs at once per device;
+    `mps` (default: the spec's) starts the CUDA MPS daemon for the study (mxlab.experiment.executors.mps),
+    refused with the Ray executor or without a CUDA device.
     Refuses an `out_dir` that is a file, an existing study folder with runs unless `resume`, and on
     `resume` a study whose data/model/train settings changed (naming the keys).
     A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
@@ -338,36 +342,43 @@ def run_study(
         devices = ["cuda"]  # a driver without GPUs, for workers with them
     else:
         devices = resolve_devices(device, gpus)
+    mps = execution.mps if mps is None else mps
+    if mps and (executor == "ray" or not any(d.startswith("cuda") for d in devices)):
+        raise ValueError(f"--mps needs CUDA devices and the local executor; got devices {devices}, executor {executor!r}")
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
     warmups = fork_jobs(spec, out_dir / "runs")
     jobs = warmups + study_jobs(spec, out_dir / "runs")
     done_before = {job.label for job in jobs if run_is_done(job.run_dir)}
-    source = None
-    if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
-        source = make_data_source(spec)
-        preflight([job for job in jobs if job.label not in done_before], source, devices[0])
-    if executor == "inline":
-        runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
-    else:
-        runner = make_executor(executor, devices, ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
-                               cpus_per_run=execution.cpus_per_run, max_retries=execution.max_retries,
-                               runs_per_device=runs_per_device)
-    options = [] if executor in ("local", "inline") else ["--executor", executor]
-    options += ["--ray-address", ray_address] if executor == "ray" and ray_address else []
-    options += ["--gpus", str(gpus)] if gpus else []
-    options += ["--nproc-per-node", str(nproc_per_node)] if nproc_per_node > 1 else []
-    options += ["--runs-per-device", str(runs_per_device)] if runs_per_device != execution.runs_per_device else []
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
-                     {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
-                      "devices": devices, "nproc_per_node": nproc_per_node, "runs_per_device": runs_per_device})
-    results: dict[str, RunResult] = {}
-    arms = jobs[len(warmups):]
-    for phase in (warmups, [job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
-        results.update(blocked_runs(phase, results))  # a run waits for the run it starts from
-        results.update(run_jobs([job for job in phase if job.label not in results], runner, show_progress=show_progress))
+    # MPS before this process touches CUDA (preflight), so it and every worker are clients of the daemon
+    with mps_daemon(mps and len(done_before) < len(jobs)):
+        source = None
+        if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
+            source = make_data_source(spec)
+            preflight([job for job in jobs if job.label not in done_before], source, devices[0])
+        if executor == "inline":
+            runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
+        else:
+            runner = make_executor(executor, devices, ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
+                                   cpus_per_run=execution.cpus_per_run, max_retries=execution.max_retries,
+                                   runs_per_device=runs_per_device)
+        options = [] if executor in ("local", "inline") else ["--executor", executor]
+        options += ["--ray-address", ray_address] if executor == "ray" and ray_address else []
+        options += ["--gpus", str(gpus)] if gpus else []
+        options += ["--nproc-per-node", str(nproc_per_node)] if nproc_per_node > 1 else []
+        options += ["--runs-per-device", str(runs_per_device)] if runs_per_device != execution.runs_per_device else []
+        options += (["--mps"] if mps else ["--no-mps"]) if mps != execution.mps else []
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
+                         {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
+                          "devices": devices, "nproc_per_node": nproc_per_node, "runs_per_device": runs_per_device,
+                          "mps": mps})
+        results: dict[str, RunResult] = {}
+        arms = jobs[len(warmups):]
+        for phase in (warmups, [job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
+            results.update(blocked_runs(phase, results))  # a run waits for the run it starts from
+            results.update(run_jobs([job for job in phase if job.label not in results], runner, show_progress=show_progress))
     return StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],

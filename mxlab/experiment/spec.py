@@ -87,7 +87,9 @@ class ExecutionConfig:
     starts a local Ray, else ray.init(address=...) (e.g. "auto"). `cpus_per_run`: a Ray task's
     num_cpus on CPU. `max_retries`: how often Ray retries a run whose worker died. `runs_per_device`:
     how many runs share one device at a time (a small model leaves most of a GPU idle; each run still
-    has its own process, and its results do not depend on its neighbours).
+    has its own process, and its results do not depend on its neighbours). `mps`: start the CUDA MPS
+    control daemon for the study (local executor, CUDA devices), so runs that share a GPU run their
+    kernels side by side (docs/running.md).
     """
 
     executor: str = "local"
@@ -96,6 +98,7 @@ class ExecutionConfig:
     cpus_per_run: int = 1
     max_retries: int = 3
     runs_per_device: int = 1
+    mps: bool = False
 
 
 @dataclass(frozen=True)
