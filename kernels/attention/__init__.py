@@ -39,10 +39,12 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   the GPU's FP8 instructions on sm_90+ (`mxlab.kernels._mx_device`), bit-identical to the integer steps.
 
   dS is the gradient of the rounded S, i.e. rounded to the input dtype after the scale. Q, K,
-  V and dO are fake-quantized once per call into bfloat16 copies, one per orientation needed,
-  both orientations of a tensor from one read (`_prequantize`, blocks of 32 tokens from each
-  sequence's first token; the forward also makes the backward's copies of Q and K when
-  gradients are needed); P and dS are quantized inside the attention kernels. The softmax P
+  V and dO are fake-quantized into bfloat16 copies, one per orientation needed, both
+  orientations of a tensor from one read (`_prequantize`, blocks of 32 tokens from each
+  sequence's first token). The copies live only inside the forward or the backward that reads
+  them: the backward keeps what BF16 mode keeps (Q, K, V, the output, the softmax statistics)
+  plus the float32 ``P @ quant(V)``, and quantizes Q, K and V again (the same seeds, the same
+  bits). P and dS are quantized inside the attention kernels. The softmax P
   that is quantized is the normalized one, so the MX softmax forward takes two passes over the
   keys (statistics, then P and PV). The backward's row term ``sum_j P_ij dP_ij`` is
   ``sum_d quant(dO)_id (P @ quant(V))_id`` (both along the head dim, summed in the launch that

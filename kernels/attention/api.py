@@ -98,6 +98,5 @@ def jagged_attention_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     scores_stochastic = codes is not None and any(_stochastic(code) for code in (codes.p_n, codes.p_m, codes.ds_n, codes.ds_m))
     if scores_stochastic and q.shape[0] * q.shape[1] >= 1 << 32:
         raise ValueError(f"stochastic rounding of P or dS counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
-    backward_expected = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, seed_keys,
-                                          tiles, backward_expected)
+                                          tiles)

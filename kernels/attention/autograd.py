@@ -15,8 +15,8 @@ from mxlab.kernels.attention.tiles import TileSizes, _tensor_version, _tiles
 class _JaggedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
-                causal: bool, silu: bool, codes: Optional[_OperandCodes], seeds: _SeedKeys, tiles: TileSizes,
-                backward_expected: bool) -> torch.Tensor:  # type: ignore[override]
+                causal: bool, silu: bool, codes: Optional[_OperandCodes], seeds: _SeedKeys,
+                tiles: TileSizes) -> torch.Tensor:  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -27,14 +27,11 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         write_ou = quant and not silu
         out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
         if quant:
-            # The backward's along-token copies of Q and K come from the same read.
-            q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m if backward_expected else None,
-                                        d_seed_key=seeds.q_d, t_seed_key=seeds.q_m)
-            k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n if backward_expected else None,
-                                        d_seed_key=seeds.k_d, t_seed_key=seeds.k_n)
+            q_d, _, _ = _prequantized(q, q_offsets, codes.q_d, None, d_seed_key=seeds.q_d)
+            k_d, _, _ = _prequantized(k, k_offsets, codes.k_d, None, d_seed_key=seeds.k_d)
             v_d, v_t, _ = _prequantized(v, k_offsets, codes.v_d, codes.v_n, d_seed_key=seeds.v_d, t_seed_key=seeds.v_n)
         else:
-            q_d, k_d, v_d, v_t, q_t, k_t = q, k, v, v, q, k
+            q_d, k_d, v_d, v_t = q, k, v, v
         tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
@@ -43,7 +40,10 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou, P_CODE=codes.p_n if quant else 0,
                 **_launch_options(q, silu, causal, quant, tiles),
             )
-        ctx.save_for_backward(q, k, out, out_u, m, l, q_d, k_d, v_d, q_t, k_t)
+        # Saved as BF16 mode saves them: the high-precision inputs, no quantized copies; the backward
+        # quantizes them again (deterministic, the same seeds: the same bits), so the copies live
+        # only while one attention's backward runs. MX adds out_u (float32) alone.
+        ctx.save_for_backward(q, k, v, out, out_u, m, l)
         # The offsets stay on ctx as the same Python objects, so the backward finds their tile
         # tables cached on them; their versions are checked as saved tensors' would be.
         ctx.offsets = (q_offsets, k_offsets, _tensor_version(q_offsets), _tensor_version(k_offsets))
@@ -52,7 +52,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        q, k, out, out_u, m, l, q_d, k_d, v_d, q_t, k_t = ctx.saved_tensors
+        q, k, v, out, out_u, m, l = ctx.saved_tensors
         q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
         if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
             raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
@@ -64,9 +64,13 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         # along the head dim, from the launch that quantizes dO; BF16: the flash-attention
         # rowsum(dO * O). SiLU reads none.
         if quant:
+            q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m, d_seed_key=seeds.q_d, t_seed_key=seeds.q_m)
+            k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n, d_seed_key=seeds.k_d, t_seed_key=seeds.k_n)
+            v_d, _, _ = _prequantized(v, k_offsets, codes.v_d, None, d_seed_key=seeds.v_d)
             do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=out_u if write_ou else None,
                                               d_seed_key=seeds.do_d, t_seed_key=seeds.do_m)
         else:
+            q_d, q_t, k_d, k_t, v_d = q, q, k, k, v
             do_d, do_t, delta = grad_out, grad_out, None if silu else _row_dots(grad_out, out)
         if delta is None:
             delta = m  # not read
@@ -87,11 +91,11 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
         if tiles.fused_dq:
-            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None
+            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None
         q_seq, q_start = _tiles(q_offsets, total_q, k_offsets, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
                 q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides, seeds.ds_n,
                 BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
-        return dq, dk, dv, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None

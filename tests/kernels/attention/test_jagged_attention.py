@@ -473,6 +473,33 @@ def _run_reference(q, k, v, grad, q_offsets, k_offsets, causal, activation, poli
     return (out, *torch.autograd.grad(out, (q, k, v), grad))
 
 
+def _saved_between_forward_and_backward(q, k, v, q_offsets, k_offsets, policy) -> list[torch.Tensor]:
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda tensor: saved.append(tensor) or tensor, lambda tensor: tensor):
+        _kernel_call(q, k, v, q_offsets, k_offsets, policy, None, causal=True, activation="softmax")
+    return saved
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_mx_mode_keeps_what_bf16_mode_keeps_for_the_backward_plus_the_unnormalized_output(rounding):
+    """Between the forward and the backward MX mode holds no quantized copy of Q, K or V: the high-precision
+    inputs, the output, the softmax statistics (as BF16 mode) and the float32 unnormalized output; the
+    backward quantizes the inputs again (`test_mx_mode_matches_reference` and the stochastic tests check
+    its bits)."""
+    lengths = [5, 33, 0, 40]
+    q, k, v, _ = _inputs(lengths, lengths, 2, 32, seed=3)
+    offsets = _offsets(lengths)
+    bf16_saved = _saved_between_forward_and_backward(q, k, v, offsets, offsets, None)
+    mx_saved = _saved_between_forward_and_backward(q, k, v, offsets, offsets, _policy(rounding=rounding))
+    for saved in (bf16_saved, mx_saved):
+        assert any(tensor is q for tensor in saved) and any(tensor is k for tensor in saved) and any(tensor is v for tensor in saved)
+    nbytes = lambda tensors: sum(tensor.numel() * tensor.element_size() for tensor in tensors)  # noqa: E731
+    assert [t.dtype for t in mx_saved].count(torch.bfloat16) == [t.dtype for t in bf16_saved].count(torch.bfloat16) == 4
+    unnormalized_output = q.numel() * 4
+    softmax_statistic = q.shape[0] * q.shape[1] * 4  # BF16 mode passes `m` in the unnormalized output's slot
+    assert nbytes(mx_saved) == nbytes(bf16_saved) + unnormalized_output - softmax_statistic
+
+
 SR_LENGTHS = [31, 0, 1, 33]
 SR_CASES = [
     # id, q lengths, k lengths, causal, activation, heads, policy arguments, tiles
