@@ -26,13 +26,9 @@ from typing import Any
 
 import torch
 
-from mxlab.bench.step import bench_spec, device_batches
-from mxlab.experiment.optim import make_optimizer
+from mxlab.bench.step import arm_stepper, bench_spec, device_batches
 from mxlab.experiment.spec import recipe_dir_for, resolve_recipe_path
-from mxlab.experiment.step import train_step
-from mxlab.models import build_model, esmm_loss
-from mxlab.recipe import apply_recipe, load_recipe
-from mxlab.recipe.loss_scaling import make_loss_scaler
+from mxlab.recipe import load_recipe
 
 GIB = 2**30
 
@@ -56,17 +52,7 @@ def _mxlab_line(stack: list[traceback.FrameSummary]) -> str:
 
 def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], device: torch.device,
             warmup: int, profile_steps: int) -> dict[str, Any]:
-    torch.manual_seed(0)
-    model = build_model(spec.model, info)
-    apply_recipe(model, recipe, seed=0)
-    model.to(device).train()
-    optimizer = make_optimizer(spec.train, model.parameters())
-    scaler = make_loss_scaler(recipe.loss_scaling, model)
-
-    def take(index: int) -> Any:
-        return train_step(model, batches[index % len(batches)], optimizer, scaler, esmm_loss, device=device,
-                          precision=spec.train.precision)
-
+    take, model, scaler = arm_stepper(spec, recipe, info, batches, device)
     for index in range(warmup):
         take(index)
     cuda = device.type == "cuda"
@@ -135,7 +121,7 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
         rows.append({"name": event.key[:90], "calls_per_step": event.count / profile_steps,
                      "ms_per_step": getattr(event, sort) / 1e3 / profile_steps})
     result["top_kernels"] = rows
-    del model, optimizer, scaler
+    del take, model, scaler
     if cuda:
         torch.cuda.empty_cache()
     return result

@@ -88,11 +88,12 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def time_arm(spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device,
-             warmup: int, steps: int) -> tuple[float, Optional[int], float, int]:
-    """Build the model (seed 0), apply `recipe`, take `warmup` then `steps` timed steps over `batches` in turn.
+def arm_stepper(spec: Any, recipe: Any, info: Any, batches: Sequence[Any],
+                device: torch.device) -> tuple[Callable[[int], torch.Tensor], torch.nn.Module, Any]:
+    """Build the model (seed 0) and apply `recipe`, with the spec's optimizer and the recipe's loss scaler.
 
-    Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps).
+    Returns (take, model, scaler): take(index) is one `train_step` on batches[index % len(batches)],
+    returning its device-side losses.
     """
     from mxlab.experiment.step import train_step
     from mxlab.experiment.optim import make_optimizer
@@ -111,6 +112,16 @@ def time_arm(spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: 
         return train_step(model, batches[index % len(batches)], optimizer, scaler, esmm_loss, device=device,
                           precision=spec.train.precision)
 
+    return take, model, scaler
+
+
+def time_arm(spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device,
+             warmup: int, steps: int) -> tuple[float, Optional[int], float, int]:
+    """Build the arm (`arm_stepper`), take `warmup` then `steps` timed steps over `batches` in turn.
+
+    Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps).
+    """
+    take, _, scaler = arm_stepper(spec, recipe, info, batches, device)
     for index in range(warmup):
         take(index)
     if device.type == "cuda":
@@ -245,5 +256,5 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BF16_PEAK_TFLOPS", "DEFAULT_SPEC", "StepMeasurement", "bench_spec", "device_batches", "format_table",
+__all__ = ["BF16_PEAK_TFLOPS", "DEFAULT_SPEC", "StepMeasurement", "arm_stepper", "bench_spec", "device_batches", "format_table",
            "run_step_bench", "time_arm"]
