@@ -85,8 +85,8 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
             original_showwarning(message, category, filename, lineno, file, line)
 
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-            if cuda:
+        with warnings.catch_warnings(), torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            if cuda:  # catch_warnings restores the filters and showwarning on exit
                 warnings.showwarning = record
                 warnings.simplefilter("always")
                 torch.cuda.set_sync_debug_mode("warn")
@@ -94,7 +94,6 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
     finally:
         if cuda:
             torch.cuda.set_sync_debug_mode("default")
-        warnings.showwarning = original_showwarning
         for handle in handles:
             handle.remove()
     result: dict[str, Any] = {

@@ -14,6 +14,7 @@ import contextlib
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
+from unittest import mock
 
 import torch
 from torch import nn
@@ -43,17 +44,8 @@ class _NoLaunch:
 @contextlib.contextmanager
 def stubbed_cast_launches() -> Iterator[None]:
     """The MX cast kernels' launches as no-ops, CPU tensors on the Triton path; restores both on exit."""
-    saved_env = {name: os.environ.get(name) for name in ("TRITON_INTERPRET", "MXLAB_BACKEND")}
-    try:
-        with cast_kernels_replaced(lambda kernel: _NoLaunch()):
-            os.environ.update(TRITON_INTERPRET="1", MXLAB_BACKEND="triton")
-            yield
-    finally:
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    with cast_kernels_replaced(lambda kernel: _NoLaunch()), mock.patch.dict(os.environ, TRITON_INTERPRET="1", MXLAB_BACKEND="triton"):
+        yield
 
 
 def run_host_bench(recipes: Sequence[str] = DEFAULT_RECIPES, *, width: int = 64, tokens: int = 64, steps: int = 200,

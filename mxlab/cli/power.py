@@ -43,8 +43,6 @@ def power_main(study: Optional[Path], seeds: str, arms: Optional[int], effect: f
             n_arms = arms or 1
             source = f"given: seed sd {seed_sd}, eval sd {eval_sd}, shared {eval_shared}"
         target = metric or settings.primary[0]
-        if effect_sd < 0:
-            raise ValueError(f"--effect-sd {effect_sd:g}: expected a standard deviation >= 0")
         if effect_sd > 0 and effect == 0:
             raise ValueError("--effect-sd needs a planted --effect to vary around")
         if target not in models:

@@ -14,9 +14,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 from typing import Iterator
+from unittest import mock
 
 CONTROL = "nvidia-cuda-mps-control"
-ENV_KEYS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 TIMEOUT_S = 30
 
 
@@ -46,23 +46,17 @@ def mps_daemon(enabled: bool) -> Iterator[str]:
         raise ValueError(f"mps = true needs {CONTROL} (the CUDA driver's MPS control daemon) on PATH; none was found. "
                          "Run without --mps, or install the driver's MPS tools")
     root = Path(tempfile.mkdtemp(prefix="mxlab-mps-"))
-    saved = {key: os.environ.get(key) for key in ENV_KEYS}
     env_values = {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
     for folder in env_values.values():
         Path(folder).mkdir()
-    os.environ.update(env_values)
     try:
-        started = subprocess.run([control, "-d"], capture_output=True, text=True, timeout=TIMEOUT_S)
-        if started.returncode != 0:
-            raise RuntimeError(f"{CONTROL} -d exited with {started.returncode}: {(started.stderr or started.stdout).strip()}")
-        try:
-            yield "started"
-        finally:
-            subprocess.run([control], input="quit\n", capture_output=True, text=True, timeout=TIMEOUT_S)
+        with mock.patch.dict(os.environ, env_values):  # workers inherit it; restored on exit
+            started = subprocess.run([control, "-d"], capture_output=True, text=True, timeout=TIMEOUT_S)
+            if started.returncode != 0:
+                raise RuntimeError(f"{CONTROL} -d exited with {started.returncode}: {(started.stderr or started.stdout).strip()}")
+            try:
+                yield "started"
+            finally:
+                subprocess.run([control], input="quit\n", capture_output=True, text=True, timeout=TIMEOUT_S)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
         shutil.rmtree(root, ignore_errors=True)
