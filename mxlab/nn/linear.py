@@ -8,10 +8,18 @@ With x (M, K) (leading dims of the input are flattened into M), W (N, K):
 | dgrad | dx = dy W | dy and W along N (out_features) |
 | wgrad | dW = dy^T x | dy and x along M (tokens) |
 
-It is `qmatmul(x, W^T, precision)` plus the bias (added in high precision, its gradient is the
-plain sum of dy), so the semantics, padding and seeding are those of `mxlab.nn.qmatmul`:
+It is `qmatmul(x, W^T, precision)` plus the bias (added in the output's dtype, its gradient is
+the plain sum of dy), so the semantics, padding and seeding are those of `mxlab.nn.qmatmul`:
 in_features or out_features that are not a multiple of 32 are zero-padded for quantization
 (`padded_dims` says which), accumulation is FP32 and the output has the input's dtype.
+
+Under torch.autocast, x, W and the bias first become autocast's dtype, as autocast casts them for
+nn.Linear: the emulated GEMMs quantize the very operands the BF16 baseline multiplies (bfloat16
+activations and a bfloat16 copy of the float32 master weight), the weight gradient leaves its
+GEMM in bfloat16 as the baseline's does, and the output is bfloat16, so the layers after an MX
+layer run in the baseline's precision. (Quantizing float32 weights instead would need a float32
+copy and a host sync per GEMM, `qmatmul._exact_in_bfloat16`, and would contrast MX with
+something the baseline never multiplies.)
 
 Stochastic rounding seeds: the seed of each operand of each GEMM at forward call c is
 `derive_seed(precision.seed, c, slot)` (mxlab.nn.qmatmul.SEED_SLOTS), where `precision.seed` is
@@ -34,6 +42,19 @@ from torch.nn import functional as F
 from mxlab.nn.qmatmul import MatmulPrecision, qmatmul
 
 QUANT_BLOCK = 32
+
+
+def _autocast_operands(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """(x, weight, bias) in autocast's dtype where autocast is on for x's device (differentiable
+    casts, as autocast makes for nn.Linear), else unchanged."""
+    device_type = x.device.type
+    if not torch.is_autocast_enabled(device_type):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device_type)
+    cast = [t if t is None or t.dtype == dtype else t.to(dtype) for t in (x, weight, bias)]
+    return cast[0], cast[1], cast[2]
 
 
 class QLinear(nn.Linear):
@@ -89,9 +110,10 @@ class QLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._precision is None:
             return F.linear(x, self.weight, self.bias)
-        y = qmatmul(x.reshape(-1, self.in_features), self.weight.t(), self._precision)
-        if self.bias is not None:
-            y = y + self.bias
+        x, weight, bias = _autocast_operands(x, self.weight, self.bias)
+        y = qmatmul(x.reshape(-1, self.in_features), weight.t(), self._precision)
+        if bias is not None:
+            y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -192,6 +192,33 @@ def test_an_mx_recipe_reaches_every_attention_product_and_stays_close(source):
     assert quantized.history.blocks[0].attn.qkv.weight.grad.abs().sum() > 0
 
 
+def test_under_bf16_autocast_an_mx_model_runs_every_module_in_the_baselines_dtype(source):
+    """An MX recipe changes the GEMMs only: each module's output has the dtype it has in the baseline."""
+    from pathlib import Path
+
+    import mxlab.recipe as recipe_module
+
+    recipes = Path(__file__).resolve().parents[2] / "experiments" / "recipes"
+    batch = next(source.train_batches(64, 0, 0))
+
+    def output_dtypes(model):
+        dtypes = {}
+        hooks = [module.register_forward_hook(lambda _m, _a, out, name=name: dtypes.__setitem__(name, out.dtype))
+                 for name, module in model.named_modules() if name]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(batch)
+        for hook in hooks:
+            hook.remove()
+        return dtypes
+
+    expected = output_dtypes(_model(source.info).train())
+    quantized = _model(source.info).train()
+    recipe_module.apply_recipe(quantized, recipe_module.load_recipe("mxfp8-rceil", search_dirs=[recipes]))
+    got = output_dtypes(quantized)
+    assert got == expected
+    assert got["history.blocks.0.mlp.fc1"] == got["history.blocks.0.attn.qkv"] == torch.bfloat16
+
+
 def test_esmm_loss_is_finite_with_finite_gradients_at_extreme_logits():
     logits = torch.tensor([30.0, -30.0, 0.0, 12.0, -80.0], requires_grad=True)
     cvr = torch.tensor([30.0, 20.0, -5.0, 40.0, -80.0], requires_grad=True)

@@ -130,19 +130,37 @@ def test_refuses_a_precision_of_the_wrong_type():
         QLinear(4, 4, precision="e4m3")
 
 
-def test_autocast_leaves_emulated_gemms_in_fp32_and_reaches_high_precision_ones():
+def test_under_autocast_the_emulated_gemms_quantize_what_nn_linear_would_multiply():
+    """Under autocast x, W and the bias become bfloat16 first (as autocast casts them for nn.Linear):
+    the result is the layer run without autocast on bfloat16 copies, and the output stays bfloat16."""
     torch.manual_seed(5)
     layer = QLinear(32, 32, precision=linear_precision(wgrad_fmt="bf16"))
-    x, g = torch.randn(64, 32), torch.randn(64, 32)
-    plain = run(layer, x, g)
-    layer.zero_grad()
+    x, g = torch.randn(64, 32) * 3, torch.randn(64, 32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         x_leaf = x.clone().requires_grad_()
         y = layer(x_leaf)
-    y.backward(g)
-    assert torch.equal(y, plain[0]) and torch.equal(x_leaf.grad, plain[1])  # fwd, dgrad: emulated in FP32
+    y.backward(g.bfloat16())
+    assert y.dtype == torch.bfloat16 and x_leaf.grad.dtype == torch.float32
+    assert layer.weight.grad.dtype == torch.float32
+
+    copy = QLinear(32, 32, precision=linear_precision(wgrad_fmt="bf16"), dtype=torch.bfloat16)
+    with torch.no_grad():
+        copy.weight.copy_(layer.weight)
+        copy.bias.copy_(layer.bias)
+    y_copy, dx_copy, dW_copy, db_copy = run(copy, x.bfloat16(), g.bfloat16())
+    assert torch.equal(y, y_copy)
+    assert torch.equal(x_leaf.grad, dx_copy.float())  # dgrad: emulated, leaves in bfloat16
     bf16_wgrad = (x.T.bfloat16() @ g.bfloat16()).T.float()
-    assert torch.equal(layer.weight.grad, bf16_wgrad)  # wgrad "bf16": the autocast BF16 GEMM
+    assert torch.equal(layer.weight.grad, bf16_wgrad) and torch.equal(dW_copy.float(), bf16_wgrad)  # wgrad "bf16"
+    assert torch.equal(layer.bias.grad, db_copy.float())
+
+    plain = run(layer, x, g)[0]  # without autocast: the float32 operands are quantized, float32 out
+    assert plain.dtype == torch.float32 and not torch.equal(plain.bfloat16(), y)
+
+
+def test_bias_keeps_a_bfloat16_output_bfloat16():
+    layer = QLinear(32, 16, precision=linear_precision())  # float32 parameters
+    assert layer(torch.randn(8, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("weight_block, grad_rounding, expected_calls", [
