@@ -114,7 +114,7 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
             take(index)
         if cuda:
             torch.cuda.synchronize(device)
-    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     rows = []
     for event in sorted(profiler.key_averages(), key=lambda e: getattr(e, sort), reverse=True)[:25]:
         rows.append({"name": event.key[:90], "calls_per_step": event.count / profile_steps,
