@@ -81,6 +81,11 @@ def sweep_layers_command(
     out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Study folder; the sweep goes to DIR/sweep (default reports/NAME)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep."),
     overrides: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
+    runs_per_device: Optional[int] = typer.Option(None, "--runs-per-device", metavar="K", min=1,
+                                                  help="Runs at once per device, each in its own process; default: one at "
+                                                       "a time in this process."),
+    mps: bool = typer.Option(False, "--mps/--no-mps", help="Start the CUDA MPS daemon for the sweep, so runs sharing a GPU "
+                                                           "run side by side (needs nvidia-cuda-mps-control)."),
 ) -> None:
     """Rank layers by the NE/AUC change of quantizing each alone, and all but each, against the baseline.
 
@@ -90,7 +95,7 @@ def sweep_layers_command(
 
     raise typer.Exit(
         study_commands.sweep_layers(spec, recipe=recipe, seeds=seeds, steps=steps, device=device, out=out, resume=resume,
-                                    overrides=overrides)
+                                    overrides=overrides, runs_per_device=runs_per_device, mps=mps)
     )
 
 

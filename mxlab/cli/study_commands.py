@@ -157,6 +157,8 @@ def sweep_layers(
     out: Path | None,
     resume: bool,
     overrides: Sequence[str],
+    runs_per_device: int | None = None,
+    mps: bool = False,
 ) -> int:
     """`mxlab sweep-layers`: run the layer-sensitivity sweep and print the ranking."""
 
@@ -165,7 +167,8 @@ def sweep_layers(
         from mxlab.experiment.sweep import sweep_layers as run_sweep
 
         spec = load_spec(spec_path, overrides)
-        result = run_sweep(spec, recipe, seeds=parse_seeds(seeds), steps=steps, out_dir=out, device=device, resume=resume)
+        result = run_sweep(spec, recipe, seeds=parse_seeds(seeds), steps=steps, out_dir=out, device=device, resume=resume,
+                           runs_per_device=runs_per_device, mps=mps)
         typer.echo(result.table)
         typer.echo(f"written: {result.markdown_path} and {result.json_path}")
         return 0

@@ -30,7 +30,7 @@ import torch
 
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
-from mxlab.experiment.executors.mps import mps_daemon
+from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
 from mxlab.experiment.provenance import code_commit
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
@@ -343,8 +343,8 @@ def run_study(
     else:
         devices = resolve_devices(device, gpus)
     mps = execution.mps if mps is None else mps
-    if mps and (executor == "ray" or not any(d.startswith("cuda") for d in devices)):
-        raise ValueError(f"--mps needs CUDA devices and the local executor; got devices {devices}, executor {executor!r}")
+    if mps:
+        check_mps_devices(devices, executor)
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records

@@ -18,6 +18,7 @@ import numpy as np
 
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, LocalExecutor
+from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
 from mxlab.experiment.runner import FORK_DIR, blocked_runs, check_out_dir, fork_jobs, resolve_devices, run_jobs
 from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe_path
 from mxlab.experiment.train import RunJob, build_run_model, estimated_total_steps
@@ -156,6 +157,8 @@ def sweep_layers(
     device: str = "auto",
     resume: bool = False,
     show_progress: bool = True,
+    runs_per_device: int | None = None,
+    mps: bool = False,
 ) -> SweepResult:
     """Run the layer-sensitivity sweep of `recipe` (a name in the spec's recipes/ folder or a .toml path).
 
@@ -163,7 +166,10 @@ def sweep_layers(
     first); writes DIR/sweep/sweep.md and DIR/sweep/sweep.json (DIR defaults to reports/NAME).
     `steps` defaults to min(200, the spec's own length). In the fork design (`[train] fork_from`) every
     run continues from its seed's warm-up (DIR/sweep/runs/_fork/seedK, trained first), as the study's
-    arms do. Refuses an unknown recipe, seeds that are not integers >= 0, steps < 1, and an existing
+    arms do. Runs go one at a time in this process on one device, or, with `runs_per_device` K (or
+    several devices), K at once per device in worker processes; `mps` starts the CUDA MPS daemon so
+    that runs sharing a GPU run side by side (as `mxlab run --mps`). Refuses an unknown recipe, seeds
+    that are not integers >= 0, steps < 1, runs_per_device < 1, `mps` without CUDA, and an existing
     sweep without `resume`.
     """
     from mxlab.recipe import quantizable_modules, single_layer_recipe
@@ -176,6 +182,8 @@ def sweep_layers(
         steps = min(DEFAULT_SWEEP_STEPS, estimated_total_steps(spec.train, source.n_train))
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
+    if runs_per_device is not None and runs_per_device < 1:
+        raise ValueError(f"runs_per_device must be >= 1, got {runs_per_device}")
     quantized_recipe, recipe_name, recipe_source = _recipe_for(recipe, spec)
     steps_per_epoch = max(1, math.ceil(source.n_train / spec.train.batch_size))
     sweep_spec = dataclasses.replace(spec, seeds=seeds).with_train(max_steps=steps, epochs=math.ceil(steps / steps_per_epoch))
@@ -210,12 +218,18 @@ def sweep_layers(
         for arm, arm_recipe, source_text in arms
     ]
     devices = resolve_devices(device)
+    if mps:
+        check_mps_devices(devices, "local")
     sweep_dir.mkdir(parents=True, exist_ok=True)
     io.write_json(sweep_dir / "sweep_spec.json", {**sweep_spec.to_dict(), "sweep_recipe": recipe_source, "modules": modules})
-    executor = InlineExecutor(devices[0], source=source) if len(devices) <= 1 else LocalExecutor(devices)  # short runs: inline on one device
-    results = run_jobs(warmups, executor, show_progress=show_progress)
-    results.update(blocked_runs(jobs, results))  # a seed whose warm-up failed has nothing to continue from
-    run_jobs([job for job in jobs if job.label not in results], executor, show_progress=show_progress)
+    with mps_daemon(mps):
+        if len(devices) <= 1 and runs_per_device is None:  # short runs: one at a time, in this process
+            executor: Any = InlineExecutor(devices[0], source=source)
+        else:
+            executor = LocalExecutor(devices, runs_per_device=runs_per_device or 1)
+        results = run_jobs(warmups, executor, show_progress=show_progress)
+        results.update(blocked_runs(jobs, results))  # a seed whose warm-up failed has nothing to continue from
+        run_jobs([job for job in jobs if job.label not in results], executor, show_progress=show_progress)
 
     def per_seed(arm: str) -> list[dict[str, float] | None]:
         return [_run_deltas(runs_root / arm / f"seed{seed}", runs_root / spec.baseline / f"seed{seed}") for seed in seeds]

@@ -163,8 +163,11 @@ def single_layer_recipe(recipe: StandinRecipe, name: str, invert: bool = False) 
 
 
 def install(monkeypatch: Any, source: StandinSource) -> None:
-    """Route the runner's lazy imports of mxlab.data, mxlab.models and mxlab.recipe to these stand-ins."""
+    """Route the runner's lazy imports of mxlab.data, mxlab.models and mxlab.recipe to these stand-ins.
+    The real mxlab.recipe.library stays importable (the spec resolves recipe files through it)."""
     import sys
+
+    import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
 
     data = types.ModuleType("mxlab.data")
     data.make_source = lambda data_config, max_history: source

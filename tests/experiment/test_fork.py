@@ -185,6 +185,23 @@ def test_the_layer_sweep_continues_from_the_warmup_in_the_fork_design(tmp_path, 
     assert json.loads(result.json_path.read_text())["design"]["kind"] == "fork"
 
 
+def test_a_sweep_in_worker_processes_gives_the_ranking_of_one_in_this_process(tmp_path, monkeypatch):
+    from mxlab.experiment import sweep
+
+    spec = _spec(['arms=["bf16", "mxfp8-rceil"]'])
+    monkeypatch.setattr("mxlab.recipe.quantizable_modules", lambda model, recipe: ["towers.ctr.out"])  # one, for time
+    inline = sweep.sweep_layers(spec, "mxfp8-rceil", seeds=[0], steps=2, out_dir=tmp_path / "inline", device="cpu",
+                                show_progress=False)
+    workers = sweep.sweep_layers(spec, "mxfp8-rceil", seeds=[0], steps=2, out_dir=tmp_path / "workers", device="cpu",
+                                 show_progress=False, runs_per_device=2)
+    ranking = [json.loads(result.json_path.read_text())["ranking"] for result in (inline, workers)]
+    assert ranking[0] == ranking[1] and ranking[0][0]["module"] == "towers.ctr.out"
+    with pytest.raises(ValueError, match="--mps needs CUDA devices"):
+        sweep.sweep_layers(spec, "mxfp8-rceil", seeds=[0], steps=2, out_dir=tmp_path / "mps", device="cpu", mps=True)
+    with pytest.raises(ValueError, match="runs_per_device must be >= 1, got 0"):
+        sweep.sweep_layers(spec, "mxfp8-rceil", seeds=[0], steps=2, out_dir=tmp_path / "zero", device="cpu", runs_per_device=0)
+
+
 DECAY = ["train.lr_decay_steps=3"]  # the arms' steps 5-8: rates lr, lr, 2/3 lr, 1/3 lr
 
 

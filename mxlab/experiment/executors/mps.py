@@ -13,7 +13,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 from unittest import mock
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -27,6 +27,13 @@ def running_daemon() -> Path | None:
     if folder and (Path(folder) / "control").exists():
         return Path(folder)
     return None
+
+
+def check_mps_devices(devices: Sequence[str], executor: str) -> None:
+    """Refuses (ValueError) MPS without a CUDA device or with the Ray executor (its workers are not this
+    process's children, so they would not find the daemon)."""
+    if executor == "ray" or not any(device.startswith("cuda") for device in devices):
+        raise ValueError(f"--mps needs CUDA devices and the local executor; got devices {list(devices)}, executor {executor!r}")
 
 
 @contextlib.contextmanager
