@@ -64,6 +64,25 @@ def test_a_study_that_fails_still_stops_the_daemon(stand_in):
     assert "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
 
 
+def test_a_command_stopped_by_sigterm_stops_the_daemon_and_exits_as_interrupted(stand_in, capsys):
+    import signal
+    import time
+
+    from mxlab.cli.study_commands import _guarded
+
+    def body():
+        with mps_daemon(True):
+            os.kill(os.getpid(), signal.SIGTERM)  # as `timeout` or a batch scheduler stops a study
+            time.sleep(30)
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert _guarded(body, "Finished runs are kept.") == 130
+    assert [call["args"] for call in stand_in()] == [["-d"], []]  # the daemon was told to quit
+    assert "interrupted. Finished runs are kept." in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before and "CUDA_MPS_PIPE_DIRECTORY" not in os.environ
+
+
 def test_a_daemon_already_running_is_used_and_left_running(stand_in, tmp_path, monkeypatch):
     pipe = tmp_path / "theirs"
     pipe.mkdir()
