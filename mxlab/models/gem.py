@@ -45,7 +45,8 @@ import torch.nn.functional as F
 
 from mxlab.data.batch import DataInfo, JaggedBatch
 from mxlab.data.config import config_keys, dataclass_from_config
-from mxlab.nn.attention import ACTIVATIONS, JaggedAttention, rotary_embedding, segment_positions
+from mxlab.nn.attention import ACTIVATIONS, JaggedAttention, RotaryTable, rotary_embedding, rotary_table, segment_positions
+from mxlab.nn.norms import rms_norm
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(dim=32, layers=1, heads=1, max_history=64, mlp_ratio=2, pma_seeds=2, cross_layers=1,
@@ -164,17 +165,19 @@ class LayerNorm(nn.LayerNorm):
 
 
 class RMSNorm(nn.RMSNorm):
-    """nn.RMSNorm (same parameters) that returns its input's dtype, also under autocast.
+    """nn.RMSNorm over the last dim (same parameters) that returns its input's dtype, also under autocast.
 
-    The mean square accumulates in float32 inside torch's rms_norm; with ``eps=None`` the
-    epsilon is float32's (what a float32 norm uses), whatever the input's dtype.
+    `mxlab.nn.norms.rms_norm`: the mean square accumulates in float32, the weight is cast to the
+    input's dtype; on CUDA one Triton kernel reads a strided input (the heads of a projection) as
+    is. With ``eps=None`` the epsilon is float32's (what a float32 norm uses), whatever the input's
+    dtype. Refuses (ValueError) a normalized shape of more than one dim.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = None if self.weight is None else _like(self.weight, x)
+        if len(self.normalized_shape) != 1:
+            raise ValueError(f"RMSNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}")
         eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
-        with torch.autocast(x.device.type, enabled=False):
-            return F.rms_norm(x, self.normalized_shape, weight, eps)
+        return rms_norm(x, self.weight, eps)
 
 
 def activation_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
@@ -208,18 +211,19 @@ class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.heads, self.head_dim = config.heads, config.dim // config.heads
-        self.rotary, self.causal, self.activation = config.rotary, config.causal, config.activation
+        self.causal, self.activation = config.causal, config.activation
         self.qkv = nn.Linear(config.dim, 3 * config.dim)
         self.q_norm = RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
         self.k_norm = RMSNorm(self.head_dim) if config.qk_norm else nn.Identity()
         self.core = JaggedAttention()
         self.out = nn.Linear(config.dim, config.dim)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, rotary: RotaryTable | None) -> torch.Tensor:
+        """`rotary`: the batch's RotaryTable (None when the model has no rotary positions)."""
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.heads, self.head_dim).unbind(1)
         q, k = self.q_norm(q), self.k_norm(k)
-        if self.rotary:
-            q, k = rotary_embedding(q, positions), rotary_embedding(k, positions)
+        if rotary is not None:
+            q, k = rotary_embedding(q, rotary), rotary_embedding(k, rotary)
         attended = self.core(q, k, v, offsets, offsets, causal=self.causal, activation=self.activation)
         return self.out(attended.reshape(x.shape[0], self.heads * self.head_dim))
 
@@ -234,8 +238,8 @@ class HistoryBlock(nn.Module):
         self.norm2 = LayerNorm(config.dim)
         self.mlp = FeedForward(config.dim, config.mlp_ratio * config.dim, config.dropout)
 
-    def forward(self, x: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), offsets, positions)
+    def forward(self, x: torch.Tensor, offsets: torch.Tensor, rotary: RotaryTable | None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), offsets, rotary)
         return x + self.mlp(self.norm2(x))
 
 
@@ -246,11 +250,14 @@ class HistoryEncoder(nn.Module):
         super().__init__()
         self.blocks = nn.ModuleList(HistoryBlock(config) for _ in range(config.layers))
         self.norm = LayerNorm(config.dim)
+        self.rotary_head_dim = config.dim // config.heads if config.rotary else 0
 
     def forward(self, x: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        positions = segment_positions(offsets, total=x.shape[0])
+        rotary = None
+        if self.rotary_head_dim:  # one table per batch, shared by every block
+            rotary = rotary_table(segment_positions(offsets, total=x.shape[0]), self.rotary_head_dim)
         for block in self.blocks:
-            x = block(x, offsets, positions)
+            x = block(x, offsets, rotary)
         return self.norm(x)
 
 

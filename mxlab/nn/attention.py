@@ -47,12 +47,13 @@ per-example length mask; everything else, and every CPU tensor, uses the referen
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from mxlab.nn.kernel_modules import triton_module
 from mxlab.numerics.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 
 BACKENDS = ("auto", "reference", "flex", "triton")
@@ -82,13 +83,7 @@ def _flex_available() -> bool:
 
 def _triton_kernel() -> Any:
     """The package mxlab.kernels.attention, or None when Triton is not installed."""
-    try:
-        from mxlab.kernels import attention
-    except ModuleNotFoundError as error:
-        if error.name and error.name.split(".")[0] == "triton":
-            return None
-        raise
-    return attention
+    return triton_module("attention")
 
 
 def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Any, activation: str) -> str | None:
@@ -390,19 +385,40 @@ def length_block_mask(
     return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(q_width, k_width))
 
 
-def rotary_embedding(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Return x (tokens, heads, head_dim) rotated by rotary position embeddings at `positions` (tokens,).
+class RotaryTable(NamedTuple):
+    """cos and sin (float32, contiguous (tokens, head_dim/2)) of the rotary angles of a token sequence."""
 
-    Pairs (i, i + head_dim/2) are rotated by angle position * base**(-2i/head_dim), in float32.
-    Refuses an odd head_dim.
-    """
-    head_dim = x.shape[-1]
-    if head_dim % 2:
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+
+def rotary_table(positions: torch.Tensor, head_dim: int, base: float = 10000.0) -> RotaryTable:
+    """The RotaryTable of `positions` (tokens,): angle position * base**(-2i/head_dim) for pair i, in
+    float32. Computed once per batch and shared by every attention layer. Refuses an odd head_dim."""
+    if head_dim % 2 or head_dim < 2:
         raise ValueError(f"rotary embeddings need an even head_dim; got {head_dim}")
     half = head_dim // 2
-    inverse_frequency = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    inverse_frequency = base ** (-torch.arange(half, device=positions.device, dtype=torch.float32) / half)
     angle = positions.to(torch.float32)[:, None] * inverse_frequency[None, :]
-    cos, sin = angle.cos()[:, None, :], angle.sin()[:, None, :]
+    return RotaryTable(angle.cos(), angle.sin())
+
+
+def rotary_embedding(x: torch.Tensor, table: RotaryTable) -> torch.Tensor:
+    """Return x (tokens, heads, head_dim) with its pairs (i, i + head_dim/2) rotated by the angles of
+    `table` (`rotary_table` of the tokens' positions), in float32, cast back to x's dtype.
+
+    On CUDA one Triton kernel reads x once and writes the result once (mxlab.kernels.rotary), forward
+    and backward; elsewhere the PyTorch formula. Refuses a table whose shape does not match x.
+    """
+    if tuple(table.cos.shape) != (x.shape[0], x.shape[-1] // 2) or x.shape[-1] % 2:
+        raise ValueError(f"the rotary table {tuple(table.cos.shape)} does not match x {tuple(x.shape)}: "
+                         "it needs (tokens, head_dim / 2) for an even head_dim")
+    if x.is_cuda:
+        kernel = triton_module("rotary")
+        if kernel is not None and kernel.unsupported_reason(x) is None:
+            return kernel.rotate(x, table.cos, table.sin)
+    half = x.shape[-1] // 2
+    cos, sin = table.cos[:, None, :], table.sin[:, None, :]
     x1, x2 = x[..., :half].float(), x[..., half:].float()
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
@@ -417,6 +433,6 @@ def segment_positions(offsets: torch.Tensor, total: int | None = None) -> torch.
     return torch.arange(total, device=offsets.device) - starts
 
 
-__all__ = ["JaggedAttention", "call_seeds", "rotary_embedding", "segment_positions", "rounds_stochastically", "token_counter",
+__all__ = ["JaggedAttention", "RotaryTable", "call_seeds", "rotary_embedding", "rotary_table", "segment_positions", "rounds_stochastically", "token_counter",
            "score_counter",
            "ACTIVATIONS", "BACKENDS"]

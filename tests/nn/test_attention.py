@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mxlab.nn.attention import JaggedAttention, rotary_embedding, segment_positions
+from mxlab.nn.attention import JaggedAttention, rotary_embedding, rotary_table, segment_positions
 
 
 def _offsets(lengths):
@@ -162,9 +162,13 @@ def test_rotary_is_relative_and_positions_restart_per_sequence():
     torch.manual_seed(5)
     q, k = torch.randn(1, 1, 8), torch.randn(1, 1, 8)
     def score(pq, pk):
-        return (rotary_embedding(q, torch.tensor([pq])) * rotary_embedding(k, torch.tensor([pk]))).sum()
+        return (rotary_embedding(q, rotary_table(torch.tensor([pq]), 8)) * rotary_embedding(k, rotary_table(torch.tensor([pk]), 8))).sum()
     torch.testing.assert_close(score(3, 1), score(10, 8))
     assert not torch.allclose(score(3, 1), score(3, 2))
+    with pytest.raises(ValueError, match="even head_dim"):
+        rotary_table(torch.tensor([0]), 7)
+    with pytest.raises(ValueError, match=r"rotary table \(1, 4\) does not match x \(1, 1, 6\)"):
+        rotary_embedding(torch.randn(1, 1, 6), rotary_table(torch.tensor([0]), 8))
 
 
 def test_triton_backend_dispatch(monkeypatch):
