@@ -231,3 +231,17 @@ def test_esmm_loss_is_finite_with_finite_gradients_at_extreme_logits():
     assert torch.isfinite(losses["loss"]) and torch.isfinite(logits.grad).all() and torch.isfinite(cvr.grad).all()
     # per example: -log(1 - p) with log p capped at -1e-12 (27.63 nats), -log p = 30.0, 0.00335, ~0, ~0
     assert losses["ctcvr"].item() * 5 == pytest.approx(27.631 + 30.0 + 0.00335, rel=1e-3)
+
+
+def test_rms_norm_keeps_the_input_dtype_under_autocast_and_refuses_two_normalized_dims():
+    from mxlab.models.gem import RMSNorm
+
+    norm = RMSNorm(16)
+    x = torch.randn(5, 2, 16, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = norm(x)
+    expected = torch.nn.functional.rms_norm(x.float(), (16,), norm.weight.bfloat16().float(), torch.finfo(torch.float32).eps)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), expected, atol=0, rtol=2 ** -7)
+    with pytest.raises(ValueError, match=r"normalizes the last dim only; got normalized_shape \(2, 16\)"):
+        RMSNorm((2, 16))(x)
