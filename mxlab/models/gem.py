@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from mxlab.data.batch import DataInfo, JaggedBatch
 from mxlab.data.config import config_keys, dataclass_from_config
 from mxlab.nn.attention import ACTIVATIONS, JaggedAttention, RotaryTable, rotary_embedding, rotary_table, segment_positions
-from mxlab.nn.norms import rms_norm
+from mxlab.nn.norms import layer_norm, rms_norm
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(dim=32, layers=1, heads=1, max_history=64, mlp_ratio=2, pma_seeds=2, cross_layers=1,
@@ -145,23 +145,19 @@ class FeedForward(nn.Module):
         return self.fc2(self.dropout(F.gelu(self.fc1(x))))
 
 
-def _like(parameter: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    return parameter if parameter.dtype == x.dtype else parameter.to(x.dtype)
-
-
 class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm (same parameters) that returns its input's dtype, also under autocast.
+    """nn.LayerNorm over the last dim (same parameters) that returns its input's dtype, also under autocast.
 
-    Autocast runs layer_norm in float32 and returns float32; here a bfloat16 input stays
-    bfloat16: one fused kernel whose statistics accumulate in float32, with the affine
-    parameters cast to the input's dtype (as autocast casts a Linear's weight).
+    Autocast runs layer_norm in float32 and returns float32; here a bfloat16 input stays bfloat16
+    (`mxlab.nn.norms.layer_norm`: statistics in float32, the affine parameters cast to the input's
+    dtype, as autocast casts a Linear's weight; one Triton kernel on CUDA). Refuses (ValueError) a
+    normalized shape of more than one dim.
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight = None if self.weight is None else _like(self.weight, x)
-        bias = None if self.bias is None else _like(self.bias, x)
-        with torch.autocast(x.device.type, enabled=False):
-            return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+        if len(self.normalized_shape) != 1:
+            raise ValueError(f"LayerNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}")
+        return layer_norm(x, self.weight, self.bias, self.eps)
 
 
 class RMSNorm(nn.RMSNorm):
