@@ -53,8 +53,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from mxlab.nn.kernel_modules import triton_module
 from mxlab.numerics.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
+from mxlab.numerics.quant import kernel_module
 
 BACKENDS = ("auto", "reference", "flex", "triton")
 
@@ -83,7 +83,7 @@ def _flex_available() -> bool:
 
 def _triton_kernel() -> Any:
     """The package mxlab.kernels.attention, or None when Triton is not installed."""
-    return triton_module("attention")
+    return kernel_module("attention")
 
 
 def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, policy: Any, activation: str) -> str | None:
@@ -414,7 +414,7 @@ def rotary_embedding(x: torch.Tensor, table: RotaryTable) -> torch.Tensor:
         raise ValueError(f"the rotary table {tuple(table.cos.shape)} does not match x {tuple(x.shape)}: "
                          "it needs (tokens, head_dim / 2) for an even head_dim")
     if x.is_cuda:
-        kernel = triton_module("rotary")
+        kernel = kernel_module("rotary")
         if kernel is not None and kernel.unsupported_reason(x) is None:
             return kernel.rotate(x, table.cos, table.sin)
     half = x.shape[-1] // 2

@@ -184,16 +184,22 @@ def last_backend() -> str | None:
     return _last_backend
 
 
-def _import_kernels():
-    """mxlab.kernels.cast (the MX cast kernels), or None when Triton is not installed."""
+def kernel_module(name: str):
+    """mxlab.kernels.NAME (a Triton kernel module, imported on first use), or None when Triton is not
+    installed; other import errors propagate."""
     import importlib
 
     try:
-        return importlib.import_module("mxlab.kernels.cast")
+        return importlib.import_module(f"mxlab.kernels.{name}")
     except ModuleNotFoundError as error:
         if error.name and error.name.split(".")[0] == "triton":
             return None
         raise
+
+
+def _import_kernels():
+    """mxlab.kernels.cast (the MX cast kernels), or None when Triton is not installed."""
+    return kernel_module("cast")
 
 
 def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int, hadamard: int | None = None):
