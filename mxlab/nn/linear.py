@@ -44,17 +44,14 @@ from mxlab.nn.qmatmul import MatmulPrecision, qmatmul
 QUANT_BLOCK = 32
 
 
-def _autocast_operands(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """(x, weight, bias) in autocast's dtype where autocast is on for x's device (differentiable
-    casts, as autocast makes for nn.Linear), else unchanged."""
+def _autocast_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, weight) in autocast's dtype where autocast is on for x's device (differentiable casts, as
+    autocast makes for nn.Linear), else unchanged."""
     device_type = x.device.type
     if not torch.is_autocast_enabled(device_type):
-        return x, weight, bias
+        return x, weight
     dtype = torch.get_autocast_dtype(device_type)
-    cast = [t if t is None or t.dtype == dtype else t.to(dtype) for t in (x, weight, bias)]
-    return cast[0], cast[1], cast[2]
+    return x.to(dtype), weight.to(dtype)
 
 
 class QLinear(nn.Linear):
@@ -110,10 +107,10 @@ class QLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._precision is None:
             return F.linear(x, self.weight, self.bias)
-        x, weight, bias = _autocast_operands(x, self.weight, self.bias)
+        x, weight = _autocast_operands(x, self.weight)
         y = qmatmul(x.reshape(-1, self.in_features), weight.t(), self._precision)
-        if bias is not None:
-            y = y + (bias if bias.dtype == y.dtype else bias.to(y.dtype))
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)  # autocast casts nn.Linear's bias too
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

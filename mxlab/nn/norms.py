@@ -9,7 +9,7 @@ from mxlab.numerics.quant import kernel_module
 
 
 def _like(parameter: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | None:
-    return parameter if parameter is None or parameter.dtype == x.dtype else parameter.to(x.dtype)
+    return None if parameter is None else parameter.to(x.dtype)
 
 
 def _kernels(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None):
