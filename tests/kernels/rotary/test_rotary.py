@@ -8,25 +8,18 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from mxlab.kernels import rotary as rotary_module  # noqa: E402  (after TRITON_INTERPRET is set)
-from mxlab.nn.attention import rotary_table, segment_positions  # noqa: E402
-
-
-@pytest.fixture
-def rotary():
-    return rotary_module
+from mxlab.kernels import rotary  # noqa: E402  (after TRITON_INTERPRET is set)
+from mxlab.nn.attention import RotaryTable, rotary_embedding, rotary_table, segment_positions  # noqa: E402
 
 
 def _torch_rotary(x, table):
-    half = x.shape[-1] // 2
-    cos, sin = table.cos[:, None, :], table.sin[:, None, :]
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
+    """`rotary_embedding`'s PyTorch formula (the path it takes on the CPU), on a CPU copy of x."""
+    return rotary_embedding(x.cpu(), RotaryTable(table.cos.cpu(), table.sin.cpu())).to(x.device)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("head_dim", [8, 64])
-def test_kernel_matches_the_pytorch_formula_forward_and_backward_on_strided_input(rotary, device, dtype, head_dim):
+def test_kernel_matches_the_pytorch_formula_forward_and_backward_on_strided_input(device, dtype, head_dim):
     torch.manual_seed(head_dim)
     heads, total = 3, 150  # 150 tokens: the last program is partly masked
     offsets = torch.tensor([0, 70, 70, 150], device=device)
@@ -47,7 +40,7 @@ def test_kernel_matches_the_pytorch_formula_forward_and_backward_on_strided_inpu
     assert not view.grad[:, 0].any() and not view.grad[:, 2].any()  # the other slices of the strided input get none
 
 
-def test_refuses_what_it_cannot_run(rotary, device):
+def test_refuses_what_it_cannot_run(device):
     table = rotary_table(torch.arange(4, device=device), 8)
     with pytest.raises(ValueError, match="head_dim 6 is not twice a power of two"):
         rotary.rotate(torch.zeros(4, 1, 6, device=device), table.cos, table.sin)
@@ -66,7 +59,7 @@ def test_gpu_model_shape_matches_the_pytorch_formula():
     table = rotary_table(segment_positions(offsets, total=total), 64)
     qkv = torch.randn(total, 3, 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     reference = qkv.detach().clone().requires_grad_()
-    got = rotary_module.rotate(qkv[:, 0], table.cos, table.sin)
+    got = rotary.rotate(qkv[:, 0], table.cos, table.sin)
     expected = _torch_rotary(reference[:, 0], table)
     grad = torch.randn_like(got)
     got.backward(grad)
