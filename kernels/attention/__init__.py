@@ -23,9 +23,9 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   | product | operand blocks run along |
   |---|---|
   | S = Q K^T | Q: head dim (qk.fwd.a), K: head dim (qk.fwd.b) |
-  | O = P V | P (normalized probabilities): keys (pv.fwd.a), V: keys (pv.fwd.b) |
+  | O = P V | P (softmax: relative to the running maximum, see below): keys (pv.fwd.a), V: keys (pv.fwd.b) |
   | dP = dO V^T | dO: head dim (pv.grad_a.a), V: head dim (pv.grad_a.b) |
-  | dV = P^T dO | P: queries (pv.grad_b.a), dO: queries (pv.grad_b.b) |
+  | dV = P^T dO | P (normalized): queries (pv.grad_b.a), dO: queries (pv.grad_b.b) |
   | dQ = dS K | dS: keys (qk.grad_a.a), K: keys (qk.grad_a.b) |
   | dK = dS^T Q | Q: queries (qk.grad_b.a), dS: queries (qk.grad_b.b) |
 
@@ -38,21 +38,23 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   per product per call). e4m3/e5m2 operands with nearest-even rounding convert with
   the GPU's FP8 instructions on sm_90+ (`mxlab.kernels._mx_device`), bit-identical to the integer steps.
 
-  dS is the gradient of the rounded S, i.e. rounded to the input dtype after the scale. Q, K,
-  V and dO are fake-quantized into bfloat16 copies, one per orientation needed, both
-  orientations of a tensor from one read (`_prequantize`, blocks of 32 tokens from each
-  sequence's first token). The copies live only inside the forward or the backward that reads
-  them: the backward keeps what BF16 mode keeps (Q, K, V, the output, the softmax statistics)
-  plus the float32 ``P @ quant(V)``, and quantizes Q, K and V again (the same seeds, the same
-  bits). P and dS are quantized inside the attention kernels. The softmax P
-  that is quantized is the normalized one, so the MX softmax forward takes two passes over the
-  keys (statistics, then P and PV). The backward's row term ``sum_j P_ij dP_ij`` is
-  ``sum_d quant(dO)_id (P @ quant(V))_id`` (both along the head dim, summed in the launch that
-  quantizes dO), with ``P @ quant(V)`` accumulated in the forward from P split into two
-  bfloat16 parts (relative error below 2^-16: the one approximation beyond accumulation order). Quantized
-  values are exact in bfloat16, so every product is an exact bfloat16 tensor-core product with
-  float32 accumulation: otherwise the kernel and the reference differ only in the order of
-  float32 accumulation (tiles, the softmax denominator's sum).
+  MX softmax runs in one pass over the keys, as hardware MX attention kernels do (the contract in
+  docs/numerics.md, "Jagged attention"): in blocks of 32 keys from each sequence's first key, block t's
+  P~ = exp(s - m_t), with m_t the running row maximum up to and including block t, is quantized along the
+  keys and multiplied by quant(V); the float32 accumulator is rescaled by exp(m_(t-1) - m_t) as the
+  maximum moves and divided by the softmax sum at the end (the sum of the unquantized P~). The forward
+  key tile is therefore 32 (`tiles.mx_tiles_problem`). The backward recomputes the normalized P from the
+  saved statistics (its dV operand), and the softmax row term is rowsum(dO * O) with O the output as
+  returned, in both modes (in MX mode summed in the launch that quantizes dO). dS is the gradient of the
+  rounded S, i.e. rounded to the input dtype after the scale. Q, K, V and dO are fake-quantized into
+  bfloat16 copies, one per orientation needed, both orientations of a tensor from one read
+  (`_prequantize`, blocks of 32 tokens from each sequence's first token). The copies live only inside
+  the forward or the backward that reads them: the backward keeps exactly what BF16 mode keeps (Q, K, V,
+  the output, the softmax statistics) and quantizes Q, K and V again (the same seeds, the same bits).
+  P and dS are quantized inside the attention kernels. Quantized values are exact in bfloat16, so every
+  product is an exact bfloat16 tensor-core product with float32 accumulation: the kernel and the reference
+  differ only in the order of float32 accumulation (tiles, the softmax sum, the row term) and the rounding
+  of the running rescale factors.
 - Inputs are bfloat16 or float16; float32 too in MX mode (then S and the gradients are not rounded,
   as in the reference).
 - BF16 mode (``policy=None``): the usual flash-attention algorithm: softmax P is rounded to the
@@ -77,9 +79,9 @@ other step, so sampling neither changes the training numerics nor needs the refe
 """
 from mxlab.kernels.attention.api import AttentionLaunch, check_jagged_offsets, jagged_attention, jagged_attention_checked
 from mxlab.kernels.attention.codes import unsupported_reason
-from mxlab.kernels.attention.tiles import DEFAULT_MX_TILES, DEFAULT_TILES, INTERPRETER_TILES, TileSizes, default_tiles
+from mxlab.kernels.attention.tiles import DEFAULT_MX_TILES, DEFAULT_TILES, INTERPRETER_TILES, TileSizes, default_tiles, mx_tiles_problem
 
 __all__ = [
     "AttentionLaunch", "DEFAULT_MX_TILES", "DEFAULT_TILES", "INTERPRETER_TILES", "TileSizes", "check_jagged_offsets",
-    "default_tiles", "jagged_attention", "jagged_attention_checked", "unsupported_reason",
+    "default_tiles", "jagged_attention", "jagged_attention_checked", "mx_tiles_problem", "unsupported_reason",
 ]

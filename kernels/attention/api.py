@@ -8,7 +8,7 @@ import torch
 
 from mxlab.kernels.attention.autograd import _JaggedAttentionFunction
 from mxlab.kernels.attention.codes import _codes, _seed_keys, _stochastic, unsupported_reason
-from mxlab.kernels.attention.tiles import TileSizes, _cached_on_offsets, default_tiles
+from mxlab.kernels.attention.tiles import TileSizes, _cached_on_offsets, default_tiles, mx_tiles_problem
 from mxlab.numerics.jagged_checks import check_attention_inputs, check_offsets_layout, check_offsets_values
 
 
@@ -87,13 +87,12 @@ def jagged_attention_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """`jagged_attention` for inputs a caller has already validated (shapes, dtypes, offsets,
     activation, and `unsupported_reason` is None): skips the offset checks, which cost host syncs.
     mxlab.nn.attention.JaggedAttention validates once and calls this. Refuses missing seeds and tile sizes that
-    MX mode cannot take."""
+    MX mode cannot take (`tiles.mx_tiles_problem`)."""
     codes = _codes(policy, q.device if _launch.hw_fp8 else None)
     tiles = _launch.tiles if _launch.tiles is not None else default_tiles(codes is not None, q.device)
-    if codes is not None:
-        for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
-            if getattr(tiles, name) % 32:
-                raise ValueError(f"MX mode needs tile sizes that are multiples of 32; got {name}={getattr(tiles, name)}")
+    problem = None if codes is None else mx_tiles_problem(tiles, activation == "softmax")
+    if problem is not None:
+        raise ValueError(problem)
     seed_keys = _seed_keys(seeds, codes)
     scores_stochastic = codes is not None and any(_stochastic(code) for code in (codes.p_n, codes.p_m, codes.ds_n, codes.ds_m))
     if scores_stochastic and q.shape[0] * q.shape[1] >= 1 << 32:

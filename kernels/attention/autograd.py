@@ -24,54 +24,52 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
         m = torch.empty(heads, total_q, device=q.device, dtype=torch.float32)
         l = torch.empty_like(m)
-        write_ou = quant and not silu
-        out_u = torch.empty(q.shape, device=q.device, dtype=torch.float32) if write_ou else m
         if quant:
             q_d, _, _ = _prequantized(q, q_offsets, codes.q_d, None, d_seed_key=seeds.q_d)
             k_d, _, _ = _prequantized(k, k_offsets, codes.k_d, None, d_seed_key=seeds.k_d)
-            v_d, v_t, _ = _prequantized(v, k_offsets, codes.v_d, codes.v_n, d_seed_key=seeds.v_d, t_seed_key=seeds.v_n)
+            _, v_t, _ = _prequantized(v, k_offsets, None, codes.v_n, t_seed_key=seeds.v_n)
         else:
-            q_d, k_d, v_d, v_t = q, k, v, v
+            q_d, k_d, v_t = q, k, v
         tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
-                q_d, k_d, v_t, v_d, out, out_u, m, l, q_offsets, k_offsets, tile_seq, tile_start,
+                q_d, k_d, v_t, out, m, l, q_offsets, k_offsets, tile_seq, tile_start,
                 q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5, seeds.p_n,
-                BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, WRITE_OU=write_ou, P_CODE=codes.p_n if quant else 0,
+                BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, P_CODE=codes.p_n if quant else 0,
                 **_launch_options(q, silu, causal, quant, tiles),
             )
-        # Saved as BF16 mode saves them: the high-precision inputs, no quantized copies; the backward
-        # quantizes them again (deterministic, the same seeds: the same bits), so the copies live
-        # only while one attention's backward runs. MX adds out_u (float32) alone.
-        ctx.save_for_backward(q, k, v, out, out_u, m, l)
+        # Saved as BF16 mode saves them, in both modes: the high-precision inputs, the output and the softmax
+        # statistics, no quantized copies; the backward quantizes the inputs again (deterministic, the same
+        # seeds: the same bits), so the copies live only while one attention's backward runs.
+        ctx.save_for_backward(q, k, v, out, m, l)
         # The offsets stay on ctx as the same Python objects, so the backward finds their tile
         # tables cached on them; their versions are checked as saved tensors' would be.
         ctx.offsets = (q_offsets, k_offsets, _tensor_version(q_offsets), _tensor_version(k_offsets))
-        ctx.settings = (causal, silu, codes, seeds, tiles, write_ou)
+        ctx.settings = (causal, silu, codes, seeds, tiles)
         return out
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        q, k, v, out, out_u, m, l = ctx.saved_tensors
+        q, k, v, out, m, l = ctx.saved_tensors
         q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
         if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
             raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
-        causal, silu, codes, seeds, tiles, write_ou = ctx.settings
+        causal, silu, codes, seeds, tiles = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
-        # The softmax row term: MX: sum_j P_ij dP_ij = sum_d quant(dO)_id (P @ quant(V))_id, both
-        # along the head dim, from the launch that quantizes dO; BF16: the flash-attention
-        # rowsum(dO * O). SiLU reads none.
+        # The softmax row term, in both modes: rowsum(dO * O) of the incoming gradient and the output (in MX mode
+        # from the launch that quantizes dO). SiLU reads none.
+        row_term_with = None if silu else out
         if quant:
             q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m, d_seed_key=seeds.q_d, t_seed_key=seeds.q_m)
             k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n, d_seed_key=seeds.k_d, t_seed_key=seeds.k_n)
             v_d, _, _ = _prequantized(v, k_offsets, codes.v_d, None, d_seed_key=seeds.v_d)
-            do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=out_u if write_ou else None,
+            do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=row_term_with,
                                               d_seed_key=seeds.do_d, t_seed_key=seeds.do_m)
         else:
             q_d, q_t, k_d, k_t, v_d = q, q, k, k, v
-            do_d, do_t, delta = grad_out, grad_out, None if silu else _row_dots(grad_out, out)
+            do_d, do_t, delta = grad_out, grad_out, None if silu else _row_dots(grad_out, row_term_with)
         if delta is None:
             delta = m  # not read
         # Every key row of every sequence with keys is written (zeros where a sequence has no

@@ -168,8 +168,8 @@ def _prequantize(
     of 32 of the head dim; COLS and the column start are multiples of 32 and head_dim, so no
     block crosses a head) and/or along the tokens (OUT_ALONG_T, blocks of 32 tokens from each
     sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits).
-    ROW_DOT (with ALONG_D) also writes ROW_DOTS[h, t] = sum_d along_d[t, h, d] * DOT_WITH[t, h, d]
-    in float32, (heads, tokens). Stochastic rounding draws `token_random_bits` of the packed tensor
+    ROW_DOT also writes ROW_DOTS[h, t] = sum_d X[t, h, d] * DOT_WITH[t, h, d] in float32, (heads, tokens)
+    (the softmax backward's row term, with X = dO and DOT_WITH = O). Stochastic rounding draws `token_random_bits` of the packed tensor
     (d_seed_key, t_seed_key: mix32 of each orientation's seed)."""
     pid = tl.program_id(0)
     cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
@@ -186,13 +186,13 @@ def _prequantize(
     if ALONG_D:
         along_d = fake_quant_tile(x, _token_bits(begin + rows, cols, width, d_seed_key, D_CODE), 32, COLS, 1, D_CODE)
         tl.store(OUT_ALONG_D + index, along_d.to(tl.bfloat16), mask=ok)
-        if ROW_DOT:
-            other = tl.load(DOT_WITH + index, mask=ok, other=0.0).to(tl.float32)
-            sums = tl.sum(tl.reshape(along_d * other, (32, COLS // HEAD_DIM, HEAD_DIM)), 2)
-            head = (tl.min(tl.reshape(cols, (COLS // HEAD_DIM, HEAD_DIM)), 1) // HEAD_DIM).to(tl.int64)
-            token_ok = rows < length
-            tl.store(ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None], sums,
-                     mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :])
+    if ROW_DOT:
+        other = tl.load(DOT_WITH + index, mask=ok, other=0.0).to(tl.float32)
+        sums = tl.sum(tl.reshape(x * other, (32, COLS // HEAD_DIM, HEAD_DIM)), 2)
+        head = (tl.min(tl.reshape(cols, (COLS // HEAD_DIM, HEAD_DIM)), 1) // HEAD_DIM).to(tl.int64)
+        token_ok = rows < length
+        tl.store(ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None], sums,
+                 mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :])
     if ALONG_T:
         along_t = fake_quant_tile(x, _token_bits(begin + rows, cols, width, t_seed_key, T_CODE), 32, COLS, 0, T_CODE)
         tl.store(OUT_ALONG_T + index, along_t.to(tl.bfloat16), mask=ok)

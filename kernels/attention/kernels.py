@@ -6,7 +6,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxlab.kernels._mx_device import fake_quant_tile
 from mxlab.kernels.attention.device import (
     _F32_LOWEST,
     _allowed,
@@ -96,18 +95,21 @@ def _online_softmax(s, allowed, m_i, l_i):
 
 @triton.jit(do_not_specialize=["total_q", "p_seed_key"])
 def _jagged_attention_fwd(
-    QD, KD, VT, VD, O, OU, M, L,
+    QD, KD, VT, O, M, L,
     q_offsets, k_offsets, tile_seq, tile_start,
     stride_qt, stride_qh, stride_kt, stride_kh,
     total_q, sm_scale, p_seed_key,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr, WRITE_OU: tl.constexpr,
+    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
     S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
     P_CODE: tl.constexpr,
 ):
-    """One BLOCK_M tile of queries of one head. QD, KD: the S operands (quantized along the head
-    dim in MX mode), VT: the PV operand (quantized along keys), VD: V quantized along the head dim
-    (MX softmax only, for the backward's row term). BF16 mode passes the raw tensors."""
+    """One BLOCK_M tile of queries of one head, in one pass over the keys. QD, KD: the S operands (quantized
+    along the head dim in MX mode), VT: the PV operand (quantized along keys); BF16 mode passes the raw
+    tensors. Softmax keeps the running row maximum and sum (flash style): P = exp(s - running maximum) is
+    rounded to BF16 (BF16 mode) or quantized along the keys (MX mode: BLOCK_N = 32, one block per row, so the
+    running maximum moves once per block, as the contract says), and the output is divided by the sum at
+    the end. SiLU needs no statistics."""
     head, q_begin, q_len, k_begin, k_len, n_keys, start_m, offs_m, row_ok, q_offset, k_offset = _sequence_tile(
         q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_M, False)
     offs_n0 = tl.arange(0, BLOCK_N)
@@ -121,54 +123,28 @@ def _jagged_attention_fwd(
     m_i = tl.full([BLOCK_M], _F32_LOWEST, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    acc_u = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    if SILU or not QUANT:
-        # One pass: silu needs no statistics; BF16 softmax rescales the running sum (flash style).
-        for start_n in range(0, hi, BLOCK_N):
-            offs_n, key_ok, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d,
-                                                     stride_kt, sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
-            v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-            if SILU:
-                p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
-                p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
-                p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT),
-                                     OP_DTYPE, DOT_DTYPE, BY_BITS)
-                acc += tl.dot(p_dot, v_dot)
-            else:
-                p, alpha, m_i, l_i = _online_softmax(s, allowed, m_i, l_i)
-                acc = acc * alpha[:, None] + tl.dot(_dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS), v_dot)
-        if not SILU:
-            acc = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
-    else:
-        # MX softmax: the reference quantizes normalized P, so take the statistics first.
-        for start_n in range(0, hi, BLOCK_N):
-            _, _, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d, stride_kt,
-                                           sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
-            _, _, m_i, l_i = _online_softmax(s, allowed, m_i, l_i)
-        l_safe = tl.where(l_i > 0, l_i, 1.0)
-        for start_n in range(0, hi, BLOCK_N):
-            offs_n, key_ok, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d,
-                                                     stride_kt, sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
-            v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-            p = _probabilities(s, allowed, m_i, l_safe, n_keys, False)
-            p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
-            p_dot = _dot_operand(fake_quant_tile(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE),
-                                 OP_DTYPE, DOT_DTYPE, BY_BITS)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n, key_ok, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d,
+                                                 stride_kt, sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
+        v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
+        if SILU:
+            p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
+        else:
+            p, alpha, m_i, l_i = _online_softmax(s, allowed, m_i, l_i)
+        p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
+        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
+        if SILU:
             acc += tl.dot(p_dot, v_dot)
-            if WRITE_OU:
-                # P @ quant(V along head dim), P split in two bfloat16 parts (relative error < 2^-16).
-                vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-                p_high = _dot_operand(p, OP_DTYPE, DOT_DTYPE, BY_BITS)
-                p_low = _dot_operand(p - _round_to(p, OP_DTYPE, BY_BITS), OP_DTYPE, DOT_DTYPE, BY_BITS)
-                acc_u += tl.dot(p_high, vd_dot) + tl.dot(p_low, vd_dot)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p_dot, v_dot)
+    if not SILU:
+        acc = tl.where(l_i[:, None] > 0, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
 
     out_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
     tl.store(O + out_index, _round_to(acc, O.dtype.element_ty, BY_BITS).to(O.dtype.element_ty), mask=row_ok[:, None])
     stat_index = head * total_q + q_begin + offs_m
     tl.store(M + stat_index, m_i, mask=row_ok)
     tl.store(L + stat_index, l_i, mask=row_ok)
-    if WRITE_OU:
-        tl.store(OU + out_index, acc_u, mask=row_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["total_q", "pm_seed_key", "dsm_seed_key", "dsn_seed_key"])

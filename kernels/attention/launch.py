@@ -22,8 +22,8 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
                   t_seed_key: int = 0) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
     """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
     sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
-    itself is returned in that slot. Third: with `dot_with` (contiguous, x's shape; needs
-    d_code), the (heads, tokens) float32 sums over the head dim of along_d * dot_with, else None.
+    itself is returned in that slot. Third: with `dot_with` (contiguous, x's shape), the (heads, tokens)
+    float32 sums over the head dim of x * dot_with, else None.
     d_seed_key, t_seed_key: `seed_key` of each orientation's seed (stochastic codes only)."""
     if not x.is_contiguous():
         raise ValueError(f"_prequantized needs a contiguous (tokens, heads, head_dim) tensor; got strides {x.stride()}")
@@ -32,8 +32,8 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
     along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if t_code is not None else x
     row_dots = None
     if dot_with is not None:
-        if d_code is None or dot_with.shape != x.shape or not dot_with.is_contiguous():
-            raise ValueError(f"_prequantized: dot_with needs d_code and a contiguous tensor of shape {tuple(x.shape)}")
+        if dot_with.shape != x.shape or not dot_with.is_contiguous():
+            raise ValueError(f"_prequantized: dot_with must be a contiguous tensor of shape {tuple(x.shape)}")
         row_dots = torch.empty(x.shape[1], x.shape[0], device=x.device, dtype=torch.float32)
     width = x.shape[1] * x.shape[2]  # a token's heads side by side: one program covers all of them
     if seq.numel() and width:

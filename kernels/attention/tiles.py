@@ -34,10 +34,23 @@ class TileSizes:
 # BF16: the fastest of `mxlab bench attention --sweep-tiles` on one H200 (512 log-normal sequences,
 # 4 x 64): 3.98 ms forward + backward, against 4.33 ms for 128x64 tiles with 8 warps everywhere.
 DEFAULT_TILES = TileSizes(fwd_m=128, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq_n=64, num_warps=4, num_stages=2)
-# MX: key tiles of 32 in the forward and dQ (P and dS quantized along keys in one block per row),
+# MX: key tiles of 32 in the forward (the softmax contract's running-maximum step) and dQ (P and dS
+# quantized along keys in one block per row),
 # query tiles of 32 in dK/dV (P and dS along queries): no reshapes, no register spills on sm_90.
 DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=32, dkdv_m=32, dkdv_n=64, dq_m=64, dq_n=32, num_warps=4, num_stages=2)
 INTERPRETER_TILES = TileSizes(fwd_m=32, fwd_n=32, dkdv_m=32, dkdv_n=32, dq_m=32, dq_n=32, num_warps=1, num_stages=1)
+
+
+def mx_tiles_problem(tiles: TileSizes, softmax: bool) -> Optional[str]:
+    """Why MX mode cannot run with these tiles, or None: every tile size a multiple of 32 (whole quantization
+    blocks), and with softmax a forward key tile of exactly 32 (its running row maximum moves once per MX
+    block of keys, as the contract in docs/numerics.md says)."""
+    for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
+        if getattr(tiles, name) % 32:
+            return f"MX mode needs tile sizes that are multiples of 32; got {name}={getattr(tiles, name)}"
+    if softmax and tiles.fwd_n != 32:
+        return f"MX softmax moves its running maximum every 32 keys: it needs fwd_n=32; got fwd_n={tiles.fwd_n}"
+    return None
 
 
 _OFFSETS_CACHE_ATTRIBUTE = "_mxlab_jagged_attention_cache"

@@ -20,7 +20,10 @@ entries are exact zeros, and
   normalisation by sequence length; padding keys get exactly 0);
 - ``out = qmatmul(P, V, policy.pv)``: P is quantized inside the product, in blocks along the key
   axis; in the padded layout each example's key axis starts at its own first key, so a block
-  never mixes two examples.
+  never mixes two examples. MX softmax (a policy with softmax) follows the one-pass contract of
+  hardware MX attention kernels instead (`_one_pass_softmax_output`; docs/numerics.md, "Jagged
+  attention"): each block of 32 keys quantizes P relative to the running row maximum, and the
+  backward's softmax row term is rowsum(dO * out).
 
 Stochastic rounding (a policy with a stochastically rounded MX operand) does not use qmatmul's
 counter (an element's index in the padded, bucketed tensor) but layout-independent ones
@@ -260,7 +263,10 @@ class JaggedAttention(nn.Module):
             row_max = masked.amax(dim=-1, keepdim=True).detach()
             weights = torch.exp(masked - row_max) * allowed
             denominator = weights.sum(dim=-1, keepdim=True)
-            probabilities = weights / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+            denominator = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+            if self.policy is not None:
+                return _one_pass_softmax_output(masked.detach(), allowed, weights, denominator, vp, pv_precision, counted)
+            probabilities = weights / denominator
         else:
             n_keys = k_lengths.clamp(min=1).to(torch.float32)[:, None, None, None]
             probabilities = torch.where(allowed, F.silu(scores), torch.zeros_like(scores)) / n_keys
@@ -301,6 +307,59 @@ class JaggedAttention(nn.Module):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
             return _flex_attention_fn(qp.device)(qp, kp, vp, block_mask=block_mask, scale=qp.shape[-1] ** -0.5)
+
+def _one_pass_softmax_output(
+    masked: torch.Tensor,
+    allowed: torch.Tensor,
+    weights: torch.Tensor,
+    denominator: torch.Tensor,
+    vp: torch.Tensor,
+    precision: Any,
+    counted: "_Counted | None",
+) -> torch.Tensor:
+    """MX softmax attention's output, (n, H, Lq, D) float32 holding values of vp's dtype, as the one-pass
+    contract defines it (docs/numerics.md, "Jagged attention"), in the padded layout.
+
+    Forward: the keys of each row run in blocks of 32 from the sequence's first key; block t's
+    P~ = exp(s - m_t), with m_t the running row maximum over blocks 0..t, is quantized along the keys
+    (pv.fwd.a) and multiplied by quant(V) of the block (pv.fwd.b); out = sum_t exp(m_t - m) P~_t V_t / l
+    with m, l the row's maximum and sum, rounded to vp's dtype. Backward (autograd): dP and dV are the
+    gradients of qmatmul(P, V) with P = weights / l the normalized probabilities, and the softmax row term
+    is rowsum(dO * out), the output as returned: `out * (l / l)` (value 1) sends -rowsum(dO * out) / l into
+    l, where plain autograd of softmax would take rowsum(P * dP). `masked`: float32 scores, the lowest
+    float32 where not allowed, detached; `weights`: exp(s - m) where allowed (the gradient path)."""
+    from mxlab.nn import qmatmul as qmatmul_module
+
+    n, heads, queries, keys = masked.shape
+    seeds = counted.seeds[1] if counted is not None else precision.next_call_seeds()
+    counters = None
+    if counted is not None:
+        q_counter, k_counter, s_counter = counted.token(counted.q_rows), counted.token(counted.k_rows), counted.scores()
+        counters = (s_counter, k_counter, q_counter)
+    # The gradient path; its forward value is replaced below, so no observer sees it.
+    previous = qmatmul_module.set_gemm_observer(None)
+    try:
+        through = qmatmul_module.qmatmul(weights / denominator.detach(), vp.float(), precision, counters=counters, seeds=seeds)
+    finally:
+        qmatmul_module.set_gemm_observer(previous)
+
+    extra = -keys % 32
+    blocks = (keys + extra) // 32
+    masked = F.pad(masked, (0, extra), value=torch.finfo(torch.float32).min).view(n, heads, queries, blocks, 32)
+    allowed = F.pad(allowed.expand(n, heads, queries, keys), (0, extra), value=False).view(n, heads, queries, blocks, 32)
+    running = masked.amax(dim=-1).cummax(dim=-1).values  # (n, H, Lq, blocks)
+    p_tilde = (torch.exp(masked - running[..., None]) * allowed).permute(0, 1, 3, 2, 4)  # (n, H, blocks, Lq, 32)
+    v_blocks = F.pad(vp.float(), (0, 0, 0, extra)).view(n, heads, blocks, 32, vp.shape[-1])
+    block_counters = (None, None)
+    if counters is not None:
+        block_counters = (F.pad(counters[0], (0, extra)).view(n, heads, queries, blocks, 32).permute(0, 1, 3, 2, 4),
+                          F.pad(counters[1], (0, 0, 0, extra)).view(n, heads, blocks, 32, vp.shape[-1]))
+    products = qmatmul_module.forward_product(p_tilde, v_blocks, precision, seeds=seeds, counters=block_counters)
+    factor = torch.exp(running - running[..., -1:]).permute(0, 1, 3, 2)[..., None]  # (n, H, blocks, Lq, 1)
+    value = (products * factor).sum(dim=2) / denominator.detach()
+    out = (value + (through - through.detach())).to(vp.dtype)  # the contract's value, qmatmul(P, V)'s gradients
+    return out.float() * (denominator.detach() / denominator)
+
 
 # ---------------------------------------------------------------------------------------------
 # Stochastic rounding with layout-independent counters (docs/numerics.md, "Jagged attention").

@@ -344,6 +344,26 @@ class _QMatmulFunction(torch.autograd.Function):
         return grad_a, grad_b
 
 
+def forward_product(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    precision: MatmulPrecision,
+    *,
+    seeds: tuple[int, ...],
+    counters: tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
+) -> torch.Tensor:
+    """The forward GEMM of `qmatmul(a, b, precision, counters=, seeds=)` alone, in float32: no autograd and no
+    call counter advanced (the caller hands the call's `seeds`); an installed observer sees it as qmatmul's
+    forward. a (..., M, K) and b (..., K, N) with equal batch dims; `counters`: those of a and b."""
+    with torch.no_grad():
+        out, _, _ = _gemm(
+            a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
+            seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
+            out_dtype=torch.float32, name=precision.name, label=precision.labels[0], counters=counters,
+        )
+    return out.float()
+
+
 def qmatmul(
     a: torch.Tensor,
     b: torch.Tensor,

@@ -113,21 +113,34 @@ def test_length_block_mask_visits_exactly_the_tiles_with_real_pairs():
         assert torch.equal(ours, dense)
 
 
+class _RecordingPrecision(str):
+    def next_call_seeds(self):
+        return (0,) * 12
+
+
 class _RecordingPolicy:
-    qk = "precision-for-qk"
-    pv = "precision-for-pv"
+    qk = _RecordingPrecision("precision-for-qk")
+    pv = _RecordingPrecision("precision-for-pv")
 
 
 def test_policy_routes_both_products_through_qmatmul(monkeypatch):
+    """QK^T goes through qmatmul; MX softmax's PV through qmatmul of the normalized P (the gradient path) and
+    forward_product of P relative to the running maximum, per block of 32 keys (the value); padding is
+    exactly 0 in both."""
     import mxlab.nn.qmatmul as qmatmul_module
 
-    seen = []
+    seen, seen_forward = [], []
 
-    def fake_qmatmul(a, b, precision):
+    def fake_qmatmul(a, b, precision, **counted):
         seen.append((precision, a.shape, b.shape, a.clone()))
         return torch.matmul(a, b)
 
+    def fake_forward_product(a, b, precision, *, seeds, counters):
+        seen_forward.append((precision, a.clone()))
+        return torch.matmul(a.float(), b.float())
+
     monkeypatch.setattr(qmatmul_module, "qmatmul", fake_qmatmul)
+    monkeypatch.setattr(qmatmul_module, "forward_product", fake_forward_product)
     torch.manual_seed(4)
     lengths = [2, 3]
     q, k, v = (torch.randn(5, 1, 4) for _ in range(3))
@@ -135,12 +148,17 @@ def test_policy_routes_both_products_through_qmatmul(monkeypatch):
     expected = attention(q, k, v, _offsets(lengths), _offsets(lengths))
     attention.policy = _RecordingPolicy()
     out = attention(q, k, v, _offsets(lengths), _offsets(lengths))
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, expected)  # unquantized, the one-pass form is the softmax
     assert [precision for precision, *_ in seen] == ["precision-for-qk", "precision-for-pv"]
+    assert [precision for precision, _ in seen_forward] == ["precision-for-pv"]
     p = seen[1][3]  # (n, heads, Lq, Lk): example 0 has 2 queries and keys; its padding row and column are exactly 0
     assert p.shape[-2:] == (3, 3)
     assert torch.equal(p[0, :, :, 2], torch.zeros_like(p[0, :, :, 2])) and torch.equal(p[0, :, 2, :], torch.zeros_like(p[0, :, 2, :]))
     assert (p[0, :, :2, :2] > 0).all()
+    blocks = seen_forward[0][1]  # (n, heads, key blocks, Lq, 32): keys padded to one block of 32
+    assert blocks.shape[-3:] == (1, 3, 32)
+    assert torch.equal(blocks[0, :, 0, :, 2:], torch.zeros_like(blocks[0, :, 0, :, 2:]))
+    assert torch.equal(blocks[0, :, 0, 2, :], torch.zeros_like(blocks[0, :, 0, 2, :]))
 
 
 def test_bad_arguments_are_refused():
@@ -194,3 +212,60 @@ def test_triton_backend_dispatch(monkeypatch):
     auto = JaggedAttention()
     auto(q, q, q, _offsets([3]), _offsets([3]))
     assert len(calls) == 2
+
+
+def _mx_attention_policy():
+    from mxlab.nn.qmatmul import OperandQuant
+    from mxlab.recipe import AttentionPolicy, AttentionRecipe
+
+    quant = OperandQuant("e4m3", 32, "floor", "nearest_even")
+    recipe = AttentionRecipe(quant, quant, quant, quant)
+    return AttentionPolicy(qk=recipe.product_precision("qk", "test", 1), pv=recipe.product_precision("pv", "test", 2))
+
+
+def test_mx_softmax_follows_the_one_pass_contract_forward_and_backward():
+    """docs/numerics.md, "Jagged attention": P relative to the running row maximum of each block of 32 keys,
+    quantized along the keys, the blocks' products rescaled to the final maximum and divided by the sum;
+    the backward's row term is rowsum(dO * out). Written out here for one sequence (3 queries, 70 keys, the
+    largest scores in the last block, so the running maximum moves) with fake_quantize alone."""
+    from mxlab.numerics.quant import fake_quantize
+
+    generator = torch.Generator().manual_seed(5)
+    dim = 32
+    q = torch.randn(3, 1, dim, generator=generator).bfloat16().requires_grad_()
+    k = torch.randn(70, 1, dim, generator=generator)
+    k[64:] *= 3.0
+    k = k.bfloat16().requires_grad_()
+    v = torch.randn(70, 1, dim, generator=generator).bfloat16().requires_grad_()
+    grad = torch.randn(3, 1, dim, generator=generator).bfloat16()
+    attention = JaggedAttention(backend="reference")
+    attention.policy = _mx_attention_policy()
+    out = attention(q, k, v, _offsets([3]), _offsets([70]))
+    dq, = torch.autograd.grad(out, (q,), grad)
+
+    def quant(x, axis):
+        return fake_quantize(x.float(), "e4m3", axis=axis, pad=True)
+
+    qf, kf, vf, g = q[:, 0].detach().float(), k[:, 0].detach().float(), v[:, 0].detach().float(), grad[:, 0].float()
+    s = (quant(qf, -1) @ quant(kf, -1).T).bfloat16().float() * dim ** -0.5
+    m, l = s.amax(-1, keepdim=True), torch.exp(s - s.amax(-1, keepdim=True)).sum(-1, keepdim=True)
+    v_keys, acc, running = quant(vf, 0), torch.zeros(3, dim), torch.full((3, 1), -float("inf"))
+    for start in range(0, 70, 32):
+        block = s[:, start:start + 32]
+        new = torch.maximum(running, block.amax(-1, keepdim=True))
+        acc = acc * torch.exp(running - new) + quant(torch.exp(block - new), -1) @ v_keys[start:start + 32]
+        running = new
+    expected = (acc / l).bfloat16()
+    assert torch.equal(running, m)
+    torch.testing.assert_close(out[:, 0], expected, rtol=2.0**-7, atol=0.0)  # float32 order: at most one bf16 ulp
+
+    p = torch.exp(s - m) / l
+    dp = quant(g, -1) @ quant(vf, -1).T
+    ds = (p * (dp - (g * out[:, 0].detach().float()).sum(-1, keepdim=True)) * dim ** -0.5).bfloat16().float()
+    expected_dq = (quant(ds, -1) @ quant(kf, 0)).bfloat16()
+    close = (dq[:, 0].float() - expected_dq.float()).abs() <= 2.0**-7 * expected_dq.float().abs() + 1e-6
+    assert close.float().mean() >= 0.9  # a flipped rounding of dS moves a few elements by more than an ulp
+    p_row_term = (p * dp).sum(-1, keepdim=True)  # plain softmax autograd's row term gives another dQ
+    other_ds = (p * (dp - p_row_term) * dim ** -0.5).bfloat16().float()
+    other_dq = (quant(other_ds, -1) @ quant(kf, 0)).bfloat16()
+    assert ((other_dq.float() - expected_dq.float()).abs() > 2.0**-7 * expected_dq.float().abs() + 1e-6).float().mean() > 0.5

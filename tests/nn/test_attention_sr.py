@@ -116,4 +116,4 @@ def test_deterministic_policies_still_take_qmatmul(monkeypatch):
     policy = _policy("nearest_even", "nearest_even")
     _attention(JaggedAttention(backend="reference"), policy, False, "softmax")
     assert policy.qk.calls >= 1  # qmatmul drew its seeds
-    assert counted_calls and not any(counted_calls)  # and no product was given counters
+    assert counted_calls and not any(call.get("counters") is not None for call in counted_calls)  # no product was given counters

@@ -71,7 +71,7 @@ def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Calla
     import concurrent.futures
     import multiprocessing
 
-    from mxlab.kernels.attention import DEFAULT_MX_TILES
+    from mxlab.kernels.attention import DEFAULT_MX_TILES, mx_tiles_problem
 
     jobs: list[tuple] = [
         (mode, causal, activation, None)
@@ -81,7 +81,7 @@ def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Calla
     jobs += [("mxfp8", False, "softmax", astuple(tiles)) for tiles in mx_tile_candidates()]
     if sweep:
         jobs += [(mode, False, "softmax", astuple(tiles)) for tiles in sweep_candidates() for mode in ("bf16", "mxfp8")
-                 if mode == "bf16" or all(getattr(tiles, n) % 32 == 0 for n in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"))]
+                 if mode == "bf16" or mx_tiles_problem(tiles, softmax=True) is None]
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=context) as pool:

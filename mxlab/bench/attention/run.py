@@ -70,7 +70,7 @@ def _kernel_rows(rec: _Recorder, shape: Shape, kernel: Callable[..., torch.Tenso
                  flops: float, sweep_tiles: bool) -> None:
     """The kernel's rows on one shape: BF16 and MX everywhere; on the self shape also the integer convert,
     stochastic gradients, other MX tiles, the BF16 kernel with MX tiles, the host split and the sweep."""
-    from mxlab.kernels.attention import DEFAULT_MX_TILES
+    from mxlab.kernels.attention import DEFAULT_MX_TILES, mx_tiles_problem
 
     mx, sr = mx_policy(), mx_policy(grad_rounding="stochastic")
     rec.time(shape, "kernel bf16", step(), flops)
@@ -95,7 +95,7 @@ def _kernel_rows(rec: _Recorder, shape: Shape, kernel: Callable[..., torch.Tenso
     if sweep_tiles and shape.name == "self":
         for tiles in sweep_candidates():
             for mode, policy in (("bf16", None), ("mxfp8", mx)):
-                if policy is not None and any(getattr(tiles, n) % 32 for n in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n")):
+                if policy is not None and mx_tiles_problem(tiles, softmax=True) is not None:
                     continue
                 try:
                     ms = events_ms(step(policy, tiles), 1, 5)
