@@ -38,7 +38,7 @@ def _program_ids(WIDE_INDEX: tl.constexpr):
     return pid_l, pid_b, pid_a
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_key", "hadamard_key"])  # seeds change every call: one compiled kernel
 def _mx_kernel(
     x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
     L, B, LP, BP, stride_a, stride_l, stride_b, seed_key, hadamard_key,
@@ -130,7 +130,7 @@ def _mx_kernel(
                        WIDE_INDEX, HADAMARD, RB * RS, False)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed_key"])
 def _mx_column_tile_kernel(
     x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
     L, B, LP, BP, stride_a, stride_l, stride_b, seed_key,

@@ -33,7 +33,7 @@ from mxlab.kernels.cast.bits import (
 from mxlab.kernels.cast.kernels import _mx_column_tile_kernel, _mx_kernel
 from mxlab.numerics.formats import ElementFormat
 from mxlab.numerics.reference import float32_fraction_bits
-from mxlab.numerics.seeding import mix32_int
+from mxlab.numerics.seeding import seed_key as signed_seed_key
 
 BLOCK = 32
 SCALE_MODE_IDS = {"floor": SCALE_FLOOR, "ceil": SCALE_CEIL, "rceil": SCALE_RCEIL, "even": SCALE_EVEN}
@@ -287,7 +287,8 @@ def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str,
         row_codes, row_scales = codes_and_scales((count, view.lp, view.bp), (count, view.lp // BLOCK, view.bp // BLOCK))
         row_values, row_bits = values()
     grid = (_cdiv(view.lp, rb * rs), _cdiv(view.bp, col_blocks * BLOCK), count)
-    seed_key = mix32_int(seed & 0xFFFFFFFF) if rounding == "stochastic" else 0
+    # one int32 signature whatever the seed (the kernels do not specialize on it): no compile per seed value
+    seed_key = signed_seed_key(seed) if rounding == "stochastic" else 0
     arguments = (
         x3.view(_BITS_DTYPES[x3.dtype]), row_codes, row_scales, row_bits, col_codes, col_scales, col_bits,
         length, width, view.lp, view.bp, x3.stride(0), x3.stride(1), x3.stride(2), seed_key,
@@ -301,7 +302,7 @@ def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str,
     if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard:
         kernel = _mx_column_tile_kernel[grid](*arguments, **constants)
     elif hadamard:
-        hadamard_key = mix32_int(hadamard_seed & 0xFFFFFFFF)
+        hadamard_key = signed_seed_key(hadamard_seed)
         kernel = _mx_kernel[grid](*arguments, hadamard_key, RB=rb, RS=rs, HADAMARD=True, **HADAMARD_COMPILE_OPTIONS,
                                   **constants)
     else:
