@@ -16,7 +16,8 @@ from typing import Any, Callable
 import numpy as np
 
 from mxlab import metrics
-from mxlab.analysis import Comparison, StudyAnalysis, analyze_study, load_study
+from mxlab.analysis import (OUTLIER_FALSE_ALARM, Comparison, StudyAnalysis, analyze_study, load_study, outlier_threshold,
+                            outlying_values)
 from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS
 from mxlab.report import figures
 from mxlab.report.costs import ArmCost, arm_costs, cost_cell
@@ -131,6 +132,7 @@ def _warnings(analysis: StudyAnalysis) -> list[str]:
                        f"detects a regression of {format_value(d.metric, d.effect, False)} with "
                        f"{analysis.settings.power:.0%} power, the margin is {format_value(d.metric, d.margin, False)}; "
                        f"{need}.{tail}")
+    out.extend(_baseline_outlier_warnings(analysis))
     for arm, r in analysis.arms.items():
         if r.diverged:
             steps = ", ".join(f"seed {s} at step {step}" for s, step in r.diverged.items())
@@ -140,6 +142,32 @@ def _warnings(analysis: StudyAnalysis) -> list[str]:
             out.append(f"**{arm} was skipped** on seeds {sorted(r.skipped)} ({reasons}).")
         if r.missing:
             out.append(f"{arm}: seeds {r.missing} not run or not finished.")
+    return out
+
+
+def _baseline_outlier_warnings(analysis: StudyAnalysis) -> list[str]:
+    """One warning per primary metric's task whose baseline runs hold an outlying seed (`outlying_values` of the
+    baseline's final eval value of that metric, NE standing in for excess NE, which differs from it by a constant)."""
+    baseline, run_metrics = analysis.study.baseline, analysis.inputs.run_metrics.get(analysis.study.baseline, {})
+    out, seen = [], set()
+    for metric in analysis.settings.primary:
+        task, _, measure = metric.partition(".")
+        measure = "ne" if measure == "excess_ne" else measure
+        if (task, measure) in seen:
+            continue
+        seen.add((task, measure))
+        values = {seed: m[task][measure] for seed, m in run_metrics.items() if measure in m.get(task, {})}
+        flagged = outlying_values(values)
+        if not flagged:
+            continue
+        seeds = sorted(flagged)
+        shown = "; ".join(f"seed {s} at {values[s]:.4g}, z {flagged[s]:+.1f}" for s in seeds)
+        out.append(f"**The baseline's {task}.{measure} is an outlier on seed(s) {', '.join(map(str, seeds))}** ({shown}; median "
+                   f"{float(np.median(list(values.values()))):.4g} over {len(values)} seeds; the modified z-score's cut for "
+                   f"{len(values)} seeds, {outlier_threshold(len(values)):.1f}, flags normal seeds in "
+                   f"{OUTLIER_FALSE_ALARM:.0%} of studies): {baseline} trained badly there. A paired delta on such a seed measures that run as much "
+                   f"as the recipe, and one such seed widens every interval it enters; the per-seed deltas (Details) show "
+                   f"which arms share it. Verdicts use every seed; more seeds dilute one bad run.")
     return out
 
 

@@ -128,3 +128,29 @@ def test_eval_variances_of_identical_seeds_are_fully_shared():
     independent = np.random.default_rng(1).normal(0, 1, (4, 500))
     per_seed, of_mean = eval_variances(independent)
     assert of_mean == pytest.approx(per_seed / 4, rel=0.2)
+
+
+def test_outlying_values_flags_a_collapsed_baseline_seed_and_normal_seeds_at_the_stated_rate():
+    from mxlab.analysis import OUTLIER_FALSE_ALARM, outlier_threshold, outlying_values
+
+    # gem-mxfp8's BF16 CTCVR NE per seed (2026-12-03 afternoon run): seeds 3 and 5 trained badly
+    ne = dict(enumerate([0.869, 0.8557, 0.8601, 0.9512, 0.8571, 0.9363, 0.861, 0.8541]))
+    flagged = outlying_values(ne)
+    assert sorted(flagged) == [3, 5]
+    median = float(np.median(list(ne.values())))
+    mad = float(np.median([abs(v - median) for v in ne.values()]))
+    assert flagged[5] == pytest.approx(0.6745 * (ne[5] - median) / mad)  # Iglewicz and Hoaglin's score
+    # a low outlier too, with the score's sign
+    low = outlying_values({0: 1.0, 1: 1.1, 2: 0.9, 3: 1.05, 4: 0.95, 5: 1.02, 6: 0.98, 7: -2.0})
+    assert list(low) == [7] and low[7] < 0
+    # normal seeds (fresh draws, not the calibration's): flagged in about OUTLIER_FALSE_ALARM of sets, where
+    # Iglewicz and Hoaglin's fixed cut of 3.5 flags 8 normal seeds in about 14% of sets
+    generator = np.random.default_rng(7)
+    for n in (8, 16):
+        sets = generator.normal(size=(4000, n))
+        rate = np.mean([bool(outlying_values(dict(enumerate(row)))) for row in sets])
+        assert abs(rate - OUTLIER_FALSE_ALARM) < 0.006, (n, rate)
+    assert outlier_threshold(8) > 3.5 and outlier_threshold(16) < outlier_threshold(8)
+    # too few values, or no spread: nothing to say
+    assert outlying_values({0: 1.0, 1: 1.0, 2: 5.0, 3: 1.0}) == {}
+    assert outlying_values({s: 1.0 for s in range(6)} | {6: 2.0}) == {}

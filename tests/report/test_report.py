@@ -128,3 +128,22 @@ def test_a_study_whose_runs_decayed_the_rate_gets_no_constant_rate_note(tmp_path
     write_report(directory)
     text = (directory / "report.md").read_text()
     assert "**This study is too small for its margin on ctr.ne**" in text and "constant learning rate" not in text
+
+
+def test_a_baseline_seed_that_trained_badly_is_named_in_the_warnings():
+    from types import SimpleNamespace
+
+    from mxlab.report.build import _baseline_outlier_warnings
+
+    ctcvr = [0.869, 0.8557, 0.8601, 0.9512, 0.8571, 0.9363, 0.861, 0.8541]  # gem-mxfp8's BF16, 2026-12-03
+    ctr = [0.9027, 0.893, 0.8945, 0.9384, 0.89, 0.9429, 0.8979, 0.8927]
+    run_metrics = {"bf16": {seed: {"ctr": {"ne": a}, "ctcvr": {"ne": b}} for seed, (a, b) in enumerate(zip(ctr, ctcvr))}}
+    analysis = SimpleNamespace(study=SimpleNamespace(baseline="bf16"), inputs=SimpleNamespace(run_metrics=run_metrics),
+                               settings=SimpleNamespace(primary=("ctr.excess_ne", "ctcvr.excess_ne", "ctcvr.ne")))
+    warnings = _baseline_outlier_warnings(analysis)
+    assert len(warnings) == 1  # CTCVR once (excess NE is NE shifted); CTR's seeds 3 and 5 stay under the cut for 8
+    assert warnings[0].startswith("**The baseline's ctcvr.ne is an outlier on seed(s) 3, 5**")
+    assert "seed 5 at 0.9363" in warnings[0] and "1% of studies" in warnings[0]
+    steady = {"bf16": {seed: {"ctr": {"ne": 0.9 + 0.001 * seed}, "ctcvr": {"ne": 0.86}} for seed in range(8)}}
+    assert _baseline_outlier_warnings(SimpleNamespace(study=analysis.study, inputs=SimpleNamespace(run_metrics=steady),
+                                                      settings=analysis.settings)) == []
