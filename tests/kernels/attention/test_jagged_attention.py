@@ -7,7 +7,8 @@ Tolerances, derived from what differs between the two implementations:
 
 - MX mode and SiLU: the kernel computes the reference's operands with the reference's roundings;
   only the order of float32 accumulation differs (tiles versus one matmul, the softmax sum,
-  the backward's row term). A float32 result that is not near a rounding boundary then rounds
+  the backward's row term), and in MX softmax the rounding of the running maximum's rescale factors
+  (applied step by step in the kernel, at once in the reference). A float32 result that is not near a rounding boundary then rounds
   to the same output value, or to a neighbour: at most one unit in the last place (ulp) of the
   output dtype. Near a boundary (a float32 value within a few float32 ulps of a tie of a later
   rounding: S or dS to BF16, P or dS to the MX grid) one rounding may flip by one step, which
