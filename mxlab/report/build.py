@@ -30,7 +30,8 @@ VERDICT_MARKS = {"regression": "**▼ regression**", "improvement": "▲ improve
                  "inconclusive": "inconclusive", None: ""}
 RELIABILITY_BINS = 20
 POSITIVES_PER_BIN = 15
-FIGURE_NAMES = ("forest.png", "reliability.png", "training.png", "heldout.png", "numerics.png")
+RUN_FIGURES = ("reliability.png", "training.png", "heldout.png", "numerics.png")  # drawn from the run folders
+FIGURE_NAMES = ("forest.png", *RUN_FIGURES)
 
 
 # ----------------------------------------------------------------------------- formatting
@@ -445,11 +446,11 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
         curves_path = add_figure("heldout.png", lambda p: figures.heldout_curves(p, heldout, study.arms))
         blocks.append(Figure(curves_path, "Convergence: held-out NE every train.eval_every steps, per run "
                                           "(dashed grey: the fork warm-ups the arms continue from)"))
-    if not study.has_runs:  # figures drawn from the runs by the earlier render stay valid: the same runs
-        for name in ("reliability.png", "training.png", "heldout.png", "numerics.png"):
-            if (figures_dir / name).is_file():
-                blocks.append(Figure(Path("figures") / name, f"{name[:-4]} (drawn from the run folders by an earlier "
-                                                             "render; the runs are not here to redraw it)"))
+    # figures drawn from the runs by an earlier render stay valid without the run folders: the same runs
+    kept = [] if study.has_runs else [name for name in RUN_FIGURES if (figures_dir / name).is_file()]
+    for name in kept:
+        blocks.append(Figure(Path("figures") / name, f"{name[:-4]} (drawn from the run folders by an earlier "
+                                                     "render; the runs are not here to redraw it)"))
     blocks += [Heading("Details", 2), _secondary(analysis), _controls(analysis), _per_seed(analysis),
                _absolute_metrics(analysis), Details("Runs", [_runs_table(analysis, logs)])]
     delong = _delong(analysis)
@@ -467,7 +468,6 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
                                      "(no plan.txt)"))]) for arm in study.arms]
     blocks += [Details("Recipes: the plan of each arm", plans), _method(analysis)] + _environment(analysis)
 
-    kept = {"reliability.png", "training.png", "heldout.png", "numerics.png"} if not study.has_runs else set()
     for name in FIGURE_NAMES:  # a figure of an earlier render that this one has no data for would be stale
         if f"figures/{name}" not in written and name not in kept:
             (figures_dir / name).unlink(missing_ok=True)
@@ -476,7 +476,7 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
     _write_text(directory / "report.html", render_html(blocks, f"mxlab study {study.name}", directory))
     written["report.html"] = directory / "report.html"
     summary = analysis.to_dict()
-    summary["files"] = sorted(written) + ["summary.json"]
+    summary["files"] = sorted(set(written) | {f"figures/{name}" for name in kept}) + ["summary.json"]
     _write_text(directory / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     written["summary.json"] = directory / "summary.json"
     return written

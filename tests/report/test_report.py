@@ -72,9 +72,14 @@ def test_summary_json_holds_verdicts_and_re_renders_without_runs(rendered, tmp_p
     copy.mkdir()
     for name in ("study.json", "summary.json"):
         (copy / name).write_text((directory / name).read_text())
+    (copy / "figures").mkdir()
+    (copy / "figures" / "training.png").write_bytes((directory / "figures" / "training.png").read_bytes())
     write_report(copy)
     again = json.loads((copy / "summary.json").read_text())
     assert again["verdicts"] == summary["verdicts"] and again["comparisons"] == summary["comparisons"]
+    # a figure drawn from the runs by the earlier render stays, is shown, and is listed with the files
+    assert (copy / "figures" / "training.png").is_file() and "figures/training.png" in again["files"]
+    assert "figures/training.png" in (copy / "report.md").read_text() and "figures/reliability.png" not in again["files"]
 
 
 def test_compare_studies_shows_spec_and_verdict_differences(tmp_path):
