@@ -20,7 +20,7 @@ entries are exact zeros, and
   normalisation by sequence length; padding keys get exactly 0);
 - ``out = qmatmul(P, V, policy.pv)``: P is quantized inside the product, in blocks along the key
   axis; in the padded layout each example's key axis starts at its own first key, so a block
-  never mixes two examples. MX softmax (a policy with softmax) follows the one-pass contract of
+  never mixes two examples. MX softmax (softmax with a pv precision) follows the one-pass contract of
   hardware MX attention kernels instead (`_one_pass_softmax_output`; docs/numerics.md, "Jagged
   attention"): each block of 32 keys quantizes P relative to the running row maximum, and the
   backward's softmax row term is rowsum(dO * out).
@@ -264,7 +264,7 @@ class JaggedAttention(nn.Module):
             weights = torch.exp(masked - row_max) * allowed
             denominator = weights.sum(dim=-1, keepdim=True)
             denominator = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
-            if self.policy is not None:
+            if pv_precision is not None:  # P is quantized: the one-pass contract
                 return _one_pass_softmax_output(masked.detach(), allowed, weights, denominator, vp, pv_precision, counted)
             probabilities = weights / denominator
         else:

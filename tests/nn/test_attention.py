@@ -269,3 +269,22 @@ def test_mx_softmax_follows_the_one_pass_contract_forward_and_backward():
     other_ds = (p * (dp - p_row_term) * dim ** -0.5).bfloat16().float()
     other_dq = (quant(other_ds, -1) @ quant(kf, 0)).bfloat16()
     assert ((other_dq.float() - expected_dq.float()).abs() > 2.0**-7 * expected_dq.float().abs() + 1e-6).float().mean() > 0.5
+
+
+def test_a_policy_with_a_high_precision_pv_product_keeps_the_plain_softmax(monkeypatch):
+    """No quantized P, no one-pass contract: PV is the softmax times V (the recipe's pv precision is None)."""
+    import mxlab.nn.attention as attention_module
+    from mxlab.recipe import AttentionPolicy
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the one-pass contract ran without a quantized P")
+
+    monkeypatch.setattr(attention_module, "_one_pass_softmax_output", refuse)
+    policy = _mx_attention_policy()
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(40, 2, 32, requires_grad=True) for _ in range(3))
+    attention = JaggedAttention(backend="reference")
+    attention.policy = AttentionPolicy(qk=policy.qk, pv=None)
+    out = attention(q, k, v, _offsets([7, 33]), _offsets([7, 33]), causal=True)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all()
