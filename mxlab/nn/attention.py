@@ -248,12 +248,13 @@ class JaggedAttention(nn.Module):
         qk_precision = self.policy.qk if self.policy is not None else None
         pv_precision = self.policy.pv if self.policy is not None else None
         scale = qp.shape[-1] ** -0.5
+        qk_counted: dict[str, Any] = {}
+        pv_counted: dict[str, Any] = {}
         if counted is not None:
             q_counter, k_counter, s_counter = counted.token(counted.q_rows), counted.token(counted.k_rows), counted.scores()
-            scores = self._product(qp, kp.transpose(-1, -2), qk_precision, counters=(q_counter, k_counter.transpose(-1, -2), s_counter),
-                                   seeds=counted.seeds[0]).float() * scale
-        else:
-            scores = self._product(qp, kp.transpose(-1, -2), qk_precision).float() * scale
+            qk_counted = dict(counters=(q_counter, k_counter.transpose(-1, -2), s_counter), seeds=counted.seeds[0])
+            pv_counted = dict(counters=(s_counter, k_counter, q_counter), seeds=counted.seeds[1])
+        scores = self._product(qp, kp.transpose(-1, -2), qk_precision, **qk_counted).float() * scale
         allowed = k_valid[:, None, None, :] & q_valid[:, None, :, None]
         if causal:
             lq, lk = scores.shape[-2], scores.shape[-1]
@@ -265,17 +266,14 @@ class JaggedAttention(nn.Module):
             denominator = weights.sum(dim=-1, keepdim=True)
             denominator = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
             if pv_precision is not None:  # P is quantized: the one-pass contract
-                return _one_pass_softmax_output(masked.detach(), allowed, weights, denominator, vp, pv_precision, counted)
+                return _one_pass_softmax_output(masked.detach(), allowed, weights, denominator, vp, pv_precision, **pv_counted)
             probabilities = weights / denominator
         else:
             n_keys = k_lengths.clamp(min=1).to(torch.float32)[:, None, None, None]
             probabilities = torch.where(allowed, F.silu(scores), torch.zeros_like(scores)) / n_keys
         if self.policy is None:
             return torch.matmul(probabilities.to(vp.dtype), vp)
-        if counted is not None:
-            return self._product(probabilities, vp.to(probabilities.dtype), pv_precision, counters=(s_counter, k_counter, q_counter),
-                                 seeds=counted.seeds[1])
-        return self._product(probabilities, vp.to(probabilities.dtype), pv_precision)
+        return self._product(probabilities, vp.to(probabilities.dtype), pv_precision, **pv_counted)
 
     def _product(self, a: torch.Tensor, b: torch.Tensor, precision: Any, **counted: Any) -> torch.Tensor:
         """a @ b: plain matmul without a policy, else through qmatmul at `precision` (`counted`: its
@@ -315,7 +313,8 @@ def _one_pass_softmax_output(
     denominator: torch.Tensor,
     vp: torch.Tensor,
     precision: Any,
-    counted: "_Counted | None",
+    counters: tuple | None = None,
+    seeds: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
     """MX softmax attention's output, (n, H, Lq, D) float32 holding values of vp's dtype, as the one-pass
     contract defines it (docs/numerics.md, "Jagged attention"), in the padded layout.
@@ -327,15 +326,13 @@ def _one_pass_softmax_output(
     gradients of qmatmul(P, V) with P = weights / l the normalized probabilities, and the softmax row term
     is rowsum(dO * out), the output as returned: `out * (l / l)` (value 1) sends -rowsum(dO * out) / l into
     l, where plain autograd of softmax would take rowsum(P * dP). `masked`: float32 scores, the lowest
-    float32 where not allowed, detached; `weights`: exp(s - m) where allowed (the gradient path)."""
+    float32 where not allowed, detached; `weights`: exp(s - m) where allowed (the gradient path); `counters`
+    (of P, V and the output gradient) and `seeds`: the PV product's, as qmatmul takes them (seeds None: this
+    call draws them)."""
     from mxlab.nn import qmatmul as qmatmul_module
 
     n, heads, queries, keys = masked.shape
-    seeds = counted.seeds[1] if counted is not None else precision.next_call_seeds()
-    counters = None
-    if counted is not None:
-        q_counter, k_counter, s_counter = counted.token(counted.q_rows), counted.token(counted.k_rows), counted.scores()
-        counters = (s_counter, k_counter, q_counter)
+    seeds = precision.next_call_seeds() if seeds is None else seeds
     # The gradient path; its forward value is replaced below, so no observer sees it.
     previous = qmatmul_module.set_gemm_observer(None)
     try:

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
-from mxlab.report.build import compare_studies, write_report
+from mxlab.report.build import write_report
+from mxlab.report.compare import compare_studies
 
 __all__ = ["write_report", "compare_studies"]
