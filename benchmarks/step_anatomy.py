@@ -51,7 +51,7 @@ def _mxlab_line(stack: list[traceback.FrameSummary]) -> str:
 
 
 def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], device: torch.device,
-            warmup: int, profile_steps: int) -> dict[str, Any]:
+            warmup: int, profile_steps: int, stacks: int = 0) -> dict[str, Any]:
     take, model, scaler = arm_stepper(spec, recipe, info, batches, device)
     for index in range(warmup):
         take(index)
@@ -109,7 +109,7 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
         result["step_peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
         result["held_before_step_gib"] = before / GIB
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.profiler.profile(activities=activities) as profiler:
+    with torch.profiler.profile(activities=activities, with_stack=stacks > 0) as profiler:
         for index in range(warmup + 1, warmup + 1 + profile_steps):
             take(index)
         if cuda:
@@ -120,10 +120,34 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
         rows.append({"name": event.key[:90], "calls_per_step": event.count / profile_steps,
                      "ms_per_step": getattr(event, sort) / 1e3 / profile_steps})
     result["top_kernels"] = rows
+    if stacks:
+        result["top_ops_by_stack"] = _ops_by_stack(profiler, cuda, profile_steps, stacks)
     del take, model, scaler
     if cuda:
         torch.cuda.empty_cache()
     return result
+
+
+def _ops_by_stack(profiler: Any, cuda: bool, profile_steps: int, count: int) -> list[dict[str, Any]]:
+    """The `count` (outermost aten op, calling mxlab lines) pairs with the most device (or CPU) time, the
+    lines found by walking each op's parents up to the Python function events that with_stack records."""
+    totals: collections.Counter = collections.Counter()
+    calls: collections.Counter = collections.Counter()
+    for event in profiler.events():
+        parent = event.cpu_parent
+        if not event.name.startswith("aten::") or (parent is not None and parent.name.startswith("aten::")):
+            continue
+        frames = []
+        while parent is not None and len(frames) < 3:
+            if ("mxlab/" in parent.name or "kernels/" in parent.name) and "(" in parent.name:
+                frames.append(parent.name.split("mxlab/")[-1])
+            parent = parent.cpu_parent
+        key = (event.name, tuple(frames))
+        totals[key] += event.device_time_total if cuda else event.cpu_time_total
+        calls[key] += 1
+    return [{"name": name, "calls_per_step": calls[(name, frames)] / profile_steps,
+             "ms_per_step": total / 1e3 / profile_steps, "mxlab_frames": list(frames)}
+            for (name, frames), total in totals.most_common(count)]
 
 
 def main() -> None:
@@ -137,6 +161,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--stacks", type=int, default=0, help="also list this many aten ops by the mxlab lines calling them")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -147,7 +172,7 @@ def main() -> None:
     results = []
     for arm in args.arms.split(","):
         recipe = load_recipe(spec.recipe_paths.get(arm) or resolve_recipe_path(arm, recipe_dir))
-        result = anatomy(spec, arm, recipe, info, batches, device, args.warmup, args.profile_steps)
+        result = anatomy(spec, arm, recipe, info, batches, device, args.warmup, args.profile_steps, args.stacks)
         results.append(result)
         print(f"\n== {arm}: saved for backward {result['saved_gib']:.2f} GiB "
               + " ".join(f"{k} {v:.2f}" for k, v in result["saved_by_dtype_gib"].items())
@@ -159,6 +184,8 @@ def main() -> None:
             print(f"   sync x{count:<4} {line}")
         for row in result["top_kernels"][:15]:
             print(f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} {row['name']}")
+        for row in result.get("top_ops_by_stack", []):
+            print(f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} {row['name']:<22} {' <- '.join(row['mxlab_frames'])}")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
 
