@@ -8,8 +8,9 @@ With x (M, K) (leading dims of the input are flattened into M), W (N, K):
 | dgrad | dx = dy W | dy and W along N (out_features) |
 | wgrad | dW = dy^T x | dy and x along M (tokens) |
 
-It is `qmatmul(x, W^T, precision)` plus the bias (added in the output's dtype, its gradient is
-the plain sum of dy), so the semantics, padding and seeding are those of `mxlab.nn.qmatmul`:
+It is `qmatmul(x, W^T, precision, bias=b)`: the bias, in the output's dtype, is added to the
+forward's float32 accumulator before its one rounding, as nn.Linear's addmm (a cuBLAS bias epilogue)
+adds it, and its gradient is the plain sum of dy. The semantics, padding and seeding are those of `mxlab.nn.qmatmul`:
 in_features or out_features that are not a multiple of 32 are zero-padded for quantization
 (`padded_dims` says which), accumulation is FP32 and the output has the input's dtype.
 
@@ -108,9 +109,7 @@ class QLinear(nn.Linear):
         if self._precision is None:
             return F.linear(x, self.weight, self.bias)
         x, weight = _autocast_operands(x, self.weight)
-        y = qmatmul(x.reshape(-1, self.in_features), weight.t(), self._precision)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)  # autocast casts nn.Linear's bias too
+        y = qmatmul(x.reshape(-1, self.in_features), weight.t(), self._precision, bias=self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

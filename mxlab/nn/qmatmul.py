@@ -50,7 +50,8 @@ module's qualified name).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -164,6 +165,33 @@ def _float32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a.float(), b.float())
 
 
+@contextlib.contextmanager
+def _float32_reductions() -> Iterator[None]:
+    """cuBLAS may not reduce split-K partial sums in bfloat16 inside this block (PyTorch allows it by default)."""
+    matmul = torch.backends.cuda.matmul
+    previous = matmul.allow_bf16_reduced_precision_reduction
+    matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = previous
+
+
+def _rounded_product(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
+    """a @ b, plus bias (already in out_dtype) when given, accumulated in float32 and rounded once to
+    out_dtype. Two bfloat16 CUDA operands and a bfloat16 result: one cuBLAS call that writes bfloat16 from
+    its float32 accumulator (bias added there, as nn.Linear's addmm does), float32 reductions enforced.
+    Otherwise `_float32_product`, the bias added in float32, then the cast. A bias needs 2-D a and b."""
+    if out_dtype == a.dtype == b.dtype == torch.bfloat16 and a.is_cuda:
+        with _float32_reductions():
+            if a.dim() == 2:
+                return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+            return out.reshape(*a.shape[:-2], *out.shape[-2:])
+    out = _float32_product(a, b)
+    return (out if bias is None else out + bias.float()).to(out_dtype)
+
+
 def _pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
     size = x.shape[axis]
     extra = -size % multiple
@@ -215,8 +243,10 @@ def _gemm(
     label: str,
     b_quantized: Optional[QuantizedOperand] = None,
     counters: tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
+    bias: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[QuantizedOperand], Optional[QuantizedOperand]]:
-    """op(a) @ op(b), op = transpose of the last two dims where asked, with a quantized along
+    """op(a) @ op(b) (+ bias, in out_dtype, added to the float32 accumulator before its one rounding to
+    out_dtype; 2-D operands only), op = transpose of the last two dims where asked, with a quantized along
     `a_axis` and b along `b_axis` of their stored layouts (or b's quantized values given as
     `b_quantized`); `counters`: stochastic-rounding counters of a and b (see `qmatmul`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
     `_quantized_operand` gives them (None for a high-precision GEMM)."""
@@ -224,7 +254,9 @@ def _gemm(
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
         return x.transpose(-1, -2) if transpose else x
 
-    if quant.high_precision:  # the baseline's GEMM: follows torch.autocast like nn.Linear does
+    if quant.high_precision:  # the baseline's GEMM: follows torch.autocast like nn.Linear (addmm) does
+        if bias is not None:
+            return torch.addmm(bias, op(a, transpose_a), op(b, transpose_b)), None, None
         return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
     with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
         a_in, b_in = a, b
@@ -244,8 +276,10 @@ def _gemm(
             b_in = _hadamard_transformed(b, b_axis, quant.hadamard, seeds[2])
             a_q, a_factor = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
             b_q, b_factor = _quantized_operand(b_in, quant.b, b_axis, seeds[1])
-        out = _float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
         factors = [f for f in (a_factor, b_factor) if f is not None]
+        if not factors and _observer is None:
+            return _rounded_product(op(a_q, transpose_a), op(b_q, transpose_b), bias, out_dtype), (a_q, a_factor), (b_q, b_factor)
+        out = _float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
         if factors:  # per-tensor scales multiply the float32 accumulator, as FP8 GEMM hardware does
             out = out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
         if _observer is not None:
@@ -253,6 +287,8 @@ def _gemm(
                 name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
                 a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_factor=a_factor, b_factor=b_factor, a_axis=a_axis, b_axis=b_axis,
             )
+        if bias is not None:
+            out = out + bias.float()
     return out.to(out_dtype), (a_q, a_factor), (b_q, b_factor)
 
 
@@ -285,13 +321,15 @@ def _same_square_quantization(fwd: GemmQuant, grad_a: GemmQuant) -> bool:
 class _QMatmulFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, a: torch.Tensor, b: torch.Tensor, precision: MatmulPrecision, counters: Counters, seeds: Optional[tuple[int, ...]]
+        ctx: Any, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], precision: MatmulPrecision,
+        counters: Counters, seeds: Optional[tuple[int, ...]]
     ) -> torch.Tensor:  # type: ignore[override]
         seeds = precision.next_call_seeds() if seeds is None else seeds
         out, _, b_q = _gemm(
             a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
             out_dtype=a.dtype, name=precision.name, label=precision.labels[0], counters=(counters[0], counters[1]),
+            bias=bias,
         )
         # A (32, 32) tile is transpose-invariant: when grad_a quantizes b exactly as the forward did
         # (same spec, deterministic rounding, no Hadamard), the forward's quantized b is reused.
@@ -305,10 +343,11 @@ class _QMatmulFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], None, None, None]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         device_type, enabled, dtype = ctx.autocast
         with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
-            return (*_QMatmulFunction._backward(ctx, g), None, None, None)
+            grad_bias = g.sum(0) if ctx.needs_input_grad[2] else None  # as addmm's: the output gradient summed over rows
+            return (*_QMatmulFunction._backward(ctx, g), grad_bias, None, None, None)
 
     @staticmethod
     def _backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
@@ -371,10 +410,13 @@ def qmatmul(
     *,
     counters: Optional[Counters] = None,
     seeds: Optional[tuple[int, ...]] = None,
+    bias: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """a @ b with the forward and both gradient GEMMs emulated as `precision` says.
+    """a @ b (+ bias) with the forward and both gradient GEMMs emulated as `precision` says.
 
-    Returns `torch.matmul(a, b)` itself when `precision` is None. Otherwise a is (..., M, K) and
+    Returns `torch.matmul(a, b)` (+ bias) itself when `precision` is None. `bias` (N,), with a 2-D b
+    only, is added in a's dtype to the forward's float32 accumulator before its one rounding to a's
+    dtype, as nn.Linear's addmm adds it; its gradient is the output gradient summed over the rows. Otherwise a is (..., M, K) and
     b is (..., K, N) with the same leading (batch) dims, or b is 2-D and shared (then a's
     leading dims are flattened into M, so gradient blocks of b run across all rows of a).
 
@@ -387,7 +429,7 @@ def qmatmul(
     with a Hadamard GEMM (ValueError).
     """
     if precision is None:
-        return torch.matmul(a, b)
+        return torch.matmul(a, b) if bias is None else torch.matmul(a, b) + bias
     if not isinstance(precision, MatmulPrecision):
         raise ValueError(f"precision must be a MatmulPrecision or None, got {type(precision).__name__}")
     if a.dim() < 2 or b.dim() < 2:
@@ -400,14 +442,18 @@ def qmatmul(
         counters = (None, None, None)
     elif len(counters) != 3:
         raise ValueError(f"counters must be (a_counter, b_counter, grad_counter), got {len(counters)} entries")
+    if bias is not None and (b.dim() != 2 or bias.shape != (b.shape[-1],)):
+        raise ValueError(f"bias must be (N,) = ({b.shape[-1]},) with a 2-D b; got bias {tuple(bias.shape)}, b {tuple(b.shape)}")
+    if bias is not None:
+        bias = bias.to(a.dtype)
     if b.dim() == 2 and a.dim() > 2:
         if any(counter is not None for counter in counters):
             raise ValueError("stochastic-rounding counters need a and b with equal batch dims, not a shared 2-D b")
-        out = _QMatmulFunction.apply(a.reshape(-1, a.shape[-1]), b, precision, counters, seeds)
+        out = _QMatmulFunction.apply(a.reshape(-1, a.shape[-1]), b, bias, precision, counters, seeds)
         return out.reshape(*a.shape[:-1], b.shape[-1])
     if a.shape[:-2] != b.shape[:-2]:
         raise ValueError(
             f"batch dims of a {tuple(a.shape[:-2])} and b {tuple(b.shape[:-2])} must be equal "
             "(or b must be 2-D); broadcast them explicitly first"
         )
-    return _QMatmulFunction.apply(a, b, precision, counters, seeds)
+    return _QMatmulFunction.apply(a, b, bias, precision, counters, seeds)

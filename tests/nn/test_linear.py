@@ -158,6 +158,29 @@ def test_under_autocast_the_emulated_gemms_quantize_what_nn_linear_would_multipl
     assert plain.dtype == torch.float32 and not torch.equal(plain.bfloat16(), y)
 
 
+def test_bias_joins_the_float32_accumulator_before_the_one_rounding():
+    """As nn.Linear's addmm: y = round_bf16(fq(x) @ fq(W)^T + b) in float32, not the product rounded
+    to bfloat16 and then the bias added and rounded again."""
+    torch.manual_seed(6)
+    layer = QLinear(64, 48, precision=linear_precision(), dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.bias.copy_(torch.randn(48) * 3)
+    x = torch.randn(256, 64).bfloat16()
+    y = layer(x)
+    p = layer.precision
+    product = fq(x, p.fwd.a, -1) @ fq(layer.weight.detach(), p.fwd.b, -1).T
+    assert y.dtype == torch.bfloat16
+    assert torch.equal(y, (product + layer.bias.detach().float()).bfloat16())
+    assert not torch.equal(y, product.bfloat16() + layer.bias.detach())  # the double rounding differs
+
+
+def test_refuses_a_bias_of_the_wrong_shape():
+    from mxlab.nn.qmatmul import qmatmul
+
+    with pytest.raises(ValueError, match=r"bias must be \(N,\) = \(16,\)"):
+        qmatmul(torch.randn(8, 32), torch.randn(32, 16), linear_precision(), bias=torch.randn(8))
+
+
 def test_bias_keeps_a_bfloat16_output_bfloat16():
     layer = QLinear(32, 16, precision=linear_precision())  # float32 parameters
     assert layer(torch.randn(8, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16

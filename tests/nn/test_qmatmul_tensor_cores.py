@@ -88,3 +88,24 @@ def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.d
         assert bool(((out.double() - exact).abs() <= bound + exact.abs() * 2.0 ** -23).all())
     out.backward(torch.randn_like(out))
     assert a.grad is not None and torch.isfinite(a.grad).all() and b.grad is not None
+
+
+@pytest.mark.gpu
+def test_cuda_bfloat16_result_is_the_float32_accumulator_rounded_once() -> None:
+    """bfloat16 operands, bfloat16 result: cuBLAS writes bfloat16 from its float32 accumulator, the bias
+    added there; equal to the float32 product plus bias rounded once, but for accumulation order."""
+    generator = torch.Generator(device="cuda").manual_seed(4)
+    a = torch.randn(4096, 1024, device="cuda", generator=generator).bfloat16()
+    b = (torch.randn(1024, 256, device="cuda", generator=generator) * 0.05).bfloat16()
+    bias = torch.randn(256, device="cuda", generator=generator).bfloat16()
+    operand = qm.OperandQuant("e4m3", scale_mode="rceil")
+    gemm = qm.GemmQuant(operand, operand)
+    out = qm.qmatmul(a, b, qm.MatmulPrecision(fwd=gemm, grad_a=gemm, grad_b=gemm), bias=bias)
+    a_q, _ = qm._quantized_operand(a, operand, -1, 0)
+    b_q, _ = qm._quantized_operand(b, operand, -2, 0)
+    expected = (torch.mm(a_q, b_q, out_dtype=torch.float32) + bias.float()).bfloat16()
+    assert out.dtype == torch.bfloat16
+    ulp = torch.finfo(torch.bfloat16).eps * expected.float().abs().clamp_min(2.0 ** -126)
+    assert bool(((out.float() - expected.float()).abs() <= ulp).all())
+    assert (out == expected).float().mean().item() > 0.99
+    assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction  # the setting is restored
