@@ -47,7 +47,7 @@ def main() -> None:
     element_bytes = x.numel() * 2
     copy_ms = triton.testing.do_bench(lambda: out_d.copy_(x))
     print(f"{tokens} tokens x 256, {element_bytes / 2**30:.2f} GiB per tensor; copy {copy_ms:.3f} ms "
-          f"({2 * element_bytes / copy_ms / 1e9:.0f} GB/s)")
+          f"({2 * element_bytes / copy_ms / 1e6:.0f} GB/s)")
     launches = {  # name: (ALONG_D, ALONG_T, ROW_DOT, tensors read, tensors written)
         "along head dim (Q, K fwd; V bwd)": (True, False, False, 1, 1),
         "along tokens (V fwd)": (False, True, False, 1, 1),
