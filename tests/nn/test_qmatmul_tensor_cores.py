@@ -91,13 +91,15 @@ def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.d
 
 
 @pytest.mark.gpu
-def test_cuda_bfloat16_result_is_the_float32_accumulator_rounded_once() -> None:
+@pytest.mark.parametrize("m, k, n", [(4096, 1024, 256), (256, 65536, 256)])  # the second: a wgrad's long contraction (split-K)
+def test_cuda_bfloat16_result_is_the_float32_accumulator_rounded_once(m: int, k: int, n: int) -> None:
     """bfloat16 operands, bfloat16 result: cuBLAS writes bfloat16 from its float32 accumulator, the bias
-    added there; equal to the float32 product plus bias rounded once, but for accumulation order."""
+    added there; equal to the float32 product plus bias rounded once, but for accumulation order (split-K
+    partial sums reduced in bfloat16 would break the one-ulp bound)."""
     generator = torch.Generator(device="cuda").manual_seed(4)
-    a = torch.randn(4096, 1024, device="cuda", generator=generator).bfloat16()
-    b = (torch.randn(1024, 256, device="cuda", generator=generator) * 0.05).bfloat16()
-    bias = torch.randn(256, device="cuda", generator=generator).bfloat16()
+    a = torch.randn(m, k, device="cuda", generator=generator).bfloat16()
+    b = (torch.randn(k, n, device="cuda", generator=generator) * 0.05).bfloat16()
+    bias = torch.randn(n, device="cuda", generator=generator).bfloat16()
     operand = qm.OperandQuant("e4m3", scale_mode="rceil")
     gemm = qm.GemmQuant(operand, operand)
     out = qm.qmatmul(a, b, qm.MatmulPrecision(fwd=gemm, grad_a=gemm, grad_b=gemm), bias=bias)
