@@ -95,7 +95,7 @@ def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.d
 def test_cuda_bfloat16_result_is_the_float32_accumulator_rounded_once(m: int, k: int, n: int) -> None:
     """bfloat16 operands, bfloat16 result: cuBLAS writes bfloat16 from its float32 accumulator, the bias
     added there; equal to the float32 product plus bias rounded once, but for accumulation order (split-K
-    partial sums reduced in bfloat16 would break the one-ulp bound)."""
+    partial sums reduced in bfloat16 would make most elements differ, not under 1%)."""
     generator = torch.Generator(device="cuda").manual_seed(4)
     a = torch.randn(m, k, device="cuda", generator=generator).bfloat16()
     b = (torch.randn(k, n, device="cuda", generator=generator) * 0.05).bfloat16()
