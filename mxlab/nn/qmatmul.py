@@ -345,8 +345,9 @@ class _QMatmulFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         device_type, enabled, dtype = ctx.autocast
+        # as addmm's: the output gradient summed over rows, in its dtype (outside autocast, which sums in float32 on CUDA)
+        grad_bias = g.sum(0) if ctx.needs_input_grad[2] else None
         with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
-            grad_bias = g.sum(0) if ctx.needs_input_grad[2] else None  # as addmm's: the output gradient summed over rows
             return (*_QMatmulFunction._backward(ctx, g), grad_bias, None, None, None)
 
     @staticmethod

@@ -200,3 +200,22 @@ def test_square_weight_tiles_are_quantized_once_per_step(monkeypatch, weight_blo
     layer = QLinear(32, 32, precision=linear_precision(weight_block, grad_rounding))
     run(layer, torch.randn(64, 32), torch.randn(64, 32))
     assert len(calls) == expected_calls
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_bias_gradient_under_autocast_is_the_baselines(device):
+    """The bias gradient does not depend on quantization: under autocast it is nn.Linear's (the output gradient
+    summed in bfloat16, then the float32 master's), bit for bit, on CUDA too (where autocast would sum in float32)."""
+    torch.manual_seed(7)
+    plain = nn.Linear(64, 32, device=device)
+    layer = QLinear.from_linear(nn.Linear(64, 32, device=device), linear_precision())
+    with torch.no_grad():
+        layer.weight.copy_(plain.weight)
+        layer.bias.copy_(plain.bias)
+    x, g = torch.randn(512, 64, device=device), torch.randn(512, 32, device=device).bfloat16() * 100
+    for module in (plain, layer):
+        with torch.autocast(device, dtype=torch.bfloat16):
+            y = module(x)
+        y.backward(g)
+    assert layer.bias.grad.dtype == torch.float32
+    assert torch.equal(layer.bias.grad, plain.bias.grad)
