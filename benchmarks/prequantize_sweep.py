@@ -1,13 +1,21 @@
-"""How fast the attention's `_prequantize` runs at the h200 step's history shape, against a copy, per launch shape.
+"""How fast the attention's `_prequantize` runs at the h200 step's history shape, against a copy and two prototypes.
 
 An exploration for the training-step issue (not imported by the library). `benchmarks/step_anatomy.py` at the
-h200 preset (batch 4096, histories up to 1024) puts 44 ms of the MX step in `_prequantize` (35 launches),
-about 1.1 TB/s. This builds jagged (tokens, 4, 64) bfloat16 tensors with the bench's history lengths (uniform
-1..1024, the synthetic data's mean is about 362), and times each launch the attention makes (forward: Q, K
-along the head dim, V along the tokens; backward: Q, K along both, V along the head dim, dO along both with
-the row dots) under num_warps 2-16, against `copy_` of the same bytes, with `triton.testing.do_bench`.
+h200 preset (batch 4096, histories up to 1024) puts 44 ms of the MX step in `_prequantize` (35 launches).
+The first sweep (reports/benchmarks/prequantize_sweep.txt) found it at 2.3-2.7x a copy's time at its best
+num_warps, where the cast kernels' row and column fake-quantize reach 0.85-0.91x of a copy's bandwidth. Two
+guesses at why, each tested here by a prototype that gives the same bits (checked before timing):
+
+- `dense_rows`: the head-dim quantization needs no sequence boundaries; a plain grid over the tokens (no
+  tile-table loads before the data load) with ROWS tokens per program;
+- `blocks_per_tile`: the token-axis quantization as `_prequantize` does it, but each tile-table entry covers
+  BLOCKS consecutive 32-token blocks of one sequence (fewer, longer programs).
+
+It also times the cast kernels' own row fake-quantize (`mxlab.numerics.quant.fake_quantize`, axis -1) on the
+(tokens, heads * head_dim) view, the same blocks as the head-dim quantization.
 
     python3 benchmarks/prequantize_sweep.py --json $OUT/prequantize_sweep.json
+    TRITON_INTERPRET=1 python3 benchmarks/prequantize_sweep.py --device cpu --sequences 6 --max-length 100 --mean-length 40 --check-only
 """
 from __future__ import annotations
 
@@ -17,12 +25,58 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
-from mxlab.kernels._mx_device import operand_code
+from mxlab.kernels._mx_device import fake_quant_tile, operand_code
 from mxlab.kernels.attention.device import _prequantize
 from mxlab.kernels.attention.tiles import _tiles
 from mxlab.kernels.cast import hardware_fp8_applies
 from mxlab.numerics.formats import get_format
+from mxlab.numerics.quant import fake_quantize
+
+
+@triton.jit
+def _dense_rows(X, OUT, tokens, COLS: tl.constexpr, ROWS: tl.constexpr, CODE: tl.constexpr):
+    """Prototype: blocks of 32 along the COLS columns of ROWS tokens per program, a plain grid over the tokens."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, COLS)
+    ok = (rows < tokens)[:, None]
+    index = rows[:, None] * COLS + cols[None, :]
+    x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
+    tl.store(OUT + index, fake_quant_tile(x, 0, ROWS, COLS, 1, CODE).to(tl.bfloat16), mask=ok)
+
+
+@triton.jit
+def _blocks_per_tile(X, OUT, offsets, tile_seq, tile_start, COLS: tl.constexpr, BLOCKS: tl.constexpr, CODE: tl.constexpr):
+    """Prototype: blocks of 32 tokens from each sequence's first token, BLOCKS of them per tile-table entry."""
+    pid = tl.program_id(0)
+    seq = tl.load(tile_seq + pid)
+    live = seq >= 0
+    seq = tl.maximum(seq, 0)
+    begin = tl.load(offsets + seq)
+    length = tl.where(live, (tl.load(offsets + seq + 1) - begin).to(tl.int32), 0)
+    start = tl.load(tile_start + pid)
+    cols = tl.arange(0, COLS)
+    for block in tl.static_range(BLOCKS):
+        rows = start + block * 32 + tl.arange(0, 32)
+        ok = (rows < length)[:, None]
+        index = (begin + rows)[:, None] * COLS + cols[None, :]
+        x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
+        tl.store(OUT + index, fake_quant_tile(x, 0, 32, COLS, 0, CODE).to(tl.bfloat16), mask=ok)
+
+
+def _library(x, offsets, code, along_d: bool, along_t: bool, warps: int):
+    """The library's `_prequantize` launch of one orientation (or both), with its outputs."""
+    tokens = x.shape[0]
+    seq, start = _tiles(offsets, tokens, None, 32)
+    out_d, out_t = torch.empty_like(x), torch.empty_like(x)
+
+    def launch() -> None:
+        _prequantize[(seq.numel(), 1)](
+            x, out_d, out_t, x, x, offsets, seq, start, 256, 256, tokens, 0, 0,
+            COLS=256, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=False, HEAD_DIM=64,
+            num_warps=warps)
+    return launch, out_d, out_t
 
 
 def main() -> None:
@@ -30,44 +84,62 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=4096)
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--mean-length", type=int, default=362)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--check-only", action="store_true", help="check the prototypes' bits, time nothing")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(1, 2 * args.mean_length, (args.sequences,), generator=generator).clamp(max=args.max_length)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(device)
     tokens = int(lengths.sum())
-    x = torch.randn(tokens, 4, 64, device=device).bfloat16()
-    other = torch.randn_like(x)
+    x = (torch.randn(tokens, 4, 64, generator=generator) * 4).bfloat16().to(device)
     code = operand_code("e4m3", "rceil", "nearest_even", hw_fp8=hardware_fp8_applies(device, get_format("e4m3"), "nearest_even"))
-    seq, start = _tiles(offsets, tokens, None, 32)
-    width = 256
-    out_d, out_t = torch.empty_like(x), torch.empty_like(x)
-    row_dots = torch.empty(4, tokens, device=device)
-    element_bytes = x.numel() * 2
-    copy_ms = triton.testing.do_bench(lambda: out_d.copy_(x))
-    print(f"{tokens} tokens x 256, {element_bytes / 2**30:.2f} GiB per tensor; copy {copy_ms:.3f} ms "
-          f"({2 * element_bytes / copy_ms / 1e6:.0f} GB/s)")
-    launches = {  # name: (ALONG_D, ALONG_T, ROW_DOT, tensors read, tensors written)
-        "along head dim (Q, K fwd; V bwd)": (True, False, False, 1, 1),
-        "along tokens (V fwd)": (False, True, False, 1, 1),
-        "both (Q, K bwd)": (True, True, False, 1, 2),
-        "both + row dots (dO bwd)": (True, True, True, 2, 2),
-    }
+    warps_list = (1,) if args.check_only else (4, 8)
+
+    def time_ms(fn) -> float:
+        fn()
+        return float("nan") if args.check_only else triton.testing.do_bench(fn)
+
+    copy_out = torch.empty_like(x)
+    copy_ms = time_ms(lambda: copy_out.copy_(x))
     rows = []
-    for name, (along_d, along_t, row_dot, reads, writes) in launches.items():
-        for warps in (2, 4, 8, 16):
-            def launch() -> None:
-                _prequantize[(seq.numel(), 1)](
-                    x, out_d, out_t, other, row_dots, offsets, seq, start, width, width, tokens, 0, 0,
-                    COLS=256, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=row_dot, HEAD_DIM=64,
-                    num_warps=warps)
-            ms = triton.testing.do_bench(launch)
-            moved = (reads + writes) * element_bytes
-            rows.append({"launch": name, "num_warps": warps, "ms": ms, "gb_per_s": moved / ms / 1e6,
-                         "x_copy_time": ms / (copy_ms * (reads + writes) / 2)})
-            print(f"{name:<34} warps {warps:>2}: {ms:7.3f} ms  {moved / ms / 1e6:6.0f} GB/s  "
-                  f"{rows[-1]['x_copy_time']:.2f}x a copy of the same bytes")
+
+    def record(name: str, ms: float, tensors_moved: int) -> None:
+        rows.append({"launch": name, "ms": ms, "x_copy_time": ms / (copy_ms * tensors_moved / 2)})
+        print(f"{name:<56} {ms:7.3f} ms  {rows[-1]['x_copy_time']:.2f}x a copy of the same bytes")
+
+    print(f"{tokens} tokens x 256 bfloat16; copy {copy_ms:.3f} ms")
+    for warps in warps_list:  # the library's launches, the reference bits for the prototypes
+        launch, along_d, _ = _library(x, offsets, code, True, False, warps)
+        record(f"library, along head dim, {warps} warps", time_ms(launch), 2)
+        launch, _, along_t = _library(x, offsets, code, False, True, warps)
+        record(f"library, along tokens, {warps} warps", time_ms(launch), 2)
+    cast = fake_quantize(x.view(tokens, 256), "e4m3", axis=-1, scale_mode="rceil")
+    assert torch.equal(cast.view_as(x), along_d), "the cast kernels' row fake-quantize differs from the head-dim quantization"
+    record("cast kernels' row fake-quantize (along head dim)",
+           time_ms(lambda: fake_quantize(x.view(tokens, 256), "e4m3", axis=-1, scale_mode="rceil")), 2)
+    out = torch.empty_like(x)
+    for rows_per_program in (32, 64, 128):
+        for warps in warps_list:
+            def dense() -> None:
+                _dense_rows[(triton.cdiv(tokens, rows_per_program),)](x, out, tokens, COLS=256, ROWS=rows_per_program,
+                                                                      CODE=code, num_warps=warps)
+            ms = time_ms(dense)
+            assert torch.equal(out, along_d), f"dense_rows ROWS={rows_per_program} differs"
+            record(f"dense_rows, {rows_per_program} tokens, {warps} warps", ms, 2)
+    for blocks in (1, 2, 4):
+        seq, start = _tiles(offsets, tokens, None, 32 * blocks)
+        for warps in warps_list:
+            out.zero_()
+
+            def tiled() -> None:
+                _blocks_per_tile[(seq.numel(),)](x, out, offsets, seq, start, COLS=256, BLOCKS=blocks, CODE=code,
+                                                 num_warps=warps)
+            ms = time_ms(tiled)
+            assert torch.equal(out, along_t), f"blocks_per_tile BLOCKS={blocks} differs"
+            record(f"blocks_per_tile, {blocks} x 32 tokens, {warps} warps", ms, 2)
+    print("every prototype gives the library's bits")
     if args.json is not None:
         args.json.write_text(json.dumps({"tokens": tokens, "copy_ms": copy_ms, "rows": rows}, indent=1))
 
