@@ -56,28 +56,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default="experiments/gem-mxfp8.toml")
     parser.add_argument("--seeds", type=int, default=16)
+    parser.add_argument("--chunk", type=int, default=2, help="seeds trained per variant before the other variant's turn")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    spec = load_spec(args.spec, [f"seeds={list(range(args.seeds))}", *args.overrides])
-    result: dict[str, Any] = {"spec": args.spec, "seeds": args.seeds, "overrides": args.overrides, "variants": {}}
-    for name, enabled in (("kernels", True), ("pytorch", False)):
-        started = time.perf_counter()
-        with model_kernels(enabled):
-            jobs = fork_jobs(spec, args.out / name / "runs")
-            run_jobs(jobs, InlineExecutor(args.device), show_progress=False)
-        runs = {job.seed: last_heldout(job.run_dir) for job in jobs}
-        flagged = {m: sorted(outlying_values({s: r[m] for s, r in runs.items() if m in r})) for m in METRICS}
-        result["variants"][name] = {"runs": runs, "outliers": flagged, "seconds": time.perf_counter() - started}
-        print(f"== {name}: {len(jobs)} warm-ups in {time.perf_counter() - started:.0f} s; outlying seeds {flagged}")
-        for seed, r in sorted(runs.items()):
-            print(f"   seed {seed:3d}  " + "  ".join(f"{m} {r.get(m, float('nan')):.4f}" for m in METRICS))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
-
+    result: dict[str, Any] = {"spec": args.spec, "seeds": args.seeds, "overrides": args.overrides,
+                              "variants": {"kernels": {"runs": {}}, "pytorch": {"runs": {}}}}
+    # seeds in chunks, both variants per chunk, so a command that runs out of time still brings back pairs;
+    # finished warm-ups (done.json) are not trained again when the command is repeated with the same --out
+    for first in range(0, args.seeds, args.chunk):
+        chunk = list(range(first, min(first + args.chunk, args.seeds)))
+        spec = load_spec(args.spec, [f"seeds={chunk}", *args.overrides])
+        for name, enabled in (("kernels", True), ("pytorch", False)):
+            started = time.perf_counter()
+            with model_kernels(enabled):
+                jobs = fork_jobs(spec, args.out / name / "runs")
+                run_jobs(jobs, InlineExecutor(args.device), show_progress=False)
+            for job in jobs:
+                r = result["variants"][name]["runs"][job.seed] = last_heldout(job.run_dir)
+                print(f"   {name:<8} seed {job.seed:3d}  " + "  ".join(f"{m} {r.get(m, float('nan')):.4f}" for m in METRICS)
+                      + f"   ({time.perf_counter() - started:.0f} s)", flush=True)
+        for name, variant in result["variants"].items():
+            runs = variant["runs"]
+            variant["outliers"] = {m: sorted(outlying_values({s: r[m] for s, r in runs.items() if m in r})) for m in METRICS}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=1))
+    for name, variant in result["variants"].items():
+        print(f"== {name}: {len(variant['runs'])} warm-ups; outlying seeds {variant['outliers']}")
 
 if __name__ == "__main__":
     main()
