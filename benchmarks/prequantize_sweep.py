@@ -1,13 +1,17 @@
-"""How fast the attention's `_prequantize` runs at the h200 step's history shape, against a copy and two prototypes.
+"""How fast the attention's `_prequantize` runs at the h200 step's history shape, against a copy, other launch shapes and prototypes.
 
 An exploration for the training-step issue (not imported by the library). `benchmarks/step_anatomy.py` at the
 h200 preset (batch 4096, histories up to 1024) puts 44 ms of the MX step in `_prequantize` (35 launches).
 The first sweep (reports/benchmarks/prequantize_sweep.txt) found it at 2.3-2.7x a copy's time at its best
-num_warps, where the cast kernels' row and column fake-quantize reach 0.85-0.91x of a copy's bandwidth. Two
+num_warps, where the cast kernels' row and column fake-quantize reach 0.85-0.91x of a copy's bandwidth. The
 guesses at why, each tested here by a prototype that gives the same bits (checked before timing):
 
 - `dense_rows`: the head-dim quantization needs no sequence boundaries; a plain grid over the tokens (no
   tile-table loads before the data load) with ROWS tokens per program;
+- `dense_rows_3d`: the same with the tile loaded as (rows, column blocks, 32), as the cast kernels load theirs,
+  so that the blocks need no reshape of a 2-D tile;
+- the library kernel itself with 64 or 128 columns per program at 1-4 warps (the cast kernels' column tiles are
+  32 x 128 at 2 warps);
 - `blocks_per_tile`: the token-axis quantization as `_prequantize` does it, but each tile-table entry covers
   BLOCKS consecutive 32-token blocks of one sequence (fewer, longer programs).
 
@@ -27,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxlab.kernels._mx_device import fake_quant_tile, operand_code
+from mxlab.kernels._mx_device import _fake_quant_blocks, fake_quant_tile, operand_code
 from mxlab.kernels.attention.device import _prequantize
 from mxlab.kernels.attention.tiles import _tiles
 from mxlab.kernels.cast import hardware_fp8_applies
@@ -44,6 +48,18 @@ def _dense_rows(X, OUT, tokens, COLS: tl.constexpr, ROWS: tl.constexpr, CODE: tl
     index = rows[:, None] * COLS + cols[None, :]
     x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
     tl.store(OUT + index, fake_quant_tile(x, 0, ROWS, COLS, 1, CODE).to(tl.bfloat16), mask=ok)
+
+
+@triton.jit
+def _dense_rows_3d(X, OUT, tokens, COLS: tl.constexpr, ROWS: tl.constexpr, CODE: tl.constexpr):
+    """Prototype: `_dense_rows` with the tile loaded as (ROWS, COLS // 32, 32), as the cast kernels load theirs, so
+    the blocks need no reshape of a 2-D tile (a reshape may cost a layout conversion through shared memory)."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)[:, None, None]
+    cols = tl.arange(0, COLS // 32)[None, :, None] * 32 + tl.arange(0, 32)[None, None, :]
+    ok = rows < tokens
+    index = rows * COLS + cols
+    x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
+    tl.store(OUT + index, _fake_quant_blocks(x, 0, 2, CODE).to(tl.bfloat16), mask=ok)
 
 
 @triton.jit
@@ -65,16 +81,16 @@ def _blocks_per_tile(X, OUT, offsets, tile_seq, tile_start, COLS: tl.constexpr, 
         tl.store(OUT + index, fake_quant_tile(x, 0, 32, COLS, 0, CODE).to(tl.bfloat16), mask=ok)
 
 
-def _library(x, offsets, code, along_d: bool, along_t: bool, warps: int):
-    """The library's `_prequantize` launch of one orientation (or both), with its outputs."""
+def _library(x, offsets, code, along_d: bool, along_t: bool, warps: int, cols: int = 256):
+    """The library's `_prequantize` launch of one orientation (or both), `cols` columns per program, with its outputs."""
     tokens = x.shape[0]
     seq, start = _tiles(offsets, tokens, None, 32)
     out_d, out_t = torch.empty_like(x), torch.empty_like(x)
 
     def launch() -> None:
-        _prequantize[(seq.numel(), 1)](
+        _prequantize[(seq.numel(), 256 // cols)](
             x, out_d, out_t, x, x, offsets, seq, start, 256, 256, tokens, 0, 0,
-            COLS=256, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=False, HEAD_DIM=64,
+            COLS=cols, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=False, HEAD_DIM=64,
             num_warps=warps)
     return launch, out_d, out_t
 
@@ -115,6 +131,13 @@ def main() -> None:
         record(f"library, along head dim, {warps} warps", time_ms(launch), 2)
         launch, _, along_t = _library(x, offsets, code, False, True, warps)
         record(f"library, along tokens, {warps} warps", time_ms(launch), 2)
+    for cols in (64, 128):  # narrower programs, as the cast kernels' column tiles (32 x 128 at 2 warps)
+        for warps in ((1,) if args.check_only else (1, 2, 4)):
+            for along_d_only in (True, False):
+                launch, out_d, out_t = _library(x, offsets, code, along_d_only, not along_d_only, warps, cols)
+                ms = time_ms(launch)
+                assert torch.equal(out_d if along_d_only else out_t, along_d if along_d_only else along_t)
+                record(f"library, along {'head dim' if along_d_only else 'tokens'}, {cols} columns, {warps} warps", ms, 2)
     cast = fake_quantize(x.view(tokens, 256), "e4m3", axis=-1, scale_mode="rceil")
     assert torch.equal(cast.view_as(x), along_d), "the cast kernels' row fake-quantize differs from the head-dim quantization"
     record("cast kernels' row fake-quantize (along head dim)",
@@ -128,6 +151,14 @@ def main() -> None:
             ms = time_ms(dense)
             assert torch.equal(out, along_d), f"dense_rows ROWS={rows_per_program} differs"
             record(f"dense_rows, {rows_per_program} tokens, {warps} warps", ms, 2)
+    for rows_per_program in (32, 64):
+        for warps in warps_list:
+            def dense_3d() -> None:
+                _dense_rows_3d[(triton.cdiv(tokens, rows_per_program),)](x, out, tokens, COLS=256, ROWS=rows_per_program,
+                                                                         CODE=code, num_warps=warps)
+            ms = time_ms(dense_3d)
+            assert torch.equal(out, along_d), f"dense_rows_3d ROWS={rows_per_program} differs"
+            record(f"dense_rows_3d, {rows_per_program} tokens, {warps} warps", ms, 2)
     for blocks in (1, 2, 4):
         seq, start = _tiles(offsets, tokens, None, 32 * blocks)
         for warps in warps_list:
