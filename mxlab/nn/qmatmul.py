@@ -21,9 +21,10 @@ dims and blocks never cross them: in a padded per-sequence attention layout (B, 
 key-axis blocks of P @ V and of the gradients start at each sequence's first key, and keys
 padded with zeros change neither the blocks of the real keys nor the product.
 
-On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation and a
-float32 result (`torch.mm(..., out_dtype=torch.float32)`) whenever both operands are exactly
-representable in bfloat16. That holds for FP8 values, and for every MX element value quantized
+On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation whenever both
+operands are exactly representable in bfloat16: a bfloat16 result comes from cuBLAS's float32
+accumulator rounded once (split-K reductions kept in float32, see `_rounded_product`), any other
+result from a float32 one (`torch.mm(..., out_dtype=torch.float32)`). That holds for FP8 values, and for every MX element value quantized
 from a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a
 point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
 or float16 (via float32) are checked: no nonzero magnitude below 2^-126, where bfloat16 loses
