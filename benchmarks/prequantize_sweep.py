@@ -33,6 +33,7 @@ import triton.language as tl
 
 from mxlab.kernels._mx_device import _fake_quant_blocks, fake_quant_tile, operand_code
 from mxlab.kernels.attention.device import _prequantize
+from mxlab.kernels.attention.kernels import _sequence_tile
 from mxlab.kernels.attention.tiles import _tiles
 from mxlab.kernels.cast import hardware_fp8_applies
 from mxlab.numerics.formats import get_format
@@ -65,13 +66,8 @@ def _dense_rows_3d(X, OUT, tokens, COLS: tl.constexpr, ROWS: tl.constexpr, CODE:
 @triton.jit
 def _blocks_per_tile(X, OUT, offsets, tile_seq, tile_start, COLS: tl.constexpr, BLOCKS: tl.constexpr, CODE: tl.constexpr):
     """Prototype: blocks of 32 tokens from each sequence's first token, BLOCKS of them per tile-table entry."""
-    pid = tl.program_id(0)
-    seq = tl.load(tile_seq + pid)
-    live = seq >= 0
-    seq = tl.maximum(seq, 0)
-    begin = tl.load(offsets + seq)
-    length = tl.where(live, (tl.load(offsets + seq + 1) - begin).to(tl.int32), 0)
-    start = tl.load(tile_start + pid)
+    # the attention kernels' own tile lookup, the queries and keys both given `offsets` (strides unused: 0)
+    _, begin, length, _, _, _, start, _, _, _, _ = _sequence_tile(offsets, offsets, tile_seq, tile_start, 0, 0, 0, 0, 32, False)
     cols = tl.arange(0, COLS)
     for block in tl.static_range(BLOCKS):
         rows = start + block * 32 + tl.arange(0, 32)
@@ -143,22 +139,15 @@ def main() -> None:
     record("cast kernels' row fake-quantize (along head dim)",
            time_ms(lambda: fake_quantize(x.view(tokens, 256), "e4m3", axis=-1, scale_mode="rceil")), 2)
     out = torch.empty_like(x)
-    for rows_per_program in (32, 64, 128):
-        for warps in warps_list:
-            def dense() -> None:
-                _dense_rows[(triton.cdiv(tokens, rows_per_program),)](x, out, tokens, COLS=256, ROWS=rows_per_program,
-                                                                      CODE=code, num_warps=warps)
-            ms = time_ms(dense)
-            assert torch.equal(out, along_d), f"dense_rows ROWS={rows_per_program} differs"
-            record(f"dense_rows, {rows_per_program} tokens, {warps} warps", ms, 2)
-    for rows_per_program in (32, 64):
-        for warps in warps_list:
-            def dense_3d() -> None:
-                _dense_rows_3d[(triton.cdiv(tokens, rows_per_program),)](x, out, tokens, COLS=256, ROWS=rows_per_program,
-                                                                         CODE=code, num_warps=warps)
-            ms = time_ms(dense_3d)
-            assert torch.equal(out, along_d), f"dense_rows_3d ROWS={rows_per_program} differs"
-            record(f"dense_rows_3d, {rows_per_program} tokens, {warps} warps", ms, 2)
+    for name, kernel, rows_choices in (("dense_rows", _dense_rows, (32, 64, 128)), ("dense_rows_3d", _dense_rows_3d, (32, 64))):
+        for rows_per_program in rows_choices:
+            for warps in warps_list:
+                def dense() -> None:
+                    kernel[(triton.cdiv(tokens, rows_per_program),)](x, out, tokens, COLS=256, ROWS=rows_per_program,
+                                                                     CODE=code, num_warps=warps)
+                ms = time_ms(dense)
+                assert torch.equal(out, along_d), f"{name} ROWS={rows_per_program} differs"
+                record(f"{name}, {rows_per_program} tokens, {warps} warps", ms, 2)
     for blocks in (1, 2, 4):
         seq, start = _tiles(offsets, tokens, None, 32 * blocks)
         for warps in warps_list:

@@ -53,8 +53,8 @@ _PREQUANTIZE_COLUMNS = 256
 
 
 def _prequantize_warps(columns: int) -> int:
-    """4 warps for a full 256-column program: on the H200 at the h200 step's history shape, 1.1-1.6x faster than 8
-    for the launches that quantize along the tokens (reports/benchmarks/prequantize_sweep.txt)."""
+    """4 warps for a full 256-column program: on the H200 at the h200 step's history shape, 1.36-1.75x faster than 8
+    for the launches that quantize along the tokens, as fast for the head-dim one (reports/benchmarks/prequantize_sweep.txt)."""
     return 1 if _interpreting() else max(1, min(4, columns // 32))
 
 
