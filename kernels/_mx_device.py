@@ -28,7 +28,7 @@ import triton.language as tl
 from mxlab.numerics.formats import ElementFormat, get_format
 from mxlab.kernels.cast.bits import _fast_path_ok, _floor_log2, _mix32, _random_bits24
 from mxlab.kernels.cast.bits import _scale_exponent as _scale_exponent_and_special
-from mxlab.kernels.cast.elements import _quantize_hw_fp8
+from mxlab.kernels.cast.elements import _quantize_fast, _quantize_fast_stochastic, _quantize_hw_fp8
 from mxlab.kernels.cast.launch import HARDWARE_FP8_FORMATS
 from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
@@ -168,17 +168,34 @@ def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     amax = tl.max(magnitude, axis=BLOCK_AXIS)
     special = amax >= 0x7F800000
     s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
-    if HW_FP8:
+    if HW_FP8 or ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:
         inert = special | (amax == 0)  # all-zero and NaN/Inf blocks: any scale in range gives their values
         if _every_block(_fast_path_ok(s, inert, MBITS, EMIN, EMAX), BLOCK_AXIS):
-            _, value_bits = _quantize_hw_fp8(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
-                                             tl.expand_dims(special, BLOCK_AXIS), MBITS, 8, False)
-            y = value_bits.to(tl.float32, bitcast=True)  # special blocks: NaN through the NaN factor
+            y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
+                                 tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
         else:
             y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     else:
         y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     return y
+
+
+@triton.jit
+def _fake_quant_fast(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
+                     MMAX: tl.constexpr, ROUNDING: tl.constexpr, HW_FP8: tl.constexpr):
+    """Fake-quantized float32 values of blocks whose every scale passes `_fast_path_ok`, by the cast kernels' fast
+    paths: the GPU's FP8 conversion (HW_FP8), or their integer nearest-even or stochastic steps (which give the
+    exact path's bits there: docs/numerics.md, "The cast kernels"); NaN in `special` blocks. Codes are not used."""
+    if HW_FP8:
+        _, value = _quantize_hw_fp8(bits, s, special, MBITS, 8, False)  # special blocks: NaN through the NaN factor
+    else:
+        NMAX: tl.constexpr = (MMAX >> (23 - MBITS)) | (1 << MBITS)  # the largest value in units of its quantum
+        if ROUNDING == 0:
+            _, value = _quantize_fast(bits, s, MBITS, EMIN, EMAX, 255, NMAX, 8, IS_INT)
+        else:
+            _, value = _quantize_fast_stochastic(bits, s, r24, MBITS, EMIN, EMAX, 255, NMAX, 8, IS_INT)
+        value = tl.where(special, 0x7FC00000, value)
+    return value.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -627,6 +627,36 @@ def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis):
         assert torch.equal(y, expected), f"{(y != expected).sum().item()} elements differ (first row {first_row})"
 
 
+@pytest.mark.parametrize("fmt", ["e2m1", "e2m3", "e3m2", "e4m3", "e5m2", "int8"])
+@pytest.mark.parametrize("rounding, scale_mode", [("nearest_even", "floor"), ("stochastic", "rceil")])
+def test_in_kernel_fast_path_tiles_equal_the_reference_bits(fmt, rounding, scale_mode):
+    """Tiles whose every block scale is in the fast range take the cast kernels' fast steps (integer nearest even or
+    stochastic; on the CPU also e4m3/e5m2, which the GPU converts in hardware): the reference's bits, signed zeros,
+    element-subnormal values and saturation included, along either axis."""
+    from mxlab.nn.attention import score_counter
+    from mxlab.nn.qmatmul import _counted_stochastic_fake_quantize as _stochastic_fake_quantize
+    from mxlab.numerics.quant import fake_quantize
+
+    generator = torch.Generator().manual_seed(len(fmt))
+    x = torch.randn(32, 64, generator=generator) * torch.exp2(torch.randint(-20, 20, (32, 1), generator=generator).float())
+    x[5, :] = 0.0
+    x[6, :16] = -0.0
+    x[7, :] *= torch.exp2(-torch.arange(64, dtype=torch.float32) / 4)  # values far below their block's largest
+    x = x.to(DEVICE)
+    quant = OperandQuant(fmt, 32, scale_mode, rounding)
+    code = attention_codes.operand_code(fmt, scale_mode, rounding)
+    for axis in (0, 1):
+        y = torch.empty_like(x)
+        _score_tile_kernel[(1,)](x, y, 100, 1, 2, seed_key(11), AXIS=axis, CODE=code)
+        if rounding == "stochastic":
+            counter = score_counter(torch.arange(100, 132, device=DEVICE)[None, :], 2, 64)[0, 1]
+            expected = _stochastic_fake_quantize(x, quant, axis, 11, counter)
+        else:
+            expected = fake_quantize(x, fmt, axis=axis, scale_mode=scale_mode)
+        assert torch.equal(y.view(torch.int32), expected.view(torch.int32)), \
+            f"axis {axis}: {(y.view(torch.int32) != expected.view(torch.int32)).sum().item()} elements differ"
+
+
 # ----------------------------------------------------------------------------- GPU, benchmark size
 @pytest.fixture
 def full_precision_reductions(monkeypatch):
