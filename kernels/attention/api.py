@@ -7,7 +7,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from mxlab.kernels.attention.autograd import _JaggedAttentionFunction
-from mxlab.kernels.attention.codes import _codes, _seed_keys, _stochastic, unsupported_reason
+from mxlab.kernels.attention.codes import _codes, _head_dim_casts, _seed_keys, _stochastic, unsupported_reason
 from mxlab.kernels.attention.tiles import TileSizes, _cached_on_offsets, default_tiles, mx_tiles_problem
 from mxlab.numerics.jagged_checks import check_attention_inputs, check_offsets_layout, check_offsets_values
 
@@ -97,5 +97,6 @@ def jagged_attention_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     scores_stochastic = codes is not None and any(_stochastic(code) for code in (codes.p_n, codes.p_m, codes.ds_n, codes.ds_m))
     if scores_stochastic and q.shape[0] * q.shape[1] >= 1 << 32:
         raise ValueError(f"stochastic rounding of P or dS counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
+    casts = _head_dim_casts(policy, seeds, _launch.hw_fp8)
     return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, seed_keys,
-                                          tiles)
+                                          casts, tiles)

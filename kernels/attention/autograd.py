@@ -6,9 +6,9 @@ from typing import Any, Optional
 
 import torch
 
-from mxlab.kernels.attention.codes import _OperandCodes, _SeedKeys
+from mxlab.kernels.attention.codes import _HeadDimCasts, _OperandCodes, _SeedKeys
 from mxlab.kernels.attention.kernels import _jagged_attention_bwd_dkdv, _jagged_attention_bwd_dq, _jagged_attention_fwd
-from mxlab.kernels.attention.launch import _launch_options, _prequantized, _row_dots
+from mxlab.kernels.attention.launch import _head_dim_quantized, _launch_options, _prequantized, _row_dots
 from mxlab.kernels.attention.tiles import TileSizes, _tensor_version, _tiles
 
 
@@ -16,7 +16,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
                 causal: bool, silu: bool, codes: Optional[_OperandCodes], seeds: _SeedKeys,
-                tiles: TileSizes) -> torch.Tensor:  # type: ignore[override]
+                casts: Optional[_HeadDimCasts], tiles: TileSizes) -> torch.Tensor:  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -25,8 +25,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         m = torch.empty(heads, total_q, device=q.device, dtype=torch.float32)
         l = torch.empty_like(m)
         if quant:
-            q_d, _, _ = _prequantized(q, q_offsets, codes.q_d, None, d_seed_key=seeds.q_d)
-            k_d, _, _ = _prequantized(k, k_offsets, codes.k_d, None, d_seed_key=seeds.k_d)
+            q_d, k_d = _head_dim_quantized(q, casts.q_d, casts.launch), _head_dim_quantized(k, casts.k_d, casts.launch)
             _, v_t, _ = _prequantized(v, k_offsets, None, codes.v_n, t_seed_key=seeds.v_n)
         else:
             q_d, k_d, v_t = q, k, v
@@ -45,7 +44,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         # The offsets stay on ctx as the same Python objects, so the backward finds their tile
         # tables cached on them; their versions are checked as saved tensors' would be.
         ctx.offsets = (q_offsets, k_offsets, _tensor_version(q_offsets), _tensor_version(k_offsets))
-        ctx.settings = (causal, silu, codes, seeds, tiles)
+        ctx.settings = (causal, silu, codes, seeds, casts, tiles)
         return out
 
     @staticmethod
@@ -54,7 +53,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
         if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
             raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
-        causal, silu, codes, seeds, tiles = ctx.settings
+        causal, silu, codes, seeds, casts, tiles = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -64,7 +63,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         if quant:
             q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m, d_seed_key=seeds.q_d, t_seed_key=seeds.q_m)
             k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n, d_seed_key=seeds.k_d, t_seed_key=seeds.k_n)
-            v_d, _, _ = _prequantized(v, k_offsets, codes.v_d, None, d_seed_key=seeds.v_d)
+            v_d = _head_dim_quantized(v, casts.v_d, casts.launch)
             do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=row_term_with,
                                               d_seed_key=seeds.do_d, t_seed_key=seeds.do_m)
         else:
@@ -89,11 +88,11 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
         if tiles.fused_dq:
-            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None
+            return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None
         q_seq, q_start = _tiles(q_offsets, total_q, k_offsets, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
                 q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides, seeds.ds_n,
                 BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
             )
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None

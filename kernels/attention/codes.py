@@ -1,6 +1,6 @@
 """Operand codes and seed keys of a jagged attention call: the packed constexpr of each of the twelve quantized
-operands (format, scale mode, rounding, hardware FP8 switch), the seed key of each stochastic one, and why a
-policy cannot run in the kernels."""
+operands (format, scale mode, rounding, hardware FP8 switch), the seed key of each stochastic one, the cast-kernel
+quantization of the operands quantized along the head dim alone, and why a policy cannot run in the kernels."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from mxlab.kernels._mx_device import ROUND_STOCHASTIC, operand_code
-from mxlab.kernels.cast import hardware_fp8_applies
+from mxlab.kernels.cast import CastLaunch, hardware_fp8_applies
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.jagged_checks import ACTIVATIONS
 from mxlab.numerics.seeding import SEED_SLOTS, seed_key
@@ -85,6 +85,44 @@ def _seed_keys(seeds: Optional[Sequence[Sequence[int]]], codes: Optional[_Operan
                          f"SEED_SLOTS slot ({len(SEED_SLOTS)}); got {seeds!r}")
     return _SeedKeys(**{name: seed_key(seeds[product][SEED_SLOTS[slot]]) if _stochastic(getattr(codes, name)) else 0
                         for name, (product, slot) in _OPERAND_SLOTS.items()})
+
+
+@dataclass(frozen=True)
+class _RowCast:
+    """One operand's quantization along the head dim as `mxlab.kernels.cast.fake_quantize` takes it: format,
+    scale mode, rounding, and its seed (None unless it rounds stochastically)."""
+
+    fmt: Any
+    scale_mode: str
+    rounding: str
+    seed: Optional[int]
+
+
+@dataclass(frozen=True)
+class _HeadDimCasts:
+    """The operands quantized along the head dim alone (Q and K in the forward, V in the backward), which the
+    cast kernels' row fake-quantize computes (`launch._head_dim_quantized`), and the cast launch options."""
+
+    q_d: _RowCast
+    k_d: _RowCast
+    v_d: _RowCast
+    launch: CastLaunch
+
+
+def _head_dim_casts(policy: Any, seeds: Optional[Sequence[Sequence[int]]], hw_fp8: bool) -> Optional[_HeadDimCasts]:
+    """The head-dim-only operands of a policy that `_codes` accepts; None for policy None. `seeds` as
+    `_seed_keys` takes them (checked there); `hw_fp8=False` keeps the cast kernels' integer steps."""
+    if policy is None:
+        return None
+
+    def row_cast(name: str, quant: Any) -> _RowCast:
+        product, slot = _OPERAND_SLOTS[name]
+        seed = seeds[product][SEED_SLOTS[slot]] if quant.rounding == "stochastic" else None
+        return _RowCast(FORMATS[quant.fmt], quant.scale_mode, quant.rounding, seed)
+
+    # the same operands as `_codes` takes for q_d, k_d and v_d
+    return _HeadDimCasts(row_cast("q_d", policy.qk.fwd.a), row_cast("k_d", policy.qk.fwd.b),
+                         row_cast("v_d", policy.pv.grad_a.b), CastLaunch(hw_fp8=hw_fp8))
 
 
 def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:

@@ -1,5 +1,5 @@
 """Host launches of the jagged attention kernels besides the three attention kernels: the pre-quantized copies
-of Q, K, V, dO (`_prequantized`), the row dots of the BF16 backward, and the constexprs the kernels share."""
+of Q, K, V, dO (`_prequantized`, and `_head_dim_quantized` for those quantized along the head dim alone), the row dots of the BF16 backward, and the constexprs the kernels share."""
 from __future__ import annotations
 
 import functools
@@ -9,8 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
+from mxlab.kernels.attention.codes import _RowCast
 from mxlab.kernels.attention.device import _prequantize, _row_dot
 from mxlab.kernels.attention.tiles import TileSizes, _interpreting, _tiles
+from mxlab.kernels.cast import CastLaunch, fake_quantize
 
 
 def _dtype_constexpr(dtype: torch.dtype) -> Any:
@@ -45,6 +47,16 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
             ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns),
         )
     return along_d, along_t, row_dots
+
+
+def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> torch.Tensor:
+    """x (contiguous (tokens, heads, head_dim)) fake-quantized along the head dim, bfloat16: the bits of
+    `_prequantized` with a d_code alone (blocks of 32 never cross a head, and the stochastic counter is the
+    element's index in the (tokens, heads * head_dim) view in both), from the cast kernels' row fake-quantize of
+    that view. The H200 runs it at a copy's time, `_prequantize` at 2.7x (reports/benchmarks/prequantize_sweep.txt)."""
+    rows = fake_quantize(x.view(x.shape[0], -1), cast.fmt, axis=-1, scale_mode=cast.scale_mode, rounding=cast.rounding,
+                         seed=cast.seed, _launch=launch)
+    return rows.view(x.shape).to(torch.bfloat16)
 
 
 # Columns (heads x head_dim) of one `_prequantize` program: at most 256 (a multiple of every
