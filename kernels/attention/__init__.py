@@ -48,7 +48,8 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   returned, in both modes (in MX mode summed in the launch that quantizes dO). dS is the gradient of the
   rounded S, i.e. rounded to the input dtype after the scale. Q, K, V and dO are fake-quantized into
   bfloat16 copies, one per orientation needed, both orientations of a tensor from one read
-  (`_prequantize`, blocks of 32 tokens from each sequence's first token). The copies live only inside
+  (`_prequantize`, blocks of 32 tokens from each sequence's first token; Q and K in the forward and V in
+  the backward, needed along the head dim alone, from the cast kernels' row fake-quantize). The copies live only inside
   the forward or the backward that reads them: the backward keeps exactly what BF16 mode keeps (Q, K, V,
   the output, the softmax statistics) and quantizes Q, K and V again (the same seeds, the same bits).
   P and dS are quantized inside the attention kernels. Quantized values are exact in bfloat16, so every
