@@ -7,16 +7,23 @@ even with the FP8 conversion and under stochastic rounding, and counts in the ou
 register tile, or a reduction across warps, shows up as shared-memory traffic; whether that traffic is what the
 kernel's time goes to, only a GPU can say (benchmarks/prequantize_sweep.py).
 
+With `--spills` it prints instead ptxas -v's registers and spill bytes per launch kind at 4 and 8 warps for the codes
+of the gem-synthetic arms: e4m3 with the FP8 conversion (floor, rceil, tail-bf16), e4m3 stochastic (rceil-sr's
+gradients), e2m1 and e3m2 on the integer steps (mxfp4-all).
+
     python3 benchmarks/prequantize_compile_stats.py
+    python3 benchmarks/prequantize_compile_stats.py --spills
 """
 from __future__ import annotations
 
 import re
+import sys
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from attention_compile_stats import _ptxas
 from mxlab.kernels._mx_device import operand_code
 from mxlab.kernels.attention import device
 
@@ -27,14 +34,29 @@ LAUNCHES = {"head dim (Q, K fwd; V bwd)": (True, False, False), "tokens (V fwd)"
             "both (Q, K bwd)": (True, True, False), "both + row dots (dO bwd)": (True, True, True)}
 
 
+def _compiled(code: int, along_d: bool, along_t: bool, row_dot: bool, num_warps: int):
+    constants = dict(COLS=256, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=row_dot, HEAD_DIM=64)
+    signature = {arg: SIGNATURE.get(arg, "constexpr") for arg in device._prequantize.arg_names}
+    return triton.compile(ASTSource(fn=device._prequantize, signature=signature, constexprs=constants),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
+
+
+def spills() -> None:
+    codes = {"e4m3 FP8 convert": operand_code("e4m3", "rceil", "nearest_even", hw_fp8=True),
+             "e4m3 stochastic": operand_code("e4m3", "rceil", "stochastic"),
+             "e2m1 integer": operand_code("e2m1", "rceil", "nearest_even"),
+             "e3m2 integer": operand_code("e3m2", "rceil", "nearest_even")}
+    for label, code in codes.items():
+        for name, kind in LAUNCHES.items():
+            for warps in (4, 8):
+                print(f"{label:<17} {name:<28} {warps} warps  {_ptxas(_compiled(code, *kind, warps).asm['ptx'])}")
+
+
 def main() -> None:
     for rounding in ("nearest_even", "stochastic"):
         code = operand_code("e4m3", "rceil", rounding, hw_fp8=rounding == "nearest_even")
         for name, (along_d, along_t, row_dot) in LAUNCHES.items():
-            constants = dict(COLS=256, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=row_dot, HEAD_DIM=64)
-            signature = {arg: SIGNATURE.get(arg, "constexpr") for arg in device._prequantize.arg_names}
-            compiled = triton.compile(ASTSource(fn=device._prequantize, signature=signature, constexprs=constants),
-                                      target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+            compiled = _compiled(code, along_d, along_t, row_dot, 4)
             ptx = compiled.asm["ptx"]
             print(f"{rounding:<12} {name:<28} layout conversions {compiled.asm['ttgir'].count('convert_layout')}  "
                   f"barriers {ptx.count('bar.sync') + ptx.count('barrier.sync'):2d}  "
@@ -43,4 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    spills() if "--spills" in sys.argv[1:] else main()

@@ -19,6 +19,7 @@ It also times the cast kernels' own row fake-quantize (`mxlab.numerics.quant.fak
 (tokens, heads * head_dim) view, the same blocks as the head-dim quantization.
 
     python3 benchmarks/prequantize_sweep.py --json $OUT/prequantize_sweep.json
+    python3 benchmarks/prequantize_sweep.py --by-code --json $OUT/prequantize_by_code.json
     TRITON_INTERPRET=1 python3 benchmarks/prequantize_sweep.py --device cpu --sequences 6 --max-length 100 --mean-length 40 --check-only
 """
 from __future__ import annotations
@@ -77,18 +78,42 @@ def _blocks_per_tile(X, OUT, offsets, tile_seq, tile_start, COLS: tl.constexpr, 
         tl.store(OUT + index, fake_quant_tile(x, 0, 32, COLS, 0, CODE).to(tl.bfloat16), mask=ok)
 
 
-def _library(x, offsets, code, along_d: bool, along_t: bool, warps: int, cols: int = 256):
-    """The library's `_prequantize` launch of one orientation (or both), `cols` columns per program, with its outputs."""
+def _library(x, offsets, code, along_d: bool, along_t: bool, warps: int, cols: int = 256, row_dot: bool = False):
+    """The library's `_prequantize` launch of one orientation (or both; with row_dot, also the row dots of x with
+    itself), `cols` columns per program, with its outputs."""
     tokens = x.shape[0]
     seq, start = _tiles(offsets, tokens, None, 32)
     out_d, out_t = torch.empty_like(x), torch.empty_like(x)
+    row_dots = torch.empty(x.shape[1], tokens, device=x.device, dtype=torch.float32) if row_dot else x
 
     def launch() -> None:
         _prequantize[(seq.numel(), 256 // cols)](
-            x, out_d, out_t, x, x, offsets, seq, start, 256, 256, tokens, 0, 0,
-            COLS=cols, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=False, HEAD_DIM=64,
+            x, out_d, out_t, x, row_dots, offsets, seq, start, 256, 256, tokens, 12345, 67890,
+            COLS=cols, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=row_dot, HEAD_DIM=64,
             num_warps=warps)
     return launch, out_d, out_t
+
+
+def _by_code(x, offsets, time_ms, record) -> None:
+    """The launches the library makes with `_prequantize` (the head-dim-only ones go to the cast kernels) for the codes
+    of the gem-synthetic arms, at 4 and 8 warps: does the 4-warp choice, measured with the FP8 conversion alone,
+    suit the stochastic and integer codes too (benchmarks/prequantize_spills.txt: they spill 0.3-5 KB at 4 warps)?"""
+    codes = {"e4m3 FP8 convert": operand_code("e4m3", "rceil", "nearest_even",
+                                              hw_fp8=hardware_fp8_applies(x.device, get_format("e4m3"), "nearest_even")),
+             "e4m3 stochastic": operand_code("e4m3", "rceil", "stochastic"),
+             "e2m1 integer": operand_code("e2m1", "rceil", "nearest_even"),
+             "e3m2 integer": operand_code("e3m2", "rceil", "nearest_even")}
+    kinds = {"tokens": (False, True, False), "both": (True, True, False), "both + row dots": (True, True, True)}
+    for label, code in codes.items():
+        for kind, (along_d, along_t, row_dot) in kinds.items():
+            for warps in (4, 8):
+                launch = _library(x, offsets, code, along_d, along_t, warps, row_dot=row_dot)[0]
+                record(f"{label}, {kind}, {warps} warps", time_ms(launch), 1 + along_d + along_t + row_dot)
+
+
+def _write_json(path, tokens: int, copy_ms: float, rows: list) -> None:
+    if path is not None:
+        path.write_text(json.dumps({"tokens": tokens, "copy_ms": copy_ms, "rows": rows}, indent=1))
 
 
 def main() -> None:
@@ -99,6 +124,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--check-only", action="store_true", help="check the prototypes' bits, time nothing")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--by-code", action="store_true",
+                        help="only the library's launches by code (FP8 convert, stochastic, integer) at 4 and 8 warps")
     args = parser.parse_args()
     device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
@@ -122,6 +149,10 @@ def main() -> None:
         print(f"{name:<56} {ms:7.3f} ms  {rows[-1]['x_copy_time']:.2f}x a copy of the same bytes")
 
     print(f"{tokens} tokens x 256 bfloat16; copy {copy_ms:.3f} ms")
+    if args.by_code:
+        _by_code(x, offsets, time_ms, record)
+        _write_json(args.json, tokens, copy_ms, rows)
+        return
     for warps in warps_list:  # the library's launches, the reference bits for the prototypes
         launch, along_d, _ = _library(x, offsets, code, True, False, warps)
         record(f"library, along head dim, {warps} warps", time_ms(launch), 2)
@@ -160,8 +191,7 @@ def main() -> None:
             assert torch.equal(out, along_t), f"blocks_per_tile BLOCKS={blocks} differs"
             record(f"blocks_per_tile, {blocks} x 32 tokens, {warps} warps", ms, 2)
     print("every prototype gives the library's bits")
-    if args.json is not None:
-        args.json.write_text(json.dumps({"tokens": tokens, "copy_ms": copy_ms, "rows": rows}, indent=1))
+    _write_json(args.json, tokens, copy_ms, rows)
 
 
 if __name__ == "__main__":
