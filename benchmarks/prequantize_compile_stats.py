@@ -7,7 +7,8 @@ even with the FP8 conversion and under stochastic rounding, and counts in the ou
 register tile, or a reduction across warps, shows up as shared-memory traffic; whether that traffic is what the
 kernel's time goes to, only a GPU can say (benchmarks/prequantize_sweep.py).
 
-With `--spills` it prints instead ptxas -v's registers and spill bytes per launch kind at 4 and 8 warps for the codes
+With `--spills` it prints instead ptxas -v's registers and spill bytes per launch kind, for 256-column programs at 4
+and 8 warps and 128-column ones at 2 and 4, for the codes
 of the gem-synthetic arms: e4m3 with the FP8 conversion (floor, rceil, tail-bf16), e4m3 stochastic (rceil-sr's
 gradients), e2m1 and e3m2 on the integer steps (mxfp4-all).
 
@@ -34,8 +35,8 @@ LAUNCHES = {"head dim (Q, K fwd; V bwd)": (True, False, False), "tokens (V fwd)"
             "both (Q, K bwd)": (True, True, False), "both + row dots (dO bwd)": (True, True, True)}
 
 
-def _compiled(code: int, along_d: bool, along_t: bool, row_dot: bool, num_warps: int):
-    constants = dict(COLS=256, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=row_dot, HEAD_DIM=64)
+def _compiled(code: int, along_d: bool, along_t: bool, row_dot: bool, num_warps: int, columns: int = 256):
+    constants = dict(COLS=columns, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=row_dot, HEAD_DIM=64)
     signature = {arg: SIGNATURE.get(arg, "constexpr") for arg in device._prequantize.arg_names}
     return triton.compile(ASTSource(fn=device._prequantize, signature=signature, constexprs=constants),
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
@@ -48,8 +49,9 @@ def spills() -> None:
              "e3m2 integer": operand_code("e3m2", "rceil", "nearest_even")}
     for label, code in codes.items():
         for name, kind in LAUNCHES.items():
-            for warps in (4, 8):
-                print(f"{label:<17} {name:<28} {warps} warps  {_ptxas(_compiled(code, *kind, warps).asm['ptx'])}")
+            for columns, warps in ((256, 4), (256, 8), (128, 2), (128, 4)):
+                print(f"{label:<17} {name:<28} {columns} columns {warps} warps  "
+                      f"{_ptxas(_compiled(code, *kind, warps, columns).asm['ptx'])}")
 
 
 def main() -> None:

@@ -96,7 +96,8 @@ def _library(x, offsets, code, along_d: bool, along_t: bool, warps: int, cols: i
 
 def _by_code(x, offsets, time_ms, record) -> None:
     """The launches the library makes with `_prequantize` (the head-dim-only ones go to the cast kernels) for the codes
-    of the gem-synthetic arms, at 4 and 8 warps: does the 4-warp choice, measured with the FP8 conversion alone,
+    of the gem-synthetic arms, 256-column programs at 4 and 8 warps and 128-column ones at 2 and 4 (the narrower
+    programs were faster along the tokens with the FP8 conversion, prequantize_sweep_session13.txt): does the 4-warp choice, measured with the FP8 conversion alone,
     suit the stochastic and integer codes too (benchmarks/prequantize_spills.txt: they spill 0.3-5 KB at 4 warps)?"""
     codes = {"e4m3 FP8 convert": operand_code("e4m3", "rceil", "nearest_even",
                                               hw_fp8=hardware_fp8_applies(x.device, get_format("e4m3"), "nearest_even")),
@@ -106,9 +107,9 @@ def _by_code(x, offsets, time_ms, record) -> None:
     kinds = {"tokens": (False, True, False), "both": (True, True, False), "both + row dots": (True, True, True)}
     for label, code in codes.items():
         for kind, (along_d, along_t, row_dot) in kinds.items():
-            for warps in (4, 8):
-                launch = _library(x, offsets, code, along_d, along_t, warps, row_dot=row_dot)[0]
-                record(f"{label}, {kind}, {warps} warps", time_ms(launch), 1 + along_d + along_t + row_dot)
+            for cols, warps in ((256, 4), (256, 8), (128, 2), (128, 4)):
+                launch = _library(x, offsets, code, along_d, along_t, warps, cols, row_dot)[0]
+                record(f"{label}, {kind}, {cols} columns, {warps} warps", time_ms(launch), 1 + along_d + along_t + row_dot)
 
 
 def _write_json(path, tokens: int, copy_ms: float, rows: list) -> None:
@@ -125,7 +126,7 @@ def main() -> None:
     parser.add_argument("--check-only", action="store_true", help="check the prototypes' bits, time nothing")
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--by-code", action="store_true",
-                        help="only the library's launches by code (FP8 convert, stochastic, integer) at 4 and 8 warps")
+                        help="only the library's launches by code (FP8 convert, stochastic, integer) at a few columns and warps")
     args = parser.parse_args()
     device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
