@@ -3,7 +3,7 @@ operands (format, scale mode, rounding, hardware FP8 switch), the seed key of ea
 quantization of the operands quantized along the head dim alone, and why a policy cannot run in the kernels."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
 import torch
@@ -35,15 +35,15 @@ class _OperandCodes:
 
 @dataclass(frozen=True)
 class _SeedKeys:
-    """mix32 of the per-call stochastic-rounding seed of each of the 12 operands, as signed int32
-    (0 where an operand does not round stochastically)."""
+    """mix32 of the per-call stochastic-rounding seed of each operand the attention kernels quantize, as signed
+    int32 (0 where an operand does not round stochastically). V along the head dim has none: the cast kernels
+    quantize it (`_HeadDimCasts`)."""
 
     q_d: int = 0
     k_d: int = 0
     p_n: int = 0
     v_n: int = 0
     do_d: int = 0
-    v_d: int = 0
     p_m: int = 0
     do_m: int = 0
     ds_n: int = 0
@@ -53,6 +53,7 @@ class _SeedKeys:
 
 
 _NO_SEEDS = _SeedKeys()
+_SEED_KEY_NAMES = frozenset(field.name for field in fields(_SeedKeys))
 
 
 def _stochastic(code: int) -> bool:
@@ -67,6 +68,16 @@ _OPERAND_SLOTS = {
     "ds_m": (0, "grad_b.g"), "p_n": (1, "fwd.a"), "v_n": (1, "fwd.b"), "do_d": (1, "grad_a.g"), "v_d": (1, "grad_a.b"),
     "p_m": (1, "grad_b.a"), "do_m": (1, "grad_b.g"),
 }
+
+
+def _operand_quant(policy: Any, name: str) -> tuple[Any, str]:
+    """The policy's OperandQuant of one of the 12 operands and its path in words (e.g. `qk.fwd.a`): the operand
+    at that seed slot, where the gradient (`g`) is grad_a's a and grad_b's b."""
+    product, slot = _OPERAND_SLOTS[name]
+    gemm, side = slot.split(".")
+    side = {"grad_a": "a", "grad_b": "b"}[gemm] if side == "g" else side
+    where = f"{('qk', 'pv')[product]}.{gemm}.{side}"
+    return getattr(getattr((policy.qk, policy.pv)[product], gemm), side), where
 
 
 def rounds_stochastically(codes: Optional[_OperandCodes]) -> bool:
@@ -84,7 +95,7 @@ def _seed_keys(seeds: Optional[Sequence[Sequence[int]]], codes: Optional[_Operan
         raise ValueError("stochastic rounding in attention needs seeds=(qk seeds, pv seeds), each one seed per "
                          f"SEED_SLOTS slot ({len(SEED_SLOTS)}); got {seeds!r}")
     return _SeedKeys(**{name: seed_key(seeds[product][SEED_SLOTS[slot]]) if _stochastic(getattr(codes, name)) else 0
-                        for name, (product, slot) in _OPERAND_SLOTS.items()})
+                        for name, (product, slot) in _OPERAND_SLOTS.items() if name in _SEED_KEY_NAMES})
 
 
 @dataclass(frozen=True)
@@ -115,14 +126,13 @@ def _head_dim_casts(policy: Any, seeds: Optional[Sequence[Sequence[int]]], hw_fp
     if policy is None:
         return None
 
-    def row_cast(name: str, quant: Any) -> _RowCast:
+    def row_cast(name: str) -> _RowCast:
+        quant, _ = _operand_quant(policy, name)
         product, slot = _OPERAND_SLOTS[name]
         seed = seeds[product][SEED_SLOTS[slot]] if quant.rounding == "stochastic" else None
         return _RowCast(FORMATS[quant.fmt], quant.scale_mode, quant.rounding, seed)
 
-    # the same operands as `_codes` takes for q_d, k_d and v_d
-    return _HeadDimCasts(row_cast("q_d", policy.qk.fwd.a), row_cast("k_d", policy.qk.fwd.b),
-                         row_cast("v_d", policy.pv.grad_a.b), CastLaunch(hw_fp8=hw_fp8))
+    return _HeadDimCasts(row_cast("q_d"), row_cast("k_d"), row_cast("v_d"), CastLaunch(hw_fp8=hw_fp8))
 
 
 def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:
@@ -149,14 +159,7 @@ def _codes(policy: Any, device: Optional[torch.device] = None) -> Optional[_Oper
         for gemm_name, gemm in (("fwd", precision.fwd), ("grad_a", precision.grad_a), ("grad_b", precision.grad_b)):
             if gemm.hadamard is not None:
                 raise ValueError(f"policy.{name}.{gemm_name} uses a Hadamard transform; not supported by the kernel")
-    return _OperandCodes(
-        q_d=_operand(qk.fwd.a, "qk.fwd.a", device), k_d=_operand(qk.fwd.b, "qk.fwd.b", device),
-        p_n=_operand(pv.fwd.a, "pv.fwd.a", device), v_n=_operand(pv.fwd.b, "pv.fwd.b", device),
-        do_d=_operand(pv.grad_a.a, "pv.grad_a.a", device), v_d=_operand(pv.grad_a.b, "pv.grad_a.b", device),
-        p_m=_operand(pv.grad_b.a, "pv.grad_b.a", device), do_m=_operand(pv.grad_b.b, "pv.grad_b.b", device),
-        ds_n=_operand(qk.grad_a.a, "qk.grad_a.a", device), k_n=_operand(qk.grad_a.b, "qk.grad_a.b", device),
-        q_m=_operand(qk.grad_b.a, "qk.grad_b.a", device), ds_m=_operand(qk.grad_b.b, "qk.grad_b.b", device),
-    )
+    return _OperandCodes(**{name: _operand(*_operand_quant(policy, name), device) for name in _OPERAND_SLOTS})
 
 
 def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax") -> Optional[str]:

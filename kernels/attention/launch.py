@@ -53,7 +53,8 @@ def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> 
     """x (contiguous (tokens, heads, head_dim)) fake-quantized along the head dim, bfloat16: the bits of
     `_prequantized` with a d_code alone (blocks of 32 never cross a head, and the stochastic counter is the
     element's index in the (tokens, heads * head_dim) view in both), from the cast kernels' row fake-quantize of
-    that view. The H200 runs it at a copy's time, `_prequantize` at 2.7x (reports/benchmarks/prequantize_sweep.txt)."""
+    that view. On the H200 at the h200 step's history shape: 0.373 ms, `_prequantize` 0.975 ms
+    (reports/benchmarks/prequantize_sweep_session13.txt)."""
     rows = fake_quantize(x.view(x.shape[0], -1), cast.fmt, axis=-1, scale_mode=cast.scale_mode, rounding=cast.rounding,
                          seed=cast.seed, _launch=launch)
     return rows.view(x.shape).to(torch.bfloat16)
@@ -66,7 +67,7 @@ _PREQUANTIZE_COLUMNS = 256
 
 def _prequantize_warps(columns: int) -> int:
     """4 warps for a full 256-column program: on the H200 at the h200 step's history shape, 1.36-1.75x faster than 8
-    for the launches that quantize along the tokens, as fast for the head-dim one (reports/benchmarks/prequantize_sweep.txt)."""
+    for the launches that quantize along the tokens with the FP8 conversion (reports/benchmarks/prequantize_sweep.txt)."""
     return 1 if _interpreting() else max(1, min(4, columns // 32))
 
 

@@ -23,7 +23,7 @@ padded with zeros change neither the blocks of the real keys nor the product.
 
 On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation whenever both
 operands are exactly representable in bfloat16: a bfloat16 result comes from cuBLAS's float32
-accumulator rounded once (split-K reductions kept in float32, see `_rounded_product`), any other
+accumulator rounded once (split-K reductions kept in float32, see `_bfloat16_product`), any other
 result from a float32 one (`torch.mm(..., out_dtype=torch.float32)`). That holds for FP8 values, and for every MX element value quantized
 from a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a
 point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
@@ -178,19 +178,15 @@ def _float32_reductions() -> Iterator[None]:
         matmul.allow_bf16_reduced_precision_reduction = previous
 
 
-def _rounded_product(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], out_dtype: torch.dtype) -> torch.Tensor:
-    """a @ b, plus bias (already in out_dtype) when given, accumulated in float32 and rounded once to
-    out_dtype. Two bfloat16 CUDA operands and a bfloat16 result: one cuBLAS call that writes bfloat16 from
-    its float32 accumulator (bias added there, as nn.Linear's addmm does), float32 reductions enforced.
-    Otherwise `_float32_product`, the bias added in float32, then the cast. A bias needs 2-D a and b."""
-    if out_dtype == a.dtype == b.dtype == torch.bfloat16 and a.is_cuda:
-        with _float32_reductions():
-            if a.dim() == 2:
-                return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
-            out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
-            return out.reshape(*a.shape[:-2], *out.shape[-2:])
-    out = _float32_product(a, b)
-    return (out if bias is None else out + bias.float()).to(out_dtype)
+def _bfloat16_product(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """a @ b (+ bias, bfloat16, 2-D a and b only) of bfloat16 CUDA operands as one cuBLAS call that writes bfloat16
+    from its float32 accumulator (the bias added there, as nn.Linear's addmm does), with float32 split-K
+    reductions enforced: the float32 product rounded once."""
+    with _float32_reductions():
+        if a.dim() == 2:
+            return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+        out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
+        return out.reshape(*a.shape[:-2], *out.shape[-2:])
 
 
 def _pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
@@ -278,9 +274,10 @@ def _gemm(
             a_q, a_factor = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
             b_q, b_factor = _quantized_operand(b_in, quant.b, b_axis, seeds[1])
         factors = [f for f in (a_factor, b_factor) if f is not None]
-        if not factors and _observer is None:
-            return _rounded_product(op(a_q, transpose_a), op(b_q, transpose_b), bias, out_dtype), (a_q, a_factor), (b_q, b_factor)
-        out = _float32_product(op(a_q, transpose_a), op(b_q, transpose_b))
+        a_op, b_op = op(a_q, transpose_a), op(b_q, transpose_b)
+        if not factors and _observer is None and out_dtype == a_op.dtype == b_op.dtype == torch.bfloat16 and a_op.is_cuda:
+            return _bfloat16_product(a_op, b_op, bias), (a_q, a_factor), (b_q, b_factor)
+        out = _float32_product(a_op, b_op)
         if factors:  # per-tensor scales multiply the float32 accumulator, as FP8 GEMM hardware does
             out = out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
         if _observer is not None:
