@@ -239,13 +239,16 @@ def token_random_bits(tokens, columns, width, seed_key):
 
 
 @triton.jit
-def score_random_bits(query_rows, head, heads, keys, seed_key):
-    """24 random bits (int32, (len(query_rows), len(keys))) of the scores (query row, head, key): query_rows
-    are global rows of the packed queries, keys indices within the sequence; `random_bits24` of the
-    counter keys * 2^32 + query_row * heads + head (the host keeps query_row * heads + head < 2^32),
-    with seed_key = mix32(seed). The first mix runs once per row."""
+def score_random_bits(query_rows, head, heads, keys, seed_key, KEYS_FIRST: tl.constexpr):
+    """24 random bits (int32, (len(query_rows), len(keys)), or (len(keys), len(query_rows)) when KEYS_FIRST) of
+    the scores (query row, head, key): query_rows are global rows of the packed queries, keys indices within the
+    sequence; `random_bits24` of the counter keys * 2^32 + query_row * heads + head (the host keeps query_row *
+    heads + head < 2^32), with seed_key = mix32(seed). The first mix runs once per row."""
     row_key = _mix32((query_rows.to(tl.int64) * heads + head).to(tl.uint32) ^ seed_key.to(tl.uint32))
-    hashed = _mix32(row_key[:, None] ^ keys.to(tl.uint32)[None, :])
+    if KEYS_FIRST:
+        hashed = _mix32(row_key[None, :] ^ keys.to(tl.uint32)[:, None])
+    else:
+        hashed = _mix32(row_key[:, None] ^ keys.to(tl.uint32)[None, :])
     return (hashed >> 8).to(tl.int32)
 
 

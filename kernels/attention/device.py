@@ -49,11 +49,11 @@ def _maybe_quant(x, r24, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.conste
 
 
 @triton.jit
-def _score_bits(query_rows, head, keys, seed_key, CODE: tl.constexpr):
-    """Random bits of the scores (query_rows x keys) of `head` for the operand CODE (the grid's second
-    axis runs over the heads); 0 when CODE does not round stochastically."""
+def _score_bits(query_rows, head, keys, seed_key, CODE: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """Random bits of the scores (query_rows x keys, or keys x query_rows when KEYS_FIRST) of `head` for the
+    operand CODE (the grid's second axis runs over the heads); 0 when CODE does not round stochastically."""
     if ((CODE >> 15) & 3) == ROUND_STOCHASTIC:
-        return score_random_bits(query_rows, head, tl.num_programs(1), keys, seed_key)
+        return score_random_bits(query_rows, head, tl.num_programs(1), keys, seed_key, KEYS_FIRST)
     else:
         return 0
 
@@ -107,33 +107,40 @@ def _scores(q_dot, k_dot, sm_scale, S_DTYPE: tl.constexpr, BY_BITS: tl.constexpr
 
 
 @triton.jit
-def _allowed(offs_m, offs_n, q_len, k_len, CAUSAL: tl.constexpr):
-    allowed = (offs_m[:, None] < q_len) & (offs_n[None, :] < k_len)
-    if CAUSAL:
-        allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
+def _allowed(offs_m, offs_n, q_len, k_len, CAUSAL: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """Which (query, key) pairs attend, as a (queries, keys) tile, or (keys, queries) when KEYS_FIRST."""
+    if KEYS_FIRST:
+        allowed = (offs_n[:, None] < k_len) & (offs_m[None, :] < q_len)
+        if CAUSAL:
+            allowed = allowed & (offs_n[:, None] <= offs_m[None, :])
+    else:
+        allowed = (offs_m[:, None] < q_len) & (offs_n[None, :] < k_len)
+        if CAUSAL:
+            allowed = allowed & (offs_n[None, :] <= offs_m[:, None])
     return allowed
 
 
 @triton.jit
-def _probabilities(s, allowed, m_row, l_row, n_keys, SILU: tl.constexpr):
-    """Normalized P of the reference: exp(s - m) * (1 / l) (one reciprocal per row, not a quotient per
-    element: on the GPU both are float32 approximations within two ulps), or silu(s) / n_keys; 0 where not
-    allowed."""
+def _probabilities(s, allowed, m, inv_l, n_keys, SILU: tl.constexpr):
+    """Normalized P of the reference: exp(s - m) * inv_l, with each query's maximum m and reciprocal sum inv_l
+    broadcast against s (one reciprocal per row, not a quotient per element: on the GPU both are float32
+    approximations within two ulps), or silu(s) / n_keys; 0 where not allowed."""
     if SILU:
         p = s / (1.0 + tl.exp(-s)) / n_keys
     else:
-        p = tl.exp(s - m_row[:, None]) * (1.0 / l_row)[:, None]
+        p = tl.exp(s - m) * inv_l
     return tl.where(allowed, p, 0.0)
 
 
 @triton.jit
-def _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE: tl.constexpr, SILU: tl.constexpr, BY_BITS: tl.constexpr):
-    """dS as the reference's autograd gives it: d(s) * scale rounded to the input dtype."""
+def _score_gradient(s, p, dp, delta, allowed, n_keys, sm_scale, S_DTYPE: tl.constexpr, SILU: tl.constexpr, BY_BITS: tl.constexpr):
+    """dS as the reference's autograd gives it: d(s) * scale rounded to the input dtype (delta: each query's
+    softmax row term, broadcast against s)."""
     if SILU:
         sig = 1.0 / (1.0 + tl.exp(-s))
         ds = dp / n_keys * (sig * (1.0 + s * (1.0 - sig)))
     else:
-        ds = p * (dp - delta_row[:, None])
+        ds = p * (dp - delta)
     ds = tl.where(allowed, ds * sm_scale, 0.0)
     return _round_to(ds, S_DTYPE, BY_BITS)
 

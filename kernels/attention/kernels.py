@@ -59,16 +59,25 @@ def _row_statistics(M, L, DELTA, index, row_ok):
 @triton.jit
 def _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row, l_row,
                                       delta_row, n_keys, sm_scale, CAUSAL: tl.constexpr, SILU: tl.constexpr,
-                                      QUANT: tl.constexpr, S_DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
-    """(P, dS) of a (queries, keys) tile in the backward: the forward's normalized P again from the saved
+                                      QUANT: tl.constexpr, S_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
+                                      KEYS_FIRST: tl.constexpr):
+    """(P, dS) of a (queries, keys) tile in the backward, or of its transpose, a (keys, queries) tile, when
+    KEYS_FIRST (the same values: S^T = K Q^T, dP^T = V dO^T): the forward's normalized P again from the saved
     statistics, dP = dO V^T (rounded to the input dtype in BF16 mode), and dS (`_score_gradient`)."""
-    s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
-    allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
-    p = _probabilities(s, allowed, m_row, tl.where(l_row > 0, l_row, 1.0), n_keys, SILU)
-    dp = tl.dot(dod_dot, tl.trans(vd_dot))
+    inv_l = 1.0 / tl.where(l_row > 0, l_row, 1.0)
+    if KEYS_FIRST:
+        s = _scores(k_dot, q_dot, sm_scale, S_DTYPE, BY_BITS)
+        m, inv_l, delta = m_row[None, :], inv_l[None, :], delta_row[None, :]
+        dp = tl.dot(vd_dot, tl.trans(dod_dot))
+    else:
+        s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
+        m, inv_l, delta = m_row[:, None], inv_l[:, None], delta_row[:, None]
+        dp = tl.dot(dod_dot, tl.trans(vd_dot))
+    allowed = _allowed(offs_m, offs_n, q_len, k_len, CAUSAL, KEYS_FIRST)
+    p = _probabilities(s, allowed, m, inv_l, n_keys, SILU)
     if not QUANT:
         dp = _round_to(dp, S_DTYPE, BY_BITS)
-    return p, _score_gradient(s, p, dp, delta_row, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
+    return p, _score_gradient(s, p, dp, delta, allowed, n_keys, sm_scale, S_DTYPE, SILU, BY_BITS)
 
 
 @triton.jit
@@ -80,7 +89,7 @@ def _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, off
     key_ok = offs_n < k_len
     k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
     s = _scores(q_dot, k_dot, sm_scale, S_DTYPE, BY_BITS)
-    return offs_n, key_ok, s, _allowed(offs_m, offs_n, q_len, k_len, CAUSAL)
+    return offs_n, key_ok, s, _allowed(offs_m, offs_n, q_len, k_len, CAUSAL, False)
 
 
 @triton.jit
@@ -128,10 +137,10 @@ def _jagged_attention_fwd(
                                                  stride_kt, sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
         v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         if SILU:
-            p = _probabilities(s, allowed, m_i, l_i, n_keys, True)
+            p = _probabilities(s, allowed, 0.0, 1.0, n_keys, True)
         else:
             p, alpha, m_i, l_i = _online_softmax(s, allowed, m_i, l_i)
-        p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE)
+        p_bits = _score_bits(q_begin + offs_m, head, offs_n, p_seed_key, P_CODE, False)
         p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 1, P_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
         if SILU:
             acc += tl.dot(p_dot, v_dot)
@@ -183,25 +192,27 @@ def _jagged_attention_bwd_dkdv(
         q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         m_row, l_row, delta_row = _row_statistics(M, L, DELTA, stat_base + offs_m, row_ok)
         dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
-        p, ds = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row, l_row,
-                                                  delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE, BY_BITS)
+        # the (keys, queries) tile: P and dS are quantized along the queries, the axis each thread's row runs along
+        p_t, ds_t = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row,
+                                                      l_row, delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE,
+                                                      BY_BITS, True)
         query_rows = q_begin + offs_m
-        p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE)
-        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_M, BLOCK_N, 0, PM_CODE, QUANT),
+        p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE, True)
+        p_dot = _dot_operand(_maybe_quant(p_t, p_bits, BLOCK_N, BLOCK_M, 1, PM_CODE, QUANT),
                              OP_DTYPE, DOT_DTYPE, BY_BITS)
         dot_dot = _load_rows(DOT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
-        dv += tl.dot(tl.trans(p_dot), dot_dot)
-        ds_bits = _score_bits(query_rows, head, offs_n, dsm_seed_key, DSM_CODE)
-        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 0, DSM_CODE, QUANT),
+        dv += tl.dot(p_dot, dot_dot)
+        ds_bits = _score_bits(query_rows, head, offs_n, dsm_seed_key, DSM_CODE, True)
+        ds_dot = _dot_operand(_maybe_quant(ds_t, ds_bits, BLOCK_N, BLOCK_M, 1, DSM_CODE, QUANT),
                               OP_DTYPE, DOT_DTYPE, BY_BITS)
         qt_dot = _load_rows(QT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
-        dk += tl.dot(tl.trans(ds_dot), qt_dot)
+        dk += tl.dot(ds_dot, qt_dot)
         if FUSED_DQ:
-            dsn_bits = _score_bits(query_rows, head, offs_n, dsn_seed_key, DSN_CODE)
-            dsn_dot = _dot_operand(_maybe_quant(ds, dsn_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT),
+            dsn_bits = _score_bits(query_rows, head, offs_n, dsn_seed_key, DSN_CODE, True)
+            dsn_dot = _dot_operand(_maybe_quant(ds_t, dsn_bits, BLOCK_N, BLOCK_M, 0, DSN_CODE, QUANT),
                                    OP_DTYPE, DOT_DTYPE, BY_BITS)
             dq_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-            tl.atomic_add(DQ_ACC + dq_index, tl.dot(dsn_dot, kt_dot), mask=row_ok[:, None], sem="relaxed")
+            tl.atomic_add(DQ_ACC + dq_index, tl.dot(tl.trans(dsn_dot), kt_dot), mask=row_ok[:, None], sem="relaxed")
 
     out_index = (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :]
     tl.store(DK + out_index, _round_to(dk, DK.dtype.element_ty, BY_BITS).to(DK.dtype.element_ty), mask=key_ok[:, None])
@@ -239,8 +250,8 @@ def _jagged_attention_bwd_dq(
         k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         _, ds = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row, l_row,
-                                                  delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE, BY_BITS)
-        ds_bits = _score_bits(q_begin + offs_m, head, offs_n, dsn_seed_key, DSN_CODE)
+                                                  delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE, BY_BITS, False)
+        ds_bits = _score_bits(q_begin + offs_m, head, offs_n, dsn_seed_key, DSN_CODE, False)
         ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT),
                               OP_DTYPE, DOT_DTYPE, BY_BITS)
         kt_dot = _load_rows(KT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)

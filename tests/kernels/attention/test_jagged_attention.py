@@ -566,13 +566,20 @@ def test_stochastic_prequantized_operands_equal_the_reference_bits():
 
 
 @triton.jit
-def _score_tile_kernel(X, Y, first_row, head, heads, seed_key, AXIS: tl.constexpr, CODE: tl.constexpr):
-    """Y = fake_quant_tile of the (32, 64) float32 score tile X of query rows first_row.. and keys 0..63."""
+def _score_tile_kernel(X, Y, first_row, head, heads, seed_key, AXIS: tl.constexpr, CODE: tl.constexpr,
+                       KEYS_FIRST: tl.constexpr):
+    """Y = fake_quant_tile of the (32, 64) float32 score tile X of query rows first_row.. and keys 0..63 (AXIS 0:
+    along the queries); KEYS_FIRST quantizes its transpose, the (64, 32) tile of keys x queries, as dK/dV does."""
     rows = tl.arange(0, 32)
     keys = tl.arange(0, 64)
-    index = rows[:, None] * 64 + keys[None, :]
-    bits = score_random_bits(first_row + rows, head, heads, keys, seed_key)
-    tl.store(Y + index, fake_quant_tile(tl.load(X + index), bits, 32, 64, AXIS, CODE))
+    if KEYS_FIRST:
+        index = rows[None, :] * 64 + keys[:, None]
+        bits = score_random_bits(first_row + rows, head, heads, keys, seed_key, True)
+        tl.store(Y + index, fake_quant_tile(tl.load(X + index), bits, 64, 32, 1 - AXIS, CODE))
+    else:
+        index = rows[:, None] * 64 + keys[None, :]
+        bits = score_random_bits(first_row + rows, head, heads, keys, seed_key, False)
+        tl.store(Y + index, fake_quant_tile(tl.load(X + index), bits, 32, 64, AXIS, CODE))
 
 
 @triton.jit
@@ -602,8 +609,9 @@ def test_every_block_is_true_exactly_when_every_flag_is_set(axis):
         assert out.item() == int(expected), (axis, unset)
 
 
-@pytest.mark.parametrize("fmt, axis", [("e5m2", 0), ("e5m2", 1), ("int8", 1), ("e2m3", 0)])
-def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis):
+@pytest.mark.parametrize("fmt, axis, keys_first", [("e5m2", 0, False), ("e5m2", 1, False), ("int8", 1, False),
+                                                   ("e2m3", 0, False), ("e5m2", 0, True), ("e2m3", 1, True)])
+def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis, keys_first):
     """P and dS tiles: `score_random_bits` + `fake_quant_tile` against the reference's score counter
     (key * 2^32 + query_row * heads + head), bit for bit (axis 0: blocks along the queries, 1: along the
     keys); query rows x heads beyond 2^31, fractions far below the quantum and float32 subnormals included."""
@@ -620,7 +628,7 @@ def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis):
     code = attention_codes.operand_code(fmt, "floor", "stochastic")
     for first_row, heads, head, seed in ((0, 1, 0, 3), (2**30 + 17, 3, 2, 2**31 + 5)):
         y = torch.empty_like(x)
-        _score_tile_kernel[(1,)](x, y, first_row, head, heads, seed_key(seed), AXIS=axis, CODE=code)
+        _score_tile_kernel[(1,)](x, y, first_row, head, heads, seed_key(seed), AXIS=axis, CODE=code, KEYS_FIRST=keys_first)
         rows = torch.arange(first_row, first_row + 32, device=DEVICE)[None, :]
         counter = score_counter(rows, heads, 64)[0, head]
         expected = _stochastic_fake_quantize(x, quant, axis, seed, counter)
