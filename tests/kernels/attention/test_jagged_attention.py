@@ -655,7 +655,7 @@ def test_in_kernel_fast_path_tiles_equal_the_reference_bits(fmt, rounding, scale
     code = attention_codes.operand_code(fmt, scale_mode, rounding)
     for axis in (0, 1):
         y = torch.empty_like(x)
-        _score_tile_kernel[(1,)](x, y, 100, 1, 2, seed_key(11), AXIS=axis, CODE=code)
+        _score_tile_kernel[(1,)](x, y, 100, 1, 2, seed_key(11), AXIS=axis, CODE=code, KEYS_FIRST=False)
         if rounding == "stochastic":
             counter = score_counter(torch.arange(100, 132, device=DEVICE)[None, :], 2, 64)[0, 1]
             expected = _stochastic_fake_quantize(x, quant, axis, 11, counter)
@@ -818,7 +818,7 @@ def test_stochastic_operands_equal_the_reference_bits_on_gpu():
         assert torch.equal(along_t[begin:end].float(), _stochastic_fake_quantize(x[begin:end], quant, 0, 6, counter[begin:end]))
     scores = x.float().reshape(-1, 64)[:32].contiguous()
     y = torch.empty_like(scores)
-    _score_tile_kernel[(1,)](scores, y, 1000, 3, 4, seed_key(9), AXIS=1, CODE=code)
+    _score_tile_kernel[(1,)](scores, y, 1000, 3, 4, seed_key(9), AXIS=1, CODE=code, KEYS_FIRST=False)
     expected = _stochastic_fake_quantize(scores, quant, 1, 9, score_counter(torch.arange(1000, 1032, device=x.device)[None], 4, 64)[0, 3])
     assert torch.equal(y, expected)
 
