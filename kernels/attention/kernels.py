@@ -156,6 +156,15 @@ def _jagged_attention_fwd(
     tl.store(L + stat_index, l_i, mask=row_ok)
 
 
+@triton.jit
+def _transposed_if(tile, TRANSPOSE: tl.constexpr):
+    """tile, or its transpose when TRANSPOSE."""
+    if TRANSPOSE:
+        return tl.trans(tile)
+    else:
+        return tile
+
+
 @triton.jit(do_not_specialize=["total_q", "pm_seed_key", "dsm_seed_key", "dsn_seed_key"])
 def _jagged_attention_bwd_dkdv(
     QD, QT, KD, KT, VD, DOD, DOT, M, L, DELTA, DK, DV, DQ_ACC,
@@ -170,7 +179,10 @@ def _jagged_attention_bwd_dkdv(
     """dK, dV of one BLOCK_N tile of keys of one head. Operands (MX: pre-quantized): QD, KD for S;
     DOD, VD for dP (head dim); QT, DOT along the queries for dK and dV. P and dS are quantized
     here along the queries. FUSED_DQ also adds dS K (dS quantized along the keys, KT: K along
-    the keys) into the float32 DQ_ACC with atomics, instead of the separate dQ kernel."""
+    the keys) into the float32 DQ_ACC with atomics, instead of the separate dQ kernel.
+    MX works on the (keys, queries) tile, so P and dS are quantized along its rows (on the H200 the MX
+    arms' steps ran 0.4-2% faster); BF16 keeps the (queries, keys) tile, 4% faster there
+    (reports/benchmarks/dkdv_keys_first.txt)."""
     head, q_begin, q_len, k_begin, k_len, n_keys, start_n, offs_n, key_ok, q_offset, k_offset = _sequence_tile(
         q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_N, True)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -192,27 +204,27 @@ def _jagged_attention_bwd_dkdv(
         q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         m_row, l_row, delta_row = _row_statistics(M, L, DELTA, stat_base + offs_m, row_ok)
         dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
-        # the (keys, queries) tile: P and dS are quantized along the queries, the axis each thread's row runs along
-        p_t, ds_t = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row,
+        # MX: the (keys, queries) tile, whose shapes and axes the quantization below takes (BF16 skips it)
+        p, ds = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row,
                                                       l_row, delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE,
-                                                      BY_BITS, True)
+                                                      BY_BITS, QUANT)
         query_rows = q_begin + offs_m
-        p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE, True)
-        p_dot = _dot_operand(_maybe_quant(p_t, p_bits, BLOCK_N, BLOCK_M, 1, PM_CODE, QUANT),
+        p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE, QUANT)
+        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_N, BLOCK_M, 1, PM_CODE, QUANT),
                              OP_DTYPE, DOT_DTYPE, BY_BITS)
         dot_dot = _load_rows(DOT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
-        dv += tl.dot(p_dot, dot_dot)
-        ds_bits = _score_bits(query_rows, head, offs_n, dsm_seed_key, DSM_CODE, True)
-        ds_dot = _dot_operand(_maybe_quant(ds_t, ds_bits, BLOCK_N, BLOCK_M, 1, DSM_CODE, QUANT),
+        dv += tl.dot(_transposed_if(p_dot, not QUANT), dot_dot)
+        ds_bits = _score_bits(query_rows, head, offs_n, dsm_seed_key, DSM_CODE, QUANT)
+        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_N, BLOCK_M, 1, DSM_CODE, QUANT),
                               OP_DTYPE, DOT_DTYPE, BY_BITS)
         qt_dot = _load_rows(QT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
-        dk += tl.dot(ds_dot, qt_dot)
+        dk += tl.dot(_transposed_if(ds_dot, not QUANT), qt_dot)
         if FUSED_DQ:
-            dsn_bits = _score_bits(query_rows, head, offs_n, dsn_seed_key, DSN_CODE, True)
-            dsn_dot = _dot_operand(_maybe_quant(ds_t, dsn_bits, BLOCK_N, BLOCK_M, 0, DSN_CODE, QUANT),
+            dsn_bits = _score_bits(query_rows, head, offs_n, dsn_seed_key, DSN_CODE, QUANT)
+            dsn_dot = _dot_operand(_maybe_quant(ds, dsn_bits, BLOCK_N, BLOCK_M, 0, DSN_CODE, QUANT),
                                    OP_DTYPE, DOT_DTYPE, BY_BITS)
             dq_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-            tl.atomic_add(DQ_ACC + dq_index, tl.dot(tl.trans(dsn_dot), kt_dot), mask=row_ok[:, None], sem="relaxed")
+            tl.atomic_add(DQ_ACC + dq_index, tl.dot(_transposed_if(dsn_dot, QUANT), kt_dot), mask=row_ok[:, None], sem="relaxed")
 
     out_index = (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :]
     tl.store(DK + out_index, _round_to(dk, DK.dtype.element_ty, BY_BITS).to(DK.dtype.element_ty), mask=key_ok[:, None])
