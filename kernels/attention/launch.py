@@ -39,12 +39,12 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
         row_dots = torch.empty(x.shape[1], x.shape[0], device=x.device, dtype=torch.float32)
     width = x.shape[1] * x.shape[2]  # a token's heads side by side: one program covers all of them
     if seq.numel() and width:
-        columns = min(triton.next_power_of_2(width), _PREQUANTIZE_COLUMNS)
+        columns = min(triton.next_power_of_2(width), max(_PREQUANTIZE_COLUMNS, x.shape[2]))
         _prequantize[(seq.numel(), triton.cdiv(width, columns))](
             x, along_d, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
             offsets, seq, start, width, width, x.shape[0], d_seed_key, t_seed_key,
             COLS=columns, D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
-            ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns),
+            ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns, d_code, t_code),
         )
     return along_d, along_t, row_dots
 
@@ -60,15 +60,22 @@ def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> 
     return rows.view(x.shape).to(torch.bfloat16)
 
 
-# Columns (heads x head_dim) of one `_prequantize` program: at most 256 (a multiple of every
-# supported head dim up to 256); 32 x 256 float32 values take 64 registers per thread at 4 warps.
-_PREQUANTIZE_COLUMNS = 256
+# Columns (heads x head_dim) of one `_prequantize` program: 128, or one head when it is wider (the row dots
+# sum whole heads; every supported head dim is a power of two up to 256). On the H200 at the h200 step's
+# history shape, 128-column programs beat 256-column ones for every code and axis (0.25-0.88x the time,
+# reports/benchmarks/prequantize_by_code.txt).
+_PREQUANTIZE_COLUMNS = 128
 
 
-def _prequantize_warps(columns: int) -> int:
-    """4 warps for a full 256-column program: on the H200 at the h200 step's history shape, 1.36-1.75x faster than 8
-    for the launches that quantize along the tokens with the FP8 conversion (reports/benchmarks/prequantize_sweep.txt)."""
-    return 1 if _interpreting() else max(1, min(4, columns // 32))
+def _prequantize_warps(columns: int, d_code: Optional[int], t_code: Optional[int]) -> int:
+    """One warp per 64 columns, two when the program quantizes along both axes with an integer or stochastic code:
+    at one warp per 64 such a program spills (benchmarks/prequantize_spills.txt) and runs 1.1-3.9x slower
+    (reports/benchmarks/prequantize_by_code.txt), where the FP8 conversion and the one-axis launches run fastest."""
+    if _interpreting():
+        return 1
+    both_axes = d_code is not None and t_code is not None
+    hardware = all((code >> 24) & 1 for code in (d_code, t_code) if code is not None)
+    return max(1, columns // (64 if hardware or not both_axes else 32))
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
