@@ -1,4 +1,5 @@
-"""Registers, spills and local memory of the jagged attention kernels as compiled for sm_90, on any machine (no GPU).
+"""Registers, spills, shared memory and static SASS size of the jagged attention kernels as compiled for sm_90, on
+any machine (no GPU).
 
 An exploration for the training-step issue (not imported by the library). On the H200 the stochastic-rounding arm's
 attention backward costs far more than the MXFP4 arm's, whose operands take the integer path too
@@ -6,8 +7,10 @@ attention backward costs far more than the MXFP4 arm's, whose operands take the 
 dK/dV and dQ kernels of the tree it runs in, at the default tiles (`tiles.DEFAULT_TILES`, `DEFAULT_MX_TILES`), for
 the operand codes of four gem-synthetic arms (BF16; mxfp8-rceil with the FP8 conversion; mxfp8-rceil-sr, whose
 gradient operands dO and dS round stochastically; mxfp4-all, e2m1 forward and e3m2 gradients on the integer path),
-and prints ptxas -v's registers and spill bytes per kernel. A spill or a register count that halves occupancy is a
-lead for the next GPU visit; only a GPU can say what the time goes to.
+and prints ptxas -v's registers and spill bytes per kernel, and nvdisasm's instruction and CTA-barrier counts of the
+whole kernel (static counts, not per key step). A spill, a register count that halves occupancy, or instructions
+well above the BF16 kernel's at the same tiles are leads for the next GPU visit; only a GPU can say what the time
+goes to.
 
     python3 benchmarks/attention_compile_stats.py
 """
@@ -27,7 +30,9 @@ from mxlab.kernels._mx_device import operand_code
 from mxlab.kernels.attention import kernels
 from mxlab.kernels.attention.tiles import DEFAULT_MX_TILES, DEFAULT_TILES, TileSizes
 
-PTXAS = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+NVIDIA_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+PTXAS = os.path.join(NVIDIA_BIN, "ptxas")
+NVDISASM = os.path.join(NVIDIA_BIN, "nvdisasm")
 BFLOAT16_POINTERS = {"QD", "QT", "KD", "KT", "VD", "VT", "DOD", "DOT", "O", "DQ", "DK", "DV"}
 FLOAT32_POINTERS = {"M", "L", "DELTA", "DQ_ACC"}
 INT64_POINTERS = {"q_offsets", "k_offsets"}
@@ -78,10 +83,21 @@ def _ptxas(ptx: str) -> str:
             f"spill loads {loads.group(1) if loads else '?':>5}")
 
 
+def _sass_counts(cubin: bytes) -> str:
+    """Instructions and CTA barriers (BAR) in the kernel's SASS, by nvdisasm."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as handle:
+        handle.write(cubin)
+    sass = subprocess.run([NVDISASM, "-c", handle.name], capture_output=True, text=True).stdout
+    os.unlink(handle.name)
+    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass)
+    return f"SASS {len(opcodes):>5}  BAR {opcodes.count('BAR'):>3}"
+
+
 def _compile(fn, constants: dict, num_warps: int, num_stages: int) -> str:
     compiled = triton.compile(ASTSource(fn=fn, signature=_signature(fn), constexprs=constants),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
-    return f"{_ptxas(compiled.asm['ptx'])}  shared bytes {compiled.metadata.shared}"
+    return (f"{_ptxas(compiled.asm['ptx'])}  shared bytes {compiled.metadata.shared:>5}  "
+            f"{_sass_counts(compiled.asm['cubin'])}")
 
 
 def _shared_constants(quant: bool) -> dict:
@@ -99,6 +115,10 @@ def _launches(tiles, codes: dict) -> dict:
 
 
 def main() -> None:
+    print("BF16 mode at the MX default tiles (what the MX kernels would be without their quantization)")
+    for name, (fn, constants) in _launches(DEFAULT_MX_TILES, dict(fwd=0, grad=0)).items():
+        print(f"bf16            {name:<8} {constants['BLOCK_M']}x{constants['BLOCK_N']} w{DEFAULT_MX_TILES.num_warps}  "
+              f"{_compile(fn, {**_shared_constants(False), **constants}, DEFAULT_MX_TILES.num_warps, DEFAULT_MX_TILES.num_stages)}")
     print("default tiles, head_dim 64 (the h200 model)")
     for arm in ("bf16", "mxfp8-rceil", "mxfp8-rceil-sr", "mxfp4-all"):
         quant = arm != "bf16"
