@@ -298,13 +298,14 @@ UNDERFLOW_LINE = float(torch.finfo(torch.float32).tiny)
 
 
 def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
-    """Accumulate overflow / underflow counts of the (scaled) gradient entering the product."""
+    """Accumulate the (scaled) gradient's counts of non-finite, nonzero and underflowing (nonzero, below
+    UNDERFLOW_LINE) elements on its device, as `grad_stats["counts"]` (int64, in that order), with no host
+    synchronisation; `grad_stats["backward_calls"]` counts the calls."""
     stats = precision.grad_stats
     magnitude = g.detach().abs()
     nonzero = magnitude != 0
-    stats["nonfinite"] = stats.get("nonfinite", 0) + int((~torch.isfinite(magnitude)).sum())
-    stats["nonzero"] = stats.get("nonzero", 0) + int(nonzero.sum())
-    stats["underflow"] = stats.get("underflow", 0) + int((nonzero & (magnitude < UNDERFLOW_LINE)).sum())
+    counts = torch.stack([(~torch.isfinite(magnitude)).sum(), nonzero.sum(), (nonzero & (magnitude < UNDERFLOW_LINE)).sum()])
+    stats["counts"] = counts if "counts" not in stats else stats["counts"] + counts
     stats["backward_calls"] = stats.get("backward_calls", 0) + 1
 
 

@@ -12,7 +12,8 @@ values in one fused pass per device and dtype (`torch._amp_foreach_non_finite_ch
 as GradScaler does), updates the scale there (`torch._amp_update_scale_`) and, for optimizers that
 skip on the device (fused Adam / AdamW / SGD), hands them the overflow flag instead of reading it.
 Other optimizers cost one read of the flag per step; `step` (which returns a bool), the properties
-and `state_dict` read the device when called, and `per_layer` reads each product's statistics.
+and `state_dict` read the device when called, and `per_layer` reads all products' statistics in one read
+per step (each backward only adds its gradient's counts on the device).
 
 - `none`: scale 1; every step is taken (a non-finite gradient is left for the caller to see).
 - `static`: a fixed scale; a step with a non-finite gradient is skipped, the scale never changes.
@@ -316,16 +317,20 @@ class PerLayerLossScaler(DynamicLossScaler):
 
     def step_on_device(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """The dynamic step, then each product's scale from its gradient statistics (read on the host:
-        this policy syncs once per product and step)."""
+        this policy syncs once per step, for all products together)."""
         stepped = super().step_on_device(optimizer)
-        for name, precision in self.products.items():
-            stats = precision.reset_grad_stats()
-            if not stats:
-                continue
+        gathered = {name: precision.reset_grad_stats() for name, precision in self.products.items()}
+        gathered = {name: stats["counts"] for name, stats in gathered.items() if stats}
+        if not gathered:
+            return stepped
+        device = next(iter(gathered.values())).device
+        host = torch.stack([counts.to(device) for counts in gathered.values()]).tolist()  # the one sync
+        for name, (nonfinite, nonzero, underflow) in zip(gathered, host):
+            precision = self.products[name]
             current = float(precision.grad_scale)
-            if stats["nonfinite"] > 0:
+            if nonfinite > 0:
                 new = current * self.config.backoff_factor
-            elif stats["nonzero"] and stats["underflow"] / stats["nonzero"] > self.config.underflow_threshold:
+            elif nonzero and underflow / nonzero > self.config.underflow_threshold:
                 new = min(current * self.config.growth_factor, self.config.max_layer_scale)
             else:
                 new = current

@@ -117,6 +117,26 @@ def test_per_layer_scale_is_absorbed_by_mx_block_scales():
         assert torch.equal(dx, grads[0][0]) and torch.equal(dW, grads[0][1])
 
 
+def test_per_layer_statistics_stay_on_the_device_until_one_read_per_step():
+    """Each backward adds its gradient's counts (non-finite, nonzero, underflowing) on the gradient's device; the
+    scaler's step reads every product's counts in one transfer."""
+    from unittest import mock
+
+    model = nn.Sequential(mx_layer(), mx_layer())
+    scaler = make_loss_scaler({"policy": "per_layer", "init_scale": 1, "growth_interval": 1000}, model)
+    g = torch.randn(64, 32)
+    g[0, 0], g[1, 1] = 1e-39, 0.0  # one float32 subnormal (below 2^-126), one zero
+    for _ in range(2):
+        model(torch.randn(64, 32, requires_grad=True)).backward(g)
+    stats = model[1].precision.grad_stats
+    assert stats["counts"].dtype == torch.int64 and stats["counts"].tolist() == [0, 2 * (64 * 32 - 1), 2]
+    assert stats["backward_calls"] == 2
+    reads = mock.Mock(wraps=torch.Tensor.tolist)
+    with mock.patch.object(torch.Tensor, "tolist", lambda self: reads(self)):
+        scaler.step_on_device(torch.optim.SGD(model.parameters(), lr=0.0))
+    assert reads.call_count == 1 and model[1].precision.grad_stats == {}
+
+
 def test_per_layer_grows_on_underflow_backs_off_on_overflow_and_restores():
     model = nn.Sequential(mx_layer())
     config = {"policy": "per_layer", "init_scale": 1, "underflow_threshold": 0.1, "growth_interval": 1000}
