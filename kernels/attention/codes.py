@@ -60,6 +60,11 @@ def _stochastic(code: int) -> bool:
     return (code >> 15) & 3 == ROUND_STOCHASTIC.value
 
 
+def _hardware_fp8(code: int) -> bool:
+    """Whether an operand code converts with the GPU's FP8 instructions (its HW_FP8 bit, see `operand_code`)."""
+    return bool((code >> 24) & 1)
+
+
 # qmatmul's seed slot of each operand: fwd.a, fwd.b, grad_a.g, grad_a.b, grad_b.a, grad_b.g are Q, K, dS (along keys),
 # K (along keys), Q (along queries), dS (along queries) for qk and P, V, dO, V (along the head dim), P (along
 # queries), dO (along queries) for pv (docs/numerics.md, "Jagged attention").

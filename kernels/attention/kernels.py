@@ -181,8 +181,8 @@ def _jagged_attention_bwd_dkdv(
     here along the queries. FUSED_DQ also adds dS K (dS quantized along the keys, KT: K along
     the keys) into the float32 DQ_ACC with atomics, instead of the separate dQ kernel.
     MX works on the (keys, queries) tile, so P and dS are quantized along its rows (on the H200 the MX
-    arms' steps ran 0.4-2% faster); BF16 keeps the (queries, keys) tile, 4% faster there
-    (reports/benchmarks/dkdv_keys_first.txt)."""
+    arms' steps ran 0.3-2.2% faster); BF16 keeps the (queries, keys) tile, whose step ran 4% faster than on
+    the other (reports/benchmarks/ab_session14.txt, A/B 2)."""
     head, q_begin, q_len, k_begin, k_len, n_keys, start_n, offs_n, key_ok, q_offset, k_offset = _sequence_tile(
         q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_N, True)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -206,8 +206,8 @@ def _jagged_attention_bwd_dkdv(
         dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         # MX: the (keys, queries) tile, whose shapes and axes the quantization below takes (BF16 skips it)
         p, ds = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row,
-                                                      l_row, delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE,
-                                                      BY_BITS, QUANT)
+                                                  l_row, delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE,
+                                                  BY_BITS, QUANT)
         query_rows = q_begin + offs_m
         p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE, QUANT)
         p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_N, BLOCK_M, 1, PM_CODE, QUANT),

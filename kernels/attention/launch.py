@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from mxlab.kernels.attention.codes import _RowCast
+from mxlab.kernels.attention.codes import _RowCast, _hardware_fp8
 from mxlab.kernels.attention.device import _prequantize, _row_dot
 from mxlab.kernels.attention.tiles import TileSizes, _interpreting, _tiles
 from mxlab.kernels.cast import CastLaunch, fake_quantize
@@ -74,7 +74,7 @@ def _prequantize_warps(columns: int, d_code: Optional[int], t_code: Optional[int
     if _interpreting():
         return 1
     both_axes = d_code is not None and t_code is not None
-    hardware = all((code >> 24) & 1 for code in (d_code, t_code) if code is not None)
+    hardware = all(_hardware_fp8(code) for code in (d_code, t_code) if code is not None)
     return max(1, columns // (64 if hardware or not both_axes else 32))
 
 
