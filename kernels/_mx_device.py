@@ -168,8 +168,11 @@ def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     amax = tl.max(magnitude, axis=BLOCK_AXIS)
     special = amax >= 0x7F800000
     s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
-    if HW_FP8 or ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:
-        inert = special | (amax == 0)  # all-zero and NaN/Inf blocks: any scale in range gives their values
+    inert = special | (amax == 0)  # all-zero and NaN/Inf blocks: any scale in range gives their values
+    if HW_FP8:  # exact for every scale (docs/numerics.md): no tile-wide test, whose reduction crosses the warps
+        y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
+                             tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
+    elif ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:
         if _every_block(_fast_path_ok(s, inert, MBITS, EMIN, EMAX), BLOCK_AXIS):
             y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
                                  tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)

@@ -170,8 +170,9 @@ def _quantize_hw_fp8(bits, s, special, MBITS: tl.constexpr, BITS: tl.constexpr, 
         element = scaled.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e4m3x2.f32
     else:
         element = scaled.to(tl.float8e5, fp_downcast_rounding="rtne")  # cvt.rn.satfinite.e5m2x2.f32
-    factor = tl.where(special, F32_NAN_BITS, (127 + s) << 23).to(tl.float32, bitcast=True)  # 2^S, NaN if special
-    value = element.to(tl.float32) * factor  # exact, normal or zero
+    power = tl.where(s > -127, (127 + s) << 23, 1 << 22)  # 2^S (2^-127 is a float32 subnormal)
+    factor = tl.where(special, F32_NAN_BITS, power).to(tl.float32, bitcast=True)  # NaN if special
+    value = element.to(tl.float32) * factor  # exact: n * 2^qe with qe >= -143 (mul.f32 keeps subnormals)
     return element.to(tl.uint8, bitcast=True).to(tl.int32), value.to(tl.int32, bitcast=True)
 
 

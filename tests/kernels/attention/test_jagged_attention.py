@@ -665,6 +665,42 @@ def test_in_kernel_fast_path_tiles_equal_the_reference_bits(fmt, rounding, scale
             f"axis {axis}: {(y.view(torch.int32) != expected.view(torch.int32)).sum().item()} elements differ"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("scale_mode", ["floor", "rceil"])
+def test_hardware_fp8_tiles_equal_the_reference_bits_at_every_scale(fmt, scale_mode):
+    """The attention's in-kernel hardware FP8 conversion takes every block, with no tile-wide range test: blocks
+    whose scale is 2^-127 (a float32-subnormal factor) or just above it, float32-subnormal inputs, signed zeros,
+    and blocks near float32's largest values (rceil ones round up to an infinite value, as the reference's do)
+    give the reference's bits along either axis; a NaN block is NaN."""
+    from mxlab.kernels.cast import hardware_fp8_applies
+    from mxlab.numerics.quant import fake_quantize
+
+    if not hardware_fp8_applies(torch.device("cuda"), get_format(fmt), "nearest_even"):
+        pytest.skip("the GPU has no exact FP8 conversion (sm_90+)")
+    generator = torch.Generator().manual_seed(len(fmt) + len(scale_mode))
+    x = torch.randn(32, 64, generator=generator)
+    x *= torch.exp2(torch.randint(-150, -95, (32, 1), generator=generator).float())  # 2^-127 <= S <= -100
+    x[:4] = torch.randn(4, 64, generator=generator) * 2.0**-130  # all float32 subnormal (and 0)
+    x[4, :32] = -0.0
+    x[5] = torch.randn(64, generator=generator).sign() * 3.3e38 * torch.rand(64, generator=generator) ** 4
+    x[5, 0], x[5, 40] = -3.3e38, 3.3e38
+    x[6] = torch.randn(64, generator=generator) * 2.0**126
+    x[7] = torch.randn(64, generator=generator)
+    x[8, 3] = float("nan")
+    code = attention_codes.operand_code(fmt, scale_mode, "nearest_even", hw_fp8=True)
+    for axis in (0, 1):
+        data = x if axis == 1 else x.reshape(64, 32).T.contiguous()  # the same blocks, down the columns
+        y = torch.empty_like(data, device="cuda")
+        _score_tile_kernel[(1,)](data.cuda(), y, 0, 0, 1, 0, AXIS=axis, CODE=code, KEYS_FIRST=False)
+        expected = fake_quantize(data, fmt, axis=axis, scale_mode=scale_mode)
+        nan = expected.isnan()
+        assert torch.equal(y.isnan().cpu(), nan), f"axis {axis}: NaN elements differ"
+        got, want = y.cpu()[~nan].view(torch.int32), expected[~nan].view(torch.int32)
+        assert torch.equal(got, want), f"axis {axis}: {(got != want).sum().item()} elements differ"
+        assert (expected[~nan] != 0).sum() > 1000 and expected.isinf().any() == (scale_mode == "rceil")
+
+
 # ----------------------------------------------------------------------------- GPU, benchmark size
 @pytest.fixture
 def full_precision_reductions(monkeypatch):
