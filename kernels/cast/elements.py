@@ -161,7 +161,8 @@ def _stochastic_path(bits, s, inert, path, EMIN: tl.constexpr, ROUNDING: tl.cons
 @triton.jit
 def _quantize_hw_fp8(bits, s, special, MBITS: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
     """(codes, float32 value bits) of e4m3/e5m2 with round to nearest even through the GPU's saturating FP8
-    conversion (sm_90+), for blocks where `_fast_path_ok` holds; docs/numerics.md ("The cast kernels") says why it is exact.
+    conversion (sm_90+): exact at every scale S (docs/numerics.md: "The cast kernels" inside `_fast_path_ok`'s range,
+    where the cast kernels call it; "Jagged attention" outside it, where the attention's tiles call it too).
     Values of `special` blocks are NaN (their per-block dequantization factor is NaN); their codes are not set."""
     tl.static_assert(BITS == 8 and not IS_INT and (MBITS == 2 or MBITS == 3), "hardware FP8 path: e4m3 or e5m2 only")
     x = bits.to(tl.float32, bitcast=True)
