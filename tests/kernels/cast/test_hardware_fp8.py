@@ -212,16 +212,18 @@ def expand_blocks(per_block: torch.Tensor, block: int | tuple[int, int], axis: i
     return per_block.repeat_interleave(32, axis)
 
 
-def hardware_path_model(x: torch.Tensor, fmt_name: str, block, axis: int, finite_tile: bool = False):
+def hardware_path_model(x: torch.Tensor, fmt_name: str, block, axis: int, finite_tile: bool = False,
+                        scale_mode: str = "floor"):
     """(codes, values, fast) of the hardware path in PyTorch: scale bytes from the reference, then
     float32(x) * 2^-S, clamp to the max normal (satfinite), torch's nearest-even FP8 conversion, and
-    float32(fp8) * 2^S; `fast` marks the elements whose blocks take the fast path in the kernels.
+    float32(fp8) * 2^S (2^-127: the float32 subnormal); `fast` marks the elements whose blocks take the fast path
+    in the cast kernels (the attention's tiles take it everywhere).
     `finite_tile`: the kernels' variant for tiles without NaN/Inf blocks (`_hw_fp8_finite_elements`): no
     select per element, and all-zero blocks keep their clamped S = -127 (2^-S = 2^127, 2^S given by the
     float32 bits 0, that is +0.0)."""
     fmt = FORMATS[fmt_name]
     fp8_dtype = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[fmt_name]
-    _, scale_bytes = reference_quantize(x, fmt_name, block=block, axis=axis)
+    _, scale_bytes = reference_quantize(x, fmt_name, block=block, axis=axis, scale_mode=scale_mode)
     special = expand_blocks(scale_bytes == 0xFF, block, axis)
     scale = expand_blocks(scale_bytes.to(torch.int32) - 127, block, axis)
     magnitude, (rows, cols) = x.float().abs(), x.shape
@@ -244,7 +246,8 @@ def hardware_path_model(x: torch.Tensor, fmt_name: str, block, axis: int, finite
         codes = element.view(torch.uint8)
         return codes, (element.float() * ((127 + scale) << 23).view(torch.float32)).to(x.dtype), fast
     codes = torch.where(special, 0, element.view(torch.uint8).to(torch.int32)).to(torch.uint8)
-    values = element.float() * ((127 + scale) << 23).view(torch.float32)
+    power = torch.where(scale > -127, (127 + scale) << 23, 1 << 22)  # 2^S; 2^-127 is a float32 subnormal
+    values = element.float() * power.view(torch.float32)
     return codes, torch.where(special, float("nan"), values).to(x.dtype), fast
 
 
@@ -279,6 +282,27 @@ def test_model_of_the_finite_tile_hardware_path_equals_the_reference(fmt, dtype,
     assert fast.float().mean() > 0.8
     assert_same_bits(codes[fast], expected_codes[fast], "codes")
     assert_same_bits(values[fast], expected_values[fast], "values")
+
+
+@pytest.mark.parametrize("fmt", FP8_FORMATS)
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_model_of_the_hardware_path_equals_the_reference_at_every_scale(fmt, axis):
+    """The attention's variant (float32 register tiles, `_mx_device._fake_quant_blocks`): every block takes the
+    hardware path, with 2^-127 as a float32-subnormal factor; blocks outside the cast kernels' fast range (tiny
+    scales, float32-subnormal inputs and results, rceil blocks whose values overflow to infinity) included."""
+    x = adversarial_input(256, 256, fmt, torch.float32, seed=FP8_FORMATS.index(fmt) + 200)
+    x[:, :32] = torch.randn(256, 32) * torch.exp2(torch.randint(-150, -100, (256, 1)).float())
+    x[:32, 32:64] = 3.3e38 * torch.rand(32, 32) ** 2
+    x[0, 32] = 3.3e38  # rceil: rounds to 2^8 (e4m3) or 2^15 (e5m2) times 2^S = 2^128, infinite
+    for scale_mode in ("floor", "rceil"):
+        _, scale_bytes = reference_quantize(x, fmt, block=32, axis=axis, scale_mode=scale_mode)
+        _, values, fast = hardware_path_model(x, fmt, 32, axis, scale_mode=scale_mode)
+        expected = reference_fake_quantize(x, fmt, block=32, axis=axis, scale_mode=scale_mode)
+        slow = ~fast
+        assert slow.sum() > 1000 and (scale_bytes == 0).any()  # blocks outside the fast range, S = -127 among them
+        assert (expected[slow] != 0).any() and (expected.abs() < 2.0**-126).logical_and(expected != 0).any()
+        assert expected.isinf().any() == (scale_mode == "rceil")
+        assert_same_bits(values, expected, "values")
 
 
 # ----------------------------------------------------------------------------- hand-checked codes, any path
