@@ -71,8 +71,9 @@ def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver
     """Install an observer called after every emulated (not high-precision) GEMM; None removes it.
 
     It is called with keywords: `name` (module), `gemm` (label), `quant` (GemmQuant),
-    `shadow_a`, `shadow_b` (the unquantized operands as multiplied, for a shadow product), `out`
-    (the float32 product), `a`, `b` (the operands in their stored layouts as quantized, i.e. after
+    `shadow_a`, `shadow_b` (the unquantized operands as multiplied, for a shadow product),
+    `product_a`, `product_b` (the quantized operands as multiplied, without their per-tensor
+    factors; the GEMM's output is not shown, so observing never changes it), `a`, `b` (the operands in their stored layouts as quantized, i.e. after
     a Hadamard transform if any), `a_q`, `b_q` (their fake-quantized values as multiplied, bfloat16 or
     float32, not copied), `a_factor`, `b_factor` (None, or the 0-d per-tensor FP8 scale the values are
     multiplied by) and `a_axis`, `b_axis` (the blocked axes). Returns the previous observer.
@@ -275,16 +276,17 @@ def _gemm(
             b_q, b_factor = _quantized_operand(b_in, quant.b, b_axis, seeds[1])
         factors = [f for f in (a_factor, b_factor) if f is not None]
         a_op, b_op = op(a_q, transpose_a), op(b_q, transpose_b)
-        if not factors and _observer is None and out_dtype == a_op.dtype == b_op.dtype == torch.bfloat16 and a_op.is_cuda:
+        if _observer is not None:  # it recomputes the rows it samples: the GEMM below is the unobserved one
+            _observer(
+                name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b),
+                product_a=a_op, product_b=b_op, a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_factor=a_factor,
+                b_factor=b_factor, a_axis=a_axis, b_axis=b_axis,
+            )
+        if not factors and out_dtype == a_op.dtype == b_op.dtype == torch.bfloat16 and a_op.is_cuda:
             return _bfloat16_product(a_op, b_op, bias), (a_q, a_factor), (b_q, b_factor)
         out = _float32_product(a_op, b_op)
         if factors:  # per-tensor scales multiply the float32 accumulator, as FP8 GEMM hardware does
             out = out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
-        if _observer is not None:
-            _observer(
-                name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b), out=out,
-                a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_factor=a_factor, b_factor=b_factor, a_axis=a_axis, b_axis=b_axis,
-            )
         if bias is not None:
             out = out + bias.float()
     return out.to(out_dtype), (a_q, a_factor), (b_q, b_factor)

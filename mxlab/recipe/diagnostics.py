@@ -21,9 +21,10 @@ figures are those of the whole tensors.
 For each (step, module, gemm) the record (`monitor.drain()`) holds:
 
 - `sqnr_db`: 10 log10(sum ref^2 / sum (out - ref)^2) over the sampled rows of the product, where
-  `out` is the emulated product and `ref` the same rows of a shadow product of the unquantized
-  operands in float32 (accumulated over the contraction in slices of bounded size), so the figure
-  isolates the quantization error. `math.inf` when the two are identical (e.g. exactly
+  `out` is the emulated product (those rows of the quantized operands' product, as multiplied,
+  with their per-tensor scales) and `ref` the same rows of a shadow product of the unquantized
+  operands, both in float32 and accumulated over the contraction in slices of bounded size, so the
+  figure isolates the quantization error and observing never changes the GEMM the layer runs. `math.inf` when the two are identical (e.g. exactly
   representable inputs); Python's json writes it as `Infinity`.
 - `saturated_frac`: elements whose magnitude over their block scale exceeded the format's max
   normal (they were clipped to it); `flushed_frac`: non-zero elements quantized to zero;
@@ -45,7 +46,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import torch
 from torch import nn
@@ -173,32 +174,38 @@ def operand_stats(x: torch.Tensor, x_q: torch.Tensor, quant: OperandQuant, axis:
     return stats
 
 
-def sampled_shadow_rows(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, sample_rows: int
-                        ) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-    """(ref, got, rows_sampled, rows_total): at most `sample_rows` rows of the float32 product a @ b (a
-    (..., M, K), b (..., K, N) or (K, N)), accumulated over K in slices of bounded size, and the same
-    rows of `out` (the emulated product, (..., M, N)), both (rows, N) float32. Leading dims broadcast
-    as in torch.matmul."""
-    if b.dim() > 2:  # batched: both to the broadcast leading shape (views, no copies)
+def sampled_product_rows(products: Sequence[tuple[torch.Tensor, torch.Tensor]], sample_rows: int
+                         ) -> tuple[list[torch.Tensor], int, int]:
+    """([rows of a @ b for each (a, b)], rows_sampled, rows_total): the same at most `sample_rows` rows
+    of each float32 product a @ b (a (..., M, K), b (..., K, N) or (K, N), every pair of one shape; leading
+    dims broadcast as in torch.matmul), each (rows, N), accumulated over K in slices of bounded size,
+    so no temporary of a product's size is made."""
+    a, b = products[0]
+    if b.dim() > 2:
         shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-        a, b = a.expand(*shape, *a.shape[-2:]), b.expand(*shape, *b.shape[-2:])
-    *lead, rows, inner = a.shape
+        *lead, rows, inner = (*shape, *a.shape[-2:])
+    else:
+        *lead, rows, inner = a.shape
     cols = b.shape[-1]
     chosen = sample_index(math.prod(lead) * rows, sample_rows, a.device)
     lead_index = list(torch.unravel_index(chosen // rows, tuple(lead))) if lead else []
     row_index = chosen % rows
     batched = b.dim() > 2
     step = max(1, MAX_SAMPLE_ELEMENTS // (len(chosen) * cols if batched else max(len(chosen), cols)))
-    ref = torch.zeros(len(chosen), cols, dtype=torch.float32, device=a.device)
-    for start in range(0, inner, step):
-        part = slice(start, min(start + step, inner))
-        a_part = a[(*lead_index, row_index, part)].float()
-        if batched:
-            ref += torch.bmm(a_part[:, None, :], b[(*lead_index, part)].float()).squeeze(1)
-        else:
-            ref += a_part @ b[part].float()
-    got = out[(*lead_index, row_index)].float()
-    return ref, got, len(chosen), math.prod(lead) * rows
+    results = []
+    for a, b in products:
+        if batched:  # both to the broadcast leading shape (views, no copies)
+            a, b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
+        out = torch.zeros(len(chosen), cols, dtype=torch.float32, device=a.device)
+        for start in range(0, inner, step):
+            part = slice(start, min(start + step, inner))
+            a_part = a[(*lead_index, row_index, part)].float()
+            if batched:
+                out += torch.bmm(a_part[:, None, :], b[(*lead_index, part)].float()).squeeze(1)
+            else:
+                out += a_part @ b[part].float()
+        results.append(out)
+    return results, len(chosen), math.prod(lead) * rows
 
 
 @dataclass
@@ -269,13 +276,17 @@ class NumericsMonitor:
 
     @torch.no_grad()
     def _observe(self, *, name: str, gemm: str, quant: Any, shadow_a: torch.Tensor, shadow_b: torch.Tensor,
-                 out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, a_q: torch.Tensor, b_q: torch.Tensor,
-                 a_axis: int, b_axis: int, a_factor: Optional[torch.Tensor] = None,
-                 b_factor: Optional[torch.Tensor] = None) -> None:
+                 product_a: torch.Tensor, product_b: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                 a_q: torch.Tensor, b_q: torch.Tensor, a_axis: int, b_axis: int,
+                 a_factor: Optional[torch.Tensor] = None, b_factor: Optional[torch.Tensor] = None) -> None:
         key = (self._step if self._step is not None else -1, name, gemm)
         accumulator = self._accumulators.setdefault(key, _GemmAccumulator())
-        reference, got, rows, total = sampled_shadow_rows(shadow_a.detach(), shadow_b.detach(), out.detach(), self.sample_rows)
+        (reference, got), rows, total = sampled_product_rows(
+            [(shadow_a.detach(), shadow_b.detach()), (product_a.detach(), product_b.detach())], self.sample_rows)
         reference, got = reference.double(), got.double()
+        for factor in (a_factor, b_factor):  # per-tensor FP8 scales multiply the accumulator
+            if factor is not None:
+                got = got * factor.double()
         accumulator.signal += float((reference * reference).sum())
         accumulator.noise += float(((got - reference) ** 2).sum())
         accumulator.out_rows += total

@@ -177,18 +177,18 @@ def test_a_monitor_record_says_how_many_rows_it_read_and_its_sqnr_is_that_of_tho
         NumericsMonitor(layer, every=1, sample_rows=0)
 
 
-def test_sampled_shadow_rows_of_a_batched_product_are_those_rows_of_the_full_product(monkeypatch):
+def test_sampled_product_rows_of_a_batched_product_are_those_rows_of_the_full_product(monkeypatch):
     import mxlab.recipe.diagnostics as diagnostics
 
     monkeypatch.setattr(diagnostics, "MAX_SAMPLE_ELEMENTS", 40)  # forces slices along the contraction
     generator = torch.Generator().manual_seed(2)
     a, b = torch.randn(2, 3, 8, 16, generator=generator), torch.randn(2, 3, 16, 8, generator=generator)
-    out = a @ b
-    reference, got, rows, total = diagnostics.sampled_shadow_rows(a, b, out, sample_rows=5)
+    c, d = torch.randn(2, 3, 8, 16, generator=generator), torch.randn(2, 3, 16, 8, generator=generator)
+    (first, second), rows, total = diagnostics.sampled_product_rows([(a, b), (c, d)], sample_rows=5)
     chosen = torch.arange(5) * 48 // 5
     assert (rows, total) == (5, 48)
-    assert torch.equal(got, out.reshape(48, 8)[chosen])
-    assert torch.allclose(reference, out.reshape(48, 8)[chosen], atol=1e-5)
+    assert torch.allclose(first, (a @ b).reshape(48, 8)[chosen], atol=1e-5)
+    assert torch.allclose(second, (c @ d).reshape(48, 8)[chosen], atol=1e-5)
 
 
 @pytest.mark.gpu
@@ -205,26 +205,28 @@ def test_a_sampled_step_of_a_large_layer_costs_at_most_five_percent_more_memory_
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         with monitor.sampling(0) if monitor is not None else contextlib.nullcontext():
-            layer(x).float().sum().backward()
+            out = layer(x)
+            checksum = out.float().sum()
+            checksum.backward()
         torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
+        return torch.cuda.max_memory_allocated() - base, (checksum, x.grad.clone(), layer.weight.grad.clone())
 
-    plain = peak(None)
+    plain, unobserved = peak(None)
     monitor = NumericsMonitor(layer, every=1)
-    sampled = peak(monitor)
+    sampled, observed = peak(monitor)
+    assert all(torch.equal(p, q) for p, q in zip(unobserved, observed)), "observing changed the step's values"
     records = monitor.drain()
     assert {record["gemm"] for record in records} == {"fwd", "dgrad", "wgrad"}
     assert all(record["rows_sampled"] <= 2 * 1024 for record in records)
     assert sampled <= 1.05 * plain, f"sampled step peak {sampled / 2**30:.2f} GiB vs {plain / 2**30:.2f} GiB"
 
 
-def test_sampled_shadow_rows_broadcast_leading_dims_like_matmul():
+def test_sampled_product_rows_broadcast_leading_dims_like_matmul():
     import mxlab.recipe.diagnostics as diagnostics
 
     generator = torch.Generator().manual_seed(4)
     a, b = torch.randn(16, 8, generator=generator), torch.randn(3, 8, 4, generator=generator)
-    out = a @ b  # (3, 16, 4)
-    reference, got, rows, total = diagnostics.sampled_shadow_rows(a, b, out, sample_rows=7)
+    (got,), rows, total = diagnostics.sampled_product_rows([(a, b)], sample_rows=7)
     chosen = torch.arange(7) * 48 // 7
-    assert (rows, total) == (7, 48) and torch.equal(got, out.reshape(48, 4)[chosen])
-    assert torch.allclose(reference, got, atol=1e-5)
+    assert (rows, total) == (7, 48)
+    assert torch.allclose(got, (a @ b).reshape(48, 4)[chosen], atol=1e-5)
