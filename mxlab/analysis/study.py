@@ -38,6 +38,7 @@ class RunStatus:
     skipped_steps: int | None = None
     step_ms: float | None = None  # median ms per training step (done.json; None before it was recorded)
     peak_memory_bytes: int | None = None  # peak GPU memory of the run's process (None on a CPU)
+    trained_with: dict[str, Any] | None = None  # {"code": {commit, dirty, source}, "device": name}; None before it was recorded
 
 
 @dataclass
@@ -102,7 +103,7 @@ def load_study(study_dir: str | PathLike) -> StudyData:
                 raise ValueError(f"{path} is finished but has no eval.npz")
             runs[(arm, seed)] = RunStatus(arm, seed, status, path, done.get("diverged_at_step"), done.get("steps"), done.get("wall_s"),
                                           done.get("reason") if status == "skipped" else None, done.get("skipped_steps"),
-                                          done.get("step_ms"), done.get("peak_memory_bytes"))
+                                          done.get("step_ms"), done.get("peak_memory_bytes"), done.get("trained_with"))
     return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs)
 
 

@@ -1,8 +1,10 @@
-"""Where the code of a study came from: its git commit, or the best substitute when there is no checkout."""
+"""Where a study's code and runs came from: the code's git commit (or the best substitute when there is no
+checkout) and the device a run trained on."""
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,11 +23,14 @@ def package_hash(root: Path | None = None) -> str:
 def code_commit() -> dict[str, Any]:
     """The code's identity: {commit, dirty, source}.
 
-    ``source`` says where the commit came from: "git" (the checkout holding mxlab, with ``dirty``
-    telling uncommitted changes), "MXLAB_GIT_COMMIT" (the environment variable naming the commit of
-    a copy shipped without .git), or "package" (neither exists: ``commit`` is then
-    "mxlab-VERSION+sha256:HASH" from the installed version and :func:`package_hash`). Never None.
+    ``source`` says where the commit came from: "MXLAB_GIT_COMMIT" (the environment variable, when set:
+    it names the commit of a copy whose .git is absent or not its own, and wins over git), "git" (the
+    checkout holding mxlab, with ``dirty`` telling uncommitted changes), or "package" (neither: ``commit``
+    is then "mxlab-VERSION+sha256:HASH" from the installed version and :func:`package_hash`). Never None.
     """
+    shipped = os.environ.get("MXLAB_GIT_COMMIT")
+    if shipped:
+        return {"commit": shipped, "dirty": None, "source": "MXLAB_GIT_COMMIT"}
     checkout = Path(__file__).resolve().parents[2]
     try:
         head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
@@ -35,9 +40,6 @@ def code_commit() -> dict[str, Any]:
             return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
     except (OSError, subprocess.SubprocessError):
         pass
-    shipped = os.environ.get("MXLAB_GIT_COMMIT")
-    if shipped:
-        return {"commit": shipped, "dirty": None, "source": "MXLAB_GIT_COMMIT"}
     from importlib import metadata
 
     try:
@@ -45,3 +47,23 @@ def code_commit() -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         version = "unknown"
     return {"commit": f"mxlab-{version}+sha256:{package_hash()}", "dirty": None, "source": "package"}
+
+
+def device_name(device: str) -> str:
+    """The product name of `device` ('cuda:N' as CUDA reports it, 'cpu' as /proc/cpuinfo or platform does)."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(torch.device(device))
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def trained_with(device: str) -> dict[str, Any]:
+    """What a run records of the code and machine that trained it: {"code": code_commit(), "device": device_name}."""
+    return {"code": code_commit(), "device": device_name(device)}

@@ -31,7 +31,7 @@ import torch
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
-from mxlab.experiment.provenance import code_commit
+from mxlab.experiment.provenance import code_commit, device_name
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
 from mxlab.experiment.worker import make_data_source, read_result, record_failure
@@ -83,16 +83,6 @@ def resolve_devices(device: str, gpus: int = 0) -> list[str]:
     return [f"cuda:{index}" for index in range(gpus or count)]
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment_info(devices: Sequence[str]) -> dict[str, Any]:
     """Device names, library versions (torch, triton, numpy, mxlab, python) and the git commit of mxlab."""
     from importlib import metadata
@@ -105,7 +95,7 @@ def environment_info(devices: Sequence[str]) -> dict[str, Any]:
         except metadata.PackageNotFoundError:
             return None
 
-    names = [torch.cuda.get_device_name(torch.device(d)) if d.startswith("cuda") else _cpu_name() for d in devices]
+    names = [device_name(d) for d in devices]
     return {
         "devices": list(devices),
         "device_names": names,

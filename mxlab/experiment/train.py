@@ -25,6 +25,7 @@ from mxlab.experiment.data_order import data_order_seed, training_batches
 from mxlab.experiment.distributed import World
 from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
 from mxlab.experiment.optim import learning_rate, make_optimizer
+from mxlab.experiment.provenance import trained_with
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
 
@@ -98,6 +99,9 @@ class RunResult:
     # peak memory allocated by this run's process (torch.cuda.max_memory_allocated; None elsewhere).
     step_ms: float | None = None
     peak_memory_bytes: int | None = None
+    # The code and device that trained it (mxlab.experiment.provenance.trained_with): a study resumed
+    # over several machines or commits shows which runs came from which.
+    trained_with: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +114,7 @@ class RunResult:
             "resumed_from_step": self.resumed_from_step,
             "step_ms": self.step_ms,
             "peak_memory_bytes": self.peak_memory_bytes,
+            "trained_with": self.trained_with,
         }
 
 
@@ -469,6 +474,7 @@ def train_run(
             resumed_from_step=resumed_from,
             step_ms=median_step_ms(metrics, train.batch_size),
             peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
+            trained_with=trained_with(str(device)),
         )
         if world.writes:
             io.write_json(run_dir / DONE, result.to_dict())

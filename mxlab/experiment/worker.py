@@ -76,6 +76,7 @@ def read_result(run_dir: Path) -> RunResult:
         diverged_at_step=record.get("diverged_at_step"), reason=record.get("reason"),
         skipped_steps=record.get("skipped_steps", 0), resumed_from_step=record.get("resumed_from_step"),
         step_ms=record.get("step_ms"), peak_memory_bytes=record.get("peak_memory_bytes"),
+        trained_with=record.get("trained_with"),
     )
 
 

@@ -340,6 +340,20 @@ def _runs_table(analysis: StudyAnalysis, logs: dict[str, dict[int, list[dict[str
                  rows, classes)
 
 
+def _trained_with(analysis: StudyAnalysis) -> list[str]:
+    """One item per (code, device) the runs' done.json record, naming its runs; [] when none records it."""
+    groups: dict[str, list[str]] = {}
+    for (arm, seed), run in analysis.study.runs.items():
+        if run.status != "missing":
+            code = (run.trained_with or {}).get("code") or {}
+            key = (f"commit {code.get('commit')}" + (" with uncommitted changes" if code.get("dirty") else "")
+                   + f" on {run.trained_with.get('device')}") if run.trained_with else "not recorded"
+            groups.setdefault(key, []).append(f"{arm}/{seed}")
+    if set(groups) <= {"not recorded"}:
+        return []
+    return [f"**runs trained with** {key}: {', '.join(runs)}" for key, runs in groups.items()]
+
+
 def _environment(analysis: StudyAnalysis) -> list[Block]:
     spec = analysis.study.spec
     blocks: list[Block] = [Heading("Environment and reproduction", 2)]
@@ -354,7 +368,7 @@ def _environment(analysis: StudyAnalysis) -> list[Block]:
             if isinstance(value, dict):
                 value = ", ".join(f"{k} {v}" for k, v in value.items())
             items.append(f"**{key}**: {value}")
-        blocks.append(BulletList(items))
+        blocks.append(BulletList(items + _trained_with(analysis)))
     else:
         blocks.append(Paragraph("study.json records no environment."))
     command = spec.get("command")

@@ -7,9 +7,12 @@ from mxlab.experiment import provenance
 from mxlab.experiment.data_order import PLACEBO_DATA_SEED_OFFSET, data_order_seed
 
 
-def test_commit_comes_from_git_then_the_environment_then_the_package(monkeypatch):
+def test_commit_comes_from_the_environment_then_git_then_the_package(monkeypatch):
+    monkeypatch.delenv("MXLAB_GIT_COMMIT", raising=False)
     found = provenance.code_commit()
-    assert found["source"] in ("git", "MXLAB_GIT_COMMIT", "package") and found["commit"]
+    assert found["source"] in ("git", "package") and found["commit"]
+    monkeypatch.setenv("MXLAB_GIT_COMMIT", "abc1234")  # a copy whose .git is not its own says which commit it is
+    assert provenance.code_commit() == {"commit": "abc1234", "dirty": None, "source": "MXLAB_GIT_COMMIT"}
 
     def no_git(*args, **kwargs):
         raise OSError("no git here")

@@ -120,6 +120,21 @@ def test_the_ship_table_shows_each_arms_step_time_and_memory_against_the_baselin
     assert {r["step_ms"] for r in runs if r["arm"] == "mx"} == {24.0, 22.0, 40.0}
 
 
+def test_the_environment_names_the_code_and_device_each_run_was_trained_with(tmp_path):
+    directory = make_fake_study(tmp_path / "study", arms={"bf16": "same", "mx": "same"}, seeds=(0, 1, 2))
+    for arm in ("bf16", "mx"):
+        for seed in (0, 1, 2):
+            done_path = directory / "runs" / arm / f"seed{seed}" / "done.json"
+            commit = "aaa111" if seed == 0 else "bbb222"
+            trained = None if (arm, seed) == ("mx", 2) else {"code": {"commit": commit, "dirty": False, "source": "git"}, "device": "GPU X"}
+            done_path.write_text(json.dumps({**json.loads(done_path.read_text()), "trained_with": trained}))
+    write_report(directory)
+    environment = (directory / "report.md").read_text().split("## Environment and reproduction")[1]
+    assert "**runs trained with** commit aaa111 on GPU X: bf16/0, mx/0" in environment
+    assert "**runs trained with** commit bbb222 on GPU X: bf16/1, bf16/2, mx/1" in environment
+    assert "**runs trained with** not recorded: mx/2" in environment
+
+
 def test_the_ship_table_has_no_cost_column_when_the_runs_recorded_none(rendered):
     directory, *_ = rendered
     assert "step time, peak memory" not in (directory / "report.md").read_text()
