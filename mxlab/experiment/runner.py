@@ -360,10 +360,12 @@ def run_study(
         options += ["--runs-per-device", str(runs_per_device)] if runs_per_device != execution.runs_per_device else []
         options += (["--mps"] if mps else ["--no-mps"]) if mps != execution.mps else []
         out_dir.mkdir(parents=True, exist_ok=True)
-        write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
-                         {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
-                          "devices": devices, "nproc_per_node": nproc_per_node, "runs_per_device": runs_per_device,
-                          "mps": mps})
+        if len(done_before) < len(jobs) or not (out_dir / "study.json").exists():  # else: only the report, and the
+            # study.json of the machine that trained the runs stays
+            write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
+                             {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
+                              "devices": devices, "nproc_per_node": nproc_per_node, "runs_per_device": runs_per_device,
+                              "mps": mps})
         results: dict[str, RunResult] = {}
         arms = jobs[len(warmups):]
         for phase in (warmups, [job for job in arms if not job.post_training], [job for job in arms if job.post_training]):

@@ -77,8 +77,11 @@ def test_cli_run_report_and_compare(tmp_path):
 
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 2 and "--resume" in again.output
+    trained_on = {**study, "environment": {**study["environment"], "device": "the training machine"}}
+    (out / "study.json").write_text(json.dumps(trained_on))
     resumed = CliRunner().invoke(app, args + ["--resume"])
     assert resumed.exit_code == 0 and "0 runs trained, 2 already done" in resumed.output, resumed.output
+    assert json.loads((out / "study.json").read_text()) == trained_on  # nothing trained: the record stays
 
     rerun = CliRunner().invoke(app, ["report", str(out)])
     assert rerun.exit_code == 0, rerun.output
