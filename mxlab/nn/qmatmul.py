@@ -43,6 +43,11 @@ A (32, 32) tile is transpose-invariant, so when the grad-of-a GEMM quantizes b e
 forward did (same spec, deterministic rounding, no Hadamard) the forward's quantized b is
 reused, as hardware would (QLinear: one quantized weight per step for fwd and dgrad).
 
+A 2-D bfloat16 operand quantized along both dims with one spec is read once for both where that
+pays (`_one_read_pair`; same bits as two casts): a (K for the forward, M for the grad of b: the
+forward saves a's M-quantized values in place of a) and the output gradient (N and M). Not under
+an observer; a grad-of-b GEMM whose a was saved so is not shown to one installed after its forward.
+
 Stochastic rounding and the random Hadamard transform need seeds. Each `MatmulPrecision`
 carries a base `seed` and a counter of forward calls; the seed of operand slot s at call
 c is `derive_seed(seed, c, s)`, so a run that makes the same calls gets the same bits.
@@ -239,14 +244,15 @@ def _gemm(
     out_dtype: torch.dtype,
     name: str,
     label: str,
+    a_quantized: Optional[QuantizedOperand] = None,
     b_quantized: Optional[QuantizedOperand] = None,
     counters: tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
     bias: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, Optional[QuantizedOperand], Optional[QuantizedOperand]]:
     """op(a) @ op(b) (+ bias, in out_dtype, added to the float32 accumulator before its one rounding to
     out_dtype; 2-D operands only), op = transpose of the last two dims where asked, with a quantized along
-    `a_axis` and b along `b_axis` of their stored layouts (or b's quantized values given as
-    `b_quantized`); `counters`: stochastic-rounding counters of a and b (see `qmatmul`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
+    `a_axis` and b along `b_axis` of their stored layouts (or their quantized values given as
+    `a_quantized`, `b_quantized`); `counters`: stochastic-rounding counters of a and b (see `qmatmul`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
     `_quantized_operand` gives them (None for a high-precision GEMM)."""
 
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
@@ -259,7 +265,10 @@ def _gemm(
     with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
         a_in, b_in = a, b
         if quant.hadamard is None:
-            a_q, a_factor = _quantized_operand(a, quant.a, a_axis, seeds[0], counters[0])
+            if a_quantized is not None:
+                a_q, a_factor = a_quantized
+            else:
+                a_q, a_factor = _quantized_operand(a, quant.a, a_axis, seeds[0], counters[0])
             if b_quantized is not None:
                 b_q, b_factor = b_quantized
             else:
@@ -311,6 +320,21 @@ def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
     stats["backward_calls"] = stats.get("backward_calls", 0) + 1
 
 
+def _one_read_pair(x: torch.Tensor, along_last: OperandQuant, along_rows: OperandQuant,
+                   gemms: tuple[GemmQuant, GemmQuant]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """(x quantized along its last dim, along its rows) from one read of x, as `_quantized_operand` gives each,
+    when both specs are one MX spec with blocks of 32 whose fused launch pays (`rowcol_in_one_read`: hardware
+    FP8, so deterministic), neither GEMM has a Hadamard transform, x is 2-D bfloat16 and no observer is
+    installed; else None (each quantized where it is used)."""
+    from mxlab.numerics import quant
+
+    if not (_observer is None and x.dim() == 2 and x.dtype == torch.bfloat16 and along_last == along_rows
+            and along_last.block_scaled and along_last.block == BLOCK_SIZE and all(g.hadamard is None for g in gemms)
+            and quant.rowcol_in_one_read(x, along_last.fmt, along_last.rounding)):
+        return None
+    return quant.fake_quantize_rowcol(x, along_last.fmt, scale_mode=along_last.scale_mode, rounding=along_last.rounding, pad=True)
+
+
 def _same_square_quantization(fwd: GemmQuant, grad_a: GemmQuant) -> bool:
     b = fwd.b
     return (
@@ -326,16 +350,19 @@ class _QMatmulFunction(torch.autograd.Function):
         counters: Counters, seeds: Optional[tuple[int, ...]]
     ) -> torch.Tensor:  # type: ignore[override]
         seeds = precision.next_call_seeds() if seeds is None else seeds
+        a_pair = (_one_read_pair(a, precision.fwd.a, precision.grad_b.a, (precision.fwd, precision.grad_b))
+                  if ctx.needs_input_grad[1] else None)
         out, _, b_q = _gemm(
             a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
             out_dtype=a.dtype, name=precision.name, label=precision.labels[0], counters=(counters[0], counters[1]),
-            bias=bias,
+            bias=bias, a_quantized=(a_pair[0], None) if a_pair is not None else None,
         )
         # A (32, 32) tile is transpose-invariant: when grad_a quantizes b exactly as the forward did
         # (same spec, deterministic rounding, no Hadamard), the forward's quantized b is reused.
         ctx.b_quantized = b_q if _same_square_quantization(precision.fwd, precision.grad_a) else None
-        ctx.save_for_backward(a, b)
+        ctx.a_saved_quantized = a_pair is not None  # then a's values along M stand in for a
+        ctx.save_for_backward(a_pair[1] if a_pair is not None else a, b)
         ctx.precision = precision
         ctx.seeds = seeds
         ctx.counters = counters
@@ -361,21 +388,29 @@ class _QMatmulFunction(torch.autograd.Function):
         if scale is not None:
             g = g * scale
         grad_a = grad_b = None
+        g_pair = (_one_read_pair(g, precision.grad_a.a, precision.grad_b.b, (precision.grad_a, precision.grad_b))
+                  if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] else None)
         if ctx.needs_input_grad[0]:
             # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
             grad_a, _, _ = _gemm(
                 g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
                 seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]], seeds[SEED_SLOTS["grad_a.hadamard"]]),
                 out_dtype=a.dtype, name=precision.name, label=precision.labels[1], b_quantized=ctx.b_quantized,
-                counters=(g_counter, b_counter),
+                counters=(g_counter, b_counter), a_quantized=(g_pair[0], None) if g_pair is not None else None,
             )
         if ctx.needs_input_grad[1]:
             # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).
-            grad_b, _, _ = _gemm(
-                a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
-                seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
-                out_dtype=b.dtype, name=precision.name, label=precision.labels[2], counters=(a_counter, g_counter),
-            )
+            observer = set_gemm_observer(None) if ctx.a_saved_quantized else _observer  # it would see a quantized
+            try:
+                grad_b, _, _ = _gemm(
+                    a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
+                    seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
+                    out_dtype=b.dtype, name=precision.name, label=precision.labels[2], counters=(a_counter, g_counter),
+                    a_quantized=(a, None) if ctx.a_saved_quantized else None,
+                    b_quantized=(g_pair[1], None) if g_pair is not None else None,
+                )
+            finally:
+                set_gemm_observer(observer)
         if scale is not None:
             _record_grad_stats(precision, g)
             grad_a = grad_a / scale if grad_a is not None else None
