@@ -43,10 +43,8 @@ A (32, 32) tile is transpose-invariant, so when the grad-of-a GEMM quantizes b e
 forward did (same spec, deterministic rounding, no Hadamard) the forward's quantized b is
 reused, as hardware would (QLinear: one quantized weight per step for fwd and dgrad).
 
-A 2-D bfloat16 operand quantized along both dims with one spec is read once for both where that
-pays (`_one_read_pair`; same bits as two casts): a (K for the forward, M for the grad of b: the
-forward saves a's M-quantized values in place of a) and the output gradient (N and M). Not under
-an observer; a grad-of-b GEMM whose a was saved so is not shown to one installed after its forward.
+The output gradient, quantized along N for the grad of a and along M for the grad of b, is read
+once for both where one spec serves both and that pays (`_one_read_pair`; the bits of two casts).
 
 Stochastic rounding and the random Hadamard transform need seeds. Each `MatmulPrecision`
 carries a base `seed` and a counter of forward calls; the seed of operand slot s at call
@@ -350,19 +348,16 @@ class _QMatmulFunction(torch.autograd.Function):
         counters: Counters, seeds: Optional[tuple[int, ...]]
     ) -> torch.Tensor:  # type: ignore[override]
         seeds = precision.next_call_seeds() if seeds is None else seeds
-        a_pair = (_one_read_pair(a, precision.fwd.a, precision.grad_b.a, (precision.fwd, precision.grad_b))
-                  if ctx.needs_input_grad[1] else None)
         out, _, b_q = _gemm(
             a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
             out_dtype=a.dtype, name=precision.name, label=precision.labels[0], counters=(counters[0], counters[1]),
-            bias=bias, a_quantized=(a_pair[0], None) if a_pair is not None else None,
+            bias=bias,
         )
         # A (32, 32) tile is transpose-invariant: when grad_a quantizes b exactly as the forward did
         # (same spec, deterministic rounding, no Hadamard), the forward's quantized b is reused.
         ctx.b_quantized = b_q if _same_square_quantization(precision.fwd, precision.grad_a) else None
-        ctx.a_saved_quantized = a_pair is not None  # then a's values along M stand in for a
-        ctx.save_for_backward(a_pair[1] if a_pair is not None else a, b)
+        ctx.save_for_backward(a, b)
         ctx.precision = precision
         ctx.seeds = seeds
         ctx.counters = counters
@@ -400,17 +395,12 @@ class _QMatmulFunction(torch.autograd.Function):
             )
         if ctx.needs_input_grad[1]:
             # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).
-            observer = set_gemm_observer(None) if ctx.a_saved_quantized else _observer  # it would see a quantized
-            try:
-                grad_b, _, _ = _gemm(
-                    a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
-                    seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
-                    out_dtype=b.dtype, name=precision.name, label=precision.labels[2], counters=(a_counter, g_counter),
-                    a_quantized=(a, None) if ctx.a_saved_quantized else None,
-                    b_quantized=(g_pair[1], None) if g_pair is not None else None,
-                )
-            finally:
-                set_gemm_observer(observer)
+            grad_b, _, _ = _gemm(
+                a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
+                seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
+                out_dtype=b.dtype, name=precision.name, label=precision.labels[2], counters=(a_counter, g_counter),
+                b_quantized=(g_pair[1], None) if g_pair is not None else None,
+            )
         if scale is not None:
             _record_grad_stats(precision, g)
             grad_a = grad_a / scale if grad_a is not None else None

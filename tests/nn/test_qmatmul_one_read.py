@@ -1,6 +1,5 @@
-"""An operand quantized along both of its dims from one read (`_one_read_pair`) gives the bits of two casts:
-the forward saves a's M-quantized values in place of a, and the output gradient is read once for both of
-its backward GEMMs."""
+"""The output gradient quantized along both of its dims from one read (`_one_read_pair`) for both backward
+GEMMs gives the bits of two casts."""
 import pytest
 import torch
 
@@ -55,11 +54,11 @@ def _compare(monkeypatch, device: str, fused_expected: int, precision_factory=_p
 
 
 def test_one_read_path_gives_the_bits_of_two_casts(monkeypatch):
-    _compare(monkeypatch, "cpu", fused_expected=2)  # a in the forward, g in the backward
+    _compare(monkeypatch, "cpu", fused_expected=1)  # g, once per backward
 
 
 def test_operands_with_two_specs_are_quantized_where_they_are_used(monkeypatch):
-    # a's forward and grad-of-b specs differ (e4m3, e5m2), and so do g's: no one-read pair
+    # g's specs in the grad of a (e5m2) and of b (e4m3) differ: no one-read pair
     def two_specs():
         fwd, other = qm.OperandQuant("e4m3", 32, "rceil"), qm.OperandQuant("e5m2", 32, "rceil")
         return qm.MatmulPrecision(qm.GemmQuant(fwd, fwd), qm.GemmQuant(other, fwd), qm.GemmQuant(other, fwd), seed=5)
