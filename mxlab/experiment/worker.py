@@ -5,12 +5,20 @@ a data-parallel group). `process_main` is the entry of a local worker process: i
 and answers on a pipe; a crash is recorded in the run's done.json (status "failed") so the study
 goes on and `--resume` tries that run again. Progress goes to the run folder's progress.json
 (written atomically), which the driver shows as one live line per run.
+
+A worker outlives no driver: `process_main` starts a daemon thread that waits on the parent sentinel
+multiprocessing gives every child (a pipe whose other end the driver holds; it reads EOF once the
+driver is gone, SIGKILL included) and then ends the worker with `os._exit(ORPHANED_EXIT)`, so a GPU it
+holds is freed at once. Checkpoints are written atomically (mxlab.experiment.checkpoint), so such an
+exit loses at most the steps since the run's last checkpoint; `--resume` goes on from there.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -24,6 +32,7 @@ from mxlab.experiment.spec import ExperimentSpec
 from mxlab.experiment.train import DONE, RunJob, RunResult, run_is_done, train_run
 
 PROGRESS = "progress.json"
+ORPHANED_EXIT = 3  # a worker's exit code when its driver died before it
 _SOURCES: dict[str, Any] = {}
 
 
@@ -135,13 +144,36 @@ def run_job(job: RunJob, device: str, *, world: World | None = None, progress: A
                      progress=progress if progress is not None else FileProgress(job.run_dir))
 
 
+def exit_with_parent() -> threading.Thread | None:
+    """Start a daemon thread that ends this process (os._exit(ORPHANED_EXIT)) as soon as the process that
+    started it through multiprocessing is gone; return that thread (None outside a multiprocessing child)."""
+    import multiprocessing
+    from multiprocessing.connection import wait
+
+    parent = multiprocessing.parent_process()
+    sentinel = getattr(parent, "sentinel", None)
+    if sentinel is None:
+        return None
+
+    def watch() -> None:
+        wait([sentinel])  # readable (EOF) once every copy of the driver's end is closed: the driver exited or was killed
+        with contextlib.suppress(OSError):
+            os.write(2, f"mxlab worker {os.getpid()}: the driver process is gone; exiting\n".encode())
+        os._exit(ORPHANED_EXIT)
+
+    thread = threading.Thread(target=watch, name="mxlab-exit-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
 def process_main(job: RunJob, device: str, connection: Any, threads: int = 0) -> None:
     """Entry of a local worker process: run `job`, send ("ok", record) or ("failed", reason) on `connection`.
 
     `threads` > 0: torch's CPU threads in this process (runs that share a machine share its cores; a CPU
     run's [train] cpu_threads still wins). An exception (an out-of-memory error included) is recorded in
-    the run's done.json as failed.
+    the run's done.json as failed. The process ends by itself when its driver dies (`exit_with_parent`).
     """
+    exit_with_parent()
     if threads > 0:
         torch.set_num_threads(threads)
     try:

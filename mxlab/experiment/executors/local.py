@@ -4,23 +4,35 @@
 on CPUs), so every run starts with a fresh CUDA context and caching allocator, and its memory is
 returned when it ends; with several devices,
 one run per device at a time. A run that crashes (an exception, an out-of-memory error, a killed
-process) is recorded in its done.json as failed and the other runs go on. `InlineExecutor` runs
-every job in this process, one after another (the Python API's step hooks need it).
+process) is recorded in its done.json as failed and the other runs go on; one that fails before
+training begins because its GPU is busy (CUDA's "busy or unavailable": often the worker of a killed
+earlier command still holding it) is started once more after BUSY_RETRY_PAUSE_S. SIGTERM and SIGHUP
+stop `LocalExecutor.run` as Ctrl-C does (KeyboardInterrupt), so its workers are terminated and joined
+before the driver exits; a worker whose driver is killed outright exits by itself (mxlab.experiment.worker).
+`InlineExecutor` runs every job in this process, one after another (the Python API's step hooks need it).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from mxlab.experiment.executors.progress import StudyProgress, describe
 from mxlab.experiment.train import RunJob, RunResult, StepHook, train_run
-from mxlab.experiment.worker import cached_source, describe_error, preload_worker_modules, process_main, read_result, record_failure
+from mxlab.experiment.worker import (PROGRESS, cached_source, describe_error, preload_worker_modules, process_main,
+                                    read_result, record_failure)
 
 POLL_S = 0.25
+BUSY = "busy or unavailable"  # CUDA's error when another process holds a GPU in exclusive-process mode
+BUSY_RETRY_PAUSE_S = 20.0  # how long a device that was busy at a run's start rests before that run starts again
+TERMINATE_GRACE_S = 10.0  # how long a terminated worker has to exit before it is killed
+STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 
 
 class InlineExecutor:
@@ -58,6 +70,58 @@ def _exit_reason(code: int | None) -> str:
     return f"the worker process exited with code {code} before answering"
 
 
+class _Stop:
+    """A signal handler that raises KeyboardInterrupt once; later signals, and any while `stopping`, are ignored
+    (`timeout` sends SIGTERM to the driver and then to its process group: the second must not cut the clean-up short)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if not self.stopping:
+            self.stopping = True
+            raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _signals_as_interrupt() -> Iterator[_Stop]:
+    """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt (once) in the main thread; the previous
+    handlers come back after. Off the main thread nothing is installed; an ignored signal (nohup) stays ignored."""
+    stop = _Stop()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) is not signal.SIG_IGN:
+                previous[number] = signal.signal(number, stop)
+    try:
+        yield stop
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _started_training(run_dir: Path, pid: int | None) -> bool:
+    """Whether the worker `pid` began training the run: its progress.json (written as training starts) names it."""
+    try:
+        return json.loads((Path(run_dir) / PROGRESS).read_text()).get("pid") == pid
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _stop_workers(processes: Sequence[Any]) -> None:
+    """Terminate the started `processes` and join them; one still alive after TERMINATE_GRACE_S is killed."""
+    started = [process for process in processes if process.pid is not None]
+    for process in started:
+        process.terminate()
+    deadline = time.monotonic() + TERMINATE_GRACE_S
+    for process in started:
+        process.join(max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join()
+
+
 class LocalExecutor:
     """One spawned worker process per run, at most `runs_per_device` per device at a time.
 
@@ -75,7 +139,10 @@ class LocalExecutor:
         self.devices, self.nproc_per_node, self.runs_per_device = list(devices), nproc_per_node, runs_per_device
 
     def run(self, jobs: Sequence[RunJob], progress: StudyProgress) -> dict[str, RunResult]:
-        """Train each job in its own process; return {label: record} (failed runs included)."""
+        """Train each job in its own process; return {label: record} (failed runs included).
+
+        An interrupt (Ctrl-C, SIGTERM, SIGHUP) terminates and joins the workers, then raises KeyboardInterrupt.
+        """
         if self.nproc_per_node > 1:
             return self._run_data_parallel(jobs, progress)
         context = worker_context(self.devices)
@@ -84,39 +151,55 @@ class LocalExecutor:
         # runs at once share the cores: torch's default of one thread per core in each would oversubscribe them
         threads = max(1, (os.cpu_count() or 1) // len(free)) if len(free) > 1 else 0
         active: dict[str, tuple[Any, Any, RunJob, str]] = {}
+        retries: list[tuple[float, RunJob, str]] = []  # (when, job, its device): a run whose device was busy at its start
+        retried: set[str] = set()
         results: dict[str, RunResult] = {}
-        try:
-            while queue or active:
-                while queue and free:
-                    job, device = queue.pop(0), free.pop(0)
-                    receiver, sender = context.Pipe(duplex=False)
-                    process = context.Process(target=process_main, args=(job, device, sender, threads),
-                                              name=f"mxlab-{job.label}")
-                    process.start()
-                    sender.close()
-                    active[job.label] = (process, receiver, job, device)
-                    progress.log(f"{job.label}: started on {device} (pid {process.pid})")
-                time.sleep(POLL_S)
-                for label, (process, receiver, job, device) in list(active.items()):
-                    progress.poll(label, job.run_dir)
-                    answer = self._answer(process, receiver)
-                    if answer is None:
-                        continue
-                    process.join()
-                    del active[label]
-                    free.append(device)
-                    status, payload = answer
-                    if status == "ok":
-                        results[label] = read_result(job.run_dir)
-                    elif status == "failed":
-                        results[label] = read_result(job.run_dir) if (Path(job.run_dir) / "done.json").is_file() else record_failure(job.run_dir, payload)
-                    else:
-                        results[label] = record_failure(job.run_dir, payload)
-                    progress.run_done(label, describe(results[label]))
-        finally:
-            for process, receiver, _, _ in active.values():  # interrupted: stop the runs still going
-                process.terminate()
-                process.join()
+
+        def start(job: RunJob, device: str) -> None:
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=process_main, args=(job, device, sender, threads), name=f"mxlab-{job.label}")
+            active[job.label] = (process, receiver, job, device)  # before start: an interrupt in it still stops it
+            process.start()
+            sender.close()
+            progress.log(f"{job.label}: started on {device} (pid {process.pid})")
+
+        with _signals_as_interrupt() as stop:
+            try:
+                while queue or active or retries:
+                    for retry in [retry for retry in retries if retry[0] <= time.monotonic()]:
+                        retries.remove(retry)
+                        start(retry[1], retry[2])
+                    while queue and free:
+                        start(queue.pop(0), free.pop(0))
+                    time.sleep(POLL_S)
+                    for label, (process, receiver, job, device) in list(active.items()):
+                        progress.poll(label, job.run_dir)
+                        answer = self._answer(process, receiver)
+                        if answer is None:
+                            continue
+                        process.join()
+                        del active[label]
+                        status, payload = answer
+                        if (status == "failed" and BUSY in payload and label not in retried
+                                and not _started_training(job.run_dir, process.pid)):
+                            retried.add(label)  # the device rests, then this run starts on it once more
+                            retries.append((time.monotonic() + BUSY_RETRY_PAUSE_S, job, device))
+                            progress.log(f"{label}: its device {device} was busy at the start ({payload}); "
+                                         f"trying once more in {BUSY_RETRY_PAUSE_S:g} s")
+                            continue
+                        free.append(device)
+                        if status == "ok":
+                            results[label] = read_result(job.run_dir)
+                        elif status == "failed":
+                            results[label] = read_result(job.run_dir) if (Path(job.run_dir) / "done.json").is_file() else record_failure(job.run_dir, payload)
+                        else:
+                            results[label] = record_failure(job.run_dir, payload)
+                        progress.run_done(label, describe(results[label]))
+            except BaseException:
+                stop.stopping = True  # a signal now must not cut the clean-up short
+                raise
+            finally:
+                _stop_workers([process for process, _, _, _ in active.values()])  # interrupted: stop the runs still going
         return results
 
     @staticmethod
