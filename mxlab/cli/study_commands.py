@@ -26,6 +26,9 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
+    """Raise KeyboardInterrupt once: `timeout` signals the driver and then its process group, and a second
+    interrupt would cut the cleanup the first one started (further SIGTERMs are ignored until the guard exits)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 

@@ -228,3 +228,16 @@ def test_sigterm_and_sighup_interrupt_only_inside_and_only_once():
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
+
+
+def test_the_cli_turns_one_sigterm_into_an_interrupt_and_ignores_the_next():
+    from mxlab.cli import study_commands
+
+    before = signal.getsignal(signal.SIGTERM)
+    with study_commands._terminate_as_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs here
+        os.kill(os.getpid(), signal.SIGTERM)  # timeout's second signal, to the process group: ignored
+        time.sleep(0.2)
+    assert signal.getsignal(signal.SIGTERM) == before
