@@ -43,8 +43,9 @@ A (32, 32) tile is transpose-invariant, so when the grad-of-a GEMM quantizes b e
 forward did (same spec, deterministic rounding, no Hadamard) the forward's quantized b is
 reused, as hardware would (QLinear: one quantized weight per step for fwd and dgrad).
 
-The output gradient, quantized along N for the grad of a and along M for the grad of b, is read
-once for both where one spec serves both and that pays (`_one_read_pair`; the bits of two casts).
+The output gradient (along N for the grad of a, along M for the grad of b) and a b of at most an
+eighth of a's size (along K, along N) are each read once for both where one spec serves both and
+that pays (`_one_read_pair`; the bits of two casts).
 
 Stochastic rounding and the random Hadamard transform need seeds. Each `MatmulPrecision`
 carries a base `seed` and a counter of forward calls; the seed of operand slot s at call
@@ -348,15 +349,20 @@ class _QMatmulFunction(torch.autograd.Function):
         counters: Counters, seeds: Optional[tuple[int, ...]]
     ) -> torch.Tensor:  # type: ignore[override]
         seeds = precision.next_call_seeds() if seeds is None else seeds
+        # A b much smaller than a (a linear layer's weight) is quantized for the forward (along K) and the grad
+        # of a (along N) in one launch; its N-quantized values wait for the backward.
+        b_pair = (_one_read_pair(b, precision.grad_a.b, precision.fwd.b, (precision.fwd, precision.grad_a))
+                  if ctx.needs_input_grad[0] and b.numel() * 8 <= a.numel() else None)
         out, _, b_q = _gemm(
             a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
             out_dtype=a.dtype, name=precision.name, label=precision.labels[0], counters=(counters[0], counters[1]),
-            bias=bias,
+            bias=bias, b_quantized=(b_pair[1], None) if b_pair is not None else None,
         )
         # A (32, 32) tile is transpose-invariant: when grad_a quantizes b exactly as the forward did
         # (same spec, deterministic rounding, no Hadamard), the forward's quantized b is reused.
-        ctx.b_quantized = b_q if _same_square_quantization(precision.fwd, precision.grad_a) else None
+        ctx.b_quantized = ((b_pair[0], None) if b_pair is not None else
+                           b_q if _same_square_quantization(precision.fwd, precision.grad_a) else None)
         ctx.save_for_backward(a, b)
         ctx.precision = precision
         ctx.seeds = seeds

@@ -1,5 +1,6 @@
-"""The output gradient quantized along both of its dims from one read (`_one_read_pair`) for both backward
-GEMMs gives the bits of two casts."""
+"""An operand quantized along both of its dims from one read (`_one_read_pair`) gives the bits of two casts:
+the output gradient for both backward GEMMs, and a b of at most an eighth of a's size (a linear layer's
+weight) for the forward and the grad of a."""
 import pytest
 import torch
 
@@ -26,21 +27,21 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def _inputs(device: str, m: int = 70, k: int = 64, n: int = 96):
-    """a, b, bias, g in bfloat16; a and g spread over 2^-12..2^12, so that their blocks along rows and along
+    """a, b, bias, g in bfloat16; a, b and g spread over 2^-12..2^12, so that their blocks along rows and along
     columns hold elements below their blocks' e4m3 normal range, which the two quantizations round differently."""
     generator = torch.Generator().manual_seed(3)
 
     def spread(*shape):
         return torch.randn(*shape, generator=generator) * 2.0 ** torch.randint(-12, 13, shape, generator=generator)
 
-    a, b = spread(m, k).to(device, torch.bfloat16), torch.randn(k, n, generator=generator).to(device, torch.bfloat16)
+    a, b = spread(m, k).to(device, torch.bfloat16), spread(k, n).to(device, torch.bfloat16)
     bias = torch.randn(n, generator=generator).to(device, torch.bfloat16)
     return a, b, bias, (spread(m, n) * 1e-3).to(device, torch.bfloat16)
 
 
-def _compare(monkeypatch, device: str, fused_expected: int, precision_factory=_precision) -> None:
+def _compare(monkeypatch, device: str, fused_expected: int, precision_factory=_precision, m: int = 70) -> None:
     """Run one product unfused, then with the one-read path forced on; same bits, and the path ran."""
-    a, b, bias, g = _inputs(device)
+    a, b, bias, g = _inputs(device, m=m)
     monkeypatch.setattr(quant, "rowcol_in_one_read", lambda x, fmt, rounding="nearest_even": False)
     expected = _product_and_grads(precision_factory(), a, b, bias, g)
     calls = []
@@ -54,7 +55,11 @@ def _compare(monkeypatch, device: str, fused_expected: int, precision_factory=_p
 
 
 def test_one_read_path_gives_the_bits_of_two_casts(monkeypatch):
-    _compare(monkeypatch, "cpu", fused_expected=1)  # g, once per backward
+    _compare(monkeypatch, "cpu", fused_expected=1)  # g, once per backward (b: 6144 elements, a: 4480)
+
+
+def test_a_small_b_is_read_once_for_the_forward_and_the_grad_of_a(monkeypatch):
+    _compare(monkeypatch, "cpu", fused_expected=2, m=800)  # b (6144 elements, a: 51200) and g
 
 
 def test_operands_with_two_specs_are_quantized_where_they_are_used(monkeypatch):
@@ -95,7 +100,7 @@ def test_one_read_path_on_the_gpu_gives_the_bits_of_two_casts(monkeypatch, fmt):
     x = torch.ones(64, 64, dtype=torch.bfloat16, device="cuda")
     if not quant.rowcol_in_one_read(x, fmt):
         pytest.skip("no hardware FP8 conversion on this GPU")
-    a, b, bias, g = _inputs("cuda", m=4133, k=256, n=1024)
+    a, b, bias, g = _inputs("cuda", m=16411, k=256, n=1024)  # b and g read once
     precision = lambda: _precision(fmt, fmt)  # noqa: E731
     monkeypatch.setattr(quant, "rowcol_in_one_read", lambda x, fmt, rounding="nearest_even": False)
     expected = _product_and_grads(precision(), a, b, bias, g)
