@@ -3,7 +3,10 @@ operands (format, scale mode, rounding, hardware FP8 switch), the seed key of ea
 quantization of the operands quantized along the head dim alone, and why a policy cannot run in the kernels."""
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, fields
+from types import SimpleNamespace
 from typing import Any, Optional, Sequence
 
 import torch
@@ -152,18 +155,29 @@ def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:
 def _codes(policy: Any, device: Optional[torch.device] = None) -> Optional[_OperandCodes]:
     """Operand codes of an attention policy; None for policy None. ValueError if unsupported.
     With `device`, operands convert with the hardware FP8 instructions where
-    `mxlab.kernels.cast.hardware_fp8_applies` holds for it (None: integer steps everywhere)."""
+    `mxlab.kernels.cast.hardware_fp8_applies` holds for it (None: integer steps everywhere). Cached by the
+    policy's GEMM specs (frozen), so a call pays one lookup."""
     if policy is None:
         return None
     qk, pv = getattr(policy, "qk", None), getattr(policy, "pv", None)
     if qk is None or pv is None:
         raise ValueError("the kernel needs both attention products quantized (policy.qk and policy.pv set) or policy None")
-    for name, precision in (("qk", qk), ("pv", pv)):
-        if getattr(precision, "grad_scale", None) is not None:
+    products = tuple((p.fwd, p.grad_a, p.grad_b, getattr(p, "grad_scale", None) is not None) for p in (qk, pv))
+    return _codes_of(products, device, os.environ.get("TRITON_INTERPRET") == "1")
+
+
+@functools.lru_cache(maxsize=256)
+def _codes_of(products: tuple, device: Optional[torch.device], interpreted: bool) -> _OperandCodes:
+    """`_codes` of the policy whose qk and pv products are (fwd, grad_a, grad_b, grad_scale set); `interpreted`
+    (TRITON_INTERPRET=1, which `hardware_fp8_applies` reads) is part of the cache key."""
+    for name, (fwd, grad_a, grad_b, scaled) in zip(("qk", "pv"), products):
+        if scaled:
             raise ValueError(f"policy.{name}.grad_scale is set; per-layer gradient scaling is not supported by the kernel")
-        for gemm_name, gemm in (("fwd", precision.fwd), ("grad_a", precision.grad_a), ("grad_b", precision.grad_b)):
+        for gemm_name, gemm in (("fwd", fwd), ("grad_a", grad_a), ("grad_b", grad_b)):
             if gemm.hadamard is not None:
                 raise ValueError(f"policy.{name}.{gemm_name} uses a Hadamard transform; not supported by the kernel")
+    policy = SimpleNamespace(**{name: SimpleNamespace(fwd=fwd, grad_a=grad_a, grad_b=grad_b)
+                                for name, (fwd, grad_a, grad_b, _) in zip(("qk", "pv"), products)})
     return _OperandCodes(**{name: _operand(*_operand_quant(policy, name), device) for name in _OPERAND_SLOTS})
 
 
