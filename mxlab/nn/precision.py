@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import torch
+
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.hadamard import HADAMARD_BLOCKS
 from mxlab.numerics.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
@@ -134,8 +136,21 @@ class MatmulPrecision:
         """The three GEMMs keyed by their labels."""
         return dict(zip(self.labels, (self.fwd, self.grad_a, self.grad_b)))
 
+    @property
+    def draws_per_call(self) -> bool:
+        """Whether a call uses its seeds: stochastic rounding or a random Hadamard transform in any GEMM."""
+        return any(gemm.hadamard is not None or "stochastic" in (gemm.a.rounding, gemm.b.rounding)
+                   for gemm in (self.fwd, self.grad_a, self.grad_b))
+
     def next_call_seeds(self) -> tuple[int, ...]:
-        """Seeds of every SEED_SLOTS slot (indexed by slot number) for the next call; advances the call counter."""
+        """Seeds of every SEED_SLOTS slot (indexed by slot number) for the next call; advances the call counter.
+        Refuses (RuntimeError) a call that uses its seeds while a CUDA graph is being captured: every replay
+        would repeat the captured call's random bits (deterministic recipes capture and replay exactly)."""
+        if self.draws_per_call and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{self.name or 'an emulated product'} rounds stochastically or uses a random Hadamard transform, whose "
+                "seeds change every call; captured in a CUDA graph, every replay would repeat the same random bits. "
+                "Capture only deterministic recipes, or run this one eagerly")
         seeds = tuple(derive_seed(self.seed, self.calls, slot) for slot in range(len(SEED_SLOTS)))
         self.calls += 1
         return seeds
