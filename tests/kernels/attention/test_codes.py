@@ -1,10 +1,15 @@
 """The attention's operand codes: looked up once per policy spec, refusing what the kernels cannot run."""
+import os
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-from mxlab.kernels.attention import codes as attention_codes
-from mxlab.nn.precision import GemmQuant, OperandQuant
+if not torch.cuda.is_available():  # the attention kernels are decorated on import: interpreted where no GPU is
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from mxlab.kernels.attention import codes as attention_codes  # noqa: E402  (after TRITON_INTERPRET is set)
+from mxlab.nn.precision import GemmQuant, OperandQuant  # noqa: E402
 
 
 def _policy(fmt: str = "e4m3", grad_scale=None, hadamard=None):
