@@ -261,7 +261,8 @@ def _gemm(
         if bias is not None:
             return torch.addmm(bias, op(a, transpose_a), op(b, transpose_b)), None, None
         return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
-    with torch.autocast(device_type=a.device.type, enabled=False):  # emulation: FP32 accumulation, always
+    device_type = a.device.type  # emulation: FP32 accumulation, always (autocast off; no context where it is off)
+    with torch.autocast(device_type=device_type, enabled=False) if torch.is_autocast_enabled(device_type) else contextlib.nullcontext():
         a_in, b_in = a, b
         if quant.hadamard is None:
             if a_quantized is not None:

@@ -184,17 +184,24 @@ def last_backend() -> str | None:
     return _last_backend
 
 
+_KERNEL_MODULES: dict[str, object] = {}
+
+
 def kernel_module(name: str):
-    """mxlab.kernels.NAME (a Triton kernel module, imported on first use), or None when Triton is not
-    installed; other import errors propagate."""
+    """mxlab.kernels.NAME (a Triton kernel module, imported on first use and then looked up), or None when
+    Triton is not installed; other import errors propagate."""
+    module = _KERNEL_MODULES.get(name)
+    if module is not None:
+        return module
     import importlib
 
     try:
-        return importlib.import_module(f"mxlab.kernels.{name}")
+        module = _KERNEL_MODULES[name] = importlib.import_module(f"mxlab.kernels.{name}")
     except ModuleNotFoundError as error:
         if error.name and error.name.split(".")[0] == "triton":
             return None
         raise
+    return module
 
 
 def _import_kernels():
