@@ -2,17 +2,14 @@
 
 `run` runs the study (mxlab.experiment) and then builds its report (mxlab.report). Each returns
 the process exit code: 0 on success, 2 on bad input (the message names the value and the
-accepted ones), 1 when a run failed, 130 when interrupted (Ctrl-C, or SIGTERM as `timeout` and
-batch schedulers send it: the same clean stop, so an MPS daemon started for the study is told to
+accepted ones), 1 when a run failed, 130 when interrupted (Ctrl-C, or SIGTERM / SIGHUP as `timeout` and
+batch schedulers send them, once: the same clean stop, so an MPS daemon started for the study is told to
 quit and finished runs are kept for --resume).
 """
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import typer
 
@@ -25,29 +22,11 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> int:
     return code
 
 
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    """Raise KeyboardInterrupt once: `timeout` signals the driver and then its process group, and a second
-    interrupt would cut the cleanup the first one started (further SIGTERMs are ignored until the guard exits)."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
-    """While inside, SIGTERM raises KeyboardInterrupt in the main thread (elsewhere: unchanged)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _guarded(body: Callable[[], int], interrupted_hint: str = "") -> int:
+    from mxlab.experiment.executors.local import signals_as_interrupt
+
     try:
-        with _terminate_as_interrupt():
+        with signals_as_interrupt():
             return body()
     except KeyboardInterrupt:
         typer.secho(f"interrupted. {interrupted_hint}".rstrip(), err=True, fg=typer.colors.YELLOW)

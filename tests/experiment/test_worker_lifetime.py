@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -206,38 +205,37 @@ def test_other_failures_are_not_tried_again(target, reason, tmp_path, monkeypatc
 
 
 def test_sigterm_and_sighup_interrupt_only_inside_and_only_once():
-    if threading.current_thread() is not threading.main_thread():
-        pytest.skip("signal handlers are installed from the main thread only")
     seen: list[int] = []
     stops = (signal.SIGTERM, signal.SIGHUP)
     before = {number: signal.signal(number, lambda number, frame: seen.append(number)) for number in stops}
     try:
         for number in stops:
             with pytest.raises(KeyboardInterrupt, match=signal.Signals(number).name):
-                with local._signals_as_interrupt():
+                with local.signals_as_interrupt():
                     os.kill(os.getpid(), number)
                     time.sleep(1)
-            with local._signals_as_interrupt() as stop:
+            with local.signals_as_interrupt() as stop:
                 stop.stopping = True  # cleaning up: a signal is ignored
                 os.kill(os.getpid(), number)
             os.kill(os.getpid(), number)  # outside: the handler from before is back
         assert seen == list(stops)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup: stays ignored
-        with local._signals_as_interrupt():
+        with local.signals_as_interrupt():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         for number, handler in before.items():
             signal.signal(number, handler)
 
 
-def test_the_cli_turns_one_sigterm_into_an_interrupt_and_ignores_the_next():
+def test_a_study_command_stopped_by_sigterm_exits_130_and_restores_the_handler():
     from mxlab.cli import study_commands
 
     before = signal.getsignal(signal.SIGTERM)
-    with study_commands._terminate_as_interrupt():
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(1)  # the handler runs here
-        os.kill(os.getpid(), signal.SIGTERM)  # timeout's second signal, to the process group: ignored
-        time.sleep(0.2)
+
+    def body() -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler raises here
+        return 0
+
+    assert study_commands._guarded(body) == 130
     assert signal.getsignal(signal.SIGTERM) == before

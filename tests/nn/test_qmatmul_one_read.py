@@ -95,8 +95,6 @@ def test_one_read_pays_only_with_the_hardware_fp8_conversion():
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_one_read_path_on_the_gpu_gives_the_bits_of_two_casts(monkeypatch, fmt):
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
     x = torch.ones(64, 64, dtype=torch.bfloat16, device="cuda")
     if not quant.rowcol_in_one_read(x, fmt):
         pytest.skip("no hardware FP8 conversion on this GPU")

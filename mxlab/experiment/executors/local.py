@@ -84,7 +84,7 @@ class _Stop:
 
 
 @contextlib.contextmanager
-def _signals_as_interrupt() -> Iterator[_Stop]:
+def signals_as_interrupt() -> Iterator[_Stop]:
     """While inside, SIGTERM and SIGHUP raise KeyboardInterrupt (once) in the main thread; the previous
     handlers come back after. Off the main thread nothing is installed; an ignored signal (nohup) stays ignored."""
     stop = _Stop()
@@ -163,7 +163,7 @@ class LocalExecutor:
             sender.close()
             progress.log(f"{job.label}: started on {device} (pid {process.pid})")
 
-        with _signals_as_interrupt() as stop:
+        with signals_as_interrupt() as stop:
             try:
                 while queue or active or retries:
                     for retry in [retry for retry in retries if retry[0] <= time.monotonic()]:
