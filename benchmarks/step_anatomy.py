@@ -43,7 +43,10 @@ def _module_stack(model: torch.nn.Module) -> tuple[list[str], list[Any]]:
     return stack, handles
 
 
-def _mxlab_line(stack: list[traceback.FrameSummary]) -> str:
+def _mxlab_line(stack: list[traceback.FrameSummary], frames: int = 0) -> str:
+    """The innermost mxlab line of the stack, or with `frames` its innermost lines whatever their module."""
+    if frames:
+        return " <- ".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in reversed(stack[-frames:]))
     for frame in reversed(stack):
         if "/mxlab/" in frame.filename or "/kernels/" in frame.filename:
             return f"{frame.filename.split('/mxlab/')[-1].split('/kernels/')[-1]}:{frame.lineno} {frame.name}"
@@ -51,7 +54,7 @@ def _mxlab_line(stack: list[traceback.FrameSummary]) -> str:
 
 
 def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], device: torch.device,
-            warmup: int, profile_steps: int, stacks: int = 0) -> dict[str, Any]:
+            warmup: int, profile_steps: int, stacks: int = 0, sync_frames: int = 0) -> dict[str, Any]:
     take, model, scaler = arm_stepper(spec, recipe, info, batches, device)
     for index in range(warmup):
         take(index)
@@ -80,7 +83,7 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
 
     def record(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
         if "synchroniz" in str(message):
-            syncs[_mxlab_line(traceback.extract_stack()[:-1])] += 1
+            syncs[_mxlab_line(traceback.extract_stack()[:-1], sync_frames)] += 1
         else:
             original_showwarning(message, category, filename, lineno, file, line)
 
@@ -162,6 +165,8 @@ def main() -> None:
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--stacks", type=int, default=0, help="also list this many aten ops by the mxlab lines calling them")
+    parser.add_argument("--sync-frames", type=int, default=0,
+                        help="name each host sync by its innermost N stack lines, torch's included (default: the mxlab line)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -172,7 +177,8 @@ def main() -> None:
     results = []
     for arm in args.arms.split(","):
         recipe = load_recipe(spec.recipe_paths.get(arm) or resolve_recipe_path(arm, recipe_dir))
-        result = anatomy(spec, arm, recipe, info, batches, device, args.warmup, args.profile_steps, args.stacks)
+        result = anatomy(spec, arm, recipe, info, batches, device, args.warmup, args.profile_steps, args.stacks,
+                         args.sync_frames)
         results.append(result)
         print(f"\n== {arm}: saved for backward {result['saved_gib']:.2f} GiB "
               + " ".join(f"{k} {v:.2f}" for k, v in result["saved_by_dtype_gib"].items())
