@@ -4,7 +4,7 @@ On `mxlab bench attention`'s self shape (512 jagged histories, mean about 309, m
 inputs) it times forward + backward under torch.profiler and prints each kernel's device time per call for:
 
 - `bf16`: the BF16 kernels;
-- `mxfp8`: MXFP8 (e4m3, rceil) operands and gradients, as gem-synthetic's rceil arm;
+- `mxfp8`: e4m3 operands and gradients, rceil scales, nearest even (the attention of the mxfp8-rceil recipe);
 - `mxfp8 shared operands`: the same, except that the kernels are handed the head-dim-quantized Q, K and dO
   where they read the token-axis-quantized copies (QT, KT, DOT). The values are wrong, the quantization
   work is the same (the pre-quantization still computes both copies), so the difference to `mxfp8` is
@@ -13,7 +13,7 @@ inputs) it times forward + backward under torch.profiler and prints each kernel'
 The library is patched only inside this process (`_prequantized` of the attention's autograd module).
 
     python3 benchmarks/attention_ablation.py --json ablation.json
-    TRITON_INTERPRET=1 python3 benchmarks/attention_ablation.py --device cpu --sequences 4 --max-length 64   # smoke test
+    TRITON_INTERPRET=1 python3 benchmarks/attention_ablation.py --device cpu --sequences 3 --max-length 40 --warmup 1 --repeat 1   # smoke test
 """
 from __future__ import annotations
 
@@ -86,26 +86,22 @@ def main() -> None:
     grad = torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=generator)
     mx = mx_policy(scale_mode="rceil")
 
-    def step(policy):
-        return fwd_bwd(lambda: jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy)),
-                       [q, k, v], grad)
+    def attend(policy):
+        return jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy))
 
     print(f"jagged self-attention fwd + bwd: {args.sequences} sequences, {total} tokens, {HEADS} x {HEAD_DIM}, on {device}")
     tables = {}
     for name, policy, context in (("bf16", None, contextlib.nullcontext()), ("mxfp8", mx, contextlib.nullcontext()),
                                   ("mxfp8 shared operands", mx, shared_operands())):
         with context:
-            tables[name] = kernel_ms(step(policy), device, args.warmup, args.repeat)
+            tables[name] = kernel_ms(fwd_bwd(lambda: attend(policy), [q, k, v], grad), device, args.warmup, args.repeat)
         print(f"== {name}")
         for kernel, ms in list(tables[name].items())[:args.top]:
             print(f"   {ms:9.3f} ms  {kernel}")
-    def grads(policy):
-        return torch.autograd.grad(jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy)),
-                                   [q, k], grad)
 
     with shared_operands():
-        shared = grads(mx)
-    engaged = any(not torch.equal(a, b) for a, b in zip(grads(mx), shared))
+        shared = torch.autograd.grad(attend(mx), [q, k], grad)
+    engaged = any(not torch.equal(a, b) for a, b in zip(torch.autograd.grad(attend(mx), [q, k], grad), shared))
     print(f"the shared-operands patch changes dQ or dK (so the kernels read the substituted copies): {engaged}")
     tables["patch engaged"] = engaged
     if args.json:

@@ -32,23 +32,28 @@ from mxlab.numerics.quant import fake_quantize
 
 
 @triton.jit
-def _quantize_along_k(x, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-                      R: tl.constexpr, KB: tl.constexpr):
-    """bfloat16 fake-quantized values of an (R, KB) bfloat16 tile, blocks of 32 along its second axis."""
-    bits = tl.reshape(x.to(tl.float32).to(tl.int32, bitcast=True), (R, KB // 32, 32))
-    s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=2), MBITS, EMAX, MMAX, SCALE_MODE)
-    _, out = _hw_fp8_finite_elements(bits, s[:, :, None], 1, MBITS)
-    return tl.reshape(out.to(tl.bfloat16, bitcast=True), (R, KB))
+def _quantize_tile(x, AXIS: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr,
+                   SCALE_MODE: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+    """bfloat16 fake-quantized values of an (R, C) bfloat16 tile, blocks of 32 along AXIS (1: its columns, 0: its rows)."""
+    bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+    if AXIS == 1:
+        bits = tl.reshape(bits, (R, C // 32, 32))
+        s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=2), MBITS, EMAX, MMAX, SCALE_MODE)
+        _, out = _hw_fp8_finite_elements(bits, s[:, :, None], 1, MBITS)
+    else:
+        bits = tl.reshape(bits, (R // 32, 32, C))
+        s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=1), MBITS, EMAX, MMAX, SCALE_MODE)
+        _, out = _hw_fp8_finite_elements(bits, s[:, None, :], 1, MBITS)
+    return tl.reshape(out.to(tl.bfloat16, bitcast=True), (R, C))
 
 
 @triton.jit
-def _quantize_along_rows(x, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-                         KB: tl.constexpr, C: tl.constexpr):
-    """bfloat16 fake-quantized values of a (KB, C) bfloat16 tile, blocks of 32 along its first axis."""
-    bits = tl.reshape(x.to(tl.float32).to(tl.int32, bitcast=True), (KB // 32, 32, C))
-    s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=1), MBITS, EMAX, MMAX, SCALE_MODE)
-    _, out = _hw_fp8_finite_elements(bits, s[:, None, :], 1, MBITS)
-    return tl.reshape(out.to(tl.bfloat16, bitcast=True), (KB, C))
+def _grouped_tile(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of output tile number `tile`, GROUP_M row tiles at a time (L2 reuse of W)."""
+    per_group = GROUP_M * grid_n
+    first_m = (tile // per_group) * GROUP_M
+    rows_in_group = tl.minimum(grid_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % rows_in_group, (tile % per_group) // rows_in_group
 
 
 @triton.jit
@@ -57,14 +62,7 @@ def _rows_gemm(x_ptr, w_ptr, c_ptr, M, N, KC, sxm, sxk, swn, swk, scm, scn,
                BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
                QUANT: tl.constexpr = True):
     """C = Q(X) @ W^T (X as loaded where not QUANT: the control): X (M, KC) quantized in registers along KC, W (N, KC) already quantized; KC % BK == 0."""
-    pid = tl.program_id(0)
-    grid_m = tl.cdiv(M, BM)
-    grid_n = tl.cdiv(N, BN)
-    per_group = GROUP_M * grid_n
-    first_m = (pid // per_group) * GROUP_M
-    rows_in_group = tl.minimum(grid_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % rows_in_group
-    pid_n = (pid % per_group) // rows_in_group
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
     rk = tl.arange(0, BK)
@@ -73,7 +71,7 @@ def _rows_gemm(x_ptr, w_ptr, c_ptr, M, N, KC, sxm, sxk, swn, swk, scm, scn,
         x = tl.load(x_ptr + rm[:, None] * sxm + (k0 + rk)[None, :] * sxk, mask=rm[:, None] < M, other=0.0)
         w = tl.load(w_ptr + rn[None, :] * swn + (k0 + rk)[:, None] * swk, mask=rn[None, :] < N, other=0.0)
         if QUANT:
-            x = _quantize_along_k(x, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
+            x = _quantize_tile(x, 1, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
         acc = tl.dot(x, w, acc)
     tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.bfloat16),
              mask=(rm[:, None] < M) & (rn[None, :] < N))
@@ -91,7 +89,7 @@ def _rows_gemm_stationary(x_ptr, w_ptr, c_ptr, M, N, sxm, sxk, swn, swk, scm, sc
     rn = tl.arange(0, BN)
     x = tl.load(x_ptr + rm[:, None] * sxm + rk[None, :] * sxk, mask=rm[:, None] < M, other=0.0)
     if QUANT:
-        x = _quantize_along_k(x, MBITS, EMAX, MMAX, SCALE_MODE, BM, KC)
+        x = _quantize_tile(x, 1, MBITS, EMAX, MMAX, SCALE_MODE, BM, KC)
     for n0 in tl.range(0, N, BN, num_stages=STAGES):
         w = tl.load(w_ptr + (n0 + rn)[None, :] * swn + rk[:, None] * swk, mask=(n0 + rn)[None, :] < N, other=0.0)
         acc = tl.dot(x, w)
@@ -111,17 +109,13 @@ def _rows_gemm_persistent(x_desc, w_desc, c_desc, M, N, KC,
     grid_m = tl.cdiv(M, BM)
     grid_n = tl.cdiv(N, BN)
     k_tiles = tl.cdiv(KC, BK)
-    per_group = GROUP_M * grid_n
     for tile in tl.range(tl.program_id(0), grid_m * grid_n, NUM_SMS, flatten=True, warp_specialize=WARP_SPECIALIZE):
-        first_m = (tile // per_group) * GROUP_M
-        rows_in_group = tl.minimum(grid_m - first_m, GROUP_M)
-        pid_m = first_m + (tile % per_group) % rows_in_group
-        pid_n = (tile % per_group) // rows_in_group
+        pid_m, pid_n = _grouped_tile(tile, grid_m, grid_n, GROUP_M)
         acc = tl.zeros((BM, BN), dtype=tl.float32)
         for ki in range(k_tiles):
             x = x_desc.load([pid_m * BM, ki * BK])
             if QUANT:
-                x = _quantize_along_k(x, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
+                x = _quantize_tile(x, 1, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
             w = w_desc.load([pid_n * BN, ki * BK])
             acc = tl.dot(x, w.T, acc)
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(tl.bfloat16))
@@ -144,15 +138,15 @@ def _cols_gemm(g_ptr, a_ptr, part_ptr, M, N, K, ROWS_PER_SPLIT, sgm, sgn, sam, s
         g = tl.load(g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=(rm[:, None] < M) & (rn[None, :] < N), other=0.0)
         a = tl.load(a_ptr + rm[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         if QUANT:
-            g = _quantize_along_rows(g, MBITS, EMAX, MMAX, SCALE_MODE, BM, BN)
-            a = _quantize_along_rows(a, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
+            g = _quantize_tile(g, 0, MBITS, EMAX, MMAX, SCALE_MODE, BM, BN)
+            a = _quantize_tile(a, 0, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
         acc = tl.dot(tl.trans(g), a, acc)
     tl.store(part_ptr + split.to(tl.int64) * N * K + rn[:, None] * K + rk[None, :], acc,
              mask=(rn[:, None] < N) & (rk[None, :] < K))
 
 
 @triton.jit
-def _write_quantized(x_ptr, y_ptr, M, C, ALONG_ROWS: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr,
+def _write_quantized(x_ptr, y_ptr, M, C, AXIS: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr,
                      MMAX: tl.constexpr, SCALE_MODE: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr):
     """Y = the GEMMs' in-register quantization of X (M, C) contiguous: the exactness check's view of it."""
     rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
@@ -160,11 +154,7 @@ def _write_quantized(x_ptr, y_ptr, M, C, ALONG_ROWS: tl.constexpr, MBITS: tl.con
     offsets = rm[:, None] * C + rc[None, :]
     mask = (rm[:, None] < M) & (rc[None, :] < C)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    if ALONG_ROWS:
-        y = _quantize_along_rows(x, MBITS, EMAX, MMAX, SCALE_MODE, BM, BC)
-    else:
-        y = _quantize_along_k(x, MBITS, EMAX, MMAX, SCALE_MODE, BM, BC)
-    tl.store(y_ptr + offsets, y, mask=mask)
+    tl.store(y_ptr + offsets, _quantize_tile(x, AXIS, MBITS, EMAX, MMAX, SCALE_MODE, BM, BC), mask=mask)
 
 
 PERSISTENT_SWEEP = ((128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False), (128, 128, 64, 4, 4, False),
@@ -233,7 +223,7 @@ def in_register_values(x, const, along_rows: bool):
     y = torch.empty_like(x)
     bm, bc = (64, 64)
     _write_quantized[(triton.cdiv(x.shape[0], bm), triton.cdiv(x.shape[1], bc))](
-        x, y, x.shape[0], x.shape[1], along_rows, **const, BM=bm, BC=bc)
+        x, y, x.shape[0], x.shape[1], 0 if along_rows else 1, **const, BM=bm, BC=bc)
     return y
 
 

@@ -43,7 +43,7 @@ def _module_stack(model: torch.nn.Module) -> tuple[list[str], list[Any]]:
     return stack, handles
 
 
-def _mxlab_line(stack: list[traceback.FrameSummary], frames: int = 0) -> str:
+def _sync_site(stack: list[traceback.FrameSummary], frames: int = 0) -> str:
     """The innermost mxlab line of the stack, or with `frames` its innermost lines whatever their module."""
     if frames:
         return " <- ".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in reversed(stack[-frames:]))
@@ -83,7 +83,7 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
 
     def record(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
         if "synchroniz" in str(message):
-            syncs[_mxlab_line(traceback.extract_stack()[:-1], sync_frames)] += 1
+            syncs[_sync_site(traceback.extract_stack()[:-1], sync_frames)] += 1
         else:
             original_showwarning(message, category, filename, lineno, file, line)
 
