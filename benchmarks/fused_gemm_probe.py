@@ -13,11 +13,18 @@ matmul of the reference-quantized operands within float32 accumulation order. Fi
 NaN/Inf block takes the cast kernels' special path, which this probe leaves out).
 
     python3 benchmarks/fused_gemm_probe.py --m 1048576 --shape 256x768 --shape 256x256 --shape 256x1024 --shape 1024x256
+
+On the H200 the K-loop kernel's dgrad was wrong (0.08-0.09 of the max) with the weight read through its
+transpose (stride 1 along the output) and right with a contiguous copy. `--layout-check` runs that kernel
+unquantized under the Triton interpreter on the CPU, float32, with both weight layouts:
+
+    TRITON_INTERPRET=1 python3 benchmarks/fused_gemm_probe.py --layout-check
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 import torch
 import triton
@@ -305,6 +312,27 @@ def probe(m: int, k: int, n: int, fmt: str, scale_mode: str, repeat: int) -> dic
     return {"m": m, "k": k, "n": n, "fmt": fmt, "scale_mode": scale_mode, "exact": exact, "ms": times}
 
 
+def layout_check(m: int = 128) -> list[dict]:
+    """Relative error of the unquantized K-loop kernel's dgrad against a float32 matmul, for the weight
+    read through its transpose and as a contiguous copy, at the h200 widths (CPU interpreter; float32
+    operands, since the interpreter's bfloat16 dot is unreliable). Refuses to run compiled (RuntimeError)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError("--layout-check runs under the interpreter: set TRITON_INTERPRET=1")
+    import mxlab.kernels.attention.device  # noqa: F401  its import lets the interpreter take loaded loop bounds
+    torch.manual_seed(0)
+    const = constants("e4m3", "rceil")
+    rows = []
+    for k, n in ((256, 768), (256, 1024), (1024, 256)):
+        w = (torch.randn(n, k) * 0.05).bfloat16().float()
+        g = torch.randn(m, n).bfloat16().float()
+        want = g @ w
+        for layout, w_q in (("transposed view", w.t()), ("contiguous copy", w.t().contiguous())):
+            for bk in (32, 64):
+                got = rows_gemm(g, w_q, const, bm=64, bn=64, bk=bk, warps=4, quant=False)
+                rows.append({"k": k, "n": n, "weight": layout, "bk": bk, "rel err": relative_error(got, want)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--m", type=int, default=1 << 20, help="rows (tokens) of the layer's input")
@@ -313,7 +341,13 @@ def main() -> None:
     parser.add_argument("--scale-mode", default="rceil", choices=tuple(SCALE_MODE_IDS))
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--layout-check", action="store_true",
+                        help="only the dgrad weight-layout check on the CPU (needs TRITON_INTERPRET=1)")
     args = parser.parse_args()
+    if args.layout_check:
+        for row in layout_check():
+            print(f"   dgrad {row['k']}x{row['n']} weight {row['weight']:16s} BK {row['bk']:3d}: rel err {row['rel err']:.2e}")
+        return
     results = []
     for shape in args.shape or ["256x768", "256x256", "256x1024", "1024x256"]:
         k, n = (int(v) for v in shape.split("x"))
