@@ -414,10 +414,12 @@ def _loop_counts(listing: list[tuple[int, str, bool]]) -> list[dict[str, int]]:
     return loops
 
 
-def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4m3") -> list[KernelSassCount]:
+def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4m3",
+                          grad_rounding: str = "nearest_even") -> list[KernelSassCount]:
     """Static sm_90 counts (registers, spills, instructions, per-loop instruction classes) of every kernel one
     MX forward + backward of the attention bench's self shape launches (BF16 4 x 64, softmax, not causal, `fmt`
-    floor nearest-even, the hardware FP8 path as on an H200 unless hw_fp8=False). The launches are the real ones
+    floor, operands nearest-even and gradients (dO, dS) `grad_rounding`, the hardware FP8 path as on an H200
+    where it applies unless hw_fp8=False). The launches are the real ones
     with each `[grid](...)` replaced by a compile for GPUTarget("cuda", 90, 32), so specialization and constexprs
     are what an H200 run gets. Refuses (RuntimeError) to run under TRITON_INTERPRET=1 or without Triton's ptxas."""
     import os
@@ -425,6 +427,7 @@ def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise RuntimeError("attention_sass_counts compiles for sm_90; unset TRITON_INTERPRET=1")
     from mxlab.bench.attention.shapes import HEADS, HEAD_DIM, mx_policy, offsets_of
+    from mxlab.bench.cast_kernels import cast_kernels_replaced
     from mxlab.kernels import attention
     from mxlab.kernels.attention import autograd, codes, launch
     from mxlab.nn.attention import call_seeds
@@ -434,7 +437,7 @@ def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16).requires_grad_()
                for _ in range(3))
-    policy = mx_policy(fmt)
+    policy = mx_policy(fmt, grad_rounding=grad_rounding)
     record: list = []
     replaced = [(autograd, name) for name in ATTENTION_KERNELS] + [(launch, name) for name in ATTENTION_LAUNCHES]
     saved = [(module, name, getattr(module, name)) for module, name in replaced] + [
@@ -443,9 +446,12 @@ def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4
         for module, name in replaced:
             setattr(module, name, _CompileOnly(getattr(module, name), record))
         codes.hardware_fp8_applies = _hardware_fp8_as_on_sm90(hw_fp8)
-        out = attention.jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy),
-                                         _launch=attention.AttentionLaunch(tiles=tiles or attention.DEFAULT_MX_TILES))
-        torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        # the head-dim casts of Q, K, dO run the cast kernels: compiled and counted too
+        with cast_kernels_replaced(lambda kernel: _CompileOnly(kernel, record),
+                                   hardware_fp8_applies=_hardware_fp8_as_on_sm90(hw_fp8)):
+            out = attention.jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy),
+                                             _launch=attention.AttentionLaunch(tiles=tiles or attention.DEFAULT_MX_TILES))
+            torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     finally:
         for module, name, value in saved:
             setattr(module, name, value)

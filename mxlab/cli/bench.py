@@ -38,14 +38,16 @@ def bench_attention_command(
 @app.command("attention-sass", cls=Command)
 def bench_attention_sass_command(
     integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer quantization steps instead of the hardware FP8 path."),
+    stochastic_gradients: bool = typer.Option(False, "--stochastic-gradients", help="Round the gradients (dO, dS) stochastically, as the -sr recipes do."),
 ) -> None:
     """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop.
 
-    Example: mxlab bench attention-sass
+    Example: mxlab bench attention-sass --stochastic-gradients
     """
     from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
 
-    _exiting_on_bad_input(lambda: print_attention_sass_counts(attention_sass_counts(hw_fp8=not integer_path)))
+    rounding = "stochastic" if stochastic_gradients else "nearest_even"
+    _exiting_on_bad_input(lambda: print_attention_sass_counts(attention_sass_counts(hw_fp8=not integer_path, grad_rounding=rounding)))
 
 
 @app.command("quant", cls=Command)
