@@ -7,10 +7,11 @@ inputs) it times forward + backward under torch.profiler and prints each kernel'
 - `mxfp8`: e4m3 operands and gradients, rceil scales, nearest even (the attention of the mxfp8-rceil recipe);
 - `mxfp8 shared operands`: the same, except that the kernels are handed the head-dim-quantized Q, K and dO
   where they read the token-axis-quantized copies (QT, KT, DOT). The values are wrong, the quantization
-  work is the same (the pre-quantization still computes both copies), so the difference to `mxfp8` is
+  work is the same (both copies are still computed), so the difference to `mxfp8` is
   what reading two tensors instead of one costs the dK/dV and dQ kernels.
 
-The library is patched only inside this process (`_prequantized` of the attention's autograd module).
+The library is patched only inside this process (the attention's autograd backward and the two
+quantization launches it calls).
 
     python3 benchmarks/attention_ablation.py --json ablation.json
     TRITON_INTERPRET=1 python3 benchmarks/attention_ablation.py --device cpu --sequences 3 --max-length 40 --warmup 1 --repeat 1   # smoke test
@@ -31,21 +32,38 @@ from mxlab.nn.attention import call_seeds
 
 @contextlib.contextmanager
 def shared_operands():
-    """Inside: `_prequantized` returns its head-dim copy in place of its token-axis copy (where both exist
-    with one shape), so the kernels read one tensor for both roles."""
-    original = attention_autograd._prequantized
+    """Inside: in the attention's backward, `_prequantized` hands back the head-dim copy of the same tensor (made
+    just before by `_head_dim_quantized`) in place of its token-axis copy, so the kernels read one tensor for
+    both roles."""
+    function = attention_autograd._JaggedAttentionFunction
+    original_backward = function.backward
+    original_head_dim, original_tokens = attention_autograd._head_dim_quantized, attention_autograd._prequantized
+    copies: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # id(x) -> (x, its head-dim copy), one backward's
 
-    def patched(*args, **kwargs):
-        along_d, along_tokens, row_term = original(*args, **kwargs)
-        if along_d is not None and along_tokens is not None and along_d.shape == along_tokens.shape:
-            along_tokens = along_d
-        return along_d, along_tokens, row_term
+    def head_dim(x, cast, launch):
+        copy = original_head_dim(x, cast, launch)
+        copies[id(x)] = (x, copy)
+        return copy
 
-    attention_autograd._prequantized = patched
+    def tokens(x, *args, **kwargs):
+        along_d, along_tokens, row_term = original_tokens(x, *args, **kwargs)
+        source, copy = copies.get(id(x), (None, None))
+        return along_d, (copy if source is x else along_tokens), row_term
+
+    def backward(ctx, grad_out):
+        copies.clear()
+        attention_autograd._head_dim_quantized, attention_autograd._prequantized = head_dim, tokens
+        try:
+            return original_backward(ctx, grad_out)
+        finally:
+            attention_autograd._head_dim_quantized, attention_autograd._prequantized = original_head_dim, original_tokens
+            copies.clear()
+
+    function.backward = staticmethod(backward)
     try:
         yield
     finally:
-        attention_autograd._prequantized = original
+        function.backward = original_backward
 
 
 def kernel_ms(step, device: torch.device, warmup: int, repeat: int) -> dict[str, float]:
@@ -99,9 +117,15 @@ def main() -> None:
         for kernel, ms in list(tables[name].items())[:args.top]:
             print(f"   {ms:9.3f} ms  {kernel}")
 
+    # Engaged? Along the head dim and along the tokens e4m3 keeps the same 4 significant bits of every element
+    # that is normal in its block, so the check scales each token by its own power of two (2^-24..2^0): along
+    # the tokens most elements then fall below their block's normal range, along the head dim none do.
+    token_scale = torch.exp2(-torch.randint(0, 25, (total, 1, 1), device=device, generator=generator)).to(torch.bfloat16)
+    with torch.no_grad():
+        q.mul_(token_scale), k.mul_(token_scale)
     with shared_operands():
-        shared = torch.autograd.grad(attend(mx), [q, k], grad)
-    engaged = any(not torch.equal(a, b) for a, b in zip(torch.autograd.grad(attend(mx), [q, k], grad), shared))
+        shared = torch.autograd.grad(attend(mx), [q, k], grad * token_scale)
+    engaged = any(not torch.equal(a, b) for a, b in zip(torch.autograd.grad(attend(mx), [q, k], grad * token_scale), shared))
     print(f"the shared-operands patch changes dQ or dK (so the kernels read the substituted copies): {engaged}")
     tables["patch engaged"] = engaged
     if args.json:

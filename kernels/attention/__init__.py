@@ -47,9 +47,9 @@ Semantics (equal to the reference, `JaggedAttention` with ``backend="reference"`
   saved statistics (its dV operand), and the softmax row term is rowsum(dO * O) with O the output as
   returned, in both modes (in MX mode summed in the launch that quantizes dO). dS is the gradient of the
   rounded S, i.e. rounded to the input dtype after the scale. Q, K, V and dO are fake-quantized into
-  bfloat16 copies, one per orientation needed, both orientations of a tensor from one read
-  (`_prequantize`, blocks of 32 tokens from each sequence's first token; Q and K in the forward and V in
-  the backward, needed along the head dim alone, from the cast kernels' row fake-quantize). The copies live only inside
+  bfloat16 copies, one per orientation needed, each orientation in its own launch: along the head dim by the
+  cast kernels' row fake-quantize, along the tokens by `_prequantize` (blocks of 32 tokens from each
+  sequence's first token; with dO it also sums the row term). The copies live only inside
   the forward or the backward that reads them: the backward keeps exactly what BF16 mode keeps (Q, K, V,
   the output, the softmax statistics) and quantizes Q, K and V again (the same seeds, the same bits).
   P and dS are quantized inside the attention kernels. Quantized values are exact in bfloat16, so every

@@ -61,11 +61,17 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         # from the launch that quantizes dO). SiLU reads none.
         row_term_with = None if silu else out
         if quant:
-            q_d, q_t, _ = _prequantized(q, q_offsets, codes.q_d, codes.q_m, d_seed_key=seeds.q_d, t_seed_key=seeds.q_m)
-            k_d, k_t, _ = _prequantized(k, k_offsets, codes.k_d, codes.k_n, d_seed_key=seeds.k_d, t_seed_key=seeds.k_n)
+            # Each orientation in its own launch: along the head dim the cast kernels' row fake-quantize (near copy
+            # speed), along the tokens `_prequantize`. On the H200 at the h200 step's history shape one launch for
+            # both took 1.21 ms (e4m3, nearest even), 4.0 ms (stochastic, with the row dots) against about 1.0 and
+            # 2.5 for the two (reports/benchmarks/prequantize_by_code.txt, prequantize_sweep_session13.txt).
+            q_d, k_d = _head_dim_quantized(q, casts.q_d, casts.launch), _head_dim_quantized(k, casts.k_d, casts.launch)
             v_d = _head_dim_quantized(v, casts.v_d, casts.launch)
-            do_d, do_t, delta = _prequantized(grad_out, q_offsets, codes.do_d, codes.do_m, dot_with=row_term_with,
-                                              d_seed_key=seeds.do_d, t_seed_key=seeds.do_m)
+            do_d = _head_dim_quantized(grad_out, casts.do_d, casts.launch)
+            _, q_t, _ = _prequantized(q, q_offsets, None, codes.q_m, t_seed_key=seeds.q_m)
+            _, k_t, _ = _prequantized(k, k_offsets, None, codes.k_n, t_seed_key=seeds.k_n)
+            _, do_t, delta = _prequantized(grad_out, q_offsets, None, codes.do_m, dot_with=row_term_with,
+                                           t_seed_key=seeds.do_m)
         else:
             q_d, q_t, k_d, k_t, v_d = q, q, k, k, v
             do_d, do_t, delta = grad_out, grad_out, None if silu else _row_dots(grad_out, row_term_with)

@@ -39,14 +39,11 @@ class _OperandCodes:
 @dataclass(frozen=True)
 class _SeedKeys:
     """mix32 of the per-call stochastic-rounding seed of each operand the attention kernels quantize, as signed
-    int32 (0 where an operand does not round stochastically). V along the head dim has none: the cast kernels
-    quantize it (`_HeadDimCasts`)."""
+    int32 (0 where an operand does not round stochastically). The operands along the head dim have none: the
+    cast kernels quantize them (`_HeadDimCasts`)."""
 
-    q_d: int = 0
-    k_d: int = 0
     p_n: int = 0
     v_n: int = 0
-    do_d: int = 0
     p_m: int = 0
     do_m: int = 0
     ds_n: int = 0
@@ -119,12 +116,13 @@ class _RowCast:
 
 @dataclass(frozen=True)
 class _HeadDimCasts:
-    """The operands quantized along the head dim alone (Q and K in the forward, V in the backward), which the
-    cast kernels' row fake-quantize computes (`launch._head_dim_quantized`), and the cast launch options."""
+    """The operands' quantization along the head dim (Q, K, V, dO), which the cast kernels' row fake-quantize
+    computes (`launch._head_dim_quantized`), and the cast launch options."""
 
     q_d: _RowCast
     k_d: _RowCast
     v_d: _RowCast
+    do_d: _RowCast
     launch: CastLaunch
 
 
@@ -140,7 +138,7 @@ def _head_dim_casts(policy: Any, seeds: Optional[Sequence[Sequence[int]]], hw_fp
         seed = seeds[product][SEED_SLOTS[slot]] if quant.rounding == "stochastic" else None
         return _RowCast(FORMATS[quant.fmt], quant.scale_mode, quant.rounding, seed)
 
-    return _HeadDimCasts(row_cast("q_d"), row_cast("k_d"), row_cast("v_d"), CastLaunch(hw_fp8=hw_fp8))
+    return _HeadDimCasts(row_cast("q_d"), row_cast("k_d"), row_cast("v_d"), row_cast("do_d"), CastLaunch(hw_fp8=hw_fp8))
 
 
 def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:

@@ -1,5 +1,7 @@
 """Host launches of the jagged attention kernels besides the three attention kernels: the pre-quantized copies
-of Q, K, V, dO (`_prequantized`, and `_head_dim_quantized` for those quantized along the head dim alone), the row dots of the BF16 backward, and the constexprs the kernels share."""
+of Q, K, V, dO (`_head_dim_quantized` along the head dim, `_prequantized` along the tokens; `_prequantized` can
+also do both in one read, which the library no longer launches), the row dots of the BF16 backward, and the
+constexprs the kernels share."""
 from __future__ import annotations
 
 import functools
@@ -44,7 +46,7 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
             x, along_d, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
             offsets, seq, start, width, width, x.shape[0], d_seed_key, t_seed_key,
             COLS=columns, D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
-            ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns, d_code, t_code),
+            ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns, d_code, t_code, dot_with is not None),
         )
     return along_d, along_t, row_dots
 
@@ -67,15 +69,17 @@ def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> 
 _PREQUANTIZE_COLUMNS = 128
 
 
-def _prequantize_warps(columns: int, d_code: Optional[int], t_code: Optional[int]) -> int:
-    """One warp per 64 columns, two when the program quantizes along both axes with an integer or stochastic code:
-    at one warp per 64 such a program spills (benchmarks/prequantize_spills.txt) and runs 1.1-3.9x slower
-    (reports/benchmarks/prequantize_by_code.txt), where the FP8 conversion and the one-axis launches run fastest."""
+def _prequantize_warps(columns: int, d_code: Optional[int], t_code: Optional[int], row_dot: bool = False) -> int:
+    """One warp per 64 columns, two when an integer or stochastic code quantizes along both axes or beside the row
+    dots: at one warp per 64 such a program spills (both axes: 1.1-3.9x slower on the H200,
+    reports/benchmarks/prequantize_by_code.txt; tokens with the row dots, stochastic: 752 spilled bytes per thread
+    at one warp per 64, none at two, `mxlab bench attention-sass`), where the FP8 conversion and the one-axis
+    launches run fastest at one (stochastic along the tokens alone: 1.73 ms at one, 1.77 at two)."""
     if _interpreting():
         return 1
-    both_axes = d_code is not None and t_code is not None
+    busy = (d_code is not None and t_code is not None) or row_dot
     hardware = all(_hardware_fp8(code) for code in (d_code, t_code) if code is not None)
-    return max(1, columns // (64 if hardware or not both_axes else 32))
+    return max(1, columns // (64 if hardware or not busy else 32))
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
