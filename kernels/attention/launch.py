@@ -71,10 +71,10 @@ _PREQUANTIZE_COLUMNS = 128
 
 def _prequantize_warps(columns: int, d_code: Optional[int], t_code: Optional[int], row_dot: bool = False) -> int:
     """One warp per 64 columns, two when an integer or stochastic code quantizes along both axes or beside the row
-    dots: at one warp per 64 such a program spills (both axes: 1.1-3.9x slower on the H200,
-    reports/benchmarks/prequantize_by_code.txt; tokens with the row dots, stochastic: 752 spilled bytes per thread
-    at one warp per 64, none at two, `mxlab bench attention-sass`), where the FP8 conversion and the one-axis
-    launches run fastest at one (stochastic along the tokens alone: 1.73 ms at one, 1.77 at two)."""
+    dots: at one warp per 64 such a program spills or sits at the register limit (both axes: 1.1-3.9x slower on
+    the H200, reports/benchmarks/prequantize_by_code.txt; stochastic along the tokens with the row dots: 255
+    registers at one warp per 64, 114 at two, `mxlab bench attention-sass`; not timed), where the FP8 conversion
+    and the one-axis launches run fastest at one (stochastic along the tokens alone: 1.73 ms at one, 1.77 at two)."""
     if _interpreting():
         return 1
     busy = (d_code is not None and t_code is not None) or row_dot
