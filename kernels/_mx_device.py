@@ -32,7 +32,7 @@ import triton.language as tl
 from mxlab.numerics.formats import ElementFormat, get_format
 from mxlab.kernels.cast.bits import _fast_path_ok, _floor_log2, _mix32, _random_bits24
 from mxlab.kernels.cast.bits import _scale_exponent as _scale_exponent_and_special
-from mxlab.kernels.cast.elements import _quantize_fast, _quantize_fast_stochastic, _quantize_hw_fp8
+from mxlab.kernels.cast.elements import _quantize_fast, _quantize_fast_stochastic, _quantize_hw_fp8, _stochastic_scaled
 from mxlab.kernels.cast.launch import HARDWARE_FP8_FORMATS
 from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
@@ -177,8 +177,8 @@ def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
         y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
                              tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
     elif ROUNDING == ROUND_STOCHASTIC and not IS_INT:  # exact for every scale too: no tile-wide test either
-        y = _stochastic_scaled(x3, tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS), tl.expand_dims(special, BLOCK_AXIS),
-                               r24, MBITS, EMIN, EMAX, MMAX)
+        y = _stochastic_scaled(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
+                               tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
     elif ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:
         if _every_block(_fast_path_ok(s, inert, MBITS, EMIN, EMAX), BLOCK_AXIS):
             y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
@@ -206,30 +206,6 @@ def _fake_quant_fast(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.conste
             _, value = _quantize_fast_stochastic(bits, s, r24, MBITS, EMIN, EMAX, 255, NMAX, 8, IS_INT)
         value = tl.where(special, 0x7FC00000, value)
     return value.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _stochastic_scaled(x, s, special, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr):
-    """Stochastically rounded float32 values of x for a floating-point element format, exact at every block scale
-    S (broadcast), in the element's own units: y = |x| * 2^-S, rounded on its float32 bit pattern, times 2^S;
-    NaN in `special` blocks. The steps and why they give the integer steps' bits are in docs/numerics.md
-    ("Stochastic rounding in registers"). No per-block range test, no int-to-float conversion."""
-    K: tl.constexpr = 23 - MBITS  # fraction bits an element-normal value drops
-    LOWEST: tl.constexpr = EMIN + 127  # biased exponent of 2^emin, the smallest element-normal binade
-    QUANTUM: tl.constexpr = (EMIN - MBITS + 127) << 23  # 2^(emin - mbits): the element-subnormal step
-    MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | MMAX  # the largest element value
-    y = (x * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    exponent = y >> 23
-    shift = K + tl.maximum(LOWEST - exponent, 0)  # log2 of the step in units of y's last bit (y < 2^-126: any shift >= 25)
-    sh = tl.minimum(shift, 23)
-    near = (y + ((1 << sh) - 1 - (r24 >> (24 - sh)))) & -(1 << sh)  # shift <= 23: the bias carries where it rounds up
-    significand = (y & 0x7FFFFF) | 0x800000  # y < 2^-126 (exponent 0) has shift >= 133: rounds to 0 whatever this is
-    up = (2 * r24 + 1) <= (((significand << 1) - 1) >> tl.minimum(tl.maximum(shift - 24, 0), 31))  # shift >= 24: 0 or one step
-    element = tl.minimum(tl.where(shift <= 23, near, tl.where(up, QUANTUM, 0)), MAX_BITS)
-    power = tl.where(s > -127, (127 + s) << 23, 1 << 22)  # 2^S (2^-127 is a float32 subnormal)
-    value = (element.to(tl.float32, bitcast=True) * power.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
-    value = value | (x.to(tl.int32, bitcast=True) & -2147483648)
-    return tl.where(special, 0x7FC00000, value).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -146,6 +146,32 @@ def _stochastic_normal_elements(bits, s, r24, OUT_KIND: tl.constexpr, MBITS: tl.
 
 
 @triton.jit
+def _stochastic_scaled(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
+                       MMAX: tl.constexpr):
+    """float32 bits of the stochastically rounded values of float32 `bits` for a floating-point element format,
+    exact at every block scale S (broadcast), in the element's own units: y = |x| * 2^-S, rounded on its float32
+    bit pattern, times 2^S; NaN in `special` blocks (MMAX: the largest value's 23-bit fraction). Why it gives the
+    integer steps' bits: docs/numerics.md, "Stochastic rounding in the element's units". No per-block range
+    test, no int-to-float conversion, no codes. The attention's register tiles use it (`mxlab.kernels._mx_device`)."""
+    K: tl.constexpr = 23 - MBITS  # fraction bits an element-normal value drops
+    LOWEST: tl.constexpr = EMIN + 127  # biased exponent of 2^emin, the smallest element-normal binade
+    QUANTUM: tl.constexpr = (EMIN - MBITS + 127) << 23  # 2^(emin - mbits): the element-subnormal step
+    MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | MMAX  # the largest element value
+    x = bits.to(tl.float32, bitcast=True)
+    y = (x * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    exponent = y >> 23
+    shift = K + tl.maximum(LOWEST - exponent, 0)  # log2 of the step in units of y's last bit (y < 2^-126: any shift >= 25)
+    sh = tl.minimum(shift, 23)
+    near = (y + ((1 << sh) - 1 - (r24 >> (24 - sh)))) & -(1 << sh)  # shift <= 23: the bias carries where it rounds up
+    significand = (y & 0x7FFFFF) | 0x800000  # y < 2^-126 (exponent 0) has shift >= 133: rounds to 0 whatever this is
+    up = (2 * r24 + 1) <= (((significand << 1) - 1) >> tl.minimum(tl.maximum(shift - 24, 0), 31))  # shift >= 24: 0 or one step
+    element = tl.minimum(tl.where(shift <= 23, near, tl.where(up, QUANTUM, 0)), MAX_BITS)
+    power = tl.where(s > -127, (127 + s) << 23, 1 << 22)  # 2^S (2^-127 is a float32 subnormal)
+    value = (element.to(tl.float32, bitcast=True) * power.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    return tl.where(special, F32_NAN_BITS, value | (bits & -2147483648))
+
+
+@triton.jit
 def _stochastic_path(bits, s, inert, path, EMIN: tl.constexpr, ROUNDING: tl.constexpr, IS_INT: tl.constexpr):
     """The tile's path for `_emit`: 3 for a stochastic cast to a floating-point format on path 2 where no element
     is nonzero and below 2^(S + emin) of its block (an element-subnormal value, whose rounding shift depends on

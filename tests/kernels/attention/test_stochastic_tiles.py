@@ -1,6 +1,7 @@
-"""Stochastic rounding of register tiles (`fake_quant_tile`, the attention's P, dS and pre-quantized copies) at
-every block scale: the scaled-domain steps (`_mx_device._stochastic_scaled`) against the reference's counted
-stochastic fake-quantize, bit for bit, on inputs that put blocks far outside the cast kernels' fast range."""
+"""Stochastic rounding of register tiles in the element's units (`mxlab.kernels.cast.elements._stochastic_scaled`,
+through `fake_quant_tile`: the attention's P, dS and pre-quantized copies) against the reference bit for bit, at
+every block scale and on each element's own decision; the cast kernels' stochastic fake-quantize on the same
+decisions."""
 from __future__ import annotations
 
 import os
@@ -17,7 +18,7 @@ import triton.language as tl  # noqa: E402
 from mxlab.kernels._mx_device import fake_quant_tile, operand_code, token_random_bits  # noqa: E402
 from mxlab.nn.qmatmul import OperandQuant, _counted_stochastic_fake_quantize  # noqa: E402
 from mxlab.numerics.seeding import seed_key  # noqa: E402
-from tests.kernels.cast.test_casts import assert_same_bits  # noqa: E402
+from tests.kernels.cast.test_casts import assert_same_bits, reference_fake_quantize  # noqa: E402
 from tests.kernels.cast.test_hardware_fp8 import adversarial_input  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -113,3 +114,19 @@ def test_stochastic_tiles_at_the_rounding_boundary(fmt, axis, scale_mode):
     expected = _counted_stochastic_fake_quantize(x, OperandQuant(fmt, 32, scale_mode, "stochastic"), axis if axis == 0 else -1,
                                                  seed, counter)
     assert_same_bits(y.cpu(), expected, f"{fmt} axis {axis} {scale_mode}")
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+@pytest.mark.parametrize("fmt", FLOAT_FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cast_kernels_fake_quantize_at_the_rounding_boundary(fmt, axis, dtype):
+    """The row and column cast kernels' stochastic fake-quantize (values alone), bfloat16 and float32 outputs.
+    bfloat16 inputs round the placed values to 8 bits, which moves most of them off their decision; float32 pins it."""
+    from mxlab.kernels.cast import fake_quantize
+    from mxlab.numerics.formats import FORMATS
+
+    seed = 91 + axis
+    x = _boundary_input(fmt, axis, seed).to(dtype)
+    options = dict(axis=axis if axis == 0 else -1, scale_mode="rceil", rounding="stochastic", seed=seed)
+    actual = fake_quantize(x.to(DEVICE), FORMATS[fmt], **options).cpu()
+    assert_same_bits(actual, reference_fake_quantize(x, fmt, **options), f"{fmt} axis {axis} {dtype}")
