@@ -60,7 +60,11 @@ def test_stochastic_tiles_equal_the_reference_at_every_scale(fmt, axis, scale_mo
     x = _wide_input(fmt, seed=FLOAT_FORMATS.index(fmt) * 4 + axis * 2 + (scale_mode == "rceil"))
     assert (x.isnan().any() and x.isinf().any() and (x.abs() < 2.0 ** -126).logical_and(x != 0).any()
             and (x.abs() > 2.0 ** 100).any())
-    seed = 1234 + axis
+    _check_tile(x, fmt, axis, scale_mode, seed=1234 + axis)
+
+
+def _check_tile(x: torch.Tensor, fmt: str, axis: int, scale_mode: str, seed: int) -> None:
+    """`_stochastic_tile_kernel` on x (128 x COLS, float32, on DEVICE) against the reference, bit for bit."""
     y = torch.empty_like(x, device=DEVICE)
     _stochastic_tile_kernel[(x.shape[0] // ROWS,)](x.to(DEVICE), y, seed_key(seed), ROWS=ROWS, COLS=COLS, AXIS=axis,
                                                    CODE=operand_code(fmt, scale_mode, "stochastic"))
@@ -105,15 +109,7 @@ def _boundary_input(fmt: str, axis: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("fmt", FLOAT_FORMATS)
 def test_stochastic_tiles_at_the_rounding_boundary(fmt, axis, scale_mode):
-    seed = 77 + axis
-    x = _boundary_input(fmt, axis, seed)
-    y = torch.empty_like(x, device=DEVICE)
-    _stochastic_tile_kernel[(x.shape[0] // ROWS,)](x.to(DEVICE), y, seed_key(seed), ROWS=ROWS, COLS=COLS, AXIS=axis,
-                                                   CODE=operand_code(fmt, scale_mode, "stochastic"))
-    counter = torch.arange(x.numel()).view(x.shape)
-    expected = _counted_stochastic_fake_quantize(x, OperandQuant(fmt, 32, scale_mode, "stochastic"), axis if axis == 0 else -1,
-                                                 seed, counter)
-    assert_same_bits(y.cpu(), expected, f"{fmt} axis {axis} {scale_mode}")
+    _check_tile(_boundary_input(fmt, axis, 77 + axis), fmt, axis, scale_mode, seed=77 + axis)
 
 
 @pytest.mark.parametrize("axis", [0, 1])
@@ -130,3 +126,15 @@ def test_cast_kernels_fake_quantize_at_the_rounding_boundary(fmt, axis, dtype):
     options = dict(axis=axis if axis == 0 else -1, scale_mode="rceil", rounding="stochastic", seed=seed)
     actual = fake_quantize(x.to(DEVICE), FORMATS[fmt], **options).cpu()
     assert_same_bits(actual, reference_fake_quantize(x, fmt, **options), f"{fmt} axis {axis} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")
+@pytest.mark.parametrize("fmt", FLOAT_FORMATS)
+def test_gpu_stochastic_tiles_compiled(fmt):
+    """The two checks above compiled for the GPU (the tests above run there too, but `-m gpu` selects this one)."""
+    for axis in (0, 1):
+        for scale_mode in ("floor", "rceil"):
+            _check_tile(_wide_input(fmt, seed=FLOAT_FORMATS.index(fmt) * 4 + axis * 2 + (scale_mode == "rceil")), fmt, axis,
+                        scale_mode, seed=1234 + axis)
+            _check_tile(_boundary_input(fmt, axis, 77 + axis), fmt, axis, scale_mode, seed=77 + axis)
