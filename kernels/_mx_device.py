@@ -8,16 +8,13 @@ argument (`r24`): the caller draws them from a counter of its own choice with `t
 (a score's query row, head and key index), which are `mxlab.numerics.reference.random_bits24` of those
 counters (docs/numerics.md, "Jagged attention").
 
-Stochastic rounding to a floating-point format rounds every tile in the element's own units
-(`_stochastic_scaled`: |x| * 2^-S rounded on its float32 pattern, times 2^S), exact at every scale, so no
-tile-wide test of the scales' range; INT8 takes the integer steps.
-
-Hardware FP8 conversion (the HW_FP8 bit of the operand code, set by the host where
-`mxlab.kernels.cast.hardware_fp8_applies` holds: e4m3/e5m2, nearest even, CUDA sm_90+, never
-under TRITON_INTERPRET=1): a tile whose every block has a scale inside the cast kernels' fast-path
-range (`_fast_path_ok`) converts its elements with `_quantize_hw_fp8` of the cast kernels
-(float32(x) * 2^-S, `cvt.rn.satfinite` to FP8 and back, times 2^S); any other tile takes the integer
-steps. Both give the same bits (docs/numerics.md, "The cast kernels", has the argument).
+Floating-point formats round every tile in the element's own units, exact at every scale, so with no
+tile-wide test of the scales' range: e4m3/e5m2 to nearest even through the GPU's FP8 conversion where the
+host sets the HW_FP8 bit of the operand code (`mxlab.kernels.cast.hardware_fp8_applies`: CUDA sm_90+, never
+under TRITON_INTERPRET=1; `_quantize_hw_fp8`: float32(x) * 2^-S, `cvt.rn.satfinite` to FP8 and back, times
+2^S), other nearest-even tiles by `_nearest_scaled` and stochastic ones by `_stochastic_scaled` of the cast
+kernels (docs/numerics.md, "Rounding in the element's units" and "Jagged attention"). INT8, and the other
+roundings, take the integer steps.
 
 An operand's format, scale mode, rounding and the hardware switch travel as one packed integer
 constexpr (`operand_code`), so a kernel with many quantized operands keeps a short signature.
@@ -32,7 +29,8 @@ import triton.language as tl
 from mxlab.numerics.formats import ElementFormat, get_format
 from mxlab.kernels.cast.bits import _fast_path_ok, _floor_log2, _mix32, _random_bits24
 from mxlab.kernels.cast.bits import _scale_exponent as _scale_exponent_and_special
-from mxlab.kernels.cast.elements import _quantize_fast, _quantize_fast_stochastic, _quantize_hw_fp8, _stochastic_scaled
+from mxlab.kernels.cast.elements import (_nearest_scaled, _quantize_fast, _quantize_fast_stochastic, _quantize_hw_fp8,
+                                         _stochastic_scaled)
 from mxlab.kernels.cast.launch import HARDWARE_FP8_FORMATS
 from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
@@ -179,6 +177,9 @@ def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     elif ROUNDING == ROUND_STOCHASTIC and not IS_INT:  # exact for every scale too: no tile-wide test either
         y = _stochastic_scaled(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
                                tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
+    elif ROUNDING == 0 and not IS_INT:  # nearest even without the FP8 conversion (FP4/FP6, the interpreter): likewise
+        y = _nearest_scaled(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
+                            tl.expand_dims(special, BLOCK_AXIS), MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
     elif ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:
         if _every_block(_fast_path_ok(s, inert, MBITS, EMIN, EMAX), BLOCK_AXIS):
             y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),

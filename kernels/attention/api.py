@@ -16,9 +16,9 @@ from mxlab.numerics.jagged_checks import check_attention_inputs, check_offsets_l
 class AttentionLaunch:
     """Launch options of jagged attention besides its numerics (private: tests and benchmarks set them).
 
-    `tiles`: the kernels' tile sizes (None: `default_tiles`); `hw_fp8=False` keeps the integer quantization
-    steps where the hardware FP8 conversion would run. Neither changes the semantics; `hw_fp8` never changes
-    the bits, `tiles` only the order of float32 accumulation.
+    `tiles`: the kernels' tile sizes (None: `default_tiles`); `hw_fp8=False` takes the software steps (in the
+    element's units) where the hardware FP8 conversion would run. Neither changes the semantics; `hw_fp8` never
+    changes the bits, `tiles` only the order of float32 accumulation.
     """
 
     tiles: Optional[TileSizes] = None

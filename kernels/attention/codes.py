@@ -153,7 +153,7 @@ def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:
 def _codes(policy: Any, device: Optional[torch.device] = None) -> Optional[_OperandCodes]:
     """Operand codes of an attention policy; None for policy None. ValueError if unsupported.
     With `device`, operands convert with the hardware FP8 instructions where
-    `mxlab.kernels.cast.hardware_fp8_applies` holds for it (None: integer steps everywhere). Cached by the
+    `mxlab.kernels.cast.hardware_fp8_applies` holds for it (None: the software steps everywhere). Cached by the
     policy's GEMM specs (frozen), so a call pays one lookup."""
     if policy is None:
         return None

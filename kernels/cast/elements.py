@@ -146,12 +146,33 @@ def _stochastic_normal_elements(bits, s, r24, OUT_KIND: tl.constexpr, MBITS: tl.
 
 
 @triton.jit
+def _nearest_scaled(bits, s, special, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr):
+    """float32 bits of the values of float32 `bits` rounded to nearest even for a floating-point element format,
+    exact at every block scale S (broadcast), in the element's own units: y = |x| * 2^-S, an element-normal y
+    rounded on its float32 bit pattern, an element-subnormal one by adding and subtracting 2^(emin - mbits + 23)
+    (float32 addition rounds to nearest even at that step), times 2^S; NaN in `special` blocks. Why it gives the
+    integer steps' bits: docs/numerics.md, "Rounding in the element's units". No per-block range test."""
+    K: tl.constexpr = 23 - MBITS  # fraction bits an element-normal value drops
+    MIN_NORMAL: tl.constexpr = (EMIN + 127) << 23  # 2^emin
+    MAGIC: tl.constexpr = 2.0 ** (EMIN - MBITS + 23)  # its float32 ulp is the element-subnormal step 2^(emin - mbits)
+    MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | MMAX  # the largest element value
+    x = bits.to(tl.float32, bitcast=True)
+    y = (x * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    normal = (y + ((1 << (K - 1)) - 1) + ((y >> K) & 1)) & -(1 << K)
+    subnormal = ((y.to(tl.float32, bitcast=True) + MAGIC) - MAGIC).to(tl.int32, bitcast=True)
+    element = tl.minimum(tl.where(y >= MIN_NORMAL, normal, subnormal), MAX_BITS)
+    power = tl.where(s > -127, (127 + s) << 23, 1 << 22)  # 2^S (2^-127 is a float32 subnormal)
+    value = (element.to(tl.float32, bitcast=True) * power.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    return tl.where(special, F32_NAN_BITS, value | (bits & -2147483648))
+
+
+@triton.jit
 def _stochastic_scaled(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                        MMAX: tl.constexpr):
     """float32 bits of the stochastically rounded values of float32 `bits` for a floating-point element format,
     exact at every block scale S (broadcast), in the element's own units: y = |x| * 2^-S, rounded on its float32
     bit pattern, times 2^S; NaN in `special` blocks (MMAX: the largest value's 23-bit fraction). Why it gives the
-    integer steps' bits: docs/numerics.md, "Stochastic rounding in the element's units". No per-block range
+    integer steps' bits: docs/numerics.md, "Rounding in the element's units". No per-block range
     test, no int-to-float conversion, no codes. The attention's register tiles use it (`mxlab.kernels._mx_device`)."""
     K: tl.constexpr = 23 - MBITS  # fraction bits an element-normal value drops
     LOWEST: tl.constexpr = EMIN + 127  # biased exponent of 2^emin, the smallest element-normal binade

@@ -37,17 +37,19 @@ def bench_attention_command(
 
 @app.command("attention-sass", cls=Command)
 def bench_attention_sass_command(
-    integer_path: bool = typer.Option(False, "--integer-path", help="Count the integer quantization steps instead of the hardware FP8 path."),
+    integer_path: bool = typer.Option(False, "--integer-path", help="Count the software steps (in the element's units) instead of the hardware FP8 path."),
     stochastic_gradients: bool = typer.Option(False, "--stochastic-gradients", help="Round the gradients (dO, dS) stochastically, as the -sr recipes do."),
+    fmt: str = typer.Option("e4m3", "--fmt", metavar="FORMAT", help="Element format of every operand: e4m3, e5m2, e3m2, e2m3 or e2m1."),
 ) -> None:
     """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop.
 
-    Example: mxlab bench attention-sass --stochastic-gradients
+    Example: mxlab bench attention-sass --fmt e2m1
     """
     from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
 
     rounding = "stochastic" if stochastic_gradients else "nearest_even"
-    _exiting_on_bad_input(lambda: print_attention_sass_counts(attention_sass_counts(hw_fp8=not integer_path, grad_rounding=rounding)))
+    _exiting_on_bad_input(lambda: print_attention_sass_counts(
+        attention_sass_counts(hw_fp8=not integer_path, fmt=fmt, grad_rounding=rounding)))
 
 
 @app.command("quant", cls=Command)
