@@ -70,11 +70,12 @@ _PREQUANTIZE_COLUMNS = 128
 
 
 def _prequantize_warps(columns: int, d_code: Optional[int], t_code: Optional[int], row_dot: bool = False) -> int:
-    """One warp per 64 columns, two when an integer or stochastic code quantizes along both axes or beside the row
-    dots: at one warp per 64 such a program spills or sits at the register limit (both axes: 1.1-3.9x slower on
-    the H200, reports/benchmarks/prequantize_by_code.txt; stochastic along the tokens with the row dots: 255
-    registers at one warp per 64, 114 at two, `mxlab bench attention-sass`; not timed), where the FP8 conversion
-    and the one-axis launches run fastest at one (stochastic along the tokens alone: 1.73 ms at one, 1.77 at two)."""
+    """One warp per 64 columns, two when a code without the hardware FP8 conversion quantizes along both axes
+    (the library no longer launches that: at one warp per 64 the integer and stochastic steps of that time
+    spilled and ran 1.1-3.9x slower on the H200, reports/benchmarks/prequantize_by_code.txt) or beside the row
+    dots (at one warp per 64: 255 registers stochastic, 171 e2m1; at two: 114 and 78, `mxlab bench
+    attention-sass`; not timed). The FP8 conversion and the one-axis launches ran fastest at one (stochastic
+    along the tokens alone: 1.73 ms at one, 1.77 at two, with the steps of that time)."""
     if _interpreting():
         return 1
     busy = (d_code is not None and t_code is not None) or row_dot
