@@ -146,6 +146,22 @@ def _stochastic_normal_elements(bits, s, r24, OUT_KIND: tl.constexpr, MBITS: tl.
 
 
 @triton.jit
+def _element_units(bits, s):
+    """Bits of |x| * 2^-S (float32 x as `bits`, S broadcast): exact unless below 2^-126, where every rounding
+    of the element steps gives zero (docs/numerics.md, "Rounding in the element's units")."""
+    return (bits.to(tl.float32, bitcast=True) * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _from_element_units(element, s, special, bits):
+    """float32 bits of element * 2^S (exact, or the infinity the reference gives) with the sign of x (`bits`);
+    NaN in `special` blocks."""
+    power = tl.where(s > -127, (127 + s) << 23, 1 << 22)  # 2^S (2^-127 is a float32 subnormal)
+    value = (element.to(tl.float32, bitcast=True) * power.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
+    return tl.where(special, F32_NAN_BITS, value | (bits & -2147483648))
+
+
+@triton.jit
 def _nearest_scaled(bits, s, special, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr):
     """float32 bits of the values of float32 `bits` rounded to nearest even for a floating-point element format,
     exact at every block scale S (broadcast), in the element's own units: y = |x| * 2^-S, an element-normal y
@@ -156,14 +172,11 @@ def _nearest_scaled(bits, s, special, MBITS: tl.constexpr, EMIN: tl.constexpr, E
     MIN_NORMAL: tl.constexpr = (EMIN + 127) << 23  # 2^emin
     MAGIC: tl.constexpr = 2.0 ** (EMIN - MBITS + 23)  # its float32 ulp is the element-subnormal step 2^(emin - mbits)
     MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | MMAX  # the largest element value
-    x = bits.to(tl.float32, bitcast=True)
-    y = (x * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    y = _element_units(bits, s)
     normal = (y + ((1 << (K - 1)) - 1) + ((y >> K) & 1)) & -(1 << K)
     subnormal = ((y.to(tl.float32, bitcast=True) + MAGIC) - MAGIC).to(tl.int32, bitcast=True)
     element = tl.minimum(tl.where(y >= MIN_NORMAL, normal, subnormal), MAX_BITS)
-    power = tl.where(s > -127, (127 + s) << 23, 1 << 22)  # 2^S (2^-127 is a float32 subnormal)
-    value = (element.to(tl.float32, bitcast=True) * power.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
-    return tl.where(special, F32_NAN_BITS, value | (bits & -2147483648))
+    return _from_element_units(element, s, special, bits)
 
 
 @triton.jit
@@ -178,8 +191,7 @@ def _stochastic_scaled(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.cons
     LOWEST: tl.constexpr = EMIN + 127  # biased exponent of 2^emin, the smallest element-normal binade
     QUANTUM: tl.constexpr = (EMIN - MBITS + 127) << 23  # 2^(emin - mbits): the element-subnormal step
     MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | MMAX  # the largest element value
-    x = bits.to(tl.float32, bitcast=True)
-    y = (x * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    y = _element_units(bits, s)
     exponent = y >> 23
     shift = K + tl.maximum(LOWEST - exponent, 0)  # log2 of the step in units of y's last bit (y < 2^-126: any shift >= 25)
     sh = tl.minimum(shift, 23)
@@ -187,9 +199,7 @@ def _stochastic_scaled(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.cons
     significand = (y & 0x7FFFFF) | 0x800000  # y < 2^-126 (exponent 0) has shift >= 133: rounds to 0 whatever this is
     up = (2 * r24 + 1) <= (((significand << 1) - 1) >> tl.minimum(tl.maximum(shift - 24, 0), 31))  # shift >= 24: 0 or one step
     element = tl.minimum(tl.where(shift <= 23, near, tl.where(up, QUANTUM, 0)), MAX_BITS)
-    power = tl.where(s > -127, (127 + s) << 23, 1 << 22)  # 2^S (2^-127 is a float32 subnormal)
-    value = (element.to(tl.float32, bitcast=True) * power.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True)
-    return tl.where(special, F32_NAN_BITS, value | (bits & -2147483648))
+    return _from_element_units(element, s, special, bits)
 
 
 @triton.jit
