@@ -46,9 +46,9 @@ def shared_operands():
         return copy
 
     def tokens(x, *args, **kwargs):
-        along_d, along_tokens, row_term = original_tokens(x, *args, **kwargs)
+        along_tokens, row_term = original_tokens(x, *args, **kwargs)
         source, copy = copies.get(id(x), (None, None))
-        return along_d, (copy if source is x else along_tokens), row_term
+        return (copy if source is x else along_tokens), row_term
 
     def backward(ctx, grad_out):
         copies.clear()

@@ -166,24 +166,24 @@ def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     ROUNDING: tl.constexpr = (CODE >> 15) & 3
     MMAX: tl.constexpr = ((CODE >> 17) & 127) << 16
     HW_FP8: tl.constexpr = (CODE >> 24) & 1
-    magnitude = x3.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    amax = tl.max(magnitude, axis=BLOCK_AXIS)
+    bits = x3.to(tl.int32, bitcast=True)
+    amax = tl.max(bits & 0x7FFFFFFF, axis=BLOCK_AXIS)
     special = amax >= 0x7F800000
     s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
     inert = special | (amax == 0)  # all-zero and NaN/Inf blocks: any scale in range gives their values
-    if HW_FP8:  # exact for every scale (docs/numerics.md): no tile-wide test, whose reduction crosses the warps
-        y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
-                             tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
-    elif ROUNDING == ROUND_STOCHASTIC and not IS_INT:  # exact for every scale too: no tile-wide test either
-        y = _stochastic_scaled(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
-                               tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
-    elif ROUNDING == 0 and not IS_INT:  # nearest even without the FP8 conversion (FP4/FP6, the interpreter): likewise
-        y = _nearest_scaled(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
-                            tl.expand_dims(special, BLOCK_AXIS), MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
-    elif ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:
+    s_each = tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS)  # broadcast against the elements
+    special_each = tl.expand_dims(special, BLOCK_AXIS)
+    # Floating-point formats with nearest even or stochastic rounding are exact for every scale (docs/numerics.md):
+    # no tile-wide test of the scales' range, whose reduction crosses the warps.
+    if HW_FP8:
+        y = _fake_quant_fast(bits, s_each, special_each, r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
+    elif ROUNDING == ROUND_STOCHASTIC and not IS_INT:
+        y = _stochastic_scaled(bits, s_each, special_each, r24, MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
+    elif ROUNDING == 0 and not IS_INT:  # nearest even without the FP8 conversion: FP4/FP6, the interpreter
+        y = _nearest_scaled(bits, s_each, special_each, MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
+    elif ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:  # INT8
         if _every_block(_fast_path_ok(s, inert, MBITS, EMIN, EMAX), BLOCK_AXIS):
-            y = _fake_quant_fast(x3.to(tl.int32, bitcast=True), tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS),
-                                 tl.expand_dims(special, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
+            y = _fake_quant_fast(bits, s_each, special_each, r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
         else:
             y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     else:

@@ -26,7 +26,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         l = torch.empty_like(m)
         if quant:
             q_d, k_d = _head_dim_quantized(q, casts.q_d, casts.launch), _head_dim_quantized(k, casts.k_d, casts.launch)
-            _, v_t, _ = _prequantized(v, k_offsets, None, codes.v_n, t_seed_key=seeds.v_n)
+            v_t, _ = _prequantized(v, k_offsets, codes.v_n, seed_key=seeds.v_n)
         else:
             q_d, k_d, v_t = q, k, v
         tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
@@ -61,17 +61,17 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         # from the launch that quantizes dO). SiLU reads none.
         row_term_with = None if silu else out
         if quant:
-            # Each orientation in its own launch: along the head dim the cast kernels' row fake-quantize (near copy
-            # speed), along the tokens `_prequantize`. On the H200 at the h200 step's history shape one launch for
-            # both took 1.21 ms (e4m3, nearest even), 4.0 ms (stochastic, with the row dots) against about 1.0 and
-            # 2.5 for the two (reports/benchmarks/prequantize_by_code.txt, prequantize_sweep_session13.txt).
+            # Each orientation in its own launch: along the head dim the cast kernels' row fake-quantize, along the
+            # tokens `_prequantize`. On the H200 at the h200 step's history shape one launch for both orientations
+            # took 1.21 ms (e4m3, nearest even) and 4.0 ms (stochastic, with the row dots)
+            # (reports/benchmarks/prequantize_by_code.txt); the two launches apart took 0.37 + 0.62 ms for e4m3
+            # (prequantize_sweep_session13.txt, prequantize_by_code.txt). Stochastic apart: not timed.
             q_d, k_d = _head_dim_quantized(q, casts.q_d, casts.launch), _head_dim_quantized(k, casts.k_d, casts.launch)
             v_d = _head_dim_quantized(v, casts.v_d, casts.launch)
             do_d = _head_dim_quantized(grad_out, casts.do_d, casts.launch)
-            _, q_t, _ = _prequantized(q, q_offsets, None, codes.q_m, t_seed_key=seeds.q_m)
-            _, k_t, _ = _prequantized(k, k_offsets, None, codes.k_n, t_seed_key=seeds.k_n)
-            _, do_t, delta = _prequantized(grad_out, q_offsets, None, codes.do_m, dot_with=row_term_with,
-                                           t_seed_key=seeds.do_m)
+            q_t, _ = _prequantized(q, q_offsets, codes.q_m, seed_key=seeds.q_m)
+            k_t, _ = _prequantized(k, k_offsets, codes.k_n, seed_key=seeds.k_n)
+            do_t, delta = _prequantized(grad_out, q_offsets, codes.do_m, dot_with=row_term_with, seed_key=seeds.do_m)
         else:
             q_d, q_t, k_d, k_t, v_d = q, q, k, k, v
             do_d, do_t, delta = grad_out, grad_out, None if silu else _row_dots(grad_out, row_term_with)

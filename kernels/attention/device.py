@@ -164,20 +164,17 @@ def _row_dot(A, B, OUT, rows, heads, tokens, HEAD_DIM: tl.constexpr, BLOCK_ROWS:
     tl.store(OUT + (row % heads) * tokens + row // heads, tl.sum(a * b, 1), mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["d_seed_key", "t_seed_key"])  # seeds change every call: one compiled kernel
+@triton.jit(do_not_specialize=["seed_key"])  # seeds change every call: one compiled kernel
 def _prequantize(
-    X, OUT_ALONG_D, OUT_ALONG_T, DOT_WITH, ROW_DOTS, offsets, tile_seq, tile_start, stride_t, width, tokens,
-    d_seed_key, t_seed_key, COLS: tl.constexpr, D_CODE: tl.constexpr, T_CODE: tl.constexpr, ALONG_D: tl.constexpr, ALONG_T: tl.constexpr,
-    ROW_DOT: tl.constexpr, HEAD_DIM: tl.constexpr,
+    X, OUT, DOT_WITH, ROW_DOTS, offsets, tile_seq, tile_start, stride_t, width, tokens, seed_key,
+    COLS: tl.constexpr, CODE: tl.constexpr, ROW_DOT: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
-    """Fake-quantize 32 tokens x COLS columns of a jagged (tokens, heads * head_dim) tensor (rows
-    of `width` contiguous elements, token stride `stride_t`) along the columns (OUT_ALONG_D: blocks
-    of 32 of the head dim; COLS and the column start are multiples of 32 and head_dim, so no
-    block crosses a head) and/or along the tokens (OUT_ALONG_T, blocks of 32 tokens from each
-    sequence's first token), as bfloat16 (exact: MX values have <= 8 significant bits).
-    ROW_DOT also writes ROW_DOTS[h, t] = sum_d X[t, h, d] * DOT_WITH[t, h, d] in float32, (heads, tokens)
-    (the softmax backward's row term, with X = dO and DOT_WITH = O). Stochastic rounding draws `token_random_bits` of the packed tensor
-    (d_seed_key, t_seed_key: mix32 of each orientation's seed)."""
+    """Fake-quantize 32 tokens x COLS columns of a jagged (tokens, heads * head_dim) tensor (rows of `width`
+    contiguous elements, token stride `stride_t`) along the tokens (blocks of 32 tokens from each sequence's
+    first token), as bfloat16 (exact: MX values have <= 8 significant bits). ROW_DOT also writes
+    ROW_DOTS[h, t] = sum_d X[t, h, d] * DOT_WITH[t, h, d] in float32, (heads, tokens) (the softmax backward's
+    row term, with X = dO and DOT_WITH = O; COLS and the column start are multiples of head_dim). Stochastic
+    rounding draws `token_random_bits` of the packed tensor (seed_key: mix32 of the seed)."""
     pid = tl.program_id(0)
     cols = tl.program_id(1) * COLS + tl.arange(0, COLS)
     seq = tl.load(tile_seq + pid)
@@ -190,9 +187,6 @@ def _prequantize(
     ok = (rows < length)[:, None] & (cols < width)[None, :]
     index = (begin + rows)[:, None] * stride_t + cols[None, :]
     x = tl.load(X + index, mask=ok, other=0.0).to(tl.float32)
-    if ALONG_D:
-        along_d = fake_quant_tile(x, _token_bits(begin + rows, cols, width, d_seed_key, D_CODE), 32, COLS, 1, D_CODE)
-        tl.store(OUT_ALONG_D + index, along_d.to(tl.bfloat16), mask=ok)
     if ROW_DOT:
         other = tl.load(DOT_WITH + index, mask=ok, other=0.0).to(tl.float32)
         sums = tl.sum(tl.reshape(x * other, (32, COLS // HEAD_DIM, HEAD_DIM)), 2)
@@ -200,6 +194,5 @@ def _prequantize(
         token_ok = rows < length
         tl.store(ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None], sums,
                  mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :])
-    if ALONG_T:
-        along_t = fake_quant_tile(x, _token_bits(begin + rows, cols, width, t_seed_key, T_CODE), 32, COLS, 0, T_CODE)
-        tl.store(OUT_ALONG_T + index, along_t.to(tl.bfloat16), mask=ok)
+    along_t = fake_quant_tile(x, _token_bits(begin + rows, cols, width, seed_key, CODE), 32, COLS, 0, CODE)
+    tl.store(OUT + index, along_t.to(tl.bfloat16), mask=ok)

@@ -1,7 +1,6 @@
 """Host launches of the jagged attention kernels besides the three attention kernels: the pre-quantized copies
-of Q, K, V, dO (`_head_dim_quantized` along the head dim, `_prequantized` along the tokens; `_prequantized` can
-also do both in one read, which the library no longer launches), the row dots of the BF16 backward, and the
-constexprs the kernels share."""
+of Q, K, V, dO (`_head_dim_quantized` along the head dim, `_prequantized` along the tokens), the row dots of the
+BF16 backward, and the constexprs the kernels share."""
 from __future__ import annotations
 
 import functools
@@ -21,19 +20,16 @@ def _dtype_constexpr(dtype: torch.dtype) -> Any:
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
 
 
-def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int], t_code: Optional[int],
-                  dot_with: Optional[torch.Tensor] = None, d_seed_key: int = 0,
-                  t_seed_key: int = 0) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """x fake-quantized (bfloat16) along the head dim with d_code and/or along the tokens of each
-    sequence with t_code (blocks of 32 from each sequence's first token); for a None code, x
-    itself is returned in that slot. Third: with `dot_with` (contiguous, x's shape), the (heads, tokens)
-    float32 sums over the head dim of x * dot_with, else None.
-    d_seed_key, t_seed_key: `seed_key` of each orientation's seed (stochastic codes only)."""
+def _prequantized(x: torch.Tensor, offsets: torch.Tensor, code: int, dot_with: Optional[torch.Tensor] = None,
+                  seed_key: int = 0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(x fake-quantized (bfloat16) with `code` along the tokens of each sequence, blocks of 32 from each
+    sequence's first token; with `dot_with` (contiguous, x's shape) the (heads, tokens) float32 sums over the
+    head dim of x * dot_with, else None). seed_key: `seed_key` of the seed (stochastic codes only). Along the
+    head dim: `_head_dim_quantized`."""
     if not x.is_contiguous():
         raise ValueError(f"_prequantized needs a contiguous (tokens, heads, head_dim) tensor; got strides {x.stride()}")
     seq, start = _tiles(offsets, x.shape[0], None, 32)
-    along_d = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if d_code is not None else x
-    along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16) if t_code is not None else x
+    along_t = torch.empty(x.shape, device=x.device, dtype=torch.bfloat16)
     row_dots = None
     if dot_with is not None:
         if dot_with.shape != x.shape or not dot_with.is_contiguous():
@@ -43,20 +39,20 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, d_code: Optional[int],
     if seq.numel() and width:
         columns = min(triton.next_power_of_2(width), max(_PREQUANTIZE_COLUMNS, x.shape[2]))
         _prequantize[(seq.numel(), triton.cdiv(width, columns))](
-            x, along_d, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
-            offsets, seq, start, width, width, x.shape[0], d_seed_key, t_seed_key,
-            COLS=columns, D_CODE=d_code or 0, T_CODE=t_code or 0, ALONG_D=d_code is not None, ALONG_T=t_code is not None,
-            ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2], num_warps=_prequantize_warps(columns, d_code, t_code, dot_with is not None),
+            x, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
+            offsets, seq, start, width, width, x.shape[0], seed_key,
+            COLS=columns, CODE=code, ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2],
+            num_warps=_prequantize_warps(columns, code, dot_with is not None),
         )
-    return along_d, along_t, row_dots
+    return along_t, row_dots
 
 
 def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> torch.Tensor:
-    """x (contiguous (tokens, heads, head_dim)) fake-quantized along the head dim, bfloat16: the bits of
-    `_prequantized` with a d_code alone (blocks of 32 never cross a head, and the stochastic counter is the
-    element's index in the (tokens, heads * head_dim) view in both), from the cast kernels' row fake-quantize of
-    that view. On the H200 at the h200 step's history shape: 0.373 ms, `_prequantize` 0.975 ms
-    (reports/benchmarks/prequantize_sweep_session13.txt)."""
+    """x (contiguous (tokens, heads, head_dim)) fake-quantized along the head dim, bfloat16, by the cast kernels'
+    row fake-quantize of the (tokens, heads * head_dim) view: blocks of 32 never cross a head, and the
+    stochastic counter is the element's index in that view, as the reference counts it. On the H200 at the h200
+    step's history shape: 0.373 ms, where `_prequantize` took 0.975 ms for the same copy when it still had a
+    head-dim mode (reports/benchmarks/prequantize_sweep_session13.txt)."""
     rows = fake_quantize(x.view(x.shape[0], -1), cast.fmt, axis=-1, scale_mode=cast.scale_mode, rounding=cast.rounding,
                          seed=cast.seed, _launch=launch)
     return rows.view(x.shape).to(torch.bfloat16)
@@ -69,18 +65,14 @@ def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> 
 _PREQUANTIZE_COLUMNS = 128
 
 
-def _prequantize_warps(columns: int, d_code: Optional[int], t_code: Optional[int], row_dot: bool = False) -> int:
-    """One warp per 64 columns, two when a code without the hardware FP8 conversion quantizes along both axes
-    (the library no longer launches that: at one warp per 64 the integer and stochastic steps of that time
-    spilled and ran 1.1-3.9x slower on the H200, reports/benchmarks/prequantize_by_code.txt) or beside the row
-    dots (at one warp per 64: 255 registers stochastic, 171 e2m1; at two: 114 and 78, `mxlab bench
-    attention-sass`; not timed). The FP8 conversion and the one-axis launches ran fastest at one (stochastic
-    along the tokens alone: 1.73 ms at one, 1.77 at two, with the steps of that time)."""
+def _prequantize_warps(columns: int, code: int, row_dot: bool = False) -> int:
+    """One warp per 64 columns, two for the row dots beside a code without the hardware FP8 conversion: at one
+    warp per 64 those programs take 255 registers (stochastic) and 171 (e2m1), at two 114 and 78
+    (`mxlab bench attention-sass`; not timed). Without the row dots one warp per 64 ran fastest on the H200 for
+    every code (reports/benchmarks/prequantize_by_code.txt, with the quantization steps of that tree)."""
     if _interpreting():
         return 1
-    busy = (d_code is not None and t_code is not None) or row_dot
-    hardware = all(_hardware_fp8(code) for code in (d_code, t_code) if code is not None)
-    return max(1, columns // (64 if hardware or not busy else 32))
+    return max(1, columns // (32 if row_dot and not _hardware_fp8(code) else 64))
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -414,13 +414,13 @@ def conversions(kernel, runtime, constants, num_warps):
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
     return sorted({line.split()[0] for line in compiled.asm["ptx"].splitlines() if line.strip().startswith("cvt.") and "satfinite" in line})
 
-pointers = {name: "*bf16" for name in ("QD", "KD", "VT", "VD", "O", "X", "OUT_ALONG_D", "OUT_ALONG_T", "DOT_WITH",
+pointers = {name: "*bf16" for name in ("QD", "KD", "VT", "VD", "O", "X", "OUT", "DOT_WITH",
                                        "QT", "KT", "DOD", "DOT", "DK", "DV")}
 pointers.update({name: "*fp32" for name in ("M", "L", "ROW_DOTS", "DELTA", "DQ_ACC")})
 pointers.update({name: "*i64" for name in ("q_offsets", "k_offsets", "offsets")})
 pointers.update({name: "*i32" for name in ("tile_seq", "tile_start")})
 pointers.update({name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "total_q", "stride_t", "width", "tokens",
-                                          "p_seed_key", "d_seed_key", "t_seed_key", "pm_seed_key", "dsm_seed_key", "dsn_seed_key")})
+                                          "p_seed_key", "seed_key", "pm_seed_key", "dsm_seed_key", "dsn_seed_key")})
 pointers["sm_scale"] = "fp32"
 common = dict(HEAD_DIM=64, CAUSAL=False, SILU=False, QUANT=True, S_DTYPE=tl.bfloat16, OP_DTYPE=tl.bfloat16,
               DOT_DTYPE=tl.bfloat16, BY_BITS=False)
@@ -437,7 +437,7 @@ for kernel, fmt, mode in json.loads(sys.argv[1]):
         constants = dict(common, BLOCK_M=32, BLOCK_N=64, PM_CODE=code, DSM_CODE=code, FUSED_DQ=True, DSN_CODE=code)
         result.append(conversions(kernels._jagged_attention_bwd_dkdv, pointers, constants, 4))
     else:
-        constants = dict(COLS=256, D_CODE=code, T_CODE=code, ALONG_D=True, ALONG_T=True, ROW_DOT=False, HEAD_DIM=64)
+        constants = dict(COLS=256, CODE=code, ROW_DOT=False, HEAD_DIM=64)
         result.append(conversions(device._prequantize, pointers, constants, 8))
 print(json.dumps(result))
 """
@@ -541,9 +541,19 @@ def test_other_seeds_fail_the_comparison():
         _assert_exact_up_to_accumulation("out", kernel, later_call, 3)
 
 
+def _head_dim_copy(x: torch.Tensor, fmt: str, scale_mode: str, rounding: str, seed=None) -> torch.Tensor:
+    """x's copy along the head dim as the attention makes it (`launch._head_dim_quantized`, the cast kernels)."""
+    from mxlab.kernels.cast import CastLaunch
+    from mxlab.numerics.formats import FORMATS
+
+    cast = attention_codes._RowCast(FORMATS[fmt], scale_mode, rounding, seed)
+    return attention_launch._head_dim_quantized(x.contiguous(), cast, CastLaunch())
+
+
 def test_stochastic_prequantized_operands_equal_the_reference_bits():
-    """Q/K/V/dO copies (both orientations) against the reference's counter: the element's linear index in the
-    packed (tokens, heads, head_dim) tensor, bit for bit."""
+    """Q/K/V/dO copies (both orientations: the cast kernels along the head dim, `_prequantize` along the tokens)
+    against the reference's counter: the element's linear index in the packed (tokens, heads, head_dim) tensor,
+    bit for bit."""
     from mxlab.nn.qmatmul import _counted_stochastic_fake_quantize as _stochastic_fake_quantize
 
     lengths = [31, 0, 1, 33, 70]
@@ -556,7 +566,8 @@ def test_stochastic_prequantized_operands_equal_the_reference_bits():
     seeds = (12345, 2**32 - 7)
     keys = [seed_key(seed) for seed in seeds]
     offsets = _offsets(lengths)
-    along_d, along_t, _ = attention_launch._prequantized(x, offsets, code, code, d_seed_key=keys[0], t_seed_key=keys[1])
+    along_d = _head_dim_copy(x, "e4m3", "even", "stochastic", seeds[0])
+    along_t, _ = attention_launch._prequantized(x, offsets, code, seed_key=keys[1])
     counter = torch.arange(x.numel(), device=DEVICE).view(x.shape)
     assert torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, seeds[0], counter))
     for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
@@ -780,7 +791,7 @@ def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(po
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
-    """Q/K/V/dO copies (both orientations, from one read) against mxlab.numerics.reference, bit for bit, on values spread
+    """Q/K/V/dO copies (both orientations) against mxlab.numerics.reference, bit for bit, on values spread
     over many binades (some blocks outside the fast-path range)."""
     from mxlab.numerics import reference
     from mxlab.numerics.formats import FORMATS
@@ -791,7 +802,8 @@ def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
     x = (q.detach().float().cpu() * torch.exp2(exponents)).to(torch.bfloat16).to(q.device)
     offsets = _offsets(lengths)
     code = attention_codes.operand_code(fmt, "rceil", "nearest_even", hw_fp8=True)
-    along_d, along_t, _ = attention_launch._prequantized(x, offsets, code, code)
+    along_d = _head_dim_copy(x, fmt, "rceil", "nearest_even")
+    along_t, _ = attention_launch._prequantized(x, offsets, code)
     flat = x.float().reshape(x.shape[0], x.shape[1], x.shape[2] // 32, 32)
     expected_d = reference.fake_quantize_blocks(flat, (3,), FORMATS[fmt], "rceil", "nearest_even").reshape(x.shape)
     assert torch.equal(along_d.float().view(torch.int32), expected_d.view(torch.int32))
@@ -846,8 +858,8 @@ def test_stochastic_operands_equal_the_reference_bits_on_gpu():
     quant = OperandQuant("e4m3", 32, "rceil", "stochastic")
     code = attention_codes.operand_code("e4m3", "rceil", "stochastic")
     offsets = _offsets(lengths)
-    along_d, along_t, _ = attention_launch._prequantized(x, offsets, code, code, d_seed_key=seed_key(5),
-                                                                t_seed_key=seed_key(6))
+    along_d = _head_dim_copy(x, "e4m3", "rceil", "stochastic", 5)
+    along_t, _ = attention_launch._prequantized(x, offsets, code, seed_key=seed_key(6))
     counter = torch.arange(x.numel(), device=x.device).view(x.shape)
     assert torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, 5, counter))
     for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
