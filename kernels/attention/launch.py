@@ -67,7 +67,7 @@ _PREQUANTIZE_COLUMNS = 128
 
 def _prequantize_warps(columns: int, code: int, row_dot: bool = False) -> int:
     """One warp per 64 columns, two for the row dots beside a code without the hardware FP8 conversion: at one
-    warp per 64 those programs take 255 registers (stochastic) and 171 (e2m1), at two 114 and 78
+    warp per 64 those programs take 255 registers (stochastic) and 171 (e2m1), at two 114 and 79
     (`mxlab bench attention-sass`; not timed). Without the row dots one warp per 64 ran fastest on the H200 for
     every code (reports/benchmarks/prequantize_by_code.txt, with the quantization steps of that tree)."""
     if _interpreting():
