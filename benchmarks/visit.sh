@@ -5,7 +5,7 @@
 #   bash benchmarks/visit.sh SECONDS JOB...
 #
 # jobs:
-#   tests[=PATHS]   GPU tests (pytest -m gpu -n 8) of PATHS (comma-separated; default: tests) -> gpu_tests.txt
+#   tests[=PATHS]   GPU tests (pytest -m gpu -n 8 --dist loadgroup: the xdist_group-marked benchmark-size tests share one worker) of PATHS (comma-separated; default: tests) -> gpu_tests.txt
 #   bench           mxlab bench step, the six gem-synthetic arms at the h200 preset -> bench_step.txt/.json
 #   anatomy[=ARMS]  benchmarks/step_anatomy.py (default arms bf16,mxfp8-rceil) -> anatomy.txt/.json
 #   attention       mxlab bench attention -> bench_attention.txt/.json
@@ -30,7 +30,7 @@ for job in "$@"; do
   if [ "$budget" -lt 20 ]; then echo "$job: skipped, $budget s left" | tee -a "$out/visit.txt"; continue; fi
   t0=$(date +%s)
   case $name in
-    tests) paths=${arg:-tests}; timeout "$budget" python3 -m pytest -q -m gpu -n 8 ${paths//,/ } > "$out/gpu_tests.txt" 2>&1 ;;
+    tests) paths=${arg:-tests}; timeout "$budget" python3 -m pytest -q -m gpu -n 8 --dist loadgroup ${paths//,/ } > "$out/gpu_tests.txt" 2>&1 ;;
     bench) timeout "$budget" python3 -m mxlab.cli bench step --spec experiments/gem-synthetic.toml --preset h200 \
              --batch 4096 --max-history 1024 --warmup 3 --steps 10 --batches 2 --json "$out/bench_step.json" > "$out/bench_step.txt" 2>&1 ;;
     anatomy) timeout "$budget" python3 benchmarks/step_anatomy.py --preset h200 --batch 4096 --max-history 1024 \

@@ -724,6 +724,12 @@ def full_precision_reductions(monkeypatch):
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = previous
 
 
+# The benchmark-size tests hold 10-17 GiB of GPU memory each (the reference quantizes padded float32 copies):
+# under pytest-xdist with --dist loadgroup they run one after another in one worker, so eight workers fit on
+# an 80 GB card (benchmarks/visit.sh's tests job).
+BENCHMARK_SIZE = pytest.mark.xdist_group("gpu-benchmark-size")
+
+
 def _benchmark_inputs(n: int = 512, seed: int = 0):
     from mxlab.bench.attention import sample_lengths
 
@@ -733,6 +739,7 @@ def _benchmark_inputs(n: int = 512, seed: int = 0):
 
 
 @pytest.mark.gpu
+@BENCHMARK_SIZE
 @pytest.mark.parametrize("activation", ["softmax", "silu"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
@@ -749,6 +756,7 @@ def test_benchmark_size_matches_reference_on_gpu(mode, causal, activation, full_
 
 
 @pytest.mark.gpu
+@BENCHMARK_SIZE
 @pytest.mark.parametrize("queries", [4, 5])
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
 def test_benchmark_cross_and_pma_shapes_match_reference_on_gpu(mode, queries, full_precision_reductions):
@@ -771,6 +779,7 @@ HARDWARE_FP8_POLICIES = [
 
 
 @pytest.mark.gpu
+@BENCHMARK_SIZE
 @pytest.mark.parametrize("activation, causal", [("softmax", False), ("softmax", True), ("silu", False)])
 @pytest.mark.parametrize("policy_id, policy_arguments", HARDWARE_FP8_POLICIES, ids=[case[0] for case in HARDWARE_FP8_POLICIES])
 def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(policy_id, policy_arguments, activation, causal):
@@ -789,6 +798,7 @@ def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(po
 
 
 @pytest.mark.gpu
+@BENCHMARK_SIZE
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
     """Q/K/V/dO copies (both orientations) against mxlab.numerics.reference, bit for bit, on values spread
@@ -822,6 +832,7 @@ SR_GPU_POLICIES = [
 
 
 @pytest.mark.gpu
+@BENCHMARK_SIZE
 @pytest.mark.parametrize("activation, causal", [("softmax", False), ("softmax", True), ("silu", False)])
 @pytest.mark.parametrize("policy_id, policy_arguments", SR_GPU_POLICIES, ids=[case[0] for case in SR_GPU_POLICIES])
 def test_benchmark_size_stochastic_rounding_matches_reference_on_gpu(policy_id, policy_arguments, activation, causal,
@@ -836,6 +847,7 @@ def test_benchmark_size_stochastic_rounding_matches_reference_on_gpu(policy_id, 
 
 
 @pytest.mark.gpu
+@BENCHMARK_SIZE
 def test_benchmark_size_stochastic_cross_attention_matches_reference_on_gpu(full_precision_reductions):
     lengths, _, k, v, _ = _benchmark_inputs()
     q, _, _, grad = _inputs([5] * len(lengths), [0] * len(lengths), 4, 64, seed=1)
@@ -848,6 +860,7 @@ def test_benchmark_size_stochastic_cross_attention_matches_reference_on_gpu(full
 
 
 @pytest.mark.gpu
+@BENCHMARK_SIZE
 def test_stochastic_operands_equal_the_reference_bits_on_gpu():
     """The benchmark's Q in both orientations, and a P-shaped tile, against the reference counters, bit for bit."""
     from mxlab.nn.attention import score_counter
