@@ -92,6 +92,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 q_offsets, k_offsets, kv_seq, kv_start, *strides, seeds.p_m, seeds.ds_m, seeds.ds_n,
                 BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes.p_m if quant else 0,
                 DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
+                **({} if tiles.dkdv_max_registers is None else {"maxnreg": tiles.dkdv_max_registers}),
             )
         if tiles.fused_dq:
             return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None

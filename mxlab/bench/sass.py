@@ -415,10 +415,10 @@ def _loop_counts(listing: list[tuple[int, str, bool]]) -> list[dict[str, int]]:
 
 
 def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4m3",
-                          grad_rounding: str = "nearest_even") -> list[KernelSassCount]:
+                          grad_rounding: str = "nearest_even", scale_mode: str = "floor") -> list[KernelSassCount]:
     """Static sm_90 counts (registers, spills, instructions, per-loop instruction classes) of every kernel one
     MX forward + backward of the attention bench's self shape launches (BF16 4 x 64, softmax, not causal, `fmt`
-    floor, operands nearest-even and gradients (dO, dS) `grad_rounding`, the hardware FP8 path as on an H200
+    with `scale_mode` scales, operands nearest-even and gradients (dO, dS) `grad_rounding`, the hardware FP8 path as on an H200
     where it applies unless hw_fp8=False). The launches are the real ones
     with each `[grid](...)` replaced by a compile for GPUTarget("cuda", 90, 32), so specialization and constexprs
     are what an H200 run gets. Refuses (RuntimeError) to run under TRITON_INTERPRET=1 or without Triton's ptxas."""
@@ -437,7 +437,7 @@ def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4
     generator = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16).requires_grad_()
                for _ in range(3))
-    policy = mx_policy(fmt, grad_rounding=grad_rounding)
+    policy = mx_policy(fmt, scale_mode=scale_mode, grad_rounding=grad_rounding)
     record: list = []
     replaced = [(autograd, name) for name in ATTENTION_KERNELS] + [(launch, name) for name in ATTENTION_LAUNCHES]
     saved = [(module, name, getattr(module, name)) for module, name in replaced] + [

@@ -40,16 +40,17 @@ def bench_attention_sass_command(
     integer_path: bool = typer.Option(False, "--integer-path", help="Count the software steps (in the element's units) instead of the hardware FP8 path."),
     stochastic_gradients: bool = typer.Option(False, "--stochastic-gradients", help="Round the gradients (dO, dS) stochastically, as the -sr recipes do."),
     fmt: str = typer.Option("e4m3", "--fmt", metavar="FORMAT", help="Element format of every operand: e4m3, e5m2, e3m2, e2m3 or e2m1."),
+    scale_mode: str = typer.Option("floor", "--scale-mode", metavar="MODE", help="Block scale rule: floor, ceil, rceil or even."),
 ) -> None:
     """Static sm_90 machine code of the MX attention kernels (no GPU needed): registers, spills, instructions per loop.
 
-    Example: mxlab bench attention-sass --fmt e2m1
+    Example: mxlab bench attention-sass --fmt e2m1 --scale-mode rceil
     """
     from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
 
     rounding = "stochastic" if stochastic_gradients else "nearest_even"
     _exiting_on_bad_input(lambda: print_attention_sass_counts(
-        attention_sass_counts(hw_fp8=not integer_path, fmt=fmt, grad_rounding=rounding)))
+        attention_sass_counts(hw_fp8=not integer_path, fmt=fmt, grad_rounding=rounding, scale_mode=scale_mode)))
 
 
 @app.command("quant", cls=Command)
