@@ -24,6 +24,7 @@ class TileSizes:
     num_stages: int = 2
     fused_dq: bool = False  # dQ by float32 atomics from the dK/dV kernel instead of its own kernel
     dkdv_max_registers: Optional[int] = None  # ptxas register cap (Triton's maxnreg) of the dK/dV kernel; None: none
+    dq_max_registers: Optional[int] = None  # the same for the dQ kernel
 
     def __post_init__(self) -> None:
         for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
@@ -41,9 +42,11 @@ DEFAULT_TILES = TileSizes(fwd_m=128, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq
 # dK/dV capped at 168 registers, the most that keeps three 4-warp blocks per SM (65536 registers, allocated
 # 8 per thread at a time): uncapped, rceil took 171 (floor 168), rceil-sr 194 and e2m1 196, i.e. two blocks,
 # and rceil's dK/dV ran 53.7 ms per step against floor's 39.3 on one H200 (reports/benchmarks/anatomy_h200_session22.txt).
-# Capped, every format and rounding compiles without spills (`mxlab bench attention-sass`).
+# Capped, every format and rounding compiles without spills (`mxlab bench attention-sass`). dQ likewise at 96,
+# five blocks per SM (its 40 KiB of shared memory allows five): stochastic gradients took 113 registers (four
+# blocks); capped, 8 bytes spill outside the loop.
 DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=32, dkdv_m=32, dkdv_n=64, dq_m=64, dq_n=32, num_warps=4, num_stages=2,
-                             dkdv_max_registers=168)
+                             dkdv_max_registers=168, dq_max_registers=96)
 INTERPRETER_TILES = TileSizes(fwd_m=32, fwd_n=32, dkdv_m=32, dkdv_n=32, dq_m=32, dq_n=32, num_warps=1, num_stages=1)
 
 
