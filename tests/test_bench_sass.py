@@ -33,8 +33,8 @@ def test_attention_sass_with_stochastic_gradients_runs_without_a_gpu():
 @pytest.mark.parametrize("arguments", [("--scale-mode", "rceil"), ("--scale-mode", "rceil", "--stochastic-gradients")])
 def test_mx_backward_kernels_stay_under_their_register_caps(arguments):
     """The MX dK/dV kernel stays under its register cap (three 4-warp blocks per SM) and spills nothing, for the
-    recipes whose uncapped build crossed it (rceil 171, rceil-sr 194, MXFP4 196 registers); dQ stays under its
-    cap (five blocks) with no spill traffic in its loop (rceil-sr took 113 uncapped)."""
+    recipes whose uncapped build crossed it (rceil 171, rceil-sr 194, MXFP4 196 registers); dQ (uncapped) has no
+    spill traffic in its loop."""
     from mxlab.kernels.attention import DEFAULT_MX_TILES
 
     rows, stdout = _attention_sass_rows(*arguments)
@@ -42,5 +42,4 @@ def test_mx_backward_kernels_stay_under_their_register_caps(arguments):
     assert int(registers) <= DEFAULT_MX_TILES.dkdv_max_registers and int(spill) == 0, stdout
     assert 65536 // (int(registers) + -int(registers) % 8) // (32 * DEFAULT_MX_TILES.num_warps) >= 3
     row = rows["_jagged_attention_bwd_dq"]
-    assert int(row.split()[1]) <= DEFAULT_MX_TILES.dq_max_registers, stdout
     assert row.rstrip(")").split()[-1] == "0", stdout  # no spill traffic inside its loop
