@@ -31,7 +31,7 @@ def test_attention_sass_with_stochastic_gradients_runs_without_a_gpu():
 
 
 @pytest.mark.parametrize("arguments", [("--scale-mode", "rceil"), ("--scale-mode", "rceil", "--stochastic-gradients")])
-def test_mx_backward_kernels_stay_under_their_register_caps(arguments):
+def test_mx_dkdv_kernel_stays_under_its_register_cap(arguments):
     """The MX dK/dV kernel stays under its register cap (three 4-warp blocks per SM) and spills nothing, for the
     recipes whose uncapped build crossed it (rceil 171, rceil-sr 194, MXFP4 196 registers); dQ (uncapped) has no
     spill traffic in its loop."""

@@ -92,7 +92,7 @@ class _JaggedAttentionFunction(torch.autograd.Function):
                 q_offsets, k_offsets, kv_seq, kv_start, *strides, seeds.p_m, seeds.ds_m, seeds.ds_n,
                 BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes.p_m if quant else 0,
                 DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
-                **_register_cap(tiles.dkdv_max_registers),
+                **({} if tiles.dkdv_max_registers is None else {"maxnreg": tiles.dkdv_max_registers}),
             )
         if tiles.fused_dq:
             return dq_accumulator.to(q.dtype), dk, dv, None, None, None, None, None, None, None, None
@@ -101,11 +101,6 @@ class _JaggedAttentionFunction(torch.autograd.Function):
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
                 q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides, seeds.ds_n,
                 BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
-                **_register_cap(tiles.dq_max_registers),
             )
         return dq, dk, dv, None, None, None, None, None, None, None, None
 
-
-def _register_cap(registers: Optional[int]) -> dict:
-    """Launch options capping a kernel's registers per thread (none for None)."""
-    return {} if registers is None else {"maxnreg": registers}

@@ -24,7 +24,6 @@ class TileSizes:
     num_stages: int = 2
     fused_dq: bool = False  # dQ by float32 atomics from the dK/dV kernel instead of its own kernel
     dkdv_max_registers: Optional[int] = None  # ptxas register cap (Triton's maxnreg) of the dK/dV kernel; None: none
-    dq_max_registers: Optional[int] = None  # the same for the dQ kernel
 
     def __post_init__(self) -> None:
         for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
@@ -43,9 +42,9 @@ DEFAULT_TILES = TileSizes(fwd_m=128, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq
 # 8 per thread at a time): uncapped, rceil took 171 (floor 168), rceil-sr 194 and e2m1 196, i.e. two blocks,
 # and rceil's dK/dV ran 53.7 ms per step against floor's 39.3 on one H200 (reports/benchmarks/anatomy_h200_session22.txt).
 # Capped, every format and rounding compiles without spills (`mxlab bench attention-sass`); on one H200 the cap
-# took rceil's step from 267.2 to 256.1 ms, rceil-sr's from 351.5 to 343.7, MXFP4's from 327.4 to 316.1
-# (reports/benchmarks/ab_session23.txt). dQ is not capped: at 96 registers (five blocks per SM instead of four
-# for stochastic gradients) it spilled 8 bytes and the rceil-sr step took 343.7 ms against 343.0 uncapped.
+# took rceil's step from 267.2 to 256.1 ms, rceil-sr's from 351.5 to 343.8, MXFP4's from 327.4 to 316.1 (with
+# a dQ cap of 96 too; reports/benchmarks/ab_session23.txt). dQ is not capped: at 96 registers (five blocks per SM
+# instead of four for stochastic gradients) it spilled 8 bytes and the rceil-sr step took 343.7 ms against 343.0 without.
 DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=32, dkdv_m=32, dkdv_n=64, dq_m=64, dq_n=32, num_warps=4, num_stages=2,
                              dkdv_max_registers=168)
 INTERPRETER_TILES = TileSizes(fwd_m=32, fwd_n=32, dkdv_m=32, dkdv_n=32, dq_m=32, dq_n=32, num_warps=1, num_stages=1)
