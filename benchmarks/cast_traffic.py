@@ -19,7 +19,10 @@ out (a weight is a few MB). An analytic floor, not a measurement: it shows which
 reach at all.
 
     python3 benchmarks/cast_traffic.py [--spec experiments/gem-synthetic.toml] [--bandwidth-gbs 4241]
-        [--bf16-ms 197.0] [--other-ms 11.4] [--measured-cast-ms 47.6]
+        [--bf16-ms 197.0] [--other-ms 11.4] [--measured-cast-ms 47.6] [--linear MxKxN=BF16_MS ...]
+
+`--linear` does the same for one linear layer's forward + backward (`mxlab bench linear`'s shapes), against
+the BF16 time given for it; there the casts' time adds to the BF16 GEMMs' directly.
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from mxlab.models import build_model
 
 BFLOAT16_BYTES = 2
 PROBE_EXAMPLES = 32
+DEFAULT_LINEAR = ("65536x512x512=0.246", "65536x1024x1024=0.623", "65536x4096x4096=9.531")  # bench_linear.txt, H200
 
 
 def linear_rows(spec, info, batch) -> list[tuple[str, int, int, int]]:
@@ -73,6 +77,8 @@ def main() -> None:
                         help="the MX step's cost beyond its casts (rceil 256.0 - BF16 197.0 - casts 47.6 ms)")
     parser.add_argument("--measured-cast-ms", type=float, default=47.6,
                         help="the cast kernels' time per step (anatomy_h200_session23.txt, rceil)")
+    parser.add_argument("--linear", action="append", default=None, metavar="MxKxN=BF16_MS",
+                        help="a linear layer and its BF16 fwd+bwd ms (default: bench_linear.txt's three shapes)")
     args = parser.parse_args()
 
     spec = bench_spec(args.spec, preset=args.preset, batch_size=args.batch, max_history=args.max_history,
@@ -108,6 +114,14 @@ def main() -> None:
     library_ms = totals["library"] / args.bandwidth_gbs * 1e3
     print(f"  measured casts   {args.measured_cast_ms:.1f} ms (all GEMMs, weights included): "
           f"{library_ms / args.measured_cast_ms:.2f} of the library design's copy-speed time")
+
+    print("\none linear layer, forward + backward: ratio = (BF16 ms + casts at copy speed) / BF16 ms")
+    for item in args.linear or DEFAULT_LINEAR:
+        shape, bf16_ms = item.split("=")
+        rows, fan_in, fan_out = (int(v) for v in shape.split("x"))
+        for design, elements in design_elements(rows, fan_in, fan_out).items():
+            ms = elements * BFLOAT16_BYTES / (args.bandwidth_gbs * 1e9) * 1e3
+            print(f"  {shape:18s} BF16 {float(bf16_ms):6.3f} ms  {design:16s} {ms:6.3f} ms  {1 + ms / float(bf16_ms):.2f}x")
 
 
 if __name__ == "__main__":
