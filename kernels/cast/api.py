@@ -100,12 +100,13 @@ def hadamard_fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, axis: int = -
 
 
 def _rowcol(x: torch.Tensor, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None, pad: bool,
-            want_codes: bool, want_values: bool, options: CastLaunch) -> tuple[_View, dict]:
+            want_codes: bool, want_values: bool, options: CastLaunch, want_column_sums: bool = False) -> tuple[_View, dict]:
     _check_call(x, scale_mode, rounding, seed)
     if x.dim() != 2:
         raise ValueError(f"row-and-column quantization takes a 2-D tensor, got shape {tuple(x.shape)}")
     view = _make_view(x, 32, 0, pad, layout=LAYOUT_BOTH)
-    return view, launch_cast(view, fmt, scale_mode, rounding, seed, want_codes, want_values, options=options)
+    return view, launch_cast(view, fmt, scale_mode, rounding, seed, want_codes, want_values, options=options,
+                             want_column_sums=want_column_sums)
 
 
 def quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "floor", rounding: str = "nearest_even",
@@ -124,8 +125,10 @@ def quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "f
 
 def fake_quantize_rowcol(x: torch.Tensor, fmt: ElementFormat, *, scale_mode: str = "floor",
                          rounding: str = "nearest_even", seed: int | None = None, pad: bool = False,
-                         _launch: CastLaunch = DEFAULT_LAUNCH) -> tuple[torch.Tensor, torch.Tensor]:
+                         column_sums: bool = False, _launch: CastLaunch = DEFAULT_LAUNCH) -> tuple[torch.Tensor, ...]:
     """(along_last, along_first): fake_quantize(x, axis=-1) and fake_quantize(x, axis=0) of a 2-D x, one read.
-    Refuses what `quantize_rowcol` refuses."""
-    _, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, False, True, _launch)
-    return out["row_values"].reshape(x.shape), out["col_values"].reshape(x.shape)
+    column_sums=True adds a third: x.sum(0) in float32, from the same read (per-32-row sums, then their sum: it
+    differs from other float32 sums only in the order of addition). Refuses what `quantize_rowcol` refuses."""
+    _, out = _rowcol(x, fmt, scale_mode, rounding, seed, pad, False, True, _launch, want_column_sums=column_sums)
+    values = (out["row_values"].reshape(x.shape), out["col_values"].reshape(x.shape))
+    return (*values, out["column_sums"].sum(dim=(0, 1))) if column_sums else values

@@ -139,13 +139,14 @@ def _mx_column_tile_kernel(
     MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
     MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
     SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    CB: tl.constexpr,
+    CB: tl.constexpr, sums_ptr=None, WANT_SUMS: tl.constexpr = False,
 ):
     """LAYOUT_COL (and LAYOUT_BOTH) in one pass: a 2-D tile of 32 rows x CB * 32 columns is loaded once, reduced
     along its rows (the column blocks' amax; for LAYOUT_BOTH also along each row's 32-column blocks) and quantized
     from registers; tiles off the common path are quantized row by row from memory again (`_quantize_tile`). The
     tile is 2-D on purpose: in a prototype of this kernel on the H200 (e4m3 column cast, 2 warps), the same tile
-    loaded as a 3-D (32, CB, 32) block took 1.8x as long."""
+    loaded as a 3-D (32, CB, 32) block took 1.8x as long. WANT_SUMS: also store the float32 sum of each column
+    over the tile's 32 rows (x as loaded, unquantized) at sums_ptr, a contiguous (A, LP // 32, B) float32 tensor."""
     tl.static_assert(LAYOUT == 1 or LAYOUT == 2, "_mx_column_tile_kernel runs LAYOUT_COL and LAYOUT_BOTH")
     pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     row = pid_l * 32 + tl.arange(0, 32)[:, None]
@@ -157,6 +158,9 @@ def _mx_column_tile_kernel(
     scol = pid_b * (CB * 32) + tl.arange(0, CB * 32)
     tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + scol,
              _scale_bytes(s, special), mask=scol < B)
+    if WANT_SUMS:
+        tl.store(sums_ptr + (pid_a * (LP // 32) + pid_l) * B + scol, tl.sum(bits.to(tl.float32, bitcast=True), axis=0),
+                 mask=scol < B)
     _quantize_tile(bits, s[None, :], special[None, :], inert[None, :], path, r24, (pid_a * LP + row) * B + col,
                    (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, x_ptr, pid_l * 32,
                    col, pid_a, L, B, LP, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES,

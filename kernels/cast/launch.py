@@ -237,11 +237,12 @@ def hardware_fp8_applies(device: torch.device | str, fmt: ElementFormat, roundin
 
 def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None,
                 want_codes: bool, want_values: bool, options: CastLaunch = DEFAULT_LAUNCH,
-                hadamard_seed: int | None = None) -> dict:
+                hadamard_seed: int | None = None, want_column_sums: bool = False) -> dict:
     """Run the kernel on a view; returns the output tensors by name, and under "kernel" what the launch
     returned (the compiled kernel on a GPU, whose .asm shows the instructions). `hadamard_seed` (LAYOUT_ROW
     or LAYOUT_COL only): quantize the random Hadamard transform (block 32) of x along the blocked axis;
-    the values are then float32 of the padded shape."""
+    the values are then float32 of the padded shape. `want_column_sums` (LAYOUT_COL or LAYOUT_BOTH, no
+    Hadamard): also "column_sums", x's float32 column sums over each 32-row block, shape (A, LP // 32, B)."""
     x3 = view.x3
     count, length, width = x3.shape
     layout = view.layout
@@ -249,6 +250,9 @@ def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str,
     hadamard = hadamard_seed is not None
     if hadamard and layout not in (LAYOUT_ROW, LAYOUT_COL):
         raise ValueError(f"the fused Hadamard transform runs with 1-D blocks along one axis, not layout {layout}")
+    if want_column_sums and (hadamard or layout not in (LAYOUT_COL, LAYOUT_BOTH)):
+        raise ValueError(f"column sums come with column blocks and no Hadamard transform, not layout {layout}"
+                         f"{' with the transform' if hadamard else ''}")
     fast = options.fast
     hardware_path = fast and options.hw_fp8 and hardware_fp8_applies(device, fmt, rounding)
     tile = options.tile or _default_tile(layout, hadamard, rounding == "stochastic", hardware_path)
@@ -300,6 +304,10 @@ def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str,
         HW_FP8=hardware_path, WIDE_INDEX=wide, CB=col_blocks, num_warps=tile.num_warps,
     )
     if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard:
+        if want_column_sums:
+            outputs["column_sums"] = sums = torch.empty((count, view.lp // BLOCK, width), dtype=torch.float32,
+                                                        device=device)
+            constants.update(sums_ptr=sums, WANT_SUMS=True)
         kernel = _mx_column_tile_kernel[grid](*arguments, **constants)
     elif hadamard:
         hadamard_key = signed_seed_key(hadamard_seed)

@@ -321,18 +321,20 @@ def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
 
 
 def _one_read_pair(x: torch.Tensor, along_last: OperandQuant, along_rows: OperandQuant,
-                   gemms: tuple[GemmQuant, GemmQuant]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+                   gemms: tuple[GemmQuant, GemmQuant], column_sums: bool = False) -> Optional[tuple[torch.Tensor, ...]]:
     """(x quantized along its last dim, along its rows) from one read of x, as `_quantized_operand` gives each,
     when both specs are one MX spec with blocks of 32 whose fused launch pays (`rowcol_in_one_read`: hardware
     FP8, so deterministic), neither GEMM has a Hadamard transform, x is 2-D bfloat16 and no observer is
-    installed; else None (each quantized where it is used)."""
+    installed; else None (each quantized where it is used). column_sums=True adds x.sum(0) in float32 from
+    the same read (a linear layer's bias gradient)."""
     from mxlab.numerics import quant
 
     if not (_observer is None and x.dim() == 2 and x.dtype == torch.bfloat16 and along_last == along_rows
             and along_last.block_scaled and along_last.block == BLOCK_SIZE and all(g.hadamard is None for g in gemms)
             and quant.rowcol_in_one_read(x, along_last.fmt, along_last.rounding)):
         return None
-    return quant.fake_quantize_rowcol(x, along_last.fmt, scale_mode=along_last.scale_mode, rounding=along_last.rounding, pad=True)
+    return quant.fake_quantize_rowcol(x, along_last.fmt, scale_mode=along_last.scale_mode, rounding=along_last.rounding,
+                                      pad=True, column_sums=column_sums)
 
 
 def _same_square_quantization(fwd: GemmQuant, grad_a: GemmQuant) -> bool:
@@ -375,13 +377,18 @@ class _QMatmulFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         device_type, enabled, dtype = ctx.autocast
-        # as addmm's: the output gradient summed over rows, in its dtype (outside autocast, which sums in float32 on CUDA)
-        grad_bias = g.sum(0) if ctx.needs_input_grad[2] else None
         with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
-            return (*_QMatmulFunction._backward(ctx, g), grad_bias, None, None, None)
+            grad_a, grad_b, column_sums = _QMatmulFunction._backward(ctx, g)
+        grad_bias = None
+        if ctx.needs_input_grad[2]:
+            # as addmm's: the output gradient summed over rows in float32, in its dtype (outside autocast, which would
+            # return float32); the one-read cast of g adds it up on its way where it runs
+            grad_bias = column_sums.to(g.dtype) if column_sums is not None else g.sum(0)
+        return grad_a, grad_b, grad_bias, None, None, None
 
     @staticmethod
-    def _backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    def _backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """(grad of a, grad of b, g.sum(0) in float32 where the one-read cast of g computed it, else None)."""
         a, b = ctx.saved_tensors
         precision: MatmulPrecision = ctx.precision
         seeds = ctx.seeds
@@ -390,7 +397,8 @@ class _QMatmulFunction(torch.autograd.Function):
         if scale is not None:
             g = g * scale
         grad_a = grad_b = None
-        g_pair = (_one_read_pair(g, precision.grad_a.a, precision.grad_b.b, (precision.grad_a, precision.grad_b))
+        g_pair = (_one_read_pair(g, precision.grad_a.a, precision.grad_b.b, (precision.grad_a, precision.grad_b),
+                                 column_sums=ctx.needs_input_grad[2] and scale is None)
                   if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] else None)
         if ctx.needs_input_grad[0]:
             # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
@@ -414,7 +422,7 @@ class _QMatmulFunction(torch.autograd.Function):
             grad_b = grad_b / scale if grad_b is not None else None
         grad_a = grad_a.to(a.dtype) if grad_a is not None else None
         grad_b = grad_b.to(b.dtype) if grad_b is not None else None
-        return grad_a, grad_b
+        return grad_a, grad_b, (g_pair[2] if g_pair is not None and len(g_pair) == 3 else None)
 
 
 def forward_product(

@@ -240,8 +240,8 @@ def _dispatch(kind: str, x, fmt: ElementFormat, block, axis, scale_mode, roundin
     return run(x, fmt, block, axis, scale_mode, rounding, seed, pad)
 
 
-def _fused_rowcol(x: torch.Tensor, fmt: str, options: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """Both outputs of fake_quantize_rowcol from one kernel read, or None where the Triton backend does not run it."""
+def _fused_rowcol(x: torch.Tensor, fmt: str, options: dict, column_sums: bool) -> tuple[torch.Tensor, ...] | None:
+    """The outputs of fake_quantize_rowcol from one kernel read, or None where the Triton backend does not run it."""
     global _last_backend
     if fmt not in FORMATS or options.get("block", BLOCK_SIZE) != BLOCK_SIZE:
         return None
@@ -257,7 +257,8 @@ def _fused_rowcol(x: torch.Tensor, fmt: str, options: dict) -> tuple[torch.Tenso
         return None
     _last_backend = backend
     return kernels.fake_quantize_rowcol(
-        x, FORMATS[fmt], scale_mode=scale_mode, rounding=rounding, seed=seed, pad=options.get("pad", False)
+        x, FORMATS[fmt], scale_mode=scale_mode, rounding=rounding, seed=seed, pad=options.get("pad", False),
+        column_sums=column_sums,
     )
 
 
@@ -366,20 +367,23 @@ def fake_quantize_counted(
     return _crop(values.reshape(layout.padded_shape), tuple(x.shape)).to(x.dtype)
 
 
-def fake_quantize_rowcol(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Tensor, torch.Tensor]:
+def fake_quantize_rowcol(x: torch.Tensor, fmt: str, *, column_sums: bool = False, **options) -> tuple[torch.Tensor, ...]:
     """Fake-quantize a 2-D tensor along its last dim and along its first dim, both from x itself.
 
-    Returns (along_last, along_first). Options as for `fake_quantize` (block must be 32; axis
-    is set here). Refuses a tensor that is not 2-D.
+    Returns (along_last, along_first), and with column_sums=True a third: x.sum(0) accumulated in float32
+    (returned in float32; the fused kernel adds per-32-row partial sums, so it differs from another float32
+    sum only in the order of addition). Options as for `fake_quantize` (block must be 32; axis is set here).
+    Refuses a tensor that is not 2-D.
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 2:
         raise ValueError(f"fake_quantize_rowcol takes a 2-D tensor, got shape {getattr(x, 'shape', None)}")
     if "axis" in options:
         raise ValueError("fake_quantize_rowcol sets axis itself; do not pass axis")
-    fused = _fused_rowcol(x, fmt, options)
+    fused = _fused_rowcol(x, fmt, options, column_sums)
     if fused is not None:
         return fused
-    return fake_quantize(x, fmt, axis=-1, **options), fake_quantize(x, fmt, axis=0, **options)
+    values = fake_quantize(x, fmt, axis=-1, **options), fake_quantize(x, fmt, axis=0, **options)
+    return (*values, x.sum(0, dtype=torch.float32)) if column_sums else values
 
 
 def rowcol_in_one_read(x: torch.Tensor, fmt: str, rounding: str = "nearest_even") -> bool:

@@ -39,19 +39,32 @@ def _inputs(device: str, m: int = 70, k: int = 64, n: int = 96):
     return a, b, bias, (spread(m, n) * 1e-3).to(device, torch.bfloat16)
 
 
+def _assert_same_products(expected, got, g) -> None:
+    """out, grad a and grad b bit for bit; the bias gradient (g summed over rows in float32, rounded once to
+    bfloat16, in whatever order) within one bfloat16 unit in the last place of the exact sum."""
+    for name, want, have in zip(("out", "grad a", "grad b"), expected, got):
+        assert want.dtype == have.dtype and torch.equal(_bits(want), _bits(have)), name
+    exact = g.double().sum(0)
+    for bias_grad in (expected[3], got[3]):
+        assert bias_grad.dtype == g.dtype
+        assert bool(((bias_grad.double() - exact).abs() <= exact.abs() * 2.0**-8 + 2.0**-126).all())
+
+
 def _compare(monkeypatch, device: str, fused_expected: int, precision_factory=_precision, m: int = 70) -> None:
-    """Run one product unfused, then with the one-read path forced on; same bits, and the path ran."""
+    """Run one product unfused, then with the one-read path forced on; same products, and the path ran (for g
+    with the bias gradient's column sums)."""
     a, b, bias, g = _inputs(device, m=m)
     monkeypatch.setattr(quant, "rowcol_in_one_read", lambda x, fmt, rounding="nearest_even": False)
     expected = _product_and_grads(precision_factory(), a, b, bias, g)
     calls = []
     rowcol = quant.fake_quantize_rowcol
     monkeypatch.setattr(quant, "rowcol_in_one_read", lambda x, fmt, rounding="nearest_even": True)
-    monkeypatch.setattr(quant, "fake_quantize_rowcol", lambda x, *args, **kw: calls.append(tuple(x.shape)) or rowcol(x, *args, **kw))
+    monkeypatch.setattr(quant, "fake_quantize_rowcol",
+                        lambda x, *args, **kw: calls.append((tuple(x.shape), kw.get("column_sums", False))) or rowcol(x, *args, **kw))
     got = _product_and_grads(precision_factory(), a, b, bias, g)
     assert len(calls) == fused_expected
-    for name, want, have in zip(("out", "grad a", "grad b", "grad bias"), expected, got):
-        assert want.dtype == have.dtype and torch.equal(_bits(want), _bits(have)), name
+    assert [sums for shape, sums in calls] == [shape == tuple(g.shape) for shape, _ in calls]  # g's call sums it
+    _assert_same_products(expected, got, g)
 
 
 def test_one_read_path_gives_the_bits_of_two_casts(monkeypatch):
@@ -104,5 +117,4 @@ def test_one_read_path_on_the_gpu_gives_the_bits_of_two_casts(monkeypatch, fmt):
     expected = _product_and_grads(precision(), a, b, bias, g)
     monkeypatch.undo()
     got = _product_and_grads(precision(), a, b, bias, g)
-    for name, want, have in zip(("out", "grad a", "grad b", "grad bias"), expected, got):
-        assert torch.equal(_bits(want), _bits(have)), name
+    _assert_same_products(expected, got, g)

@@ -258,6 +258,9 @@ def test_rowcol_quantizes_each_orientation_from_the_input():
     rows, cols = fake_quantize_rowcol(x, E4M3, scale_mode="rceil")
     assert torch.equal(rows, fake_quantize(x, E4M3, scale_mode="rceil"))
     assert torch.equal(cols, fake_quantize(x, E4M3, scale_mode="rceil", axis=0))
+    rows_again, cols_again, sums = fake_quantize_rowcol(x, E4M3, scale_mode="rceil", column_sums=True)
+    assert torch.equal(rows_again, rows) and torch.equal(cols_again, cols)
+    assert sums.dtype == torch.float32 and torch.equal(sums, x.sum(0, dtype=torch.float32))
 
 
 def test_high_precision_and_per_tensor_fp8():

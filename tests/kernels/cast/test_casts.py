@@ -209,6 +209,26 @@ def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rou
     assert_same_bits(along_first.cpu(), reference_fake_quantize(x.cpu(), fmt, axis=0, **options), "along first")
 
 
+@pytest.mark.parametrize("hardware_shape", [False, True], ids=["default-launch", "hardware-path-shape"])
+def test_rowcol_column_sums_are_the_columns_float32_sums(kernels, device, hardware_shape):
+    """column_sums=True (a linear layer's bias gradient from the one read): the values of the call without it,
+    and x.sum(0) in float32 within float32 accumulation error of the exact sum; padded rows add nothing."""
+    from mxlab.kernels.cast import CastLaunch
+
+    launch = CastLaunch(tile=launch_tiles().COL_TILE) if hardware_shape else CastLaunch()
+    g = torch.Generator().manual_seed(8)
+    x = (torch.randn(77, 45, generator=g) * 2.0 ** torch.randint(-8, 9, (77, 45), generator=g)).to(torch.bfloat16)
+    options = dict(scale_mode="rceil", pad=True, _launch=launch)
+    along_last, along_first, sums = kernels.fake_quantize_rowcol(x.to(device), FORMATS["e4m3"], column_sums=True, **options)
+    want_last, want_first = kernels.fake_quantize_rowcol(x.to(device), FORMATS["e4m3"], **options)
+    assert_same_bits(along_last.cpu(), want_last.cpu(), "along last")
+    assert_same_bits(along_first.cpu(), want_first.cpu(), "along first")
+    assert sums.dtype == torch.float32 and tuple(sums.shape) == (45,)
+    exact = x.double().sum(0)
+    assert bool(((sums.cpu().double() - exact).abs() <= x.shape[0] * 2.0**-24 * x.double().abs().sum(0)).all())
+    assert not torch.equal(sums.cpu(), torch.zeros(45))
+
+
 def element_normal_blocks(rows: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Blocks whose every element is within a factor 2 of the block's amax (element-normal for every
     floating-point format at any scale mode), over a wide range of block magnitudes, with zeros and -0."""
