@@ -45,7 +45,8 @@ reused, as hardware would (QLinear: one quantized weight per step for fwd and dg
 
 The output gradient (along N for the grad of a, along M for the grad of b) and a b of at most an
 eighth of a's size (along K, along N) are each read once for both where one spec serves both and
-that pays (`_one_read_pair`; the bits of two casts).
+that pays (`_one_read_pair`; the bits of two casts). That read of the output gradient also sums it over
+rows for the bias gradient (float32, rounded once to its dtype: `g.sum(0)` up to the order of additions).
 
 Stochastic rounding and the random Hadamard transform need seeds. Each `MatmulPrecision`
 carries a base `seed` and a counter of forward calls; the seed of operand slot s at call
