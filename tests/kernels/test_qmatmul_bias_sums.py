@@ -31,8 +31,18 @@ RECIPES = {
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_bias_gradient_from_the_gradient_cast(kernels, device, monkeypatch, recipe):
+    _check_bias_gradient(device, monkeypatch, recipe, (70, 64, 40) if device == "cpu" else (4099, 256, 768))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_bias_gradient_from_the_gradient_cast_at_layer_size_on_the_gpu(kernel_module, monkeypatch, recipe):
+    _check_bias_gradient("cuda", monkeypatch, recipe, (65537, 256, 1024))
+
+
+def _check_bias_gradient(device, monkeypatch, recipe, shape):
     generator = torch.Generator().manual_seed(11)
-    m, k, n = (70, 64, 40) if device == "cpu" else (4099, 256, 768)
+    m, k, n = shape
     a = torch.randn(m, k, generator=generator).to(device, torch.bfloat16)
     b = torch.randn(k, n, generator=generator).to(device, torch.bfloat16)
     bias = torch.randn(n, generator=generator).to(device, torch.bfloat16)
