@@ -57,20 +57,12 @@ def quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int
 
 def fake_quantize(x: torch.Tensor, fmt: ElementFormat, *, block: int | tuple[int, int] = 32, axis: int = -1,
                   scale_mode: str = "floor", rounding: str = "nearest_even", seed: int | None = None,
-                  pad: bool = False, column_sums: bool = False,
-                  _launch: CastLaunch = DEFAULT_LAUNCH) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """dequantize(quantize(x)) in x's dtype and shape, one read and one write. column_sums=True (a 2-D x
-    blocked along axis 0) returns (values, x.sum(0) in float32) from the same read, as `fake_quantize_rowcol`
-    does. Refuses what `quantize` refuses, and column sums of any other call."""
+                  pad: bool = False, _launch: CastLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
+    """dequantize(quantize(x)) in x's dtype and shape, one read and one write. Refuses what `quantize` refuses."""
     _check_call(x, scale_mode, rounding, seed)
     view = _make_view(x, block, axis, pad)
-    if column_sums and (x.dim() != 2 or view.layout != LAYOUT_COL):
-        raise ValueError(f"column sums come with a 2-D tensor blocked along axis 0; got shape {tuple(x.shape)}, "
-                         f"block {block}, axis {axis}")
-    out = launch_cast(view, fmt, scale_mode, rounding, seed, want_codes=False, want_values=True, options=_launch,
-                      want_column_sums=column_sums)
-    values = out[f"{_prefix(view)}_values"].reshape(x.shape)
-    return (values, out["column_sums"].sum(dim=(0, 1))) if column_sums else values
+    out = launch_cast(view, fmt, scale_mode, rounding, seed, want_codes=False, want_values=True, options=_launch)
+    return out[f"{_prefix(view)}_values"].reshape(x.shape)
 
 
 def _hadamard_launch(x: torch.Tensor, fmt: ElementFormat, axis: int, hadamard_seed: int, scale_mode: str,

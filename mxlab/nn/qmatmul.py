@@ -45,9 +45,8 @@ reused, as hardware would (QLinear: one quantized weight per step for fwd and dg
 
 The output gradient (along N for the grad of a, along M for the grad of b) and a b of at most an
 eighth of a's size (along K, along N) are each read once for both where one spec serves both and
-that pays (`_one_read_pair`; the bits of two casts). The read of the output gradient that quantizes it
-along M (that pair, or the grad of b's cast, `_summed_along_rows`) also sums it over rows for the bias
-gradient (float32, rounded once to its dtype: `g.sum(0)` up to the order of additions).
+that pays (`_one_read_pair`; the bits of two casts). That read of the output gradient also sums it over
+rows for the bias gradient (float32, rounded once to its dtype: `g.sum(0)` up to the order of additions).
 
 Stochastic rounding and the random Hadamard transform need seeds. Each `MatmulPrecision`
 carries a base `seed` and a counter of forward calls; the seed of operand slot s at call
@@ -339,21 +338,6 @@ def _one_read_pair(x: torch.Tensor, along_last: OperandQuant, along_rows: Operan
                                       pad=True, column_sums=column_sums)
 
 
-def _summed_along_rows(g: torch.Tensor, quant: OperandQuant, gemm: GemmQuant, seed: int,
-                       counter: Optional[torch.Tensor]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
-    """(g quantized along its rows as `_quantized_operand(g, quant, -2, seed)` gives it, g.sum(0) in float32), from
-    one read of g where the column cast kernel runs (`quant.fake_quantize_summing_columns`), for an MX spec with
-    blocks of 32, no Hadamard transform in `gemm`, no stochastic-rounding counter, g 2-D bfloat16 and no observer
-    installed; else None (g quantized where it is used, the bias gradient summed apart)."""
-    from mxlab.numerics import quant as numerics
-
-    if not (_observer is None and g.dim() == 2 and g.dtype == torch.bfloat16 and counter is None and gemm.hadamard is None
-            and quant.block_scaled and quant.block == BLOCK_SIZE):
-        return None
-    return numerics.fake_quantize_summing_columns(g, quant.fmt, scale_mode=quant.scale_mode, rounding=quant.rounding,
-                                                  seed=seed if quant.rounding == "stochastic" else None, pad=True)
-
-
 def _same_square_quantization(fwd: GemmQuant, grad_a: GemmQuant) -> bool:
     b = fwd.b
     return (
@@ -414,14 +398,9 @@ class _QMatmulFunction(torch.autograd.Function):
         if scale is not None:
             g = g * scale
         grad_a = grad_b = None
-        want_sums = ctx.needs_input_grad[2] and scale is None  # the bias gradient, from a read of g that a cast makes
         g_pair = (_one_read_pair(g, precision.grad_a.a, precision.grad_b.b, (precision.grad_a, precision.grad_b),
-                                 column_sums=want_sums)
+                                 column_sums=ctx.needs_input_grad[2] and scale is None)
                   if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] else None)
-        g_rows = (_summed_along_rows(g, precision.grad_b.b, precision.grad_b, seeds[SEED_SLOTS["grad_b.g"]], g_counter)
-                  if want_sums and g_pair is None and ctx.needs_input_grad[1] else None)
-        g_rows_quantized = (g_pair[1], None) if g_pair is not None else (g_rows[0], None) if g_rows is not None else None
-        column_sums = g_pair[2] if g_pair is not None and len(g_pair) == 3 else g_rows[1] if g_rows is not None else None
         if ctx.needs_input_grad[0]:
             # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
             grad_a, _, _ = _gemm(
@@ -436,7 +415,7 @@ class _QMatmulFunction(torch.autograd.Function):
                 a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
                 seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
                 out_dtype=b.dtype, name=precision.name, label=precision.labels[2], counters=(a_counter, g_counter),
-                b_quantized=g_rows_quantized,
+                b_quantized=(g_pair[1], None) if g_pair is not None else None,
             )
         if scale is not None:
             _record_grad_stats(precision, g)
@@ -444,7 +423,7 @@ class _QMatmulFunction(torch.autograd.Function):
             grad_b = grad_b / scale if grad_b is not None else None
         grad_a = grad_a.to(a.dtype) if grad_a is not None else None
         grad_b = grad_b.to(b.dtype) if grad_b is not None else None
-        return grad_a, grad_b, column_sums
+        return grad_a, grad_b, (g_pair[2] if g_pair is not None and len(g_pair) == 3 else None)
 
 
 def forward_product(

@@ -16,7 +16,6 @@ Choices where the OCP MX v1.0 specification leaves freedom (see docs/numerics.md
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -241,15 +240,14 @@ def _dispatch(kind: str, x, fmt: ElementFormat, block, axis, scale_mode, roundin
     return run(x, fmt, block, axis, scale_mode, rounding, seed, pad)
 
 
-def _column_kernels(x: torch.Tensor, fmt: str, options: dict) -> tuple[Any, dict] | None:
-    """(kernels module, keyword arguments) for a Triton launch blocked along x's axis 0 with blocks of 32 and
-    `options` (fake_quantize's), or None where the Triton backend does not run it or an option is not
-    fake_quantize's (which then reports it); records the backend for last_backend()."""
+def _fused_rowcol(x: torch.Tensor, fmt: str, options: dict, column_sums: bool) -> tuple[torch.Tensor, ...] | None:
+    """The outputs of fake_quantize_rowcol from one kernel read, or None where the Triton backend does not run it."""
     global _last_backend
     if fmt not in FORMATS or options.get("block", BLOCK_SIZE) != BLOCK_SIZE:
         return None
-    if set(options) - {"block", "scale_mode", "rounding", "seed", "pad"}:
-        return None
+    unknown = set(options) - {"block", "scale_mode", "rounding", "seed", "pad"}
+    if unknown:
+        return None  # fake_quantize reports the unexpected keyword
     scale_mode = options.get("scale_mode", "floor")
     rounding = options.get("rounding", "nearest_even")
     seed = options.get("seed")
@@ -258,16 +256,10 @@ def _column_kernels(x: torch.Tensor, fmt: str, options: dict) -> tuple[Any, dict
     if backend != "triton":
         return None
     _last_backend = backend
-    return kernels, dict(scale_mode=scale_mode, rounding=rounding, seed=seed, pad=options.get("pad", False))
-
-
-def _fused_rowcol(x: torch.Tensor, fmt: str, options: dict, column_sums: bool) -> tuple[torch.Tensor, ...] | None:
-    """The outputs of fake_quantize_rowcol from one kernel read, or None where the Triton backend does not run it."""
-    launch = _column_kernels(x, fmt, options)
-    if launch is None:
-        return None
-    kernels, kwargs = launch
-    return kernels.fake_quantize_rowcol(x, FORMATS[fmt], column_sums=column_sums, **kwargs)
+    return kernels.fake_quantize_rowcol(
+        x, FORMATS[fmt], scale_mode=scale_mode, rounding=rounding, seed=seed, pad=options.get("pad", False),
+        column_sums=column_sums,
+    )
 
 
 # ----------------------------------------------------------------------------- public API
@@ -392,25 +384,6 @@ def fake_quantize_rowcol(x: torch.Tensor, fmt: str, *, column_sums: bool = False
         return fused
     values = fake_quantize(x, fmt, axis=-1, **options), fake_quantize(x, fmt, axis=0, **options)
     return (*values, x.sum(0, dtype=torch.float32)) if column_sums else values
-
-
-def fake_quantize_summing_columns(x: torch.Tensor, fmt: str, **options) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fake_quantize(x, fmt, axis=0, **options), x.sum(0) accumulated in float32, returned in float32) of a 2-D x.
-
-    Where the Triton backend runs the column cast both come from one read of x (per-32-row float32 partial sums,
-    then their sum: it differs from another float32 sum only in the order of addition). Options as for
-    `fake_quantize` (axis is set here). Refuses a tensor that is not 2-D and what `fake_quantize` refuses.
-    """
-    if not isinstance(x, torch.Tensor) or x.dim() != 2:
-        raise ValueError(f"fake_quantize_summing_columns takes a 2-D tensor, got shape {getattr(x, 'shape', None)}")
-    if "axis" in options:
-        raise ValueError("fake_quantize_summing_columns sets axis itself; do not pass axis")
-    launch = _column_kernels(x, fmt, options)
-    if launch is not None:
-        kernels, kwargs = launch
-        values, sums = kernels.fake_quantize(x, FORMATS[fmt], block=BLOCK_SIZE, axis=0, column_sums=True, **kwargs)
-        return values.to(x.dtype), sums
-    return fake_quantize(x, fmt, axis=0, **options), x.sum(0, dtype=torch.float32)
 
 
 def rowcol_in_one_read(x: torch.Tensor, fmt: str, rounding: str = "nearest_even") -> bool:
