@@ -57,12 +57,18 @@ class LinearMeasurement:
     note: str = ""
 
 
+def parse_dims(text: str, names: str, example: str) -> tuple[int, ...]:
+    """The positive integers of `text` written as `names` says ("MxKxN", "ROWSxCOLS"); refuses anything else
+    (ValueError naming the text, the form and `example`)."""
+    parts = text.lower().split("x")
+    if len(parts) != len(names.split("x")) or not all(part.isdigit() and int(part) > 0 for part in parts):
+        raise ValueError(f"shape {text!r}: expected {names} with positive integers, e.g. {example}")
+    return tuple(int(part) for part in parts)
+
+
 def parse_shape(text: str) -> tuple[int, int, int]:
     """(M, K, N) from "MxKxN"; refuses anything else (ValueError naming the text)."""
-    parts = text.lower().split("x")
-    if len(parts) != 3 or not all(part.isdigit() and int(part) > 0 for part in parts):
-        raise ValueError(f"shape {text!r}: expected MxKxN with positive integers, e.g. 16384x1024x1024")
-    m, k, n = (int(part) for part in parts)
+    m, k, n = parse_dims(text, "MxKxN", "16384x1024x1024")
     return m, k, n
 
 
@@ -190,4 +196,4 @@ def format_table(results: Sequence[LinearMeasurement], device_name: str = "") ->
     return "\n".join(lines)
 
 
-__all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_shape", "run_linear_bench"]
+__all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_dims", "parse_shape", "run_linear_bench"]

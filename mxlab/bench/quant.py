@@ -168,6 +168,17 @@ def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
     return results
 
 
+def parse_size(text: str) -> tuple[int, int]:
+    """(rows, cols) from "ROWSxCOLS", cols a multiple of 32 (whole blocks along a row); refuses anything else
+    (ValueError naming the text)."""
+    from mxlab.bench.linear import parse_dims
+
+    rows, cols = parse_dims(text, "ROWSxCOLS", "1482752x256")
+    if rows % 32 or cols % 32:
+        raise ValueError(f"size {text!r}: rows and columns must be multiples of 32 (whole blocks both ways)")
+    return rows, cols
+
+
 def run_quant_bench(
     json_path: Path | str | None = None,
     sizes: tuple[tuple[int, int], ...] = DEFAULT_SIZES,
@@ -176,10 +187,13 @@ def run_quant_bench(
     sweep_tiles: bool = False,
 ) -> dict:
     """Time the Triton MX casts on BF16 inputs of `sizes` and print a table; returns the results dict
-    (also written atomically to `json_path` when given).
+    (also written atomically to `json_path` when given). The first size is the headline: the integer-path rows,
+    the tile sweep, the compiled reference and the bandwidth targets are measured there.
 
-    Refuses (RuntimeError) to run without a CUDA device or without Triton.
+    Refuses (RuntimeError) to run without a CUDA device or without Triton, and (ValueError) no sizes.
     """
+    if not sizes:
+        raise ValueError("bench quant needs at least one size")
     if not torch.cuda.is_available():
         raise RuntimeError("mxlab bench quant needs a CUDA device")
     from rich.console import Console

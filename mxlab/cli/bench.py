@@ -58,14 +58,17 @@ def bench_quant_command(
     json_path: "Optional[Path]" = typer.Option(None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."),
     sweep_tiles: bool = typer.Option(False, "--sweep-tiles", help="Also time a few launch shapes at the headline size."),
     no_compile: bool = typer.Option(False, "--no-compile", help="Skip torch.compile of the reference."),
+    sizes: "List[str]" = typer.Option([], "--size", metavar="ROWSxCOLS", help="Input size to time (repeatable; the first is the headline; default 16384x8192, 8192x4096, 4096x4096, 2048x2048, 1024x1024). Multiples of 32."),
 ) -> None:
     """MX casts (row, column, both, tiles, fake-quantize, stochastic) of BF16 tensors: bandwidth as a fraction of copy.
 
     Example: mxlab bench quant --json bench_quant.json
+    Example: mxlab bench quant --size 1482752x256 --size 1482752x1024 --no-compile   (a model's activation shapes)
     """
-    from mxlab.bench.quant import run_quant_bench
+    from mxlab.bench.quant import DEFAULT_SIZES, parse_size, run_quant_bench
 
-    run_quant_bench(json_path, compile_reference=not no_compile, sweep_tiles=sweep_tiles)
+    _exiting_on_bad_input(lambda: run_quant_bench(json_path, sizes=tuple(parse_size(text) for text in sizes) or DEFAULT_SIZES,
+                                                  compile_reference=not no_compile, sweep_tiles=sweep_tiles))
 
 
 @app.command("sass", cls=Command)
