@@ -1,0 +1,173 @@
+"""Would the MLP's GELU write the quantized copies of its output itself? One kernel in place of GELU + cast, at the
+h200 model's hidden activation (M x 1024), forward and backward. An exploration, not imported by the library.
+
+`benchmarks/cast_traffic.py` says an MX step reaches 1.15x of BF16 only if the copies are written by the kernels that
+produce their sources. The MLP is the simplest producer: fc2 multiplies gelu(h) quantized along its rows, and fc1's
+backward quantizes g = gelu'(h) * dy along both dims (the one-read pair, with the bias gradient's column sums).
+This probe times, by CUDA-graph replay (device time):
+
+- copy: an M x N bfloat16 copy, the bandwidth yardstick;
+- backward today: `aten.gelu_backward(dy, h)`, then `fake_quantize_rowcol(g, column_sums=True)` (the library's pair);
+- backward fused: one kernel reads dy and h, computes g as PyTorch's GeluBackward does (float32, erf and exp from
+  libdevice), rounds it to bfloat16 and writes g's row- and column-quantized copies and its column sums;
+- forward today: `gelu(h)`, then the row cast; forward fused: one kernel reads h, writes gelu(h) (fc2 keeps it for
+  its weight gradient) and its row-quantized copy.
+
+Exactness is measured, not assumed: the share of g and gelu(h) elements whose bfloat16 bits differ from PyTorch's
+(any would make the fused path a different model, not the same one faster), and the fused copies against the
+library's casts of the fused kernel's own g and gelu(h), bit for bit. e4m3, rceil, round to nearest even, with the
+hardware FP8 conversion (the in-register quantizer of `fused_gemm_probe.py`); finite inputs only.
+
+    python3 benchmarks/gelu_cast_probe.py [--m 1482752] [--n 1024] [--json probe.json]
+    TRITON_INTERPRET=1 python3 benchmarks/gelu_cast_probe.py --device cpu --m 64 --n 64   (runs; the interpreter's
+        FP8 emulation is not the hardware's, so its bit comparisons say nothing)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from fused_gemm_probe import _quantize_tile, constants
+from mxlab.numerics.formats import FORMATS
+
+SQRT1_2 = float(torch.tensor(math.sqrt(0.5), dtype=torch.float32))  # PyTorch's kAlpha (M_SQRT1_2) as float32
+BETA = float(torch.tensor(2 / math.sqrt(math.pi) * math.sqrt(0.5) * 0.5, dtype=torch.float32))  # kBeta
+
+
+@triton.jit
+def _erf(x, LIBDEVICE: tl.constexpr):
+    """erf of float32 x: libdevice's erff (CUDA's, which PyTorch calls) on a GPU, tl.math.erf under the interpreter."""
+    if LIBDEVICE:
+        return libdevice.erf(x)
+    return tl.math.erf(x)
+
+
+@triton.jit
+def _exp(x, LIBDEVICE: tl.constexpr):
+    """exp of float32 x: libdevice's expf on a GPU (tl.exp would be ex2.approx), tl.exp under the interpreter."""
+    if LIBDEVICE:
+        return libdevice.exp(x)
+    return tl.exp(x)
+
+
+@triton.jit
+def _tile(pid_m, pid_n, M, N, BC: tl.constexpr):
+    rows = (pid_m * 32 + tl.arange(0, 32)).to(tl.int64)[:, None]
+    cols = pid_n * BC + tl.arange(0, BC)[None, :]
+    return rows * N + cols, (rows < M) & (cols < N), cols
+
+
+@triton.jit
+def _gelu_backward_pair(dy_ptr, h_ptr, g_ptr, row_ptr, col_ptr, sums_ptr, M, N, SQRT1_2: tl.constexpr, BETA: tl.constexpr,
+                        MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
+                        BC: tl.constexpr, WRITE_G: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """g = gelu'(h) * dy in bfloat16 for a 32 x BC tile, quantized along its rows' 32-blocks and its 32-row columns."""
+    offsets, mask, cols = _tile(tl.program_id(0), tl.program_id(1), M, N, BC)
+    dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(h_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    cdf = 0.5 * (1.0 + _erf(x * SQRT1_2, LIBDEVICE))
+    pdf = _exp(-0.5 * x * x, LIBDEVICE) * BETA
+    g = (dy * (cdf + x * pdf)).to(tl.bfloat16)
+    if WRITE_G:
+        tl.store(g_ptr + offsets, g, mask=mask)
+    tl.store(row_ptr + offsets, _quantize_tile(g, 1, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
+    tl.store(col_ptr + offsets, _quantize_tile(g, 0, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
+    tl.store(sums_ptr + tl.program_id(0) * N + cols, tl.sum(g.to(tl.float32), axis=0)[None, :], mask=cols < N)
+
+
+@triton.jit
+def _gelu_forward_row(h_ptr, a_ptr, row_ptr, M, N, SQRT1_2: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr,
+                      MMAX: tl.constexpr, SCALE_MODE: tl.constexpr, BC: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """a = gelu(h) in bfloat16 for a 32 x BC tile, and a quantized along its rows' 32-blocks."""
+    offsets, mask, _ = _tile(tl.program_id(0), tl.program_id(1), M, N, BC)
+    x = tl.load(h_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    a = (x * 0.5 * (1.0 + _erf(x * SQRT1_2, LIBDEVICE))).to(tl.bfloat16)
+    tl.store(a_ptr + offsets, a, mask=mask)
+    tl.store(row_ptr + offsets, _quantize_tile(a, 1, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
+
+
+def fused_backward(dy, h, const, bc, write_g=False):
+    """(g or None, row copy, column copy, column sums) from one kernel."""
+    m, n = h.shape
+    g = torch.empty_like(h) if write_g else h  # h is never written: a placeholder pointer
+    row, col = torch.empty_like(h), torch.empty_like(h)
+    partial = torch.empty((triton.cdiv(m, 32), n), dtype=torch.float32, device=h.device)
+    _gelu_backward_pair[(triton.cdiv(m, 32), triton.cdiv(n, bc))](
+        dy, h, g, row, col, partial, m, n, SQRT1_2, BETA, **const, BC=bc, WRITE_G=write_g, LIBDEVICE=h.is_cuda, num_warps=4)
+    return (g if write_g else None), row, col, partial.sum(0)
+
+
+def fused_forward(h, const, bc):
+    m, n = h.shape
+    a, row = torch.empty_like(h), torch.empty_like(h)
+    _gelu_forward_row[(triton.cdiv(m, 32), triton.cdiv(n, bc))](h, a, row, m, n, SQRT1_2, **const, BC=bc,
+                                                                 LIBDEVICE=h.is_cuda, num_warps=4)
+    return a, row
+
+
+def _differ(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.view(torch.int16) != b.view(torch.int16)).double().mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--m", type=int, default=1482752, help="rows (history tokens), a multiple of 32")
+    parser.add_argument("--n", type=int, default=1024, help="hidden width, a multiple of --bc")
+    parser.add_argument("--bc", type=int, default=128, help="columns per program, a multiple of 32")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if args.m % 32 or args.n % args.bc or args.bc % 32:
+        raise SystemExit(f"--m {args.m} must be a multiple of 32 and --n {args.n} of --bc {args.bc} (itself of 32)")
+    from mxlab.kernels.cast import fake_quantize, fake_quantize_rowcol
+
+    fmt, const = FORMATS["e4m3"], constants("e4m3", "rceil")
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(args.m, args.n, generator=generator).to(args.device, torch.bfloat16)
+    dy = (torch.randn(args.m, args.n, generator=generator) * 1e-3).to(args.device, torch.bfloat16)
+    results: dict = {"m": args.m, "n": args.n, "bc": args.bc}
+
+    g_torch = torch.ops.aten.gelu_backward(dy, h)
+    g, row, col, sums = fused_backward(dy, h, const, args.bc, write_g=True)
+    want_row, want_col, want_sums = fake_quantize_rowcol(g, fmt, scale_mode="rceil", pad=True, column_sums=True)
+    a_torch = torch.nn.functional.gelu(h)
+    a, a_row = fused_forward(h, const, args.bc)
+    results["exactness"] = {
+        "g bits differing from aten.gelu_backward": _differ(g, g_torch),
+        "gelu(h) bits differing from F.gelu": _differ(a, a_torch),
+        "row copy of g differing from the library's cast": _differ(row, want_row),
+        "column copy of g differing from the library's cast": _differ(col, want_col),
+        "column sums max relative difference": float(((sums - want_sums).abs() / want_sums.abs().clamp_min(1e-30)).max()),
+        "row copy of gelu(h) differing from the library's cast": _differ(a_row, fake_quantize(a, fmt, scale_mode="rceil", pad=True)),
+    }
+    print(json.dumps(results["exactness"], indent=1))
+    if args.device == "cuda":
+        from mxlab.bench.timing import graph_ms
+
+        copy_out = torch.empty_like(h)
+        timings = {
+            "copy": lambda: copy_out.copy_(h),
+            "backward today: gelu_backward + pair cast with sums": lambda: fake_quantize_rowcol(
+                torch.ops.aten.gelu_backward(dy, h), fmt, scale_mode="rceil", pad=True, column_sums=True),
+            "backward fused": lambda: fused_backward(dy, h, const, args.bc),
+            "forward today: gelu + row cast": lambda: fake_quantize(
+                torch.nn.functional.gelu(h), fmt, scale_mode="rceil", pad=True),
+            "forward fused": lambda: fused_forward(h, const, args.bc),
+        }
+        results["ms"] = {name: graph_ms(step, warmup=3, repeat=args.repeat) for name, step in timings.items()}
+        for name, ms in results["ms"].items():
+            print(f"{name:55s} {ms:8.3f} ms  {ms / results['ms']['copy']:5.2f} x copy")
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
