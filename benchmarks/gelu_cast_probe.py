@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import torch
 import triton
@@ -34,6 +35,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from fused_gemm_probe import _quantize_tile, constants
+from mxlab.io import write_json
 from mxlab.numerics.formats import FORMATS
 
 SQRT1_2 = float(torch.tensor(math.sqrt(0.5), dtype=torch.float32))  # PyTorch's kAlpha (M_SQRT1_2) as float32
@@ -165,8 +167,7 @@ def main() -> None:
         for name, ms in results["ms"].items():
             print(f"{name:55s} {ms:8.3f} ms  {ms / results['ms']['copy']:5.2f} x copy")
     if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
+        write_json(Path(args.json), results)
 
 
 if __name__ == "__main__":
