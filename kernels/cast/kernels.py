@@ -15,8 +15,8 @@
 
 Outputs are element codes (uint8, padded shape), scale bytes, and/or fake-quantized values in the input
 dtype (unpadded shape), each contiguous in (A, L, B) order; `_mx_column_tile_kernel` can also store float32
-column sums of each 32-row block of x (WANT_SUMS: a linear layer's bias gradient from the same read). docs/numerics.md ("The cast kernels") gives the
-paths per tile and why each is exact.
+column sums of each 32-row block of x (WANT_SUMS: a linear layer's bias gradient from the same read).
+docs/numerics.md ("The cast kernels") gives the paths per tile and why each is exact.
 """
 from __future__ import annotations
 

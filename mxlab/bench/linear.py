@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import nn
 
+from mxlab.bench import parse_dims
 from mxlab.bench.timing import events_ms
 from mxlab.io import write_json
 
@@ -55,15 +56,6 @@ class LinearMeasurement:
     ms: Optional[float]
     ratio_to_bf16: Optional[float]
     note: str = ""
-
-
-def parse_dims(text: str, names: str, example: str) -> tuple[int, ...]:
-    """The positive integers of `text` written as `names` says ("MxKxN", "ROWSxCOLS"); refuses anything else
-    (ValueError naming the text, the form and `example`)."""
-    parts = text.lower().split("x")
-    if len(parts) != len(names.split("x")) or not all(part.isdigit() and int(part) > 0 for part in parts):
-        raise ValueError(f"shape {text!r}: expected {names} with positive integers, e.g. {example}")
-    return tuple(int(part) for part in parts)
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -196,4 +188,4 @@ def format_table(results: Sequence[LinearMeasurement], device_name: str = "") ->
     return "\n".join(lines)
 
 
-__all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_dims", "parse_shape", "run_linear_bench"]
+__all__ = ["ARMS", "DEFAULT_SHAPES", "LinearMeasurement", "format_table", "parse_shape", "run_linear_bench"]

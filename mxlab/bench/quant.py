@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from mxlab.bench import parse_dims
 from mxlab.bench.timing import do_bench_graph_ms, do_bench_ms
 from mxlab.io import write_json
 
@@ -171,8 +172,6 @@ def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
 def parse_size(text: str) -> tuple[int, int]:
     """(rows, cols) from "ROWSxCOLS", cols a multiple of 32 (whole blocks along a row); refuses anything else
     (ValueError naming the text)."""
-    from mxlab.bench.linear import parse_dims
-
     rows, cols = parse_dims(text, "ROWSxCOLS", "1482752x256")
     if rows % 32 or cols % 32:
         raise ValueError(f"size {text!r}: rows and columns must be multiples of 32 (whole blocks both ways)")

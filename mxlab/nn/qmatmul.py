@@ -379,12 +379,9 @@ class _QMatmulFunction(torch.autograd.Function):
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
         device_type, enabled, dtype = ctx.autocast
         with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
-            grad_a, grad_b, column_sums = _QMatmulFunction._backward(ctx, g)
-        grad_bias = None
-        if ctx.needs_input_grad[2]:
-            # as addmm's: the output gradient summed over rows in float32, in its dtype (outside autocast, which would
-            # return float32); the one-read cast of g adds it up on its way where it runs
-            grad_bias = column_sums.to(g.dtype) if column_sums is not None else g.sum(0)
+            grad_a, grad_b, sums = _QMatmulFunction._backward(ctx, g)
+        # as addmm's: g summed over rows in float32, in its dtype (outside autocast); by g's one-read cast where it runs
+        grad_bias = None if not ctx.needs_input_grad[2] else sums.to(g.dtype) if sums is not None else g.sum(0)
         return grad_a, grad_b, grad_bias, None, None, None
 
     @staticmethod
@@ -398,8 +395,9 @@ class _QMatmulFunction(torch.autograd.Function):
         if scale is not None:
             g = g * scale
         grad_a = grad_b = None
+        want_sums = ctx.needs_input_grad[2] and scale is None  # the bias gradient, from the pair's read of g
         g_pair = (_one_read_pair(g, precision.grad_a.a, precision.grad_b.b, (precision.grad_a, precision.grad_b),
-                                 column_sums=ctx.needs_input_grad[2] and scale is None)
+                                 column_sums=want_sums)
                   if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] else None)
         if ctx.needs_input_grad[0]:
             # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
@@ -423,7 +421,7 @@ class _QMatmulFunction(torch.autograd.Function):
             grad_b = grad_b / scale if grad_b is not None else None
         grad_a = grad_a.to(a.dtype) if grad_a is not None else None
         grad_b = grad_b.to(b.dtype) if grad_b is not None else None
-        return grad_a, grad_b, (g_pair[2] if g_pair is not None and len(g_pair) == 3 else None)
+        return grad_a, grad_b, (g_pair[2] if want_sums and g_pair is not None else None)
 
 
 def forward_product(
