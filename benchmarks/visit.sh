@@ -11,9 +11,11 @@
 #   attention       mxlab bench attention -> bench_attention.txt/.json
 #   linear          mxlab bench linear -> bench_linear.txt/.json
 #   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab_*.txt
+#   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu.txt/.json
+#   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.txt/.json
 # Records the commit it ran in visit.txt: $COMMIT (the tree sent carries no .git), else git rev-parse HEAD.
 set -u
-if [ $# -lt 2 ]; then sed -n 2,16p "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,18p "$0" >&2; exit 2; fi
 seconds=$1; shift
 out=${OUT:?set OUT to the folder results go to}
 start=$(date +%s)
@@ -37,6 +39,9 @@ for job in "$@"; do
              --arms "${arg:-bf16,mxfp8-rceil}" --profile-steps 2 --json "$out/anatomy.json" > "$out/anatomy.txt" 2>&1 ;;
     attention) timeout "$budget" python3 -m mxlab.cli bench attention --json "$out/bench_attention.json" > "$out/bench_attention.txt" 2>&1 ;;
     linear) timeout "$budget" python3 -m mxlab.cli bench linear --json "$out/bench_linear.json" > "$out/bench_linear.txt" 2>&1 ;;
+    gelu) timeout "$budget" python3 benchmarks/gelu_cast_probe.py --json "$out/gelu.json" > "$out/gelu.txt" 2>&1 ;;
+    quant) timeout "$budget" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 --size 1482752x1024 \
+             --no-compile --json "$out/bench_quant.json" > "$out/bench_quant.txt" 2>&1 ;;
     ab) bash benchmarks/ab_step.sh "$arg" "$out/ab" "$budget" > "$out/ab.txt" 2>&1 ;;
     *) echo "unknown job: $job" >> "$out/visit.txt"; continue ;;
   esac
