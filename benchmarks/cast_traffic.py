@@ -119,11 +119,15 @@ def main() -> None:
 
     print("\none linear layer, forward + backward: ratio = (BF16 ms + casts at copy speed) / BF16 ms")
     for item in args.linear or DEFAULT_LINEAR:
-        shape, bf16_ms = item.split("=")
-        rows, fan_in, fan_out = (int(v) for v in shape.split("x"))
+        shape, _, bf16_ms = item.partition("=")
+        try:
+            rows, fan_in, fan_out = (int(v) for v in shape.split("x"))
+            bf16_ms = float(bf16_ms)
+        except ValueError:
+            raise SystemExit(f"--linear {item!r}: expected MxKxN=BF16_MS, e.g. 65536x512x512=0.246") from None
         for design, elements in design_elements(rows, fan_in, fan_out).items():
             ms = elements * BFLOAT16_BYTES / (args.bandwidth_gbs * 1e9) * 1e3
-            print(f"  {shape:18s} BF16 {float(bf16_ms):6.3f} ms  {design:16s} {ms:6.3f} ms  {1 + ms / float(bf16_ms):.2f}x")
+            print(f"  {shape:18s} BF16 {bf16_ms:6.3f} ms  {design:16s} {ms:6.3f} ms  {1 + ms / bf16_ms:.2f}x")
 
 
 if __name__ == "__main__":

@@ -94,6 +94,9 @@ def _gelu_forward_row(h_ptr, a_ptr, row_ptr, M, N, SQRT1_2: tl.constexpr, MBITS:
     tl.store(row_ptr + offsets, _quantize_tile(a, 1, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
 
 
+FUSION = {}  # compile options of both kernels: --no-fp-fusion sets enable_fp_fusion=False (no multiply-add contraction)
+
+
 def fused_backward(dy, h, const, bc, write_g=False):
     """(g or None, row copy, column copy, column sums) from one kernel."""
     m, n = h.shape
@@ -101,7 +104,7 @@ def fused_backward(dy, h, const, bc, write_g=False):
     row, col = torch.empty_like(h), torch.empty_like(h)
     partial = torch.empty((triton.cdiv(m, 32), n), dtype=torch.float32, device=h.device)
     _gelu_backward_pair[(triton.cdiv(m, 32), triton.cdiv(n, bc))](
-        dy, h, g, row, col, partial, m, n, SQRT1_2, BETA, **const, BC=bc, WRITE_G=write_g, LIBDEVICE=h.is_cuda, num_warps=4)
+        dy, h, g, row, col, partial, m, n, SQRT1_2, BETA, **const, BC=bc, WRITE_G=write_g, LIBDEVICE=h.is_cuda, num_warps=4, **FUSION)
     return (g if write_g else None), row, col, partial.sum(0)
 
 
@@ -109,7 +112,7 @@ def fused_forward(h, const, bc):
     m, n = h.shape
     a, row = torch.empty_like(h), torch.empty_like(h)
     _gelu_forward_row[(triton.cdiv(m, 32), triton.cdiv(n, bc))](h, a, row, m, n, SQRT1_2, **const, BC=bc,
-                                                                 LIBDEVICE=h.is_cuda, num_warps=4)
+                                                                 LIBDEVICE=h.is_cuda, num_warps=4, **FUSION)
     return a, row
 
 
@@ -125,7 +128,10 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--no-fp-fusion", action="store_true", help="compile without multiply-add contraction")
     args = parser.parse_args()
+    if args.no_fp_fusion:
+        FUSION["enable_fp_fusion"] = False
     if args.m % 32 or args.n % args.bc or args.bc % 32:
         raise SystemExit(f"--m {args.m} must be a multiple of 32 and --n {args.n} of --bc {args.bc} (itself of 32)")
     from mxlab.kernels.cast import fake_quantize, fake_quantize_rowcol
