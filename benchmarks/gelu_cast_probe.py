@@ -15,7 +15,8 @@ This probe times, by CUDA-graph replay (device time):
 
 Exactness is measured, not assumed: the share of g and gelu(h) elements whose bfloat16 bits differ from PyTorch's
 (any would make the fused path a different model, not the same one faster), and the fused copies against the
-library's casts of the fused kernel's own g and gelu(h), bit for bit. e4m3, rceil, round to nearest even, with the
+library's casts of the fused kernel's own g and gelu(h), bit for bit; and GELU of every finite bfloat16 input,
+with erf and exp of GELU's own arguments against torch.erf / torch.exp (which function makes the bits differ). e4m3, rceil, round to nearest even, with the
 hardware FP8 conversion (the in-register quantizer of `fused_gemm_probe.py`); finite inputs only.
 
     python3 benchmarks/gelu_cast_probe.py [--m 1482752] [--n 1024] [--json probe.json]
@@ -116,6 +117,38 @@ def fused_forward(h, const, bc):
     return a, row
 
 
+@triton.jit
+def _libdevice_elementwise(z_ptr, out_ptr, n, FN: tl.constexpr, LIBDEVICE: tl.constexpr, BLOCK: tl.constexpr):
+    """out = erf(z) (FN 0) or exp(z) (FN 1), float32, as the fused kernels compute them."""
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    z = tl.load(z_ptr + offsets, mask=offsets < n, other=0.0)
+    out = _erf(z, LIBDEVICE) if FN == 0 else _exp(z, LIBDEVICE)
+    tl.store(out_ptr + offsets, out, mask=offsets < n)
+
+
+def every_bfloat16_input(device: str, const: dict, bc: int) -> dict:
+    """GELU forward of every finite bfloat16 x, fused kernel against F.gelu, and erf / exp of the very float32
+    arguments GELU passes them, libdevice against torch.erf / torch.exp: which function makes the bits differ."""
+    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(device)
+    finite = torch.isfinite(x)
+    ours, _ = fused_forward(x.reshape(-1, bc), const, bc)
+    differ = finite & (ours.reshape(-1).view(torch.int16) != torch.nn.functional.gelu(x).view(torch.int16))
+
+    def libdevice(z: torch.Tensor, fn: int) -> torch.Tensor:
+        out = torch.empty_like(z)
+        _libdevice_elementwise[(triton.cdiv(z.numel(), 1024),)](z, out, z.numel(), FN=fn, LIBDEVICE=z.is_cuda, BLOCK=1024)
+        return out
+
+    xf = x.float()
+    erf_arg, exp_arg = xf * SQRT1_2, -0.5 * xf * xf
+    erf_differ = finite & (libdevice(erf_arg, 0).view(torch.int32) != torch.erf(erf_arg).view(torch.int32))
+    exp_differ = finite & (libdevice(exp_arg, 1).view(torch.int32) != torch.exp(exp_arg).view(torch.int32))
+    examples = [float(v) for v in x[differ][:8].float().cpu()]
+    return {"finite bfloat16 inputs": int(finite.sum()), "gelu differing": int(differ.sum()),
+            "erf differing (float32 bits)": int(erf_differ.sum()), "exp differing (float32 bits)": int(exp_differ.sum()),
+            "gelu differing where erf agrees": int((differ & ~erf_differ).sum()), "first differing x": examples}
+
+
 def _differ(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.view(torch.int16) != b.view(torch.int16)).double().mean())
 
@@ -155,7 +188,8 @@ def main() -> None:
         "column sums max relative difference": float(((sums - want_sums).abs() / want_sums.abs().clamp_min(1e-30)).max()),
         "row copy of gelu(h) differing from the library's cast": _differ(a_row, fake_quantize(a, fmt, scale_mode="rceil", pad=True)),
     }
-    print(json.dumps(results["exactness"], indent=1))
+    results["every bfloat16 input"] = every_bfloat16_input(args.device, const, args.bc)
+    print(json.dumps({k: results[k] for k in ("exactness", "every bfloat16 input")}, indent=1))
     if args.device == "cuda":
         from mxlab.bench.timing import graph_ms
 
