@@ -19,7 +19,9 @@ library's casts of the fused kernel's own g and gelu(h), bit for bit; and GELU o
 with erf and exp of GELU's own arguments against torch.erf / torch.exp (which function makes the bits differ). e4m3, rceil, round to nearest even, with the
 hardware FP8 conversion (the in-register quantizer of `fused_gemm_probe.py`); finite inputs only.
 
-    python3 benchmarks/gelu_cast_probe.py [--m 1482752] [--n 1024] [--json probe.json]
+    python3 benchmarks/gelu_cast_probe.py [--m 1482752] [--n 1024] [--json probe.json] [--no-fp-fusion] [--erf-table]
+        (--erf-table: both kernels read erf from a table of torch.erf over the 65536 bfloat16 inputs; if erf alone
+        differs, as the every-input check found on an H100, the fused GELU's bits are then PyTorch's)
     TRITON_INTERPRET=1 python3 benchmarks/gelu_cast_probe.py --device cpu --m 64 --n 64   (runs; the interpreter's
         FP8 emulation is not the hardware's, so its bit comparisons say nothing)
 """
@@ -60,6 +62,17 @@ def _exp(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def _erf_of_input(h_ptr, offsets, mask, x, table_ptr, SQRT1_2: tl.constexpr, TABLE: tl.constexpr,
+                  LIBDEVICE: tl.constexpr):
+    """erf(x / sqrt 2) of the bfloat16 input x at h_ptr + offsets: read from a table of PyTorch's torch.erf over
+    the 65536 bfloat16 bit patterns (TABLE), else computed (`_erf`)."""
+    if TABLE:
+        bits = tl.load(h_ptr.to(tl.pointer_type(tl.int16)) + offsets, mask=mask, other=0).to(tl.int32) & 0xFFFF
+        return tl.load(table_ptr + bits, mask=mask, other=0.0)
+    return _erf(x * SQRT1_2, LIBDEVICE)
+
+
+@triton.jit
 def _tile(pid_m, pid_n, M, N, BC: tl.constexpr):
     rows = (pid_m * 32 + tl.arange(0, 32)).to(tl.int64)[:, None]
     cols = pid_n * BC + tl.arange(0, BC)[None, :]
@@ -69,12 +82,13 @@ def _tile(pid_m, pid_n, M, N, BC: tl.constexpr):
 @triton.jit
 def _gelu_backward_pair(dy_ptr, h_ptr, g_ptr, row_ptr, col_ptr, sums_ptr, M, N, SQRT1_2: tl.constexpr, BETA: tl.constexpr,
                         MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-                        BC: tl.constexpr, WRITE_G: tl.constexpr, LIBDEVICE: tl.constexpr):
+                        BC: tl.constexpr, WRITE_G: tl.constexpr, LIBDEVICE: tl.constexpr, table_ptr=None,
+                        TABLE: tl.constexpr = False):
     """g = gelu'(h) * dy in bfloat16 for a 32 x BC tile, quantized along its rows' 32-blocks and its 32-row columns."""
     offsets, mask, cols = _tile(tl.program_id(0), tl.program_id(1), M, N, BC)
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     x = tl.load(h_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    cdf = 0.5 * (1.0 + _erf(x * SQRT1_2, LIBDEVICE))
+    cdf = 0.5 * (1.0 + _erf_of_input(h_ptr, offsets, mask, x, table_ptr, SQRT1_2, TABLE, LIBDEVICE))
     pdf = _exp(-0.5 * x * x, LIBDEVICE) * BETA
     g = (dy * (cdf + x * pdf)).to(tl.bfloat16)
     if WRITE_G:
@@ -86,16 +100,24 @@ def _gelu_backward_pair(dy_ptr, h_ptr, g_ptr, row_ptr, col_ptr, sums_ptr, M, N, 
 
 @triton.jit
 def _gelu_forward_row(h_ptr, a_ptr, row_ptr, M, N, SQRT1_2: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr,
-                      MMAX: tl.constexpr, SCALE_MODE: tl.constexpr, BC: tl.constexpr, LIBDEVICE: tl.constexpr):
+                      MMAX: tl.constexpr, SCALE_MODE: tl.constexpr, BC: tl.constexpr, LIBDEVICE: tl.constexpr,
+                      table_ptr=None, TABLE: tl.constexpr = False):
     """a = gelu(h) in bfloat16 for a 32 x BC tile, and a quantized along its rows' 32-blocks."""
     offsets, mask, _ = _tile(tl.program_id(0), tl.program_id(1), M, N, BC)
     x = tl.load(h_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    a = (x * 0.5 * (1.0 + _erf(x * SQRT1_2, LIBDEVICE))).to(tl.bfloat16)
+    a = (x * 0.5 * (1.0 + _erf_of_input(h_ptr, offsets, mask, x, table_ptr, SQRT1_2, TABLE, LIBDEVICE))).to(tl.bfloat16)
     tl.store(a_ptr + offsets, a, mask=mask)
     tl.store(row_ptr + offsets, _quantize_tile(a, 1, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
 
 
 FUSION = {}  # compile options of both kernels: --no-fp-fusion sets enable_fp_fusion=False (no multiply-add contraction)
+ERF = {}  # --erf-table: table_ptr (PyTorch's erf of every bfloat16 input / sqrt 2, float32) and TABLE=True
+
+
+def erf_table(device: str) -> torch.Tensor:
+    """torch.erf(x * SQRT1_2) in float32 for the 65536 bfloat16 bit patterns x, indexed by the pattern."""
+    x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(device)
+    return torch.erf(x.float() * SQRT1_2)
 
 
 def fused_backward(dy, h, const, bc, write_g=False):
@@ -105,7 +127,7 @@ def fused_backward(dy, h, const, bc, write_g=False):
     row, col = torch.empty_like(h), torch.empty_like(h)
     partial = torch.empty((triton.cdiv(m, 32), n), dtype=torch.float32, device=h.device)
     _gelu_backward_pair[(triton.cdiv(m, 32), triton.cdiv(n, bc))](
-        dy, h, g, row, col, partial, m, n, SQRT1_2, BETA, **const, BC=bc, WRITE_G=write_g, LIBDEVICE=h.is_cuda, num_warps=4, **FUSION)
+        dy, h, g, row, col, partial, m, n, SQRT1_2, BETA, **const, BC=bc, WRITE_G=write_g, LIBDEVICE=h.is_cuda, num_warps=4, **FUSION, **ERF)
     return (g if write_g else None), row, col, partial.sum(0)
 
 
@@ -113,7 +135,7 @@ def fused_forward(h, const, bc):
     m, n = h.shape
     a, row = torch.empty_like(h), torch.empty_like(h)
     _gelu_forward_row[(triton.cdiv(m, 32), triton.cdiv(n, bc))](h, a, row, m, n, SQRT1_2, **const, BC=bc,
-                                                                 LIBDEVICE=h.is_cuda, num_warps=4, **FUSION)
+                                                                 LIBDEVICE=h.is_cuda, num_warps=4, **FUSION, **ERF)
     return a, row
 
 
@@ -162,9 +184,13 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--no-fp-fusion", action="store_true", help="compile without multiply-add contraction")
+    parser.add_argument("--erf-table", action="store_true",
+                        help="both kernels read erf from a table of torch.erf over the 65536 bfloat16 inputs")
     args = parser.parse_args()
     if args.no_fp_fusion:
         FUSION["enable_fp_fusion"] = False
+    if args.erf_table:
+        ERF.update(table_ptr=erf_table(args.device), TABLE=True)
     if args.m % 32 or args.n % args.bc or args.bc % 32:
         raise SystemExit(f"--m {args.m} must be a multiple of 32 and --n {args.n} of --bc {args.bc} (itself of 32)")
     from mxlab.kernels.cast import fake_quantize, fake_quantize_rowcol
