@@ -114,10 +114,14 @@ FUSION = {}  # compile options of both kernels: --no-fp-fusion sets enable_fp_fu
 ERF = {}  # --erf-table: table_ptr (PyTorch's erf of every bfloat16 input / sqrt 2, float32) and TABLE=True
 
 
+def every_bfloat16(device: str) -> torch.Tensor:
+    """The 65536 bfloat16 bit patterns, each at its own index (Inf and NaN included)."""
+    return torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(device)
+
+
 def erf_table(device: str) -> torch.Tensor:
     """torch.erf(x * SQRT1_2) in float32 for the 65536 bfloat16 bit patterns x, indexed by the pattern."""
-    x = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(device)
-    return torch.erf(x.float() * SQRT1_2)
+    return torch.erf(every_bfloat16(device).float() * SQRT1_2)
 
 
 def fused_backward(dy, h, const, bc, write_g=False):
@@ -151,7 +155,7 @@ def _libdevice_elementwise(z_ptr, out_ptr, n, FN: tl.constexpr, LIBDEVICE: tl.co
 def every_bfloat16_input(device: str, const: dict, bc: int) -> dict:
     """GELU forward of every finite bfloat16 x, fused kernel against F.gelu, and erf / exp of the very float32
     arguments GELU passes them, libdevice against torch.erf / torch.exp: which function makes the bits differ."""
-    x = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).to(device)
+    x = every_bfloat16(device)
     finite = torch.isfinite(x)
     ours, _ = fused_forward(x.reshape(-1, bc), const, bc)
     differ = finite & (ours.reshape(-1).view(torch.int16) != torch.nn.functional.gelu(x).view(torch.int16))
