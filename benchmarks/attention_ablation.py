@@ -16,6 +16,7 @@ quantization launches it calls).
     python3 benchmarks/attention_ablation.py --json ablation.json
     TRITON_INTERPRET=1 python3 benchmarks/attention_ablation.py --device cpu --sequences 3 --max-length 40 --warmup 1 --repeat 1   # smoke test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,8 @@ import json
 import torch
 
 from mxlab.bench.attention.shapes import HEAD_DIM, HEADS, fwd_bwd, mx_policy, offsets_of, sample_lengths
-from mxlab.kernels.attention import jagged_attention
 from mxlab.kernels.attention import autograd as attention_autograd
+from mxlab.kernels.attention import jagged_attention
 from mxlab.nn.attention import call_seeds
 
 
@@ -56,7 +57,10 @@ def shared_operands():
         try:
             return original_backward(ctx, grad_out)
         finally:
-            attention_autograd._head_dim_quantized, attention_autograd._prequantized = original_head_dim, original_tokens
+            attention_autograd._head_dim_quantized, attention_autograd._prequantized = (
+                original_head_dim,
+                original_tokens,
+            )
             copies.clear()
 
     function.backward = staticmethod(backward)
@@ -99,33 +103,44 @@ def main() -> None:
     offsets = offsets_of(lengths)
     generator = torch.Generator(device=device).manual_seed(0)
     total = int(offsets[-1])
-    q, k, v = (torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=generator).requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=generator).requires_grad_()
+        for _ in range(3)
+    )
     grad = torch.randn(total, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, generator=generator)
     mx = mx_policy(scale_mode="rceil")
 
     def attend(policy):
         return jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy))
 
-    print(f"jagged self-attention fwd + bwd: {args.sequences} sequences, {total} tokens, {HEADS} x {HEAD_DIM}, on {device}")
+    print(
+        f"jagged self-attention fwd + bwd: {args.sequences} sequences, {total} tokens, {HEADS} x {HEAD_DIM}, on {device}"
+    )
     tables = {}
-    for name, policy, context in (("bf16", None, contextlib.nullcontext()), ("mxfp8", mx, contextlib.nullcontext()),
-                                  ("mxfp8 shared operands", mx, shared_operands())):
+    for name, policy, context in (
+        ("bf16", None, contextlib.nullcontext()),
+        ("mxfp8", mx, contextlib.nullcontext()),
+        ("mxfp8 shared operands", mx, shared_operands()),
+    ):
         with context:
             tables[name] = kernel_ms(fwd_bwd(lambda: attend(policy), [q, k, v], grad), device, args.warmup, args.repeat)
         print(f"== {name}")
-        for kernel, ms in list(tables[name].items())[:args.top]:
+        for kernel, ms in list(tables[name].items())[: args.top]:
             print(f"   {ms:9.3f} ms  {kernel}")
 
     # Engaged? Along the head dim and along the tokens e4m3 keeps the same 4 significant bits of every element
     # that is normal in its block, so the check scales each token by its own power of two (2^-24..2^0): along
     # the tokens most elements then fall below their block's normal range, along the head dim none do.
-    token_scale = torch.exp2(-torch.randint(0, 25, (total, 1, 1), device=device, generator=generator)).to(torch.bfloat16)
+    token_scale = torch.exp2(-torch.randint(0, 25, (total, 1, 1), device=device, generator=generator)).to(
+        torch.bfloat16
+    )
     with torch.no_grad():
         q.mul_(token_scale), k.mul_(token_scale)
     with shared_operands():
         shared = torch.autograd.grad(attend(mx), [q, k], grad * token_scale)
-    engaged = any(not torch.equal(a, b) for a, b in zip(torch.autograd.grad(attend(mx), [q, k], grad * token_scale), shared))
+    engaged = any(
+        not torch.equal(a, b) for a, b in zip(torch.autograd.grad(attend(mx), [q, k], grad * token_scale), shared)
+    )
     print(f"the shared-operands patch changes dQ or dK (so the kernels read the substituted copies): {engaged}")
     tables["patch engaged"] = engaged
     if args.json:

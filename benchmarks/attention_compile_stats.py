@@ -14,6 +14,7 @@ goes to.
 
     python3 benchmarks/attention_compile_stats.py
 """
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,10 @@ def _arm_codes(arm: str) -> dict[str, int]:
         fwd = operand_code("e4m3", "rceil", "nearest_even", hw_fp8=True)
         return dict(fwd=fwd, grad=fwd)
     if arm == "mxfp8-rceil-sr":
-        return dict(fwd=operand_code("e4m3", "rceil", "nearest_even", hw_fp8=True), grad=operand_code("e4m3", "rceil", "stochastic"))
+        return dict(
+            fwd=operand_code("e4m3", "rceil", "nearest_even", hw_fp8=True),
+            grad=operand_code("e4m3", "rceil", "stochastic"),
+        )
     return dict(fwd=operand_code("e2m1", "rceil", "nearest_even"), grad=operand_code("e3m2", "rceil", "nearest_even"))
 
 
@@ -72,15 +76,18 @@ def _signature(fn) -> dict[str, str]:
 def _ptxas(ptx: str) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as handle:
         handle.write(ptx)
-    report = subprocess.run([PTXAS, "-v", "--gpu-name", "sm_90a", handle.name, "-o", os.devnull],
-                            capture_output=True, text=True).stderr
+    report = subprocess.run(
+        [PTXAS, "-v", "--gpu-name", "sm_90a", handle.name, "-o", os.devnull], capture_output=True, text=True
+    ).stderr
     os.unlink(handle.name)
     registers = re.search(r"Used (\d+) registers", report)
     stores, loads = re.search(r"(\d+) bytes spill stores", report), re.search(r"(\d+) bytes spill loads", report)
     if not registers:
         return report.strip().splitlines()[-1]
-    return (f"registers {registers.group(1):>3}  spill stores {stores.group(1) if stores else '?':>5}  "
-            f"spill loads {loads.group(1) if loads else '?':>5}")
+    return (
+        f"registers {registers.group(1):>3}  spill stores {stores.group(1) if stores else '?':>5}  "
+        f"spill loads {loads.group(1) if loads else '?':>5}"
+    )
 
 
 def _sass_counts(cubin: bytes) -> str:
@@ -94,22 +101,44 @@ def _sass_counts(cubin: bytes) -> str:
 
 
 def _compile(fn, constants: dict, num_warps: int, num_stages: int) -> str:
-    compiled = triton.compile(ASTSource(fn=fn, signature=_signature(fn), constexprs=constants),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
-    return (f"{_ptxas(compiled.asm['ptx'])}  shared bytes {compiled.metadata.shared:>5}  "
-            f"{_sass_counts(compiled.asm['cubin'])}")
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=_signature(fn), constexprs=constants),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
+    )
+    return (
+        f"{_ptxas(compiled.asm['ptx'])}  shared bytes {compiled.metadata.shared:>5}  "
+        f"{_sass_counts(compiled.asm['cubin'])}"
+    )
 
 
 def _shared_constants(quant: bool) -> dict:
-    return dict(HEAD_DIM=64, CAUSAL=False, SILU=False, QUANT=quant, S_DTYPE=tl.bfloat16, OP_DTYPE=tl.bfloat16,
-                DOT_DTYPE=tl.bfloat16, BY_BITS=False)
+    return dict(
+        HEAD_DIM=64,
+        CAUSAL=False,
+        SILU=False,
+        QUANT=quant,
+        S_DTYPE=tl.bfloat16,
+        OP_DTYPE=tl.bfloat16,
+        DOT_DTYPE=tl.bfloat16,
+        BY_BITS=False,
+    )
 
 
 def _launches(tiles, codes: dict) -> dict:
     return {
         "forward": (kernels._jagged_attention_fwd, dict(BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, P_CODE=codes["fwd"])),
-        "dK/dV": (kernels._jagged_attention_bwd_dkdv, dict(BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes["fwd"],
-                                                           DSM_CODE=codes["grad"], FUSED_DQ=False, DSN_CODE=codes["grad"])),
+        "dK/dV": (
+            kernels._jagged_attention_bwd_dkdv,
+            dict(
+                BLOCK_M=tiles.dkdv_m,
+                BLOCK_N=tiles.dkdv_n,
+                PM_CODE=codes["fwd"],
+                DSM_CODE=codes["grad"],
+                FUSED_DQ=False,
+                DSN_CODE=codes["grad"],
+            ),
+        ),
         "dQ": (kernels._jagged_attention_bwd_dq, dict(BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes["grad"])),
     }
 
@@ -117,20 +146,26 @@ def _launches(tiles, codes: dict) -> dict:
 def main() -> None:
     print("BF16 mode at the MX default tiles (what the MX kernels would be without their quantization)")
     for name, (fn, constants) in _launches(DEFAULT_MX_TILES, dict(fwd=0, grad=0)).items():
-        print(f"bf16            {name:<8} {constants['BLOCK_M']}x{constants['BLOCK_N']} w{DEFAULT_MX_TILES.num_warps}  "
-              f"{_compile(fn, {**_shared_constants(False), **constants}, DEFAULT_MX_TILES.num_warps, DEFAULT_MX_TILES.num_stages)}")
+        print(
+            f"bf16            {name:<8} {constants['BLOCK_M']}x{constants['BLOCK_N']} w{DEFAULT_MX_TILES.num_warps}  "
+            f"{_compile(fn, {**_shared_constants(False), **constants}, DEFAULT_MX_TILES.num_warps, DEFAULT_MX_TILES.num_stages)}"
+        )
     print("default tiles, head_dim 64 (the h200 model)")
     for arm in ("bf16", "mxfp8-rceil", "mxfp8-rceil-sr", "mxfp4-all"):
         quant = arm != "bf16"
         tiles = DEFAULT_MX_TILES if quant else DEFAULT_TILES
         for name, (fn, constants) in _launches(tiles, _arm_codes(arm) if quant else dict(fwd=0, grad=0)).items():
-            print(f"{arm:<15} {name:<8} {constants['BLOCK_M']}x{constants['BLOCK_N']} w{tiles.num_warps}  "
-                  f"{_compile(fn, {**_shared_constants(quant), **constants}, tiles.num_warps, tiles.num_stages)}")
+            print(
+                f"{arm:<15} {name:<8} {constants['BLOCK_M']}x{constants['BLOCK_N']} w{tiles.num_warps}  "
+                f"{_compile(fn, {**_shared_constants(quant), **constants}, tiles.num_warps, tiles.num_stages)}"
+            )
     print("BF16 mode at other tiles and warps (the defaults spill)")
     for m, n, warps in ((128, 64, 8), (64, 64, 4), (128, 32, 4), (64, 32, 4), (32, 64, 4)):
         tiles = TileSizes(fwd_m=m, fwd_n=n, dkdv_m=m, dkdv_n=n, dq_m=m, dq_n=n, num_warps=warps, num_stages=2)
         for name, (fn, constants) in _launches(tiles, dict(fwd=0, grad=0)).items():
-            print(f"bf16            {name:<8} {m}x{n} w{warps}  {_compile(fn, {**_shared_constants(False), **constants}, warps, 2)}")
+            print(
+                f"bf16            {name:<8} {m}x{n} w{warps}  {_compile(fn, {**_shared_constants(False), **constants}, warps, 2)}"
+            )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ a measurement: it shows which targets a design can reach at all, and at what sha
 `--linear` does the same for one linear layer's forward + backward (`mxlab bench linear`'s shapes), against
 the BF16 time given for it; there the casts' time adds to the BF16 GEMMs' directly.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,10 +46,15 @@ def linear_rows(spec, info, batch) -> list[tuple[str, int, int, int]]:
     torch.manual_seed(0)
     model = build_model(spec.model, info).eval()
     seen: list[tuple[str, int, int, int]] = []
-    hooks = [module.register_forward_hook(
-        lambda module, inputs, output, name=name: seen.append(
-            (name, inputs[0].numel() // module.in_features, module.in_features, module.out_features)))
-        for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    hooks = [
+        module.register_forward_hook(
+            lambda module, inputs, output, name=name: seen.append(
+                (name, inputs[0].numel() // module.in_features, module.in_features, module.out_features)
+            )
+        )
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+    ]
     with torch.no_grad():
         model(batch)
     for hook in hooks:
@@ -70,27 +76,47 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4096)
     parser.add_argument("--max-history", type=int, default=1024)
     parser.add_argument("--batches", type=int, default=2, help="batches averaged, as bench step times them")
-    parser.add_argument("--bandwidth-gbs", type=float, default=4241.0,
-                        help="device-to-device copy bandwidth (H200: reports/benchmarks/bench_quant.txt)")
+    parser.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        default=4241.0,
+        help="device-to-device copy bandwidth (H200: reports/benchmarks/bench_quant.txt)",
+    )
     parser.add_argument("--bf16-ms", type=float, default=197.0, help="the BF16 step (bench_step.txt)")
-    parser.add_argument("--other-ms", type=float, default=11.4,
-                        help="the MX step's cost beyond its casts (rceil 256.0 - BF16 197.0 - casts 47.6 ms)")
-    parser.add_argument("--measured-cast-ms", type=float, default=47.6,
-                        help="the cast kernels' time per step (anatomy_h200_session23.txt, rceil)")
-    parser.add_argument("--linear", action="append", default=None, metavar="MxKxN=BF16_MS",
-                        help="a linear layer and its BF16 fwd+bwd ms (default: bench_linear.txt's three shapes)")
+    parser.add_argument(
+        "--other-ms",
+        type=float,
+        default=11.4,
+        help="the MX step's cost beyond its casts (rceil 256.0 - BF16 197.0 - casts 47.6 ms)",
+    )
+    parser.add_argument(
+        "--measured-cast-ms",
+        type=float,
+        default=47.6,
+        help="the cast kernels' time per step (anatomy_h200_session23.txt, rceil)",
+    )
+    parser.add_argument(
+        "--linear",
+        action="append",
+        default=None,
+        metavar="MxKxN=BF16_MS",
+        help="a linear layer and its BF16 fwd+bwd ms (default: bench_linear.txt's three shapes)",
+    )
     args = parser.parse_args()
 
-    spec = bench_spec(args.spec, preset=args.preset, batch_size=args.batch, max_history=args.max_history,
-                      batches=args.batches)
+    spec = bench_spec(
+        args.spec, preset=args.preset, batch_size=args.batch, max_history=args.max_history, batches=args.batches
+    )
     batches, info = device_batches(spec, args.batches, torch.device("cpu"))
     tokens = sum(float(batch.history_lengths().sum()) for batch in batches) / len(batches)
     examples = float(args.batch)
     probe = batches[0].slice(0, PROBE_EXAMPLES)
     probe_tokens = int(probe.history_lengths().sum())
-    print(f"{args.spec} at preset {args.preset}, batch {args.batch}, histories up to {args.max_history}: "
-          f"{tokens:,.0f} history tokens per batch (mean of {args.batches}); probe: {PROBE_EXAMPLES} examples, "
-          f"{probe_tokens} tokens")
+    print(
+        f"{args.spec} at preset {args.preset}, batch {args.batch}, histories up to {args.max_history}: "
+        f"{tokens:,.0f} history tokens per batch (mean of {args.batches}); probe: {PROBE_EXAMPLES} examples, "
+        f"{probe_tokens} tokens"
+    )
 
     totals = {"library": 0.0, "producer-fused": 0.0, "writes only": 0.0}
     print(f"{'linear':40s} {'rows':>12s} {'K':>5s} {'N':>5s} " + " ".join(f"{d + ' GB':>18s}" for d in totals))
@@ -104,18 +130,26 @@ def main() -> None:
         gigabytes = {d: e * BFLOAT16_BYTES / 1e9 for d, e in design_elements(scaled, fan_in, fan_out).items()}
         for design, value in gigabytes.items():
             totals[design] += value
-        print(f"{name:40s} {scaled:12,.0f} {fan_in:5d} {fan_out:5d} " + " ".join(f"{v:18.2f}" for v in gigabytes.values()))
+        print(
+            f"{name:40s} {scaled:12,.0f} {fan_in:5d} {fan_out:5d} " + " ".join(f"{v:18.2f}" for v in gigabytes.values())
+        )
 
     allowed = 0.15 * args.bf16_ms - args.other_ms
-    print(f"\nat {args.bandwidth_gbs:.0f} GB/s; step ratio = (BF16 {args.bf16_ms} + casts + other {args.other_ms} ms) "
-          f"/ BF16; 1.15x allows {allowed:.1f} ms of casts")
+    print(
+        f"\nat {args.bandwidth_gbs:.0f} GB/s; step ratio = (BF16 {args.bf16_ms} + casts + other {args.other_ms} ms) "
+        f"/ BF16; 1.15x allows {allowed:.1f} ms of casts"
+    )
     for design, gigabytes in totals.items():
         ms = gigabytes / args.bandwidth_gbs * 1e3
         needed = f"needs >= {ms / allowed:.2f} of copy speed for 1.15x" if allowed > 0 else "1.15x out of reach"
-        print(f"  {design:16s} {gigabytes:7.1f} GB  {ms:6.1f} ms  step {(args.bf16_ms + ms + args.other_ms) / args.bf16_ms:.3f}x  {needed}")
+        print(
+            f"  {design:16s} {gigabytes:7.1f} GB  {ms:6.1f} ms  step {(args.bf16_ms + ms + args.other_ms) / args.bf16_ms:.3f}x  {needed}"
+        )
     library_ms = totals["library"] / args.bandwidth_gbs * 1e3
-    print(f"  measured casts   {args.measured_cast_ms:.1f} ms (all GEMMs, weights included): "
-          f"{library_ms / args.measured_cast_ms:.2f} of the library design's copy-speed time")
+    print(
+        f"  measured casts   {args.measured_cast_ms:.1f} ms (all GEMMs, weights included): "
+        f"{library_ms / args.measured_cast_ms:.2f} of the library design's copy-speed time"
+    )
 
     print("\none linear layer, forward + backward: ratio = (BF16 ms + casts at copy speed) / BF16 ms")
     for item in args.linear or DEFAULT_LINEAR:

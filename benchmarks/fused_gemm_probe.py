@@ -20,6 +20,7 @@ unquantized under the Triton interpreter on the CPU, float32, with both weight l
 
     TRITON_INTERPRET=1 python3 benchmarks/fused_gemm_probe.py --layout-check
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,16 @@ from mxlab.numerics.quant import fake_quantize
 
 
 @triton.jit
-def _quantize_tile(x, AXIS: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr,
-                   SCALE_MODE: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
+def _quantize_tile(
+    x,
+    AXIS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    R: tl.constexpr,
+    C: tl.constexpr,
+):
     """bfloat16 fake-quantized values of an (R, C) bfloat16 tile, blocks of 32 along AXIS (1: its columns, 0: its rows)."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     if AXIS == 1:
@@ -64,10 +73,30 @@ def _grouped_tile(tile, grid_m, grid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _rows_gemm(x_ptr, w_ptr, c_ptr, M, N, KC, sxm, sxk, swn, swk, scm, scn,
-               MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, STAGES: tl.constexpr,
-               QUANT: tl.constexpr = True):
+def _rows_gemm(
+    x_ptr,
+    w_ptr,
+    c_ptr,
+    M,
+    N,
+    KC,
+    sxm,
+    sxk,
+    swn,
+    swk,
+    scm,
+    scn,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    STAGES: tl.constexpr,
+    QUANT: tl.constexpr = True,
+):
     """C = Q(X) @ W^T (X as loaded where not QUANT: the control): X (M, KC) quantized in registers along KC, W (N, KC) already quantized; KC % BK == 0."""
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
@@ -80,15 +109,34 @@ def _rows_gemm(x_ptr, w_ptr, c_ptr, M, N, KC, sxm, sxk, swn, swk, scm, scn,
         if QUANT:
             x = _quantize_tile(x, 1, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
         acc = tl.dot(x, w, acc)
-    tl.store(c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.bfloat16),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+    tl.store(
+        c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.bfloat16), mask=(rm[:, None] < M) & (rn[None, :] < N)
+    )
 
 
 @triton.jit
-def _rows_gemm_stationary(x_ptr, w_ptr, c_ptr, M, N, sxm, sxk, swn, swk, scm, scn,
-                          MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-                          KC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, STAGES: tl.constexpr,
-                          QUANT: tl.constexpr = True):
+def _rows_gemm_stationary(
+    x_ptr,
+    w_ptr,
+    c_ptr,
+    M,
+    N,
+    sxm,
+    sxk,
+    swn,
+    swk,
+    scm,
+    scn,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    KC: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    STAGES: tl.constexpr,
+    QUANT: tl.constexpr = True,
+):
     """C = Q(X) @ W^T with the whole contraction (KC) of a BM-row block of X quantized once, in registers, and
     kept there while the program runs over every BN-column tile of C (each element of X quantized once)."""
     rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
@@ -100,16 +148,34 @@ def _rows_gemm_stationary(x_ptr, w_ptr, c_ptr, M, N, sxm, sxk, swn, swk, scm, sc
     for n0 in tl.range(0, N, BN, num_stages=STAGES):
         w = tl.load(w_ptr + (n0 + rn)[None, :] * swn + rk[:, None] * swk, mask=(n0 + rn)[None, :] < N, other=0.0)
         acc = tl.dot(x, w)
-        tl.store(c_ptr + rm[:, None] * scm + (n0 + rn)[None, :] * scn, acc.to(tl.bfloat16),
-                 mask=(rm[:, None] < M) & ((n0 + rn)[None, :] < N))
+        tl.store(
+            c_ptr + rm[:, None] * scm + (n0 + rn)[None, :] * scn,
+            acc.to(tl.bfloat16),
+            mask=(rm[:, None] < M) & ((n0 + rn)[None, :] < N),
+        )
 
 
 @triton.jit
-def _rows_gemm_persistent(x_desc, w_desc, c_desc, M, N, KC,
-                          MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                          NUM_SMS: tl.constexpr, STAGES: tl.constexpr, QUANT: tl.constexpr,
-                          WARP_SPECIALIZE: tl.constexpr):
+def _rows_gemm_persistent(
+    x_desc,
+    w_desc,
+    c_desc,
+    M,
+    N,
+    KC,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    NUM_SMS: tl.constexpr,
+    STAGES: tl.constexpr,
+    QUANT: tl.constexpr,
+    WARP_SPECIALIZE: tl.constexpr,
+):
     """`_rows_gemm` as a persistent kernel over output tiles with TMA loads and stores (host tensor
     descriptors: X (M, KC), W (N, KC), C (M, N)), the outer loop flattened so the next tile's loads overlap
     this tile's epilogue."""
@@ -129,9 +195,28 @@ def _rows_gemm_persistent(x_desc, w_desc, c_desc, M, N, KC,
 
 
 @triton.jit
-def _cols_gemm(g_ptr, a_ptr, part_ptr, M, N, K, ROWS_PER_SPLIT, sgm, sgn, sam, sak,
-               MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-               BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, QUANT: tl.constexpr = True):
+def _cols_gemm(
+    g_ptr,
+    a_ptr,
+    part_ptr,
+    M,
+    N,
+    K,
+    ROWS_PER_SPLIT,
+    sgm,
+    sgn,
+    sam,
+    sak,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    STAGES: tl.constexpr,
+    QUANT: tl.constexpr = True,
+):
     """part[split] = Q(G[rows])^T @ Q(A[rows]) over this split's rows, both quantized in registers along M."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -142,19 +227,37 @@ def _cols_gemm(g_ptr, a_ptr, part_ptr, M, N, K, ROWS_PER_SPLIT, sgm, sgn, sam, s
     acc = tl.zeros((BN, BK), dtype=tl.float32)
     for m0 in tl.range(0, ROWS_PER_SPLIT, BM, num_stages=STAGES):
         rm = first + m0 + tl.arange(0, BM).to(tl.int64)
-        g = tl.load(g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=(rm[:, None] < M) & (rn[None, :] < N), other=0.0)
-        a = tl.load(a_ptr + rm[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+        g = tl.load(
+            g_ptr + rm[:, None] * sgm + rn[None, :] * sgn, mask=(rm[:, None] < M) & (rn[None, :] < N), other=0.0
+        )
+        a = tl.load(
+            a_ptr + rm[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0
+        )
         if QUANT:
             g = _quantize_tile(g, 0, MBITS, EMAX, MMAX, SCALE_MODE, BM, BN)
             a = _quantize_tile(a, 0, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
         acc = tl.dot(tl.trans(g), a, acc)
-    tl.store(part_ptr + split.to(tl.int64) * N * K + rn[:, None] * K + rk[None, :], acc,
-             mask=(rn[:, None] < N) & (rk[None, :] < K))
+    tl.store(
+        part_ptr + split.to(tl.int64) * N * K + rn[:, None] * K + rk[None, :],
+        acc,
+        mask=(rn[:, None] < N) & (rk[None, :] < K),
+    )
 
 
 @triton.jit
-def _write_quantized(x_ptr, y_ptr, M, C, AXIS: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr,
-                     MMAX: tl.constexpr, SCALE_MODE: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr):
+def _write_quantized(
+    x_ptr,
+    y_ptr,
+    M,
+    C,
+    AXIS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BC: tl.constexpr,
+):
     """Y = the GEMMs' in-register quantization of X (M, C) contiguous: the exactness check's view of it."""
     rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
     rc = tl.program_id(1) * BC + tl.arange(0, BC)
@@ -164,8 +267,13 @@ def _write_quantized(x_ptr, y_ptr, M, C, AXIS: tl.constexpr, MBITS: tl.constexpr
     tl.store(y_ptr + offsets, _quantize_tile(x, AXIS, MBITS, EMAX, MMAX, SCALE_MODE, BM, BC), mask=mask)
 
 
-PERSISTENT_SWEEP = ((128, 128, 64, 8, 3, False), (128, 256, 64, 8, 3, False), (128, 128, 64, 4, 4, False),
-                    (128, 256, 64, 8, 3, True), (128, 128, 64, 8, 3, True))
+PERSISTENT_SWEEP = (
+    (128, 128, 64, 8, 3, False),
+    (128, 256, 64, 8, 3, False),
+    (128, 128, 64, 4, 4, False),
+    (128, 256, 64, 8, 3, True),
+    (128, 128, 64, 8, 3, True),
+)
 SWEEP = ((128, 256, 64, 8, 3), (128, 128, 128, 8, 3), (64, 256, 64, 4, 4), (128, 64, 64, 4, 4), (256, 128, 64, 8, 3))
 
 
@@ -180,13 +288,34 @@ def rows_gemm(x, w_q, const, bm=128, bn=128, bk=64, group_m=8, stages=3, warps=8
     n = w_q.shape[0]
     c = torch.empty(m, n, device=x.device, dtype=torch.bfloat16)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _rows_gemm[grid](x, w_q, c, m, n, kc, x.stride(0), x.stride(1), w_q.stride(0), w_q.stride(1), c.stride(0),
-                     c.stride(1), **const, BM=bm, BN=bn, BK=bk, GROUP_M=group_m, STAGES=stages, QUANT=quant, num_warps=warps)
+    _rows_gemm[grid](
+        x,
+        w_q,
+        c,
+        m,
+        n,
+        kc,
+        x.stride(0),
+        x.stride(1),
+        w_q.stride(0),
+        w_q.stride(1),
+        c.stride(0),
+        c.stride(1),
+        **const,
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        GROUP_M=group_m,
+        STAGES=stages,
+        QUANT=quant,
+        num_warps=warps,
+    )
     return c
 
 
-def rows_gemm_persistent(x, w_q, const, bm=128, bn=128, bk=64, group_m=8, stages=3, warps=8, quant=True,
-                         warp_specialize=False):
+def rows_gemm_persistent(
+    x, w_q, const, bm=128, bn=128, bk=64, group_m=8, stages=3, warps=8, quant=True, warp_specialize=False
+):
     """`rows_gemm` by `_rows_gemm_persistent` (x, w_q contiguous)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -196,9 +325,24 @@ def rows_gemm_persistent(x, w_q, const, bm=128, bn=128, bk=64, group_m=8, stages
     sms = torch.cuda.get_device_properties(x.device).multi_processor_count
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     _rows_gemm_persistent[(min(sms, tiles),)](
-        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w_q, [bn, bk]),
-        TensorDescriptor.from_tensor(c, [bm, bn]), m, n, kc, **const, BM=bm, BN=bn, BK=bk, GROUP_M=group_m,
-        NUM_SMS=sms, STAGES=stages, QUANT=quant, WARP_SPECIALIZE=warp_specialize, num_warps=warps, num_stages=stages)
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        TensorDescriptor.from_tensor(w_q, [bn, bk]),
+        TensorDescriptor.from_tensor(c, [bm, bn]),
+        m,
+        n,
+        kc,
+        **const,
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        GROUP_M=group_m,
+        NUM_SMS=sms,
+        STAGES=stages,
+        QUANT=quant,
+        WARP_SPECIALIZE=warp_specialize,
+        num_warps=warps,
+        num_stages=stages,
+    )
     return c
 
 
@@ -208,8 +352,25 @@ def rows_gemm_stationary(x, w_q, const, bm=128, bn=128, stages=2, warps=8, quant
     n = w_q.shape[0]
     c = torch.empty(m, n, device=x.device, dtype=torch.bfloat16)
     _rows_gemm_stationary[(triton.cdiv(m, bm),)](
-        x, w_q, c, m, n, x.stride(0), x.stride(1), w_q.stride(0), w_q.stride(1), c.stride(0), c.stride(1), **const,
-        KC=kc, BM=bm, BN=bn, STAGES=stages, QUANT=quant, num_warps=warps)
+        x,
+        w_q,
+        c,
+        m,
+        n,
+        x.stride(0),
+        x.stride(1),
+        w_q.stride(0),
+        w_q.stride(1),
+        c.stride(0),
+        c.stride(1),
+        **const,
+        KC=kc,
+        BM=bm,
+        BN=bn,
+        STAGES=stages,
+        QUANT=quant,
+        num_warps=warps,
+    )
     return c
 
 
@@ -221,8 +382,25 @@ def cols_gemm(g, a, const, splits=128, bm=64, bn=128, bk=128, stages=3, warps=8,
     splits = triton.cdiv(m, rows)
     part = torch.empty(splits, n, k, device=g.device, dtype=torch.float32)
     _cols_gemm[(triton.cdiv(n, bn), triton.cdiv(k, bk), splits)](
-        g, a, part, m, n, k, rows, g.stride(0), g.stride(1), a.stride(0), a.stride(1), **const,
-        BM=bm, BN=bn, BK=bk, STAGES=stages, QUANT=quant, num_warps=warps)
+        g,
+        a,
+        part,
+        m,
+        n,
+        k,
+        rows,
+        g.stride(0),
+        g.stride(1),
+        a.stride(0),
+        a.stride(1),
+        **const,
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        STAGES=stages,
+        QUANT=quant,
+        num_warps=warps,
+    )
     return part.sum(0).to(torch.bfloat16)
 
 
@@ -230,7 +408,8 @@ def in_register_values(x, const, along_rows: bool):
     y = torch.empty_like(x)
     bm, bc = (64, 64)
     _write_quantized[(triton.cdiv(x.shape[0], bm), triton.cdiv(x.shape[1], bc))](
-        x, y, x.shape[0], x.shape[1], 0 if along_rows else 1, **const, BM=bm, BC=bc)
+        x, y, x.shape[0], x.shape[1], 0 if along_rows else 1, **const, BM=bm, BC=bc
+    )
     return y
 
 
@@ -249,8 +428,12 @@ def probe(m: int, k: int, n: int, fmt: str, scale_mode: str, repeat: int) -> dic
     w_k, w_n = fq(w, -1), fq(w, 0)
 
     exact = {
-        "a rows bits equal": bool(torch.equal(in_register_values(a, const, False).view(torch.int16), fq(a, -1).view(torch.int16))),
-        "g cols bits equal": bool(torch.equal(in_register_values(g, const, True).view(torch.int16), fq(g, 0).view(torch.int16))),
+        "a rows bits equal": bool(
+            torch.equal(in_register_values(a, const, False).view(torch.int16), fq(a, -1).view(torch.int16))
+        ),
+        "g cols bits equal": bool(
+            torch.equal(in_register_values(g, const, True).view(torch.int16), fq(g, 0).view(torch.int16))
+        ),
     }
     ref_fwd = fq(a, -1).float() @ w_k.float().t()
     ref_dgrad = fq(g, -1).float() @ w_n.float()
@@ -267,7 +450,9 @@ def probe(m: int, k: int, n: int, fmt: str, scale_mode: str, repeat: int) -> dic
         exact["persistent fwd rel err"] = f"{type(error).__name__}: {str(error)[:200]}"
     if k <= 512:
         exact["stationary fwd rel err"] = relative_error(rows_gemm_stationary(a, w_k, const), ref_fwd)
-    exact["g rows bits equal"] = bool(torch.equal(in_register_values(g, const, False).view(torch.int16), fq(g, -1).view(torch.int16)))
+    exact["g rows bits equal"] = bool(
+        torch.equal(in_register_values(g, const, False).view(torch.int16), fq(g, -1).view(torch.int16))
+    )
     del ref_fwd, ref_dgrad, ref_wgrad
 
     def ms(step) -> float:
@@ -276,6 +461,7 @@ def probe(m: int, k: int, n: int, fmt: str, scale_mode: str, repeat: int) -> dic
         except Exception as error:  # noqa: BLE001  a configuration that does not compile or fit: recorded, not fatal
             print(f"   (not timed: {type(error).__name__}: {str(error)[:200]})", flush=True)
             return float("nan")
+
     times = {
         "bf16 fwd": ms(lambda: a @ w.t()),
         "bf16 dgrad": ms(lambda: g @ w),
@@ -294,21 +480,31 @@ def probe(m: int, k: int, n: int, fmt: str, scale_mode: str, repeat: int) -> dic
     }
     for bm, bn, bk, warps, stages, ws in PERSISTENT_SWEEP:
         name = f"{bm}x{bn}x{bk} w{warps} s{stages}{' ws' if ws else ''}"
-        times[f"fused fwd persistent {name}"] = ms(lambda: rows_gemm_persistent(
-            a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, warp_specialize=ws))
-        times[f"triton fwd persistent {name}"] = ms(lambda: rows_gemm_persistent(
-            a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, quant=False, warp_specialize=ws))
+        times[f"fused fwd persistent {name}"] = ms(
+            lambda: rows_gemm_persistent(
+                a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, warp_specialize=ws
+            )
+        )
+        times[f"triton fwd persistent {name}"] = ms(
+            lambda: rows_gemm_persistent(
+                a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, quant=False, warp_specialize=ws
+            )
+        )
     if k <= 512:
         for bm, bn, warps, stages in ((128, 128, 8, 2), (64, 128, 4, 2), (128, 256, 8, 2), (64, 256, 8, 2)):
             times[f"fused fwd stationary {bm}x{bn} w{warps} s{stages}"] = ms(
-                lambda: rows_gemm_stationary(a, w_k, const, bm=bm, bn=bn, warps=warps, stages=stages))
+                lambda: rows_gemm_stationary(a, w_k, const, bm=bm, bn=bn, warps=warps, stages=stages)
+            )
             times[f"triton fwd stationary {bm}x{bn} w{warps} s{stages}"] = ms(
-                lambda: rows_gemm_stationary(a, w_k, const, bm=bm, bn=bn, warps=warps, stages=stages, quant=False))
+                lambda: rows_gemm_stationary(a, w_k, const, bm=bm, bn=bn, warps=warps, stages=stages, quant=False)
+            )
     for bm, bn, bk, warps, stages in SWEEP:
         times[f"fused fwd {bm}x{bn}x{bk} w{warps} s{stages}"] = ms(
-            lambda: rows_gemm(a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages))
+            lambda: rows_gemm(a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages)
+        )
         times[f"triton fwd {bm}x{bn}x{bk} w{warps} s{stages}"] = ms(
-            lambda: rows_gemm(a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, quant=False))
+            lambda: rows_gemm(a, w_k, const, bm=bm, bn=bn, bk=bk, warps=warps, stages=stages, quant=False)
+        )
     return {"m": m, "k": k, "n": n, "fmt": fmt, "scale_mode": scale_mode, "exact": exact, "ms": times}
 
 
@@ -319,6 +515,7 @@ def layout_check(m: int = 128) -> list[dict]:
     if os.environ.get("TRITON_INTERPRET") != "1":
         raise RuntimeError("--layout-check runs under the interpreter: set TRITON_INTERPRET=1")
     import mxlab.kernels.attention.device  # noqa: F401  its import lets the interpreter take loaded loop bounds
+
     torch.manual_seed(0)
     const = constants("e4m3", "rceil")
     rows = []
@@ -341,12 +538,17 @@ def main() -> None:
     parser.add_argument("--scale-mode", default="rceil", choices=tuple(SCALE_MODE_IDS))
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--layout-check", action="store_true",
-                        help="only the dgrad weight-layout check on the CPU (needs TRITON_INTERPRET=1)")
+    parser.add_argument(
+        "--layout-check",
+        action="store_true",
+        help="only the dgrad weight-layout check on the CPU (needs TRITON_INTERPRET=1)",
+    )
     args = parser.parse_args()
     if args.layout_check:
         for row in layout_check():
-            print(f"   dgrad {row['k']}x{row['n']} weight {row['weight']:16s} BK {row['bk']:3d}: rel err {row['rel err']:.2e}")
+            print(
+                f"   dgrad {row['k']}x{row['n']} weight {row['weight']:16s} BK {row['bk']:3d}: rel err {row['rel err']:.2e}"
+            )
         return
     results = []
     for shape in args.shape or ["256x768", "256x256", "256x1024", "1024x256"]:
@@ -357,8 +559,10 @@ def main() -> None:
         t = result["ms"]
         for name in ("fwd", "dgrad", "wgrad"):
             base = t[f"bf16 {name}"]
-            print(f"   {name:6s} bf16 {base:7.3f} ms   cast+cuBLAS {t[f'cast+cuBLAS {name}']:7.3f} "
-                  f"({t[f'cast+cuBLAS {name}'] / base:4.2f}x)   fused {t[f'fused {name}']:7.3f} ({t[f'fused {name}'] / base:4.2f}x)")
+            print(
+                f"   {name:6s} bf16 {base:7.3f} ms   cast+cuBLAS {t[f'cast+cuBLAS {name}']:7.3f} "
+                f"({t[f'cast+cuBLAS {name}'] / base:4.2f}x)   fused {t[f'fused {name}']:7.3f} ({t[f'fused {name}'] / base:4.2f}x)"
+            )
         for name in t:
             if name.startswith(("triton", "fused fwd ")):
                 print(f"   {name:42s} {t[name]:7.3f} ms")

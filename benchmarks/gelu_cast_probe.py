@@ -25,6 +25,7 @@ hardware FP8 conversion (the in-register quantizer of `fused_gemm_probe.py`); fi
     TRITON_INTERPRET=1 python3 benchmarks/gelu_cast_probe.py --device cpu --m 64 --n 64   (runs; the interpreter's
         FP8 emulation is not the hardware's, so its bit comparisons say nothing)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,9 +36,9 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from fused_gemm_probe import _quantize_tile, constants
 from triton.language.extra import libdevice
 
-from fused_gemm_probe import _quantize_tile, constants
 from mxlab.io import write_json
 from mxlab.numerics.formats import FORMATS
 
@@ -62,8 +63,9 @@ def _exp(x, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _erf_of_input(h_ptr, offsets, mask, x, table_ptr, SQRT1_2: tl.constexpr, TABLE: tl.constexpr,
-                  LIBDEVICE: tl.constexpr):
+def _erf_of_input(
+    h_ptr, offsets, mask, x, table_ptr, SQRT1_2: tl.constexpr, TABLE: tl.constexpr, LIBDEVICE: tl.constexpr
+):
     """erf(x / sqrt 2) of the bfloat16 input x at h_ptr + offsets: read from a table of PyTorch's torch.erf over
     the 65536 bfloat16 bit patterns (TABLE), else computed (`_erf`)."""
     if TABLE:
@@ -80,10 +82,27 @@ def _tile(pid_m, pid_n, M, N, BC: tl.constexpr):
 
 
 @triton.jit
-def _gelu_backward_pair(dy_ptr, h_ptr, g_ptr, row_ptr, col_ptr, sums_ptr, M, N, SQRT1_2: tl.constexpr, BETA: tl.constexpr,
-                        MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr,
-                        BC: tl.constexpr, WRITE_G: tl.constexpr, LIBDEVICE: tl.constexpr, table_ptr=None,
-                        TABLE: tl.constexpr = False):
+def _gelu_backward_pair(
+    dy_ptr,
+    h_ptr,
+    g_ptr,
+    row_ptr,
+    col_ptr,
+    sums_ptr,
+    M,
+    N,
+    SQRT1_2: tl.constexpr,
+    BETA: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BC: tl.constexpr,
+    WRITE_G: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    table_ptr=None,
+    TABLE: tl.constexpr = False,
+):
     """g = gelu'(h) * dy in bfloat16 for a 32 x BC tile, quantized along its rows' 32-blocks and its 32-row columns."""
     offsets, mask, cols = _tile(tl.program_id(0), tl.program_id(1), M, N, BC)
     dy = tl.load(dy_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -99,9 +118,22 @@ def _gelu_backward_pair(dy_ptr, h_ptr, g_ptr, row_ptr, col_ptr, sums_ptr, M, N, 
 
 
 @triton.jit
-def _gelu_forward_row(h_ptr, a_ptr, row_ptr, M, N, SQRT1_2: tl.constexpr, MBITS: tl.constexpr, EMAX: tl.constexpr,
-                      MMAX: tl.constexpr, SCALE_MODE: tl.constexpr, BC: tl.constexpr, LIBDEVICE: tl.constexpr,
-                      table_ptr=None, TABLE: tl.constexpr = False):
+def _gelu_forward_row(
+    h_ptr,
+    a_ptr,
+    row_ptr,
+    M,
+    N,
+    SQRT1_2: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BC: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    table_ptr=None,
+    TABLE: tl.constexpr = False,
+):
     """a = gelu(h) in bfloat16 for a 32 x BC tile, and a quantized along its rows' 32-blocks."""
     offsets, mask, _ = _tile(tl.program_id(0), tl.program_id(1), M, N, BC)
     x = tl.load(h_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
@@ -131,15 +163,33 @@ def fused_backward(dy, h, const, bc, write_g=False):
     row, col = torch.empty_like(h), torch.empty_like(h)
     partial = torch.empty((triton.cdiv(m, 32), n), dtype=torch.float32, device=h.device)
     _gelu_backward_pair[(triton.cdiv(m, 32), triton.cdiv(n, bc))](
-        dy, h, g, row, col, partial, m, n, SQRT1_2, BETA, **const, BC=bc, WRITE_G=write_g, LIBDEVICE=h.is_cuda, num_warps=4, **FUSION, **ERF)
+        dy,
+        h,
+        g,
+        row,
+        col,
+        partial,
+        m,
+        n,
+        SQRT1_2,
+        BETA,
+        **const,
+        BC=bc,
+        WRITE_G=write_g,
+        LIBDEVICE=h.is_cuda,
+        num_warps=4,
+        **FUSION,
+        **ERF,
+    )
     return (g if write_g else None), row, col, partial.sum(0)
 
 
 def fused_forward(h, const, bc):
     m, n = h.shape
     a, row = torch.empty_like(h), torch.empty_like(h)
-    _gelu_forward_row[(triton.cdiv(m, 32), triton.cdiv(n, bc))](h, a, row, m, n, SQRT1_2, **const, BC=bc,
-                                                                 LIBDEVICE=h.is_cuda, num_warps=4, **FUSION, **ERF)
+    _gelu_forward_row[(triton.cdiv(m, 32), triton.cdiv(n, bc))](
+        h, a, row, m, n, SQRT1_2, **const, BC=bc, LIBDEVICE=h.is_cuda, num_warps=4, **FUSION, **ERF
+    )
     return a, row
 
 
@@ -162,7 +212,9 @@ def every_bfloat16_input(device: str, const: dict, bc: int) -> dict:
 
     def libdevice(z: torch.Tensor, fn: int) -> torch.Tensor:
         out = torch.empty_like(z)
-        _libdevice_elementwise[(triton.cdiv(z.numel(), 1024),)](z, out, z.numel(), FN=fn, LIBDEVICE=z.is_cuda, BLOCK=1024)
+        _libdevice_elementwise[(triton.cdiv(z.numel(), 1024),)](
+            z, out, z.numel(), FN=fn, LIBDEVICE=z.is_cuda, BLOCK=1024
+        )
         return out
 
     xf = x.float()
@@ -170,9 +222,14 @@ def every_bfloat16_input(device: str, const: dict, bc: int) -> dict:
     erf_differ = finite & (libdevice(erf_arg, 0).view(torch.int32) != torch.erf(erf_arg).view(torch.int32))
     exp_differ = finite & (libdevice(exp_arg, 1).view(torch.int32) != torch.exp(exp_arg).view(torch.int32))
     examples = [float(v) for v in x[differ][:8].float().cpu()]
-    return {"finite bfloat16 inputs": int(finite.sum()), "gelu differing": int(differ.sum()),
-            "erf differing (float32 bits)": int(erf_differ.sum()), "exp differing (float32 bits)": int(exp_differ.sum()),
-            "gelu differing where erf agrees": int((differ & ~erf_differ).sum()), "first differing x": examples}
+    return {
+        "finite bfloat16 inputs": int(finite.sum()),
+        "gelu differing": int(differ.sum()),
+        "erf differing (float32 bits)": int(erf_differ.sum()),
+        "exp differing (float32 bits)": int(exp_differ.sum()),
+        "gelu differing where erf agrees": int((differ & ~erf_differ).sum()),
+        "first differing x": examples,
+    }
 
 
 def _differ(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -188,8 +245,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument("--no-fp-fusion", action="store_true", help="compile without multiply-add contraction")
-    parser.add_argument("--erf-table", action="store_true",
-                        help="both kernels read erf from a table of torch.erf over the 65536 bfloat16 inputs")
+    parser.add_argument(
+        "--erf-table",
+        action="store_true",
+        help="both kernels read erf from a table of torch.erf over the 65536 bfloat16 inputs",
+    )
     args = parser.parse_args()
     if args.no_fp_fusion:
         FUSION["enable_fp_fusion"] = False
@@ -215,8 +275,12 @@ def main() -> None:
         "gelu(h) bits differing from F.gelu": _differ(a, a_torch),
         "row copy of g differing from the library's cast": _differ(row, want_row),
         "column copy of g differing from the library's cast": _differ(col, want_col),
-        "column sums max relative difference": float(((sums - want_sums).abs() / want_sums.abs().clamp_min(1e-30)).max()),
-        "row copy of gelu(h) differing from the library's cast": _differ(a_row, fake_quantize(a, fmt, scale_mode="rceil", pad=True)),
+        "column sums max relative difference": float(
+            ((sums - want_sums).abs() / want_sums.abs().clamp_min(1e-30)).max()
+        ),
+        "row copy of gelu(h) differing from the library's cast": _differ(
+            a_row, fake_quantize(a, fmt, scale_mode="rceil", pad=True)
+        ),
     }
     results["every bfloat16 input"] = every_bfloat16_input(args.device, const, args.bc)
     print(json.dumps({k: results[k] for k in ("exactness", "every bfloat16 input")}, indent=1))
@@ -227,10 +291,12 @@ def main() -> None:
         timings = {
             "copy": lambda: copy_out.copy_(h),
             "backward today: gelu_backward + pair cast with sums": lambda: fake_quantize_rowcol(
-                torch.ops.aten.gelu_backward(dy, h), fmt, scale_mode="rceil", pad=True, column_sums=True),
+                torch.ops.aten.gelu_backward(dy, h), fmt, scale_mode="rceil", pad=True, column_sums=True
+            ),
             "backward fused": lambda: fused_backward(dy, h, const, args.bc),
             "forward today: gelu + row cast": lambda: fake_quantize(
-                torch.nn.functional.gelu(h), fmt, scale_mode="rceil", pad=True),
+                torch.nn.functional.gelu(h), fmt, scale_mode="rceil", pad=True
+            ),
             "forward fused": lambda: fused_forward(h, const, args.bc),
         }
         results["ms"] = {name: graph_ms(step, warmup=3, repeat=args.repeat) for name, step in timings.items()}

@@ -6,6 +6,7 @@ path and the rest. `benchmarks/linear_trace.py` found the MXFP8 linear layer at 
 
     python3 benchmarks/host_profile.py --calls 200
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,13 @@ def attention_step(policy):
     seeds = None
     if policy is not None:
         seeds = (policy.qk.next_call_seeds(), policy.pv.next_call_seeds())
-    return fwd_bwd(lambda: jagged_attention_checked(q, k, v, offsets, offsets, causal=False, activation="softmax",
-                                                    policy=policy, seeds=seeds), [q, k, v], grad)
+    return fwd_bwd(
+        lambda: jagged_attention_checked(
+            q, k, v, offsets, offsets, causal=False, activation="softmax", policy=policy, seeds=seeds
+        ),
+        [q, k, v],
+        grad,
+    )
 
 
 def profile(name: str, step, calls: int, rows: int) -> None:
@@ -60,8 +66,17 @@ def profile(name: str, step, calls: int, rows: int) -> None:
     total = stats.total_tt
     parts = {"mxlab": 0.0, "kernels": 0.0, "triton": 0.0, "torch": 0.0, "other": 0.0}
     for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():
-        key = ("kernels" if "/kernels/" in filename else "mxlab" if "/mxlab/" in filename else
-               "triton" if "triton" in filename else "torch" if "torch" in filename else "other")
+        key = (
+            "kernels"
+            if "/kernels/" in filename
+            else "mxlab"
+            if "/mxlab/" in filename
+            else "triton"
+            if "triton" in filename
+            else "torch"
+            if "torch" in filename
+            else "other"
+        )
         parts[key] += tottime
     split = ", ".join(f"{key} {value / calls * 1e6:.0f} us" for key, value in parts.items())
     print(f"== {name}: {total / calls * 1e6:.0f} us of profiled host time per call ({split})")
@@ -79,7 +94,9 @@ def main() -> None:
     args = parser.parse_args()
     from mxlab.bench.attention.shapes import mx_policy
 
-    profile(f"QLinear {args.recipe} 65536x512x512 fwd+bwd", linear_step(65536, 512, 512, args.recipe), args.calls, args.rows)
+    profile(
+        f"QLinear {args.recipe} 65536x512x512 fwd+bwd", linear_step(65536, 512, 512, args.recipe), args.calls, args.rows
+    )
     profile("jagged attention BF16 self shape fwd+bwd", attention_step(None), args.calls // 4, args.rows)
     profile("jagged attention MXFP8 self shape fwd+bwd", attention_step(mx_policy()), args.calls // 4, args.rows)
 

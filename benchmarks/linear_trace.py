@@ -8,6 +8,7 @@ the library.
 
     python3 benchmarks/linear_trace.py --shape 65536x512x512 --shape 65536x1024x1024 --recipe mxfp8-rceil
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,18 +66,24 @@ def main() -> None:
             except Exception as error:  # noqa: BLE001  a step that syncs cannot be captured
                 graph = float("nan")
                 print(f"  graph capture failed: {type(error).__name__}: {str(error)[:200]}")
-            print(f"{text} {recipe or 'bf16'}: synced call {wall:.3f} ms, host enqueue {host:.0f} us, graph replay {graph:.3f} ms")
+            print(
+                f"{text} {recipe or 'bf16'}: synced call {wall:.3f} ms, host enqueue {host:.0f} us, graph replay {graph:.3f} ms"
+            )
             torch.cuda.set_sync_debug_mode("warn")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 step()
             torch.cuda.set_sync_debug_mode(0)
             print(f"  host syncs in one call: {sum('synchroniz' in str(w.message) for w in caught)}")
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]) as prof:
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            ) as prof:
                 for _ in range(5):
                     step()
                 torch.cuda.synchronize()
-            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60)
+            table = prof.key_averages().table(
+                sort_by="self_cpu_time_total", row_limit=args.rows, max_name_column_width=60
+            )
             print("  by self CPU time (5 calls):\n" + table)
             table = prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=12, max_name_column_width=60)
             print("  by self CUDA time (5 calls):\n" + table)

@@ -11,6 +11,7 @@ differs is packed whole). Runs go into tars of at most 15 MiB, OUT/runs0.tar, ru
 unpack: the run folders under STUDY_DIR/runs, each eval.npz rebuilt from shared.npz and its pred.npz
 (the arrays of the original, bit for bit). Not imported by the library.
 """
+
 from __future__ import annotations
 
 import io
@@ -82,7 +83,9 @@ def pack(study: Path, out: Path, have_file: Path, max_files: int = 5) -> None:
                     info = tarfile.TarInfo(f"{key}/{name}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-        print(f"runs{index}.tar: {[key for key, _ in bundle]} {(out / f'runs{index}.tar').stat().st_size / 2**20:.1f} MiB")
+        print(
+            f"runs{index}.tar: {[key for key, _ in bundle]} {(out / f'runs{index}.tar').stat().st_size / 2**20:.1f} MiB"
+        )
 
 
 def unpack(study: Path, tars: list[Path]) -> None:

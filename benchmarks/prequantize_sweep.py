@@ -22,6 +22,7 @@ It also times the cast kernels' own row fake-quantize (`mxlab.numerics.quant.fak
     python3 benchmarks/prequantize_sweep.py --by-code --json $OUT/prequantize_by_code.json
     TRITON_INTERPRET=1 python3 benchmarks/prequantize_sweep.py --device cpu --sequences 6 --max-length 100 --mean-length 40 --check-only
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,10 +66,14 @@ def _dense_rows_3d(X, OUT, tokens, COLS: tl.constexpr, ROWS: tl.constexpr, CODE:
 
 
 @triton.jit
-def _blocks_per_tile(X, OUT, offsets, tile_seq, tile_start, COLS: tl.constexpr, BLOCKS: tl.constexpr, CODE: tl.constexpr):
+def _blocks_per_tile(
+    X, OUT, offsets, tile_seq, tile_start, COLS: tl.constexpr, BLOCKS: tl.constexpr, CODE: tl.constexpr
+):
     """Prototype: blocks of 32 tokens from each sequence's first token, BLOCKS of them per tile-table entry."""
     # the attention kernels' own tile lookup, the queries and keys both given `offsets` (strides unused: 0)
-    _, begin, length, _, _, _, start, _, _, _, _ = _sequence_tile(offsets, offsets, tile_seq, tile_start, 0, 0, 0, 0, 32, False)
+    _, begin, length, _, _, _, start, _, _, _, _ = _sequence_tile(
+        offsets, offsets, tile_seq, tile_start, 0, 0, 0, 0, 32, False
+    )
     cols = tl.arange(0, COLS)
     for block in tl.static_range(BLOCKS):
         rows = start + block * 32 + tl.arange(0, 32)
@@ -88,9 +93,29 @@ def _library(x, offsets, code, along_d: bool, along_t: bool, warps: int, cols: i
 
     def launch() -> None:
         _prequantize[(seq.numel(), 256 // cols)](
-            x, out_d, out_t, x, row_dots, offsets, seq, start, 256, 256, tokens, 12345, 67890,
-            COLS=cols, D_CODE=code, T_CODE=code, ALONG_D=along_d, ALONG_T=along_t, ROW_DOT=row_dot, HEAD_DIM=64,
-            num_warps=warps)
+            x,
+            out_d,
+            out_t,
+            x,
+            row_dots,
+            offsets,
+            seq,
+            start,
+            256,
+            256,
+            tokens,
+            12345,
+            67890,
+            COLS=cols,
+            D_CODE=code,
+            T_CODE=code,
+            ALONG_D=along_d,
+            ALONG_T=along_t,
+            ROW_DOT=row_dot,
+            HEAD_DIM=64,
+            num_warps=warps,
+        )
+
     return launch, out_d, out_t
 
 
@@ -99,17 +124,22 @@ def _by_code(x, offsets, time_ms, record) -> None:
     of the gem-synthetic arms, 256-column programs at 4 and 8 warps and 128-column ones at 2 and 4 (the narrower
     programs were faster along the tokens with the FP8 conversion, prequantize_sweep_session13.txt): does the 4-warp choice, measured with the FP8 conversion alone,
     suit the stochastic and integer codes too (benchmarks/prequantize_spills.txt: they spill 0.3-5 KB at 4 warps)?"""
-    codes = {"e4m3 FP8 convert": operand_code("e4m3", "rceil", "nearest_even",
-                                              hw_fp8=hardware_fp8_applies(x.device, get_format("e4m3"), "nearest_even")),
-             "e4m3 stochastic": operand_code("e4m3", "rceil", "stochastic"),
-             "e2m1 integer": operand_code("e2m1", "rceil", "nearest_even"),
-             "e3m2 integer": operand_code("e3m2", "rceil", "nearest_even")}
+    codes = {
+        "e4m3 FP8 convert": operand_code(
+            "e4m3", "rceil", "nearest_even", hw_fp8=hardware_fp8_applies(x.device, get_format("e4m3"), "nearest_even")
+        ),
+        "e4m3 stochastic": operand_code("e4m3", "rceil", "stochastic"),
+        "e2m1 integer": operand_code("e2m1", "rceil", "nearest_even"),
+        "e3m2 integer": operand_code("e3m2", "rceil", "nearest_even"),
+    }
     kinds = {"tokens": (False, True, False), "both": (True, True, False), "both + row dots": (True, True, True)}
     for label, code in codes.items():
         for kind, (along_d, along_t, row_dot) in kinds.items():
             for cols, warps in ((256, 4), (256, 8), (128, 2), (128, 4)):
                 launch = _library(x, offsets, code, along_d, along_t, warps, cols, row_dot)[0]
-                record(f"{label}, {kind}, {cols} columns, {warps} warps", time_ms(launch), 1 + along_d + along_t + row_dot)
+                record(
+                    f"{label}, {kind}, {cols} columns, {warps} warps", time_ms(launch), 1 + along_d + along_t + row_dot
+                )
 
 
 def _write_json(path, tokens: int, copy_ms: float, rows: list) -> None:
@@ -125,8 +155,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--check-only", action="store_true", help="check the prototypes' bits, time nothing")
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--by-code", action="store_true",
-                        help="only the library's launches by code (FP8 convert, stochastic, integer) at a few columns and warps")
+    parser.add_argument(
+        "--by-code",
+        action="store_true",
+        help="only the library's launches by code (FP8 convert, stochastic, integer) at a few columns and warps",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     generator = torch.Generator().manual_seed(0)
@@ -134,7 +167,9 @@ def main() -> None:
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(device)
     tokens = int(lengths.sum())
     x = (torch.randn(tokens, 4, 64, generator=generator) * 4).bfloat16().to(device)
-    code = operand_code("e4m3", "rceil", "nearest_even", hw_fp8=hardware_fp8_applies(device, get_format("e4m3"), "nearest_even"))
+    code = operand_code(
+        "e4m3", "rceil", "nearest_even", hw_fp8=hardware_fp8_applies(device, get_format("e4m3"), "nearest_even")
+    )
     warps_list = (1,) if args.check_only else (4, 8)
 
     def time_ms(fn) -> float:
@@ -160,23 +195,36 @@ def main() -> None:
         launch, _, along_t = _library(x, offsets, code, False, True, warps)
         record(f"library, along tokens, {warps} warps", time_ms(launch), 2)
     for cols in (64, 128):  # narrower programs, as the cast kernels' column tiles (32 x 128 at 2 warps)
-        for warps in ((1,) if args.check_only else (1, 2, 4)):
+        for warps in (1,) if args.check_only else (1, 2, 4):
             for along_d_only in (True, False):
                 launch, out_d, out_t = _library(x, offsets, code, along_d_only, not along_d_only, warps, cols)
                 ms = time_ms(launch)
                 assert torch.equal(out_d if along_d_only else out_t, along_d if along_d_only else along_t)
-                record(f"library, along {'head dim' if along_d_only else 'tokens'}, {cols} columns, {warps} warps", ms, 2)
+                record(
+                    f"library, along {'head dim' if along_d_only else 'tokens'}, {cols} columns, {warps} warps", ms, 2
+                )
     cast = fake_quantize(x.view(tokens, 256), "e4m3", axis=-1, scale_mode="rceil")
-    assert torch.equal(cast.view_as(x), along_d), "the cast kernels' row fake-quantize differs from the head-dim quantization"
-    record("cast kernels' row fake-quantize (along head dim)",
-           time_ms(lambda: fake_quantize(x.view(tokens, 256), "e4m3", axis=-1, scale_mode="rceil")), 2)
+    assert torch.equal(cast.view_as(x), along_d), (
+        "the cast kernels' row fake-quantize differs from the head-dim quantization"
+    )
+    record(
+        "cast kernels' row fake-quantize (along head dim)",
+        time_ms(lambda: fake_quantize(x.view(tokens, 256), "e4m3", axis=-1, scale_mode="rceil")),
+        2,
+    )
     out = torch.empty_like(x)
-    for name, kernel, rows_choices in (("dense_rows", _dense_rows, (32, 64, 128)), ("dense_rows_3d", _dense_rows_3d, (32, 64))):
+    for name, kernel, rows_choices in (
+        ("dense_rows", _dense_rows, (32, 64, 128)),
+        ("dense_rows_3d", _dense_rows_3d, (32, 64)),
+    ):
         for rows_per_program in rows_choices:
             for warps in warps_list:
+
                 def dense() -> None:
-                    kernel[(triton.cdiv(tokens, rows_per_program),)](x, out, tokens, COLS=256, ROWS=rows_per_program,
-                                                                     CODE=code, num_warps=warps)
+                    kernel[(triton.cdiv(tokens, rows_per_program),)](
+                        x, out, tokens, COLS=256, ROWS=rows_per_program, CODE=code, num_warps=warps
+                    )
+
                 ms = time_ms(dense)
                 assert torch.equal(out, along_d), f"{name} ROWS={rows_per_program} differs"
                 record(f"{name}, {rows_per_program} tokens, {warps} warps", ms, 2)
@@ -186,8 +234,10 @@ def main() -> None:
             out.zero_()
 
             def tiled() -> None:
-                _blocks_per_tile[(seq.numel(),)](x, out, offsets, seq, start, COLS=256, BLOCKS=blocks, CODE=code,
-                                                 num_warps=warps)
+                _blocks_per_tile[(seq.numel(),)](
+                    x, out, offsets, seq, start, COLS=256, BLOCKS=blocks, CODE=code, num_warps=warps
+                )
+
             ms = time_ms(tiled)
             assert torch.equal(out, along_t), f"blocks_per_tile BLOCKS={blocks} differs"
             record(f"blocks_per_tile, {blocks} x 32 tokens, {warps} warps", ms, 2)

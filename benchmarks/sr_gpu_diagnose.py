@@ -5,6 +5,7 @@
 For each failing policy of test_benchmark_size_stochastic_rounding_matches_reference_on_gpu: per output, the
 share of elements beyond one ulp, the relative norm of the difference, and where those elements lie (by
 sequence length, token tile, head)."""
+
 import argparse
 import os
 import sys
@@ -46,8 +47,10 @@ def main() -> None:
                         mask = (length_of_token >= lo) & (length_of_token < hi)
                         if mask.any():
                             by_len[f"{lo}-{hi}"] = round(token_share[mask].mean().item(), 3)
-                    by_tile = [round(token_share[pos_of_token // 32 == i].mean().item(), 3)
-                               for i in range(min(8, int(pos_of_token.max()) // 32 + 1))]
+                    by_tile = [
+                        round(token_share[pos_of_token // 32 == i].mean().item(), 3)
+                        for i in range(min(8, int(pos_of_token.max()) // 32 + 1))
+                    ]
                     by_head = [round(x, 3) for x in beyond.float().mean((0, 2)).tolist()]
                     line += f"\n    by length {by_len}\n    by token tile {by_tile}\n    by head {by_head}"
                 print(line, flush=True)

@@ -17,6 +17,7 @@ At 1877b8d (the tile-wide test of the fast path's range, the integer steps behin
 
     python3 benchmarks/sr_sass_variants.py
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -45,10 +46,13 @@ def _compile_and_print(rounding: str, no_hash: bool) -> None:
             else:
                 hashed = row_key[:, None] ^ keys.to(tl.uint32)[None, :]
             return (hashed >> 8).to(tl.int32)
+
         attention_device.score_random_bits = score_random_bits
     from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
 
-    print_attention_sass_counts([count for count in attention_sass_counts(grad_rounding=rounding) if "_bwd_" in count.kernel])
+    print_attention_sass_counts(
+        [count for count in attention_sass_counts(grad_rounding=rounding) if "_bwd_" in count.kernel]
+    )
 
 
 def main() -> None:
@@ -56,8 +60,7 @@ def main() -> None:
         _compile_and_print(sys.argv[1], sys.argv[2] == "1")
         return
     for name, (rounding, no_hash) in VARIANTS.items():
-        result = subprocess.run([sys.executable, __file__, rounding, str(int(no_hash))],
-                                capture_output=True, text=True)
+        result = subprocess.run([sys.executable, __file__, rounding, str(int(no_hash))], capture_output=True, text=True)
         print(f"== {name}")
         print(result.stdout.rstrip() if result.returncode == 0 else result.stderr.rstrip()[-2000:])
 

@@ -14,6 +14,7 @@ and, over `--profile-steps` steps, the GPU kernels by total time (torch.profiler
     python3 benchmarks/step_anatomy.py --preset h200 --batch 4096 --max-history 1024 --json $OUT/anatomy.json
     python3 benchmarks/step_anatomy.py --device cpu --preset tiny --batch 64 --arms bf16,mxfp8-rceil   # a smoke test
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,22 +40,36 @@ def _module_stack(model: torch.nn.Module) -> tuple[list[str], list[Any]]:
     handles = []
     for name, module in model.named_modules():
         handles.append(module.register_forward_pre_hook(lambda _m, _a, name=name: stack.append(name or "<model>")))
-        handles.append(module.register_forward_hook(lambda _m, _a, _o: (stack.pop(), None)[1]))  # None: output unchanged
+        handles.append(
+            module.register_forward_hook(lambda _m, _a, _o: (stack.pop(), None)[1])
+        )  # None: output unchanged
     return stack, handles
 
 
 def _sync_site(stack: list[traceback.FrameSummary], frames: int = 0) -> str:
     """The innermost mxlab line of the stack, or with `frames` its innermost lines whatever their module."""
     if frames:
-        return " <- ".join(f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in reversed(stack[-frames:]))
+        return " <- ".join(
+            f"{f.filename.split('site-packages/')[-1]}:{f.lineno} {f.name}" for f in reversed(stack[-frames:])
+        )
     for frame in reversed(stack):
         if "/mxlab/" in frame.filename or "/kernels/" in frame.filename:
             return f"{frame.filename.split('/mxlab/')[-1].split('/kernels/')[-1]}:{frame.lineno} {frame.name}"
     return "(outside mxlab)"
 
 
-def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], device: torch.device,
-            warmup: int, profile_steps: int, stacks: int = 0, sync_frames: int = 0) -> dict[str, Any]:
+def anatomy(
+    spec: Any,
+    arm: str,
+    recipe: Any,
+    info: Any,
+    batches: list[Any],
+    device: torch.device,
+    warmup: int,
+    profile_steps: int,
+    stacks: int = 0,
+    sync_frames: int = 0,
+) -> dict[str, Any]:
     take, model, scaler = arm_stepper(spec, recipe, info, batches, device)
     for index in range(warmup):
         take(index)
@@ -120,8 +135,13 @@ def anatomy(spec: Any, arm: str, recipe: Any, info: Any, batches: list[Any], dev
     sort = "self_device_time_total" if cuda else "self_cpu_time_total"
     rows = []
     for event in sorted(profiler.key_averages(), key=lambda e: getattr(e, sort), reverse=True)[:25]:
-        rows.append({"name": event.key[:90], "calls_per_step": event.count / profile_steps,
-                     "ms_per_step": getattr(event, sort) / 1e3 / profile_steps})
+        rows.append(
+            {
+                "name": event.key[:90],
+                "calls_per_step": event.count / profile_steps,
+                "ms_per_step": getattr(event, sort) / 1e3 / profile_steps,
+            }
+        )
     result["top_kernels"] = rows
     if stacks:
         result["top_ops_by_stack"] = _ops_by_stack(profiler, cuda, profile_steps, stacks)
@@ -148,9 +168,15 @@ def _ops_by_stack(profiler: Any, cuda: bool, profile_steps: int, count: int) -> 
         key = (event.name, tuple(frames))
         totals[key] += event.device_time_total if cuda else event.cpu_time_total
         calls[key] += 1
-    return [{"name": name, "calls_per_step": calls[(name, frames)] / profile_steps,
-             "ms_per_step": total / 1e3 / profile_steps, "mxlab_frames": list(frames)}
-            for (name, frames), total in totals.most_common(count)]
+    return [
+        {
+            "name": name,
+            "calls_per_step": calls[(name, frames)] / profile_steps,
+            "ms_per_step": total / 1e3 / profile_steps,
+            "mxlab_frames": list(frames),
+        }
+        for (name, frames), total in totals.most_common(count)
+    ]
 
 
 def main() -> None:
@@ -164,26 +190,36 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--profile-steps", type=int, default=3)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--stacks", type=int, default=0, help="also list this many aten ops by the mxlab lines calling them")
-    parser.add_argument("--sync-frames", type=int, default=0,
-                        help="name each host sync by its innermost N stack lines, torch's included (default: the mxlab line)")
+    parser.add_argument(
+        "--stacks", type=int, default=0, help="also list this many aten ops by the mxlab lines calling them"
+    )
+    parser.add_argument(
+        "--sync-frames",
+        type=int,
+        default=0,
+        help="name each host sync by its innermost N stack lines, torch's included (default: the mxlab line)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     device = torch.device(args.device)
-    spec = bench_spec(Path(args.spec), preset=args.preset, batch_size=args.batch, max_history=args.max_history,
-                      batches=args.batches)
+    spec = bench_spec(
+        Path(args.spec), preset=args.preset, batch_size=args.batch, max_history=args.max_history, batches=args.batches
+    )
     batches, info = device_batches(spec, args.batches, device)
     recipe_dir = recipe_dir_for(Path(args.spec))
     results = []
     for arm in args.arms.split(","):
         recipe = load_recipe(spec.recipe_paths.get(arm) or resolve_recipe_path(arm, recipe_dir))
-        result = anatomy(spec, arm, recipe, info, batches, device, args.warmup, args.profile_steps, args.stacks,
-                         args.sync_frames)
+        result = anatomy(
+            spec, arm, recipe, info, batches, device, args.warmup, args.profile_steps, args.stacks, args.sync_frames
+        )
         results.append(result)
-        print(f"\n== {arm}: saved for backward {result['saved_gib']:.2f} GiB "
-              + " ".join(f"{k} {v:.2f}" for k, v in result["saved_by_dtype_gib"].items())
-              + (f"; step peak {result['step_peak_gib']:.2f} GiB" if "step_peak_gib" in result else "")
-              + f"; host syncs per step {result['host_syncs']}")
+        print(
+            f"\n== {arm}: saved for backward {result['saved_gib']:.2f} GiB "
+            + " ".join(f"{k} {v:.2f}" for k, v in result["saved_by_dtype_gib"].items())
+            + (f"; step peak {result['step_peak_gib']:.2f} GiB" if "step_peak_gib" in result else "")
+            + f"; host syncs per step {result['host_syncs']}"
+        )
         for name, gib in list(result["saved_by_module_gib"].items())[:10]:
             print(f"   saved {gib:7.3f} GiB  {name}")
         for line, count in list(result["host_syncs_by_line"].items())[:10]:
@@ -191,7 +227,9 @@ def main() -> None:
         for row in result["top_kernels"][:15]:
             print(f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} {row['name']}")
         for row in result.get("top_ops_by_stack", []):
-            print(f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} {row['name']:<22} {' <- '.join(row['mxlab_frames'])}")
+            print(
+                f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} {row['name']:<22} {' <- '.join(row['mxlab_frames'])}"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
 

@@ -13,14 +13,16 @@ bit-reproducible, so read the counts of bad runs, not seed-by-seed differences.
     python3 benchmarks/warmup_stability.py --device cpu --seeds 5 --set train.fork_steps=4 --set train.eval_every=2 --set train.log_every=2 \
         --set data.train_examples=20000 --set data.eval_examples=4000 --out /tmp/stability   # a smoke test
 """
+
 from __future__ import annotations
 
 import argparse
 import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 from unittest import mock
 
 from mxlab.analysis import outlying_values
@@ -42,8 +44,10 @@ def model_kernels(enabled: bool) -> Iterator[None]:
     import mxlab.nn.norms as norms
 
     original = attention.kernel_module
-    with mock.patch.object(norms, "_kernels", lambda *args, **kwargs: None), \
-            mock.patch.object(attention, "kernel_module", lambda name: None if name == "rotary" else original(name)):
+    with (
+        mock.patch.object(norms, "_kernels", lambda *args, **kwargs: None),
+        mock.patch.object(attention, "kernel_module", lambda name: None if name == "rotary" else original(name)),
+    ):
         yield
 
 
@@ -56,15 +60,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--spec", default="experiments/gem-mxfp8.toml")
     parser.add_argument("--seeds", type=int, default=16)
-    parser.add_argument("--chunk", type=int, default=2, help="seeds trained per variant before the other variant's turn")
+    parser.add_argument(
+        "--chunk", type=int, default=2, help="seeds trained per variant before the other variant's turn"
+    )
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    result: dict[str, Any] = {"spec": args.spec, "seeds": args.seeds, "overrides": args.overrides,
-                              "variants": {"kernels": {"runs": {}}, "pytorch": {"runs": {}}}}
+    result: dict[str, Any] = {
+        "spec": args.spec,
+        "seeds": args.seeds,
+        "overrides": args.overrides,
+        "variants": {"kernels": {"runs": {}}, "pytorch": {"runs": {}}},
+    }
     # seeds in chunks, both variants per chunk, so a command that runs out of time still brings back pairs;
     # finished warm-ups (done.json) are not trained again when the command is repeated with the same --out
     for first in range(0, args.seeds, args.chunk):
@@ -77,15 +87,22 @@ def main() -> None:
                 run_jobs(jobs, InlineExecutor(args.device), show_progress=False)
             for job in jobs:
                 r = result["variants"][name]["runs"][job.seed] = last_heldout(job.run_dir)
-                print(f"   {name:<8} seed {job.seed:3d}  " + "  ".join(f"{m} {r.get(m, float('nan')):.4f}" for m in METRICS)
-                      + f"   ({time.perf_counter() - started:.0f} s)", flush=True)
+                print(
+                    f"   {name:<8} seed {job.seed:3d}  "
+                    + "  ".join(f"{m} {r.get(m, float('nan')):.4f}" for m in METRICS)
+                    + f"   ({time.perf_counter() - started:.0f} s)",
+                    flush=True,
+                )
         for name, variant in result["variants"].items():
             runs = variant["runs"]
-            variant["outliers"] = {m: sorted(outlying_values({s: r[m] for s, r in runs.items() if m in r})) for m in METRICS}
+            variant["outliers"] = {
+                m: sorted(outlying_values({s: r[m] for s, r in runs.items() if m in r})) for m in METRICS
+            }
         if args.json:
             args.json.write_text(json.dumps(result, indent=1))
     for name, variant in result["variants"].items():
         print(f"== {name}: {len(variant['runs'])} warm-ups; outlying seeds {variant['outliers']}")
+
 
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ formulas to float32 rounding). Importing this package imports Triton; mxlab.nume
 only when the Triton backend runs. Under TRITON_INTERPRET=1 (set before the import) the kernels also
 run on CPU tensors.
 """
+
 from mxlab.kernels import cast
 from mxlab.kernels.cast import *  # noqa: F401,F403  (the public cast API)
 

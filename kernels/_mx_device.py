@@ -19,6 +19,7 @@ roundings, take the integer steps.
 An operand's format, scale mode, rounding and the hardware switch travel as one packed integer
 constexpr (`operand_code`), so a kernel with many quantized operands keeps a short signature.
 """
+
 from __future__ import annotations
 
 import functools
@@ -26,12 +27,17 @@ import functools
 import triton
 import triton.language as tl
 
-from mxlab.numerics.formats import ElementFormat, get_format
 from mxlab.kernels.cast.bits import _fast_path_ok, _floor_log2, _mix32, _random_bits24
 from mxlab.kernels.cast.bits import _scale_exponent as _scale_exponent_and_special
-from mxlab.kernels.cast.elements import (_nearest_scaled, _quantize_fast, _quantize_fast_stochastic, _quantize_hw_fp8,
-                                         _stochastic_scaled)
+from mxlab.kernels.cast.elements import (
+    _nearest_scaled,
+    _quantize_fast,
+    _quantize_fast_stochastic,
+    _quantize_hw_fp8,
+    _stochastic_scaled,
+)
 from mxlab.kernels.cast.launch import HARDWARE_FP8_FORMATS
+from mxlab.numerics.formats import ElementFormat, get_format
 from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
 
 DEVICE_SCALE_MODES = SCALE_MODES
@@ -69,7 +75,9 @@ def _operand_code(element: ElementFormat, scale_mode: str, rounding: str, hw_fp8
     if mmax & 0xFFFF or not 0 <= element.mbits <= 7 or not -16 <= element.emin <= 15 or not 0 <= element.emax <= 15:
         raise ValueError(f"format {element.name} does not fit the packed operand code")
     if hw_fp8 and (element.name not in HARDWARE_FP8_FORMATS or rounding != "nearest_even"):
-        raise ValueError(f"hw_fp8=True needs format {' or '.join(HARDWARE_FP8_FORMATS)} with nearest_even; got {element.name} with {rounding}")
+        raise ValueError(
+            f"hw_fp8=True needs format {' or '.join(HARDWARE_FP8_FORMATS)} with nearest_even; got {element.name} with {rounding}"
+        )
     return (
         element.mbits
         | ((element.emin + 16) << 3)
@@ -98,8 +106,17 @@ def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.cons
 
 
 @triton.jit
-def _fake_quant_elements(x, s, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
-                         MMAX: tl.constexpr, ROUNDING: tl.constexpr):
+def _fake_quant_elements(
+    x,
+    s,
+    r24,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    MMAX: tl.constexpr,
+    ROUNDING: tl.constexpr,
+):
     """dequantize(quantize(x)) in float32 for float32 x at unbiased scale exponents s (broadcast);
     r24: the elements' 24 random bits (stochastic rounding only)."""
     bits = x.to(tl.int32, bitcast=True)
@@ -192,8 +209,19 @@ def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
 
 
 @triton.jit
-def _fake_quant_fast(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, IS_INT: tl.constexpr,
-                     MMAX: tl.constexpr, ROUNDING: tl.constexpr, HW_FP8: tl.constexpr):
+def _fake_quant_fast(
+    bits,
+    s,
+    special,
+    r24,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    MMAX: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    HW_FP8: tl.constexpr,
+):
     """Fake-quantized float32 values of blocks whose every scale passes `_fast_path_ok`, by the cast kernels' fast
     paths: the GPU's FP8 conversion (HW_FP8), or their integer nearest-even or stochastic steps (which give the
     exact path's bits there: docs/numerics.md, "The cast kernels"); NaN in `special` blocks. Codes are not used."""
@@ -210,8 +238,19 @@ def _fake_quant_fast(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.conste
 
 
 @triton.jit
-def _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                        IS_INT: tl.constexpr, MMAX: tl.constexpr, ROUNDING: tl.constexpr):
+def _fake_quant_integer(
+    x3,
+    s,
+    special,
+    r24,
+    BLOCK_AXIS: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    MMAX: tl.constexpr,
+    ROUNDING: tl.constexpr,
+):
     """The integer steps for blocks along BLOCK_AXIS with scale exponents s; NaN in `special` blocks."""
     values = _fake_quant_elements(x3, tl.expand_dims(s, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
     nan = (x3.to(tl.int32, bitcast=True) * 0 + 0x7FC00000).to(tl.float32, bitcast=True)
@@ -263,5 +302,13 @@ def score_random_bits(query_rows, head, heads, keys, seed_key, KEYS_FIRST: tl.co
     return (hashed >> 8).to(tl.int32)
 
 
-__all__ = ["operand_code", "fake_quant_tile", "token_random_bits", "score_random_bits", "DEVICE_SCALE_MODES", "DEVICE_ROUNDINGS",
-           "ROUND_STOCHASTIC", "BLOCK"]
+__all__ = [
+    "operand_code",
+    "fake_quant_tile",
+    "token_random_bits",
+    "score_random_bits",
+    "DEVICE_SCALE_MODES",
+    "DEVICE_ROUNDINGS",
+    "ROUND_STOCHASTIC",
+    "BLOCK",
+]

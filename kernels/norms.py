@@ -12,9 +12,10 @@ summed per program and then over programs. Results agree with `torch.nn.function
 x is (rows, dim) or (tokens, heads, dim) with a contiguous last dim; row r is token r // heads,
 head r % heads.
 """
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import triton
@@ -36,8 +37,23 @@ def _tile(x_ptr, rows_total, heads, stride_t, stride_h, n, BLOCK_N: tl.constexpr
 
 
 @triton.jit
-def _norm_fwd(x_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, rows_total, heads, stride_t, stride_h, n, eps,
-              BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, CENTER: tl.constexpr):
+def _norm_fwd(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    mean_ptr,
+    rstd_ptr,
+    rows_total,
+    heads,
+    stride_t,
+    stride_h,
+    n,
+    eps,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    CENTER: tl.constexpr,
+):
     rows, cols, keep, x, target = _tile(x_ptr, rows_total, heads, stride_t, stride_h, n, BLOCK_N, BLOCK_R)
     if CENTER:
         mean = tl.sum(x, axis=1) / n
@@ -53,8 +69,24 @@ def _norm_fwd(x_ptr, w_ptr, b_ptr, out_ptr, mean_ptr, rstd_ptr, rows_total, head
 
 
 @triton.jit
-def _norm_bwd(x_ptr, w_ptr, g_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, rows_total, heads, stride_t, stride_h, n,
-              BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, CENTER: tl.constexpr):
+def _norm_bwd(
+    x_ptr,
+    w_ptr,
+    g_ptr,
+    mean_ptr,
+    rstd_ptr,
+    dx_ptr,
+    dw_ptr,
+    db_ptr,
+    rows_total,
+    heads,
+    stride_t,
+    stride_h,
+    n,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    CENTER: tl.constexpr,
+):
     rows, cols, keep, x, target = _tile(x_ptr, rows_total, heads, stride_t, stride_h, n, BLOCK_N, BLOCK_R)
     g = tl.load(g_ptr + target, mask=keep, other=0.0).to(tl.float32)
     rstd = tl.load(rstd_ptr + rows, mask=rows < rows_total, other=0.0)
@@ -71,7 +103,9 @@ def _norm_bwd(x_ptr, w_ptr, g_ptr, mean_ptr, rstd_ptr, dx_ptr, dw_ptr, db_ptr, r
     tl.store(dw_ptr + tl.program_id(0) * BLOCK_N + cols, tl.sum(g * normalized, axis=0))
 
 
-def unsupported_reason(x: torch.Tensor, weight: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None) -> str | None:
+def unsupported_reason(
+    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None
+) -> str | None:
     """Why `layer_norm` (with a bias) or `rms_norm` (without) cannot run these inputs (a sentence), or None."""
     if x.dim() not in (2, 3):
         return f"x must be (rows, dim) or (tokens, heads, dim), got shape {tuple(x.shape)}"
@@ -99,21 +133,37 @@ def _launch_shape(x: torch.Tensor) -> tuple[int, int, int, int, int, int]:
 
 class _NormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
+    ) -> torch.Tensor:  # type: ignore[override]
         rows, heads, stride_t, stride_h, block_n, block_r = _launch_shape(x)
         out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)
         mean = torch.empty(rows, device=x.device, dtype=torch.float32) if bias is not None else rstd
         if rows:
-            _norm_fwd[(triton.cdiv(rows, block_r),)](x, weight, bias if bias is not None else weight, out, mean, rstd, rows, heads,
-                                                     stride_t, stride_h, x.shape[-1], eps, BLOCK_N=block_n, BLOCK_R=block_r,
-                                                     CENTER=bias is not None)
+            _norm_fwd[(triton.cdiv(rows, block_r),)](
+                x,
+                weight,
+                bias if bias is not None else weight,
+                out,
+                mean,
+                rstd,
+                rows,
+                heads,
+                stride_t,
+                stride_h,
+                x.shape[-1],
+                eps,
+                BLOCK_N=block_n,
+                BLOCK_R=block_r,
+                CENTER=bias is not None,
+            )
         ctx.save_for_backward(x, weight, mean, rstd)
         ctx.center = bias is not None
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor], None]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, None]:  # type: ignore[override]
         x, weight, mean, rstd = ctx.saved_tensors
         rows, heads, stride_t, stride_h, block_n, block_r = _launch_shape(x)
         programs = max(triton.cdiv(rows, block_r), 1)
@@ -121,14 +171,30 @@ class _NormFunction(torch.autograd.Function):
         dw_parts = torch.zeros(programs, block_n, device=x.device, dtype=torch.float32)
         db_parts = torch.zeros(programs, block_n, device=x.device, dtype=torch.float32) if ctx.center else dw_parts
         if rows:
-            _norm_bwd[(programs,)](x, weight, grad.contiguous(), mean, rstd, dx, dw_parts, db_parts, rows, heads, stride_t, stride_h,
-                                   x.shape[-1], BLOCK_N=block_n, BLOCK_R=block_r, CENTER=ctx.center)
+            _norm_bwd[(programs,)](
+                x,
+                weight,
+                grad.contiguous(),
+                mean,
+                rstd,
+                dx,
+                dw_parts,
+                db_parts,
+                rows,
+                heads,
+                stride_t,
+                stride_h,
+                x.shape[-1],
+                BLOCK_N=block_n,
+                BLOCK_R=block_r,
+                CENTER=ctx.center,
+            )
         n = x.shape[-1]
         db = db_parts.sum(0)[:n].to(weight.dtype) if ctx.center else None
         return dx, dw_parts.sum(0)[:n].to(weight.dtype), db, None
 
 
-def _normalize(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
+def _normalize(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     reason = unsupported_reason(x, weight, bias)
     if reason is not None:
         raise ValueError(reason)

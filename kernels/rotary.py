@@ -8,6 +8,7 @@ and writes it once in x's dtype; the backward is the same kernel with the angle 
 transpose). The result agrees with the PyTorch formula to float32 rounding (the kernel may fuse a
 product into the difference) before the cast to x's dtype.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,8 +21,20 @@ TOKENS_PER_PROGRAM = 64
 
 
 @triton.jit
-def _rotary_kernel(x_ptr, out_ptr, cos_ptr, sin_ptr, total, stride_t, stride_h, out_stride_t, out_stride_h,
-                   HALF: tl.constexpr, BLOCK_T: tl.constexpr, INVERSE: tl.constexpr):
+def _rotary_kernel(
+    x_ptr,
+    out_ptr,
+    cos_ptr,
+    sin_ptr,
+    total,
+    stride_t,
+    stride_h,
+    out_stride_t,
+    out_stride_h,
+    HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    INVERSE: tl.constexpr,
+):
     head = tl.program_id(1)
     rows = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.arange(0, HALF)
@@ -58,8 +71,20 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inverse: bool
     total, heads, head_dim = x.shape
     if total and heads:
         grid = (triton.cdiv(total, TOKENS_PER_PROGRAM), heads)
-        _rotary_kernel[grid](x, out, cos, sin, total, x.stride(0), x.stride(1), out.stride(0), out.stride(1),
-                             HALF=head_dim // 2, BLOCK_T=TOKENS_PER_PROGRAM, INVERSE=inverse)
+        _rotary_kernel[grid](
+            x,
+            out,
+            cos,
+            sin,
+            total,
+            x.stride(0),
+            x.stride(1),
+            out.stride(0),
+            out.stride(1),
+            HALF=head_dim // 2,
+            BLOCK_T=TOKENS_PER_PROGRAM,
+            INVERSE=inverse,
+        )
     return out
 
 
@@ -85,8 +110,10 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     expected = (x.shape[0], x.shape[-1] // 2)
     for name, table in (("cos", cos), ("sin", sin)):
         if tuple(table.shape) != expected or table.dtype != torch.float32 or not table.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous float32 tensor of shape {expected}, "
-                             f"got {table.dtype} {tuple(table.shape)}")
+            raise ValueError(
+                f"{name} must be a contiguous float32 tensor of shape {expected}, "
+                f"got {table.dtype} {tuple(table.shape)}"
+            )
     return _RotaryFunction.apply(x, cos, sin)
 
 

@@ -3,6 +3,7 @@
 The public API is imported lazily so that `import mxlab` stays cheap and the
 layers below never import the layers above them.
 """
+
 from __future__ import annotations
 
 import importlib

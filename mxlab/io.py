@@ -3,14 +3,16 @@
 A reader (or a resumed run) therefore sees either the previous complete file or the new one.
 Written files get the mode the user's umask gives (as open() would), not the 0600 of a temporary file.
 """
+
 from __future__ import annotations
 
 import io
 import json
 import os
 import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

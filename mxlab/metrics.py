@@ -25,12 +25,13 @@ Conventions (the report prints :data:`METRIC_CONVENTIONS`):
   ``sum(prediction) / sum(true probability)``. The true CTCVR probability is
   ``true_ctr * true_cvr``; the true CVR is ``P(convert | click)``, compared on clicked impressions.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from os import PathLike
-from typing import Mapping
 
 import numpy as np
 
@@ -77,7 +78,9 @@ def _as_probabilities(probs: np.ndarray, n: int, name: str = "predictions") -> n
         raise ValueError(f"{name} must have shape ({n},) like the labels, got {probs.shape}")
     bad = ~np.isfinite(probs) | (probs < 0) | (probs > 1)
     if bad.any():
-        raise ValueError(f"{name} must be finite probabilities in [0, 1]; found {int(bad.sum())} others, e.g. {probs[bad][0]!r}")
+        raise ValueError(
+            f"{name} must be finite probabilities in [0, 1]; found {int(bad.sum())} others, e.g. {probs[bad][0]!r}"
+        )
     return probs
 
 
@@ -211,8 +214,9 @@ def expected_calibration_error(labels: np.ndarray, probs: np.ndarray, n_bins: in
     return _ece_of_bins(reliability_bins(labels, probs, n_bins))
 
 
-def group_auc(labels: np.ndarray, scores: np.ndarray, user_id: np.ndarray,
-              by_score: np.ndarray | None = None) -> tuple[float, int]:
+def group_auc(
+    labels: np.ndarray, scores: np.ndarray, user_id: np.ndarray, by_score: np.ndarray | None = None
+) -> tuple[float, int]:
     """gAUC: per-user exact AUC weighted by the user's impressions, skipping single-class users.
 
     Returns (gAUC, number of users that entered it). Vectorized: two stable sorts (by score, then
@@ -223,7 +227,9 @@ def group_auc(labels: np.ndarray, scores: np.ndarray, user_id: np.ndarray,
     s = np.asarray(scores, dtype=np.float64)
     users = np.asarray(user_id)
     if s.shape != y.shape or users.shape != y.shape:
-        raise ValueError(f"labels, scores and user_id must have the same shape; got {y.shape}, {s.shape}, {users.shape}")
+        raise ValueError(
+            f"labels, scores and user_id must have the same shape; got {y.shape}, {s.shape}, {users.shape}"
+        )
     if by_score is None:
         by_score = np.argsort(s, kind="stable")
     order = by_score[np.argsort(users[by_score], kind="stable")]  # by user, then by score
@@ -326,7 +332,9 @@ def load_eval(eval_npz: str | PathLike | Mapping[str, np.ndarray]) -> dict[str, 
             arrays = {k: npz[k] for k in npz.files}
     missing = [k for k in EVAL_REQUIRED_KEYS if k not in arrays]
     if missing:
-        raise ValueError(f"eval arrays lack {missing}; required: {list(EVAL_REQUIRED_KEYS)}, optional: {list(EVAL_TRUTH_KEYS)}")
+        raise ValueError(
+            f"eval arrays lack {missing}; required: {list(EVAL_REQUIRED_KEYS)}, optional: {list(EVAL_TRUTH_KEYS)}"
+        )
     has_truth = [k in arrays for k in EVAL_TRUTH_KEYS]
     if any(has_truth) and not all(has_truth):
         raise ValueError(f"eval arrays must have both or none of {list(EVAL_TRUTH_KEYS)}, got {sorted(arrays)}")
@@ -342,7 +350,9 @@ def task_views(eval_arrays: Mapping[str, np.ndarray]) -> dict[str, TaskView]:
     click = eval_arrays["click"].astype(np.float64)
     conversion = eval_arrays["conversion"].astype(np.float64)
     if np.any(conversion > click):
-        raise ValueError(f"{int(np.sum(conversion > click))} eval examples convert without a click; conversion must imply click")
+        raise ValueError(
+            f"{int(np.sum(conversion > click))} eval examples convert without a click; conversion must imply click"
+        )
     users = eval_arrays["user_id"]
     has_truth = "true_ctr" in eval_arrays
     true_ctr = eval_arrays["true_ctr"].astype(np.float64) if has_truth else None
@@ -351,16 +361,25 @@ def task_views(eval_arrays: Mapping[str, np.ndarray]) -> dict[str, TaskView]:
     return {
         "ctr": TaskView("ctr", None, click, eval_arrays["p_ctr"], users, true_ctr),
         "cvr": TaskView(
-            "cvr", clicked, conversion[clicked], eval_arrays["p_cvr"][clicked], users[clicked],
+            "cvr",
+            clicked,
+            conversion[clicked],
+            eval_arrays["p_cvr"][clicked],
+            users[clicked],
             true_cvr[clicked] if has_truth else None,
         ),
-        "ctcvr": TaskView("ctcvr", None, conversion, eval_arrays["p_ctcvr"], users,
-                          true_ctr * true_cvr if has_truth else None),
+        "ctcvr": TaskView(
+            "ctcvr", None, conversion, eval_arrays["p_ctcvr"], users, true_ctr * true_cvr if has_truth else None
+        ),
     }
 
 
-def evaluate_run(eval_npz: str | PathLike | Mapping[str, np.ndarray], *, n_bins: int = ECE_BINS,
-                 orders: Mapping[str, np.ndarray] | None = None) -> dict[str, dict[str, float]]:
+def evaluate_run(
+    eval_npz: str | PathLike | Mapping[str, np.ndarray],
+    *,
+    n_bins: int = ECE_BINS,
+    orders: Mapping[str, np.ndarray] | None = None,
+) -> dict[str, dict[str, float]]:
     """{task: {metric: value}} for ctr, cvr, ctcvr of one run's eval.npz (see :func:`task_metrics`;
     `orders`: per task the stable argsort of its predictions, when known).
 
@@ -371,14 +390,22 @@ def evaluate_run(eval_npz: str | PathLike | Mapping[str, np.ndarray], *, n_bins:
     results: dict[str, dict[str, float]] = {}
     for task, view in task_views(arrays).items():
         try:
-            results[task] = task_metrics(view.labels, view.probs, view.user_id, view.true_probs, n_bins=n_bins,
-                                         order=orders.get(task) if orders else None)
+            results[task] = task_metrics(
+                view.labels,
+                view.probs,
+                view.user_id,
+                view.true_probs,
+                n_bins=n_bins,
+                order=orders.get(task) if orders else None,
+            )
         except ValueError as error:
             raise ValueError(f"task {task!r}: {error}") from error
     return results
 
 
-def truth_metrics(eval_npz: str | PathLike | Mapping[str, np.ndarray], *, n_bins: int = ECE_BINS) -> dict[str, dict[str, float]]:
+def truth_metrics(
+    eval_npz: str | PathLike | Mapping[str, np.ndarray], *, n_bins: int = ECE_BINS
+) -> dict[str, dict[str, float]]:
     """The ceiling: {task: metrics} of the true probabilities used as predictions. Refuses an eval set without truth."""
     arrays = load_eval(eval_npz)
     if "true_ctr" not in arrays:

@@ -3,6 +3,7 @@
 It shares no code with mxlab.numerics.reference: scales come from exact rational arithmetic and the
 element value is chosen among all representable values of the format by brute force.
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """`mxlab bench quant --size`: the sizes it takes and refuses, and its refusal without CUDA (no timing asserts)."""
+
 import pytest
 import torch
 from typer.testing import CliRunner

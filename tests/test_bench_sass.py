@@ -2,6 +2,7 @@
 
 Run in a fresh process: the kernel tests decorate the kernels under TRITON_INTERPRET=1, which the
 compile-only stand-ins cannot take."""
+
 import os
 import subprocess
 import sys
@@ -14,8 +15,13 @@ pytest.importorskip("triton")
 def _attention_sass_rows(*arguments: str) -> tuple[dict[str, str], str]:
     """`mxlab bench attention-sass ARGUMENTS` in a fresh process: its rows by kernel name (the last of each), and stdout."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "mxlab.cli", "bench", "attention-sass", *arguments],
-                            capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "mxlab.cli", "bench", "attention-sass", *arguments],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     return {line.split()[0]: line for line in result.stdout.splitlines()[1:] if line.strip()}, result.stdout
 
@@ -23,8 +29,13 @@ def _attention_sass_rows(*arguments: str) -> tuple[dict[str, str], str]:
 def test_attention_sass_with_stochastic_gradients_runs_without_a_gpu():
     rows, stdout = _attention_sass_rows("--stochastic-gradients")
     # the head-dim casts (cast kernels) and the pre-quantizations are compiled too, not launched
-    assert {"_mx_kernel", "_prequantize", "_jagged_attention_fwd", "_jagged_attention_bwd_dkdv",
-            "_jagged_attention_bwd_dq"} <= set(rows), stdout
+    assert {
+        "_mx_kernel",
+        "_prequantize",
+        "_jagged_attention_fwd",
+        "_jagged_attention_bwd_dkdv",
+        "_jagged_attention_bwd_dq",
+    } <= set(rows), stdout
     for name in ("_jagged_attention_fwd", "_jagged_attention_bwd_dkdv", "_jagged_attention_bwd_dq"):
         loops = rows[name].split("  ")[-1]
         assert loops != "-" and "(0 " not in loops, rows[name]  # each loop's path has its MMAs

@@ -1,4 +1,5 @@
 """`mxlab bench step` on the CPU at the tiny size: every field of its JSON, the baseline first (no timing asserts)."""
+
 import json
 from pathlib import Path
 
@@ -14,11 +15,35 @@ QUICKSTART = Path(__file__).resolve().parents[1] / "experiments" / "quickstart.t
 
 def test_bench_step_on_the_cpu_writes_every_field(tmp_path):
     out = tmp_path / "step.json"
-    result = CliRunner().invoke(app, [
-        "bench", "step", "--device", "cpu", "--spec", str(QUICKSTART), "--preset", "tiny", "--batch", "32",
-        "--max-history", "8", "--arm", "mxfp8-floor", "--warmup", "1", "--steps", "2", "--batches", "2",
-        "--peak-tflops", "2", "--json", str(out),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "step",
+            "--device",
+            "cpu",
+            "--spec",
+            str(QUICKSTART),
+            "--preset",
+            "tiny",
+            "--batch",
+            "32",
+            "--max-history",
+            "8",
+            "--arm",
+            "mxfp8-floor",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--batches",
+            "2",
+            "--peak-tflops",
+            "2",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "| bf16 |" in result.output and "| mxfp8-floor |" in result.output
     record = json.loads(out.read_text())
@@ -63,8 +88,18 @@ def test_bench_step_refuses_bad_arguments():
 def test_bench_step_on_cuda_measures_peak_memory_per_arm(tmp_path):
     from mxlab.bench.step import run_step_bench
 
-    result = run_step_bench(QUICKSTART, arms=["mxfp8-floor"], batch_size=64, max_history=16, warmup=2, steps=2, batches=2,
-                            device="cuda", json_path=tmp_path / "step.json", echo=lambda text: None)
+    result = run_step_bench(
+        QUICKSTART,
+        arms=["mxfp8-floor"],
+        batch_size=64,
+        max_history=16,
+        warmup=2,
+        steps=2,
+        batches=2,
+        device="cuda",
+        json_path=tmp_path / "step.json",
+        echo=lambda text: None,
+    )
     assert json.loads((tmp_path / "step.json").read_text())["arms"] == result["arms"]
     for row in result["arms"]:
         assert row["note"] == "" and row["ms_per_step"] > 0 and 0 < row["peak_memory_gib"] < 10
@@ -81,8 +116,9 @@ def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):
         return original(spec, recipe, *args, **kwargs)
 
     monkeypatch.setattr(bench, "time_arm", failing)
-    result = bench.run_step_bench(QUICKSTART, batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu",
-                                  echo=lambda text: None)
+    result = bench.run_step_bench(
+        QUICKSTART, batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu", echo=lambda text: None
+    )
     rows = {row["arm"]: row for row in result["arms"]}
     assert list(rows) == ["bf16", "mxfp8-rceil", "mxfp4-all"]
     assert rows["mxfp8-rceil"]["ms_per_step"] is None and rows["mxfp8-rceil"]["note"].startswith("out of memory")

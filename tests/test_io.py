@@ -1,4 +1,5 @@
 """mxlab.io: atomic writes leave files with the mode the user's umask gives."""
+
 from __future__ import annotations
 
 import os

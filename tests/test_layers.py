@@ -1,4 +1,5 @@
 """The layer rule of docs/INTERFACES.md: imports go down the table only, and no import circle."""
+
 from __future__ import annotations
 
 import ast
@@ -98,7 +99,7 @@ def test_no_import_circle():
         stack.append(node)
         for target in sorted(graph.get(node, ())):
             if state.get(target) == 1:
-                circles.append(stack[stack.index(target):] + [target])
+                circles.append(stack[stack.index(target) :] + [target])
             elif target not in state:
                 visit(target)
         stack.pop()

@@ -31,7 +31,9 @@ def test_auc_all_tied_is_one_half_and_perfect_is_one():
 def test_log_loss_clips_extreme_predictions():
     y = np.array([1.0, 0.0])
     p = np.array([0.0, 0.0])
-    assert metrics.log_loss(y, p) == pytest.approx(-(np.log(metrics.PROBABILITY_CLIP) + np.log1p(-metrics.PROBABILITY_CLIP)) / 2, rel=1e-12)
+    assert metrics.log_loss(y, p) == pytest.approx(
+        -(np.log(metrics.PROBABILITY_CLIP) + np.log1p(-metrics.PROBABILITY_CLIP)) / 2, rel=1e-12
+    )
 
 
 def test_ne_is_one_for_base_rate_prediction_and_uses_base_rate_entropy():
@@ -52,7 +54,9 @@ def test_calibration_and_ece():
     manual = np.mean([abs(p[b].mean() - y[b].astype(np.float64).mean()) for b in np.array_split(order, 10)])
     assert metrics.expected_calibration_error(y, p) == pytest.approx(manual, rel=1e-12)
     # a biased model has a larger ECE than a calibrated one
-    assert metrics.expected_calibration_error(y, np.clip(p * 1.5, 0, 1)) > metrics.expected_calibration_error(y, p) + 0.02
+    assert (
+        metrics.expected_calibration_error(y, np.clip(p * 1.5, 0, 1)) > metrics.expected_calibration_error(y, p) + 0.02
+    )
 
 
 def test_reliability_bins_have_equal_counts():
@@ -89,8 +93,14 @@ def _eval_arrays(n=5000, seed=5, truth=True):
     conversion = click * (rng.uniform(size=n) < true_cvr)
     p_ctr = np.clip(true_ctr + rng.normal(0, 0.03, n), 0.01, 0.99)
     p_cvr = np.clip(true_cvr + rng.normal(0, 0.03, n), 0.01, 0.99)
-    arrays = dict(click=click, conversion=conversion.astype(np.float32), p_ctr=p_ctr, p_cvr=p_cvr,
-                  p_ctcvr=p_ctr * p_cvr, user_id=rng.integers(0, 200, n))
+    arrays = dict(
+        click=click,
+        conversion=conversion.astype(np.float32),
+        p_ctr=p_ctr,
+        p_cvr=p_cvr,
+        p_ctcvr=p_ctr * p_cvr,
+        user_id=rng.integers(0, 200, n),
+    )
     if truth:
         arrays.update(true_ctr=true_ctr, true_cvr=true_cvr)
     return arrays

@@ -78,11 +78,33 @@ head dims that are not a power of two in [16, 256] (MX: >= 32). An installed GEM
 (`mxlab.recipe.diagnostics`) sees no kernel products: a sampled step runs the same kernel as every
 other step, so sampling neither changes the training numerics nor needs the reference's memory.
 """
-from mxlab.kernels.attention.api import AttentionLaunch, check_jagged_offsets, jagged_attention, jagged_attention_checked
+
+from mxlab.kernels.attention.api import (
+    AttentionLaunch,
+    check_jagged_offsets,
+    jagged_attention,
+    jagged_attention_checked,
+)
 from mxlab.kernels.attention.codes import unsupported_reason
-from mxlab.kernels.attention.tiles import DEFAULT_MX_TILES, DEFAULT_TILES, INTERPRETER_TILES, TileSizes, default_tiles, mx_tiles_problem
+from mxlab.kernels.attention.tiles import (
+    DEFAULT_MX_TILES,
+    DEFAULT_TILES,
+    INTERPRETER_TILES,
+    TileSizes,
+    default_tiles,
+    mx_tiles_problem,
+)
 
 __all__ = [
-    "AttentionLaunch", "DEFAULT_MX_TILES", "DEFAULT_TILES", "INTERPRETER_TILES", "TileSizes", "check_jagged_offsets",
-    "default_tiles", "jagged_attention", "jagged_attention_checked", "mx_tiles_problem", "unsupported_reason",
+    "AttentionLaunch",
+    "DEFAULT_MX_TILES",
+    "DEFAULT_TILES",
+    "INTERPRETER_TILES",
+    "TileSizes",
+    "check_jagged_offsets",
+    "default_tiles",
+    "jagged_attention",
+    "jagged_attention_checked",
+    "mx_tiles_problem",
+    "unsupported_reason",
 ]

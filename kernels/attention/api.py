@@ -1,8 +1,10 @@
 """The public entry points of jagged attention in Triton: input checks, then the autograd function."""
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -21,7 +23,7 @@ class AttentionLaunch:
     changes the bits, `tiles` only the order of float32 accumulation.
     """
 
-    tiles: Optional[TileSizes] = None
+    tiles: TileSizes | None = None
     hw_fp8: bool = True
 
     def __post_init__(self) -> None:
@@ -40,23 +42,38 @@ def _check_offsets(name: str, offsets: torch.Tensor, total: int, device: torch.d
     _cached_on_offsets(offsets, ("checked", total), None, lambda: check_offsets_values(name, offsets, total))
 
 
-def check_jagged_offsets(q_offsets: torch.Tensor, k_offsets: torch.Tensor, total_q: int, total_k: int,
-                         device: torch.device, causal: bool) -> None:
+def check_jagged_offsets(
+    q_offsets: torch.Tensor, k_offsets: torch.Tensor, total_q: int, total_k: int, device: torch.device, causal: bool
+) -> None:
     """Refuses (ValueError) offsets that are not int64 batch+1 runs on `device` from 0 to the token
     counts, of different batch sizes, or (causal) not equal. The value checks read the device (a host
     sync), so they run once per offsets tensor and version (cached on the tensors)."""
     _check_offsets("q_offsets", q_offsets, total_q, device)
     _check_offsets("k_offsets", k_offsets, total_k, device)
     if q_offsets.numel() != k_offsets.numel():
-        raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
-    if causal and not (q_offsets is k_offsets or _cached_on_offsets(q_offsets, ("equal",), k_offsets, lambda: torch.equal(q_offsets, k_offsets))):
+        raise ValueError(
+            f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes"
+        )
+    if causal and not (
+        q_offsets is k_offsets
+        or _cached_on_offsets(q_offsets, ("equal",), k_offsets, lambda: torch.equal(q_offsets, k_offsets))
+    ):
         raise ValueError("causal attention needs as many queries as keys in every example")
 
 
-def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor, *,
-                     causal: bool = False, activation: str = "softmax", policy: Any = None,
-                     seeds: Optional[Sequence[Sequence[int]]] = None,
-                     _launch: AttentionLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
+def jagged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    k_offsets: torch.Tensor,
+    *,
+    causal: bool = False,
+    activation: str = "softmax",
+    policy: Any = None,
+    seeds: Sequence[Sequence[int]] | None = None,
+    _launch: AttentionLaunch = DEFAULT_LAUNCH,
+) -> torch.Tensor:
     """Attention over packed jagged sequences in Triton; returns (total_q, heads, head_dim) in q's dtype.
 
     Differentiable with respect to q, k, v. ``policy`` is None (BF16 mode) or an attention policy
@@ -76,14 +93,24 @@ def jagged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset
     if reason is not None:
         raise ValueError(reason)
     check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
-    return jagged_attention_checked(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy,
-                                    seeds=seeds, _launch=_launch)
+    return jagged_attention_checked(
+        q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, seeds=seeds, _launch=_launch
+    )
 
 
-def jagged_attention_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor,
-                             k_offsets: torch.Tensor, *, causal: bool, activation: str, policy: Any,
-                             seeds: Optional[Sequence[Sequence[int]]] = None,
-                             _launch: AttentionLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
+def jagged_attention_checked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_offsets: torch.Tensor,
+    k_offsets: torch.Tensor,
+    *,
+    causal: bool,
+    activation: str,
+    policy: Any,
+    seeds: Sequence[Sequence[int]] | None = None,
+    _launch: AttentionLaunch = DEFAULT_LAUNCH,
+) -> torch.Tensor:
     """`jagged_attention` for inputs a caller has already validated (shapes, dtypes, offsets,
     activation, and `unsupported_reason` is None): skips the offset checks, which cost host syncs.
     mxlab.nn.attention.JaggedAttention validates once and calls this. Refuses missing seeds and tile sizes that
@@ -94,9 +121,14 @@ def jagged_attention_checked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     if problem is not None:
         raise ValueError(problem)
     seed_keys = _seed_keys(seeds, codes)
-    scores_stochastic = codes is not None and any(_stochastic(code) for code in (codes.p_n, codes.p_m, codes.ds_n, codes.ds_m))
+    scores_stochastic = codes is not None and any(
+        _stochastic(code) for code in (codes.p_n, codes.p_m, codes.ds_n, codes.ds_m)
+    )
     if scores_stochastic and q.shape[0] * q.shape[1] >= 1 << 32:
-        raise ValueError(f"stochastic rounding of P or dS counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
+        raise ValueError(
+            f"stochastic rounding of P or dS counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}"
+        )
     casts = _head_dim_casts(policy, seeds, _launch.hw_fp8)
-    return _JaggedAttentionFunction.apply(q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, seed_keys,
-                                          casts, tiles)
+    return _JaggedAttentionFunction.apply(
+        q, k, v, q_offsets, k_offsets, causal, activation == "silu", codes, seed_keys, casts, tiles
+    )

@@ -1,8 +1,9 @@
 """The autograd function of jagged attention: pre-quantization, the forward kernel, and the backward's dK/dV
 and dQ kernels (or dQ fused into dK/dV by atomics)."""
+
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -14,9 +15,20 @@ from mxlab.kernels.attention.tiles import TileSizes, _tensor_version, _tiles
 
 class _JaggedAttentionFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offsets: torch.Tensor, k_offsets: torch.Tensor,
-                causal: bool, silu: bool, codes: Optional[_OperandCodes], seeds: _SeedKeys,
-                casts: Optional[_HeadDimCasts], tiles: TileSizes) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        q_offsets: torch.Tensor,
+        k_offsets: torch.Tensor,
+        causal: bool,
+        silu: bool,
+        codes: _OperandCodes | None,
+        seeds: _SeedKeys,
+        casts: _HeadDimCasts | None,
+        tiles: TileSizes,
+    ) -> torch.Tensor:  # type: ignore[override]
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         total_q, heads, head_dim = q.shape
         quant = codes is not None
@@ -32,9 +44,26 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         tile_seq, tile_start = _tiles(q_offsets, total_q, k_offsets, tiles.fwd_m)
         if tile_seq.numel() and heads:
             _jagged_attention_fwd[(tile_seq.numel(), heads)](
-                q_d, k_d, v_t, out, m, l, q_offsets, k_offsets, tile_seq, tile_start,
-                q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5, seeds.p_n,
-                BLOCK_M=tiles.fwd_m, BLOCK_N=tiles.fwd_n, P_CODE=codes.p_n if quant else 0,
+                q_d,
+                k_d,
+                v_t,
+                out,
+                m,
+                l,
+                q_offsets,
+                k_offsets,
+                tile_seq,
+                tile_start,
+                q.stride(0),
+                q.stride(1),
+                k.stride(0),
+                k.stride(1),
+                total_q,
+                head_dim**-0.5,
+                seeds.p_n,
+                BLOCK_M=tiles.fwd_m,
+                BLOCK_N=tiles.fwd_n,
+                P_CODE=codes.p_n if quant else 0,
                 **_launch_options(q, silu, causal, quant, tiles),
             )
         # Saved as BF16 mode saves them, in both modes: the high-precision inputs, the output and the softmax
@@ -52,7 +81,9 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q, k, v, out, m, l = ctx.saved_tensors
         q_offsets, k_offsets, q_offsets_version, k_offsets_version = ctx.offsets
         if _tensor_version(q_offsets) != q_offsets_version or _tensor_version(k_offsets) != k_offsets_version:
-            raise RuntimeError("jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward")
+            raise RuntimeError(
+                "jagged attention: q_offsets or k_offsets were modified in place between the forward and the backward"
+            )
         causal, silu, codes, seeds, casts, tiles = ctx.settings
         grad_out = grad_out.contiguous()
         total_q, heads, head_dim = q.shape
@@ -84,14 +115,38 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         dq = None if tiles.fused_dq else torch.empty(q.shape, device=q.device, dtype=q.dtype)
         dq_accumulator = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if tiles.fused_dq else dq
         options = _launch_options(q, silu, causal, quant, tiles)
-        strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim ** -0.5)
+        strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), total_q, head_dim**-0.5)
         kv_seq, kv_start = _tiles(k_offsets, k.shape[0], q_offsets, tiles.dkdv_n)
         if kv_seq.numel() and heads:
             _jagged_attention_bwd_dkdv[(kv_seq.numel(), heads)](
-                q_d, q_t, k_d, k_t, v_d, do_d, do_t, m, l, delta, dk, dv, dq_accumulator,
-                q_offsets, k_offsets, kv_seq, kv_start, *strides, seeds.p_m, seeds.ds_m, seeds.ds_n,
-                BLOCK_M=tiles.dkdv_m, BLOCK_N=tiles.dkdv_n, PM_CODE=codes.p_m if quant else 0,
-                DSM_CODE=codes.ds_m if quant else 0, FUSED_DQ=tiles.fused_dq, DSN_CODE=codes.ds_n if quant else 0, **options,
+                q_d,
+                q_t,
+                k_d,
+                k_t,
+                v_d,
+                do_d,
+                do_t,
+                m,
+                l,
+                delta,
+                dk,
+                dv,
+                dq_accumulator,
+                q_offsets,
+                k_offsets,
+                kv_seq,
+                kv_start,
+                *strides,
+                seeds.p_m,
+                seeds.ds_m,
+                seeds.ds_n,
+                BLOCK_M=tiles.dkdv_m,
+                BLOCK_N=tiles.dkdv_n,
+                PM_CODE=codes.p_m if quant else 0,
+                DSM_CODE=codes.ds_m if quant else 0,
+                FUSED_DQ=tiles.fused_dq,
+                DSN_CODE=codes.ds_n if quant else 0,
+                **options,
                 **({} if tiles.dkdv_max_registers is None else {"maxnreg": tiles.dkdv_max_registers}),
             )
         if tiles.fused_dq:
@@ -99,8 +154,24 @@ class _JaggedAttentionFunction(torch.autograd.Function):
         q_seq, q_start = _tiles(q_offsets, total_q, k_offsets, tiles.dq_m)
         if q_seq.numel() and heads:
             _jagged_attention_bwd_dq[(q_seq.numel(), heads)](
-                q_d, k_d, k_t, v_d, do_d, m, l, delta, dq, q_offsets, k_offsets, q_seq, q_start, *strides, seeds.ds_n,
-                BLOCK_M=tiles.dq_m, BLOCK_N=tiles.dq_n, DSN_CODE=codes.ds_n if quant else 0, **options,
+                q_d,
+                k_d,
+                k_t,
+                v_d,
+                do_d,
+                m,
+                l,
+                delta,
+                dq,
+                q_offsets,
+                k_offsets,
+                q_seq,
+                q_start,
+                *strides,
+                seeds.ds_n,
+                BLOCK_M=tiles.dq_m,
+                BLOCK_N=tiles.dq_n,
+                DSN_CODE=codes.ds_n if quant else 0,
+                **options,
             )
         return dq, dk, dv, None, None, None, None, None, None, None, None
-

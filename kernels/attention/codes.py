@@ -1,13 +1,15 @@
 """Operand codes and seed keys of a jagged attention call: the packed constexpr of each of the twelve quantized
 operands (format, scale mode, rounding, hardware FP8 switch), the seed key of each stochastic one, the cast-kernel
 quantization of the operands quantized along the head dim alone, and why a policy cannot run in the kernels."""
+
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from types import SimpleNamespace
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -69,9 +71,18 @@ def _hardware_fp8(code: int) -> bool:
 # K (along keys), Q (along queries), dS (along queries) for qk and P, V, dO, V (along the head dim), P (along
 # queries), dO (along queries) for pv (docs/numerics.md, "Jagged attention").
 _OPERAND_SLOTS = {
-    "q_d": (0, "fwd.a"), "k_d": (0, "fwd.b"), "ds_n": (0, "grad_a.g"), "k_n": (0, "grad_a.b"), "q_m": (0, "grad_b.a"),
-    "ds_m": (0, "grad_b.g"), "p_n": (1, "fwd.a"), "v_n": (1, "fwd.b"), "do_d": (1, "grad_a.g"), "v_d": (1, "grad_a.b"),
-    "p_m": (1, "grad_b.a"), "do_m": (1, "grad_b.g"),
+    "q_d": (0, "fwd.a"),
+    "k_d": (0, "fwd.b"),
+    "ds_n": (0, "grad_a.g"),
+    "k_n": (0, "grad_a.b"),
+    "q_m": (0, "grad_b.a"),
+    "ds_m": (0, "grad_b.g"),
+    "p_n": (1, "fwd.a"),
+    "v_n": (1, "fwd.b"),
+    "do_d": (1, "grad_a.g"),
+    "v_d": (1, "grad_a.b"),
+    "p_m": (1, "grad_b.a"),
+    "do_m": (1, "grad_b.g"),
 }
 
 
@@ -85,22 +96,29 @@ def _operand_quant(policy: Any, name: str) -> tuple[Any, str]:
     return getattr(getattr((policy.qk, policy.pv)[product], gemm), side), where
 
 
-def rounds_stochastically(codes: Optional[_OperandCodes]) -> bool:
+def rounds_stochastically(codes: _OperandCodes | None) -> bool:
     """Whether any operand of these codes rounds stochastically (False for BF16 mode)."""
     return codes is not None and any(_stochastic(code) for code in vars(codes).values())
 
 
-def _seed_keys(seeds: Optional[Sequence[Sequence[int]]], codes: Optional[_OperandCodes]) -> _SeedKeys:
+def _seed_keys(seeds: Sequence[Sequence[int]] | None, codes: _OperandCodes | None) -> _SeedKeys:
     """The seed keys of one attention call from `seeds` = (qk seeds, pv seeds), each one seed per
     mxlab.numerics.seeding.SEED_SLOTS slot (a MatmulPrecision's `next_call_seeds()`). Refuses (ValueError)
     missing or short seeds when an operand rounds stochastically."""
     if not rounds_stochastically(codes):
         return _NO_SEEDS
     if seeds is None or len(seeds) != 2 or any(product is None or len(product) != len(SEED_SLOTS) for product in seeds):
-        raise ValueError("stochastic rounding in attention needs seeds=(qk seeds, pv seeds), each one seed per "
-                         f"SEED_SLOTS slot ({len(SEED_SLOTS)}); got {seeds!r}")
-    return _SeedKeys(**{name: seed_key(seeds[product][SEED_SLOTS[slot]]) if _stochastic(getattr(codes, name)) else 0
-                        for name, (product, slot) in _OPERAND_SLOTS.items() if name in _SEED_KEY_NAMES})
+        raise ValueError(
+            "stochastic rounding in attention needs seeds=(qk seeds, pv seeds), each one seed per "
+            f"SEED_SLOTS slot ({len(SEED_SLOTS)}); got {seeds!r}"
+        )
+    return _SeedKeys(
+        **{
+            name: seed_key(seeds[product][SEED_SLOTS[slot]]) if _stochastic(getattr(codes, name)) else 0
+            for name, (product, slot) in _OPERAND_SLOTS.items()
+            if name in _SEED_KEY_NAMES
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -111,7 +129,7 @@ class _RowCast:
     fmt: Any
     scale_mode: str
     rounding: str
-    seed: Optional[int]
+    seed: int | None
 
 
 @dataclass(frozen=True)
@@ -126,7 +144,7 @@ class _HeadDimCasts:
     launch: CastLaunch
 
 
-def _head_dim_casts(policy: Any, seeds: Optional[Sequence[Sequence[int]]], hw_fp8: bool) -> Optional[_HeadDimCasts]:
+def _head_dim_casts(policy: Any, seeds: Sequence[Sequence[int]] | None, hw_fp8: bool) -> _HeadDimCasts | None:
     """The head-dim-only operands of a policy that `_codes` accepts; None for policy None. `seeds` as
     `_seed_keys` takes them (checked there); `hw_fp8=False` keeps the cast kernels' integer steps."""
     if policy is None:
@@ -141,16 +159,18 @@ def _head_dim_casts(policy: Any, seeds: Optional[Sequence[Sequence[int]]], hw_fp
     return _HeadDimCasts(row_cast("q_d"), row_cast("k_d"), row_cast("v_d"), row_cast("do_d"), CastLaunch(hw_fp8=hw_fp8))
 
 
-def _operand(quant: Any, where: str, device: Optional[torch.device]) -> int:
+def _operand(quant: Any, where: str, device: torch.device | None) -> int:
     if quant.fmt not in FORMATS:
-        raise ValueError(f"{where}: operand format {quant.fmt!r} is not an MX format; the kernel quantizes every operand in MX mode")
+        raise ValueError(
+            f"{where}: operand format {quant.fmt!r} is not an MX format; the kernel quantizes every operand in MX mode"
+        )
     if quant.block != 32:
         raise ValueError(f"{where}: block {quant.block!r} is not supported by the kernel; accepted: 32")
     hw_fp8 = device is not None and hardware_fp8_applies(device, FORMATS[quant.fmt], quant.rounding)
     return operand_code(quant.fmt, quant.scale_mode, quant.rounding, hw_fp8=hw_fp8)
 
 
-def _codes(policy: Any, device: Optional[torch.device] = None) -> Optional[_OperandCodes]:
+def _codes(policy: Any, device: torch.device | None = None) -> _OperandCodes | None:
     """Operand codes of an attention policy; None for policy None. ValueError if unsupported.
     With `device`, operands convert with the hardware FP8 instructions where
     `mxlab.kernels.cast.hardware_fp8_applies` holds for it (None: the software steps everywhere). Cached by the
@@ -159,27 +179,35 @@ def _codes(policy: Any, device: Optional[torch.device] = None) -> Optional[_Oper
         return None
     qk, pv = getattr(policy, "qk", None), getattr(policy, "pv", None)
     if qk is None or pv is None:
-        raise ValueError("the kernel needs both attention products quantized (policy.qk and policy.pv set) or policy None")
+        raise ValueError(
+            "the kernel needs both attention products quantized (policy.qk and policy.pv set) or policy None"
+        )
     products = tuple((p.fwd, p.grad_a, p.grad_b, getattr(p, "grad_scale", None) is not None) for p in (qk, pv))
     return _codes_of(products, device, os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @functools.lru_cache(maxsize=256)
-def _codes_of(products: tuple, device: Optional[torch.device], interpreted: bool) -> _OperandCodes:
+def _codes_of(products: tuple, device: torch.device | None, interpreted: bool) -> _OperandCodes:
     """`_codes` of the policy whose qk and pv products are (fwd, grad_a, grad_b, grad_scale set); `interpreted`
     (TRITON_INTERPRET=1, which `hardware_fp8_applies` reads) is part of the cache key."""
     for name, (fwd, grad_a, grad_b, scaled) in zip(("qk", "pv"), products):
         if scaled:
-            raise ValueError(f"policy.{name}.grad_scale is set; per-layer gradient scaling is not supported by the kernel")
+            raise ValueError(
+                f"policy.{name}.grad_scale is set; per-layer gradient scaling is not supported by the kernel"
+            )
         for gemm_name, gemm in (("fwd", fwd), ("grad_a", grad_a), ("grad_b", grad_b)):
             if gemm.hadamard is not None:
                 raise ValueError(f"policy.{name}.{gemm_name} uses a Hadamard transform; not supported by the kernel")
-    policy = SimpleNamespace(**{name: SimpleNamespace(fwd=fwd, grad_a=grad_a, grad_b=grad_b)
-                                for name, (fwd, grad_a, grad_b, _) in zip(("qk", "pv"), products)})
+    policy = SimpleNamespace(
+        **{
+            name: SimpleNamespace(fwd=fwd, grad_a=grad_a, grad_b=grad_b)
+            for name, (fwd, grad_a, grad_b, _) in zip(("qk", "pv"), products)
+        }
+    )
     return _OperandCodes(**{name: _operand(*_operand_quant(policy, name), device) for name in _OPERAND_SLOTS})
 
 
-def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax") -> Optional[str]:
+def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax") -> str | None:
     """Why `jagged_attention` cannot run these inputs (a sentence), or None when it can."""
     if activation not in ACTIVATIONS:
         return f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}"

@@ -1,5 +1,6 @@
 """Device helpers of the jagged attention kernels: operand rounding, scores, probabilities, score gradients,
 row loads, and the pre-quantization of Q, K, V, dO (`_prequantize`) and the row dots of the BF16 backward."""
+
 from __future__ import annotations
 
 import os
@@ -38,9 +39,10 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1":
 _F32_LOWEST = tl.constexpr(-3.4028234663852886e38)  # a global used in @jit code must be a constexpr
 
 
-
 @triton.jit
-def _maybe_quant(x, r24, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr, QUANT: tl.constexpr):
+def _maybe_quant(
+    x, r24, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr, QUANT: tl.constexpr
+):
     """x (float32) fake-quantized along AXIS when QUANT (r24: random bits, see `_score_bits`), else x."""
     if QUANT:
         return fake_quant_tile(x, r24, ROWS, COLS, AXIS, CODE)
@@ -133,7 +135,9 @@ def _probabilities(s, allowed, m, inv_l, n_keys, SILU: tl.constexpr):
 
 
 @triton.jit
-def _score_gradient(s, p, dp, delta, allowed, n_keys, sm_scale, S_DTYPE: tl.constexpr, SILU: tl.constexpr, BY_BITS: tl.constexpr):
+def _score_gradient(
+    s, p, dp, delta, allowed, n_keys, sm_scale, S_DTYPE: tl.constexpr, SILU: tl.constexpr, BY_BITS: tl.constexpr
+):
     """dS as the reference's autograd gives it: d(s) * scale rounded to the input dtype (delta: each query's
     softmax row term, broadcast against s)."""
     if SILU:
@@ -166,8 +170,21 @@ def _row_dot(A, B, OUT, rows, heads, tokens, HEAD_DIM: tl.constexpr, BLOCK_ROWS:
 
 @triton.jit(do_not_specialize=["seed_key"])  # seeds change every call: one compiled kernel
 def _prequantize(
-    X, OUT, DOT_WITH, ROW_DOTS, offsets, tile_seq, tile_start, stride_t, width, tokens, seed_key,
-    COLS: tl.constexpr, CODE: tl.constexpr, ROW_DOT: tl.constexpr, HEAD_DIM: tl.constexpr,
+    X,
+    OUT,
+    DOT_WITH,
+    ROW_DOTS,
+    offsets,
+    tile_seq,
+    tile_start,
+    stride_t,
+    width,
+    tokens,
+    seed_key,
+    COLS: tl.constexpr,
+    CODE: tl.constexpr,
+    ROW_DOT: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
 ):
     """Fake-quantize 32 tokens x COLS columns of a jagged (tokens, heads * head_dim) tensor (rows of `width`
     contiguous elements, token stride `stride_t`) along the tokens (blocks of 32 tokens from each sequence's
@@ -192,7 +209,10 @@ def _prequantize(
         sums = tl.sum(tl.reshape(x * other, (32, COLS // HEAD_DIM, HEAD_DIM)), 2)
         head = (tl.min(tl.reshape(cols, (COLS // HEAD_DIM, HEAD_DIM)), 1) // HEAD_DIM).to(tl.int64)
         token_ok = rows < length
-        tl.store(ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None], sums,
-                 mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :])
+        tl.store(
+            ROW_DOTS + head[None, :] * tokens + (begin + rows)[:, None],
+            sums,
+            mask=token_ok[:, None] & (head * HEAD_DIM < width)[None, :],
+        )
     along_t = fake_quant_tile(x, _token_bits(begin + rows, cols, width, seed_key, CODE), 32, COLS, 0, CODE)
     tl.store(OUT + index, along_t.to(tl.bfloat16), mask=ok)

@@ -1,6 +1,7 @@
 """The jagged attention kernels: the forward (`_jagged_attention_fwd`), dK/dV (`_jagged_attention_bwd_dkdv`, with
 dQ by atomics when FUSED_DQ) and dQ (`_jagged_attention_bwd_dq`). Each program takes one tile of queries (or
 keys) of one sequence and one head from a tile table (`tiles._tiles`); see the package docstring."""
+
 from __future__ import annotations
 
 import triton
@@ -21,8 +22,18 @@ from mxlab.kernels.attention.device import (
 
 
 @triton.jit
-def _sequence_tile(q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh,
-                   BLOCK: tl.constexpr, KEY_TILES: tl.constexpr):
+def _sequence_tile(
+    q_offsets,
+    k_offsets,
+    tile_seq,
+    tile_start,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    BLOCK: tl.constexpr,
+    KEY_TILES: tl.constexpr,
+):
     """Where this program works: the grid's first axis runs over a tile table (sequence, start), its second
     over the heads; the table is an upper bound on the tile count, and spare entries (sequence -1) see empty
     runs. Returns (head, q_begin, q_len, k_begin, k_len, n_keys as float32, the tile's first row, its BLOCK
@@ -43,8 +54,19 @@ def _sequence_tile(q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride
         ok = offs < k_len
     else:
         ok = offs < q_len
-    return (head, q_begin, q_len, k_begin, k_len, tl.maximum(k_len, 1).to(tl.float32), start, offs, ok,
-            q_begin * stride_qt + head * stride_qh, k_begin * stride_kt + head * stride_kh)
+    return (
+        head,
+        q_begin,
+        q_len,
+        k_begin,
+        k_len,
+        tl.maximum(k_len, 1).to(tl.float32),
+        start,
+        offs,
+        ok,
+        q_begin * stride_qt + head * stride_qh,
+        k_begin * stride_kt + head * stride_kh,
+    )
 
 
 @triton.jit
@@ -57,10 +79,27 @@ def _row_statistics(M, L, DELTA, index, row_ok):
 
 
 @triton.jit
-def _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row, l_row,
-                                      delta_row, n_keys, sm_scale, CAUSAL: tl.constexpr, SILU: tl.constexpr,
-                                      QUANT: tl.constexpr, S_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-                                      KEYS_FIRST: tl.constexpr):
+def _probabilities_and_score_gradient(
+    q_dot,
+    k_dot,
+    dod_dot,
+    vd_dot,
+    offs_m,
+    offs_n,
+    q_len,
+    k_len,
+    m_row,
+    l_row,
+    delta_row,
+    n_keys,
+    sm_scale,
+    CAUSAL: tl.constexpr,
+    SILU: tl.constexpr,
+    QUANT: tl.constexpr,
+    S_DTYPE: tl.constexpr,
+    BY_BITS: tl.constexpr,
+    KEYS_FIRST: tl.constexpr,
+):
     """(P, dS) of a (queries, keys) tile in the backward, or of its transpose, a (keys, queries) tile, when
     KEYS_FIRST (the same values: S^T = K Q^T, dP^T = V dO^T): the forward's normalized P again from the saved
     statistics, dP = dO V^T (rounded to the input dtype in BF16 mode), and dS (`_score_gradient`)."""
@@ -81,8 +120,23 @@ def _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, off
 
 
 @triton.jit
-def _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d, stride_kt, sm_scale,
-                CAUSAL: tl.constexpr, S_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr):
+def _key_scores(
+    q_dot,
+    KD,
+    k_offset,
+    start_n,
+    offs_n0,
+    offs_m,
+    q_len,
+    k_len,
+    offs_d,
+    stride_kt,
+    sm_scale,
+    CAUSAL: tl.constexpr,
+    S_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BY_BITS: tl.constexpr,
+):
     """(keys, their mask, s, allowed) of the forward's key tile at start_n: the tile's scores against q_dot and
     which (query, key) pairs attend."""
     offs_n = start_n + offs_n0
@@ -104,13 +158,33 @@ def _online_softmax(s, allowed, m_i, l_i):
 
 @triton.jit(do_not_specialize=["total_q", "p_seed_key"])
 def _jagged_attention_fwd(
-    QD, KD, VT, O, M, L,
-    q_offsets, k_offsets, tile_seq, tile_start,
-    stride_qt, stride_qh, stride_kt, stride_kh,
-    total_q, sm_scale, p_seed_key,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
-    S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
+    QD,
+    KD,
+    VT,
+    O,
+    M,
+    L,
+    q_offsets,
+    k_offsets,
+    tile_seq,
+    tile_start,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    total_q,
+    sm_scale,
+    p_seed_key,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SILU: tl.constexpr,
+    QUANT: tl.constexpr,
+    S_DTYPE: tl.constexpr,
+    OP_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BY_BITS: tl.constexpr,
     P_CODE: tl.constexpr,
 ):
     """One BLOCK_M tile of queries of one head, in one pass over the keys. QD, KD: the S operands (quantized
@@ -120,7 +194,8 @@ def _jagged_attention_fwd(
     running maximum moves once per block, as the contract says), and the output is divided by the sum at
     the end. SiLU needs no statistics."""
     head, q_begin, q_len, k_begin, k_len, n_keys, start_m, offs_m, row_ok, q_offset, k_offset = _sequence_tile(
-        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_M, False)
+        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_M, False
+    )
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
@@ -133,8 +208,23 @@ def _jagged_attention_fwd(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     for start_n in range(0, hi, BLOCK_N):
-        offs_n, key_ok, s, allowed = _key_scores(q_dot, KD, k_offset, start_n, offs_n0, offs_m, q_len, k_len, offs_d,
-                                                 stride_kt, sm_scale, CAUSAL, S_DTYPE, DOT_DTYPE, BY_BITS)
+        offs_n, key_ok, s, allowed = _key_scores(
+            q_dot,
+            KD,
+            k_offset,
+            start_n,
+            offs_n0,
+            offs_m,
+            q_len,
+            k_len,
+            offs_d,
+            stride_kt,
+            sm_scale,
+            CAUSAL,
+            S_DTYPE,
+            DOT_DTYPE,
+            BY_BITS,
+        )
         v_dot = _load_rows(VT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         if SILU:
             p = _probabilities(s, allowed, 0.0, 1.0, n_keys, True)
@@ -167,14 +257,46 @@ def _transposed_if(tile, TRANSPOSE: tl.constexpr):
 
 @triton.jit(do_not_specialize=["total_q", "pm_seed_key", "dsm_seed_key", "dsn_seed_key"])
 def _jagged_attention_bwd_dkdv(
-    QD, QT, KD, KT, VD, DOD, DOT, M, L, DELTA, DK, DV, DQ_ACC,
-    q_offsets, k_offsets, tile_seq, tile_start,
-    stride_qt, stride_qh, stride_kt, stride_kh,
-    total_q, sm_scale, pm_seed_key, dsm_seed_key, dsn_seed_key,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
-    S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
-    PM_CODE: tl.constexpr, DSM_CODE: tl.constexpr, FUSED_DQ: tl.constexpr, DSN_CODE: tl.constexpr,
+    QD,
+    QT,
+    KD,
+    KT,
+    VD,
+    DOD,
+    DOT,
+    M,
+    L,
+    DELTA,
+    DK,
+    DV,
+    DQ_ACC,
+    q_offsets,
+    k_offsets,
+    tile_seq,
+    tile_start,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    total_q,
+    sm_scale,
+    pm_seed_key,
+    dsm_seed_key,
+    dsn_seed_key,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SILU: tl.constexpr,
+    QUANT: tl.constexpr,
+    S_DTYPE: tl.constexpr,
+    OP_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BY_BITS: tl.constexpr,
+    PM_CODE: tl.constexpr,
+    DSM_CODE: tl.constexpr,
+    FUSED_DQ: tl.constexpr,
+    DSN_CODE: tl.constexpr,
 ):
     """dK, dV of one BLOCK_N tile of keys of one head. Operands (MX: pre-quantized): QD, KD for S;
     DOD, VD for dP (head dim); QT, DOT along the queries for dK and dV. P and dS are quantized
@@ -184,7 +306,8 @@ def _jagged_attention_bwd_dkdv(
     arms' steps ran 0.3-2.2% faster); BF16 keeps the (queries, keys) tile, whose step ran 4% faster than on
     the other (reports/benchmarks/ab_session14.txt, A/B 2)."""
     head, q_begin, q_len, k_begin, k_len, n_keys, start_n, offs_n, key_ok, q_offset, k_offset = _sequence_tile(
-        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_N, True)
+        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_N, True
+    )
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
@@ -205,26 +328,47 @@ def _jagged_attention_bwd_dkdv(
         m_row, l_row, delta_row = _row_statistics(M, L, DELTA, stat_base + offs_m, row_ok)
         dod_dot = _load_rows(DOD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         # MX: the (keys, queries) tile, whose shapes and axes the quantization below takes (BF16 skips it)
-        p, ds = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row,
-                                                  l_row, delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE,
-                                                  BY_BITS, QUANT)
+        p, ds = _probabilities_and_score_gradient(
+            q_dot,
+            k_dot,
+            dod_dot,
+            vd_dot,
+            offs_m,
+            offs_n,
+            q_len,
+            k_len,
+            m_row,
+            l_row,
+            delta_row,
+            n_keys,
+            sm_scale,
+            CAUSAL,
+            SILU,
+            QUANT,
+            S_DTYPE,
+            BY_BITS,
+            QUANT,
+        )
         query_rows = q_begin + offs_m
         p_bits = _score_bits(query_rows, head, offs_n, pm_seed_key, PM_CODE, QUANT)
-        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_N, BLOCK_M, 1, PM_CODE, QUANT),
-                             OP_DTYPE, DOT_DTYPE, BY_BITS)
+        p_dot = _dot_operand(_maybe_quant(p, p_bits, BLOCK_N, BLOCK_M, 1, PM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS)
         dot_dot = _load_rows(DOT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dv += tl.dot(_transposed_if(p_dot, not QUANT), dot_dot)
         ds_bits = _score_bits(query_rows, head, offs_n, dsm_seed_key, DSM_CODE, QUANT)
-        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_N, BLOCK_M, 1, DSM_CODE, QUANT),
-                              OP_DTYPE, DOT_DTYPE, BY_BITS)
+        ds_dot = _dot_operand(
+            _maybe_quant(ds, ds_bits, BLOCK_N, BLOCK_M, 1, DSM_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS
+        )
         qt_dot = _load_rows(QT + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
         dk += tl.dot(_transposed_if(ds_dot, not QUANT), qt_dot)
         if FUSED_DQ:
             dsn_bits = _score_bits(query_rows, head, offs_n, dsn_seed_key, DSN_CODE, QUANT)
-            dsn_dot = _dot_operand(_maybe_quant(ds, dsn_bits, BLOCK_N, BLOCK_M, 0, DSN_CODE, QUANT),
-                                   OP_DTYPE, DOT_DTYPE, BY_BITS)
+            dsn_dot = _dot_operand(
+                _maybe_quant(ds, dsn_bits, BLOCK_N, BLOCK_M, 0, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS
+            )
             dq_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
-            tl.atomic_add(DQ_ACC + dq_index, tl.dot(_transposed_if(dsn_dot, QUANT), kt_dot), mask=row_ok[:, None], sem="relaxed")
+            tl.atomic_add(
+                DQ_ACC + dq_index, tl.dot(_transposed_if(dsn_dot, QUANT), kt_dot), mask=row_ok[:, None], sem="relaxed"
+            )
 
     out_index = (k_begin + offs_n)[:, None] * stride_kt + head * stride_kh + offs_d[None, :]
     tl.store(DK + out_index, _round_to(dk, DK.dtype.element_ty, BY_BITS).to(DK.dtype.element_ty), mask=key_ok[:, None])
@@ -233,19 +377,43 @@ def _jagged_attention_bwd_dkdv(
 
 @triton.jit(do_not_specialize=["total_q", "dsn_seed_key"])
 def _jagged_attention_bwd_dq(
-    QD, KD, KT, VD, DOD, M, L, DELTA, DQ,
-    q_offsets, k_offsets, tile_seq, tile_start,
-    stride_qt, stride_qh, stride_kt, stride_kh,
-    total_q, sm_scale, dsn_seed_key,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, SILU: tl.constexpr, QUANT: tl.constexpr,
-    S_DTYPE: tl.constexpr, OP_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, BY_BITS: tl.constexpr,
+    QD,
+    KD,
+    KT,
+    VD,
+    DOD,
+    M,
+    L,
+    DELTA,
+    DQ,
+    q_offsets,
+    k_offsets,
+    tile_seq,
+    tile_start,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    total_q,
+    sm_scale,
+    dsn_seed_key,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SILU: tl.constexpr,
+    QUANT: tl.constexpr,
+    S_DTYPE: tl.constexpr,
+    OP_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BY_BITS: tl.constexpr,
     DSN_CODE: tl.constexpr,
 ):
     """dQ of one BLOCK_M tile of queries of one head. KT: K along the keys (MX) for dQ = dS K;
     dS is quantized here along the keys."""
     head, q_begin, q_len, k_begin, k_len, n_keys, start_m, offs_m, row_ok, q_offset, k_offset = _sequence_tile(
-        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_M, False)
+        q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_M, False
+    )
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     q_dot = _load_rows(QD + q_offset, offs_m, row_ok, offs_d, stride_qt, DOT_DTYPE)
@@ -261,11 +429,31 @@ def _jagged_attention_bwd_dq(
         key_ok = offs_n < k_len
         k_dot = _load_rows(KD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         vd_dot = _load_rows(VD + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
-        _, ds = _probabilities_and_score_gradient(q_dot, k_dot, dod_dot, vd_dot, offs_m, offs_n, q_len, k_len, m_row, l_row,
-                                                  delta_row, n_keys, sm_scale, CAUSAL, SILU, QUANT, S_DTYPE, BY_BITS, False)
+        _, ds = _probabilities_and_score_gradient(
+            q_dot,
+            k_dot,
+            dod_dot,
+            vd_dot,
+            offs_m,
+            offs_n,
+            q_len,
+            k_len,
+            m_row,
+            l_row,
+            delta_row,
+            n_keys,
+            sm_scale,
+            CAUSAL,
+            SILU,
+            QUANT,
+            S_DTYPE,
+            BY_BITS,
+            False,
+        )
         ds_bits = _score_bits(q_begin + offs_m, head, offs_n, dsn_seed_key, DSN_CODE, False)
-        ds_dot = _dot_operand(_maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT),
-                              OP_DTYPE, DOT_DTYPE, BY_BITS)
+        ds_dot = _dot_operand(
+            _maybe_quant(ds, ds_bits, BLOCK_M, BLOCK_N, 1, DSN_CODE, QUANT), OP_DTYPE, DOT_DTYPE, BY_BITS
+        )
         kt_dot = _load_rows(KT + k_offset, offs_n, key_ok, offs_d, stride_kt, DOT_DTYPE)
         dq += tl.dot(ds_dot, kt_dot)
     out_index = (q_begin + offs_m)[:, None] * stride_qt + head * stride_qh + offs_d[None, :]

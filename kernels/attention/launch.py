@@ -1,16 +1,17 @@
 """Host launches of the jagged attention kernels besides the three attention kernels: the pre-quantized copies
 of Q, K, V, dO (`_head_dim_quantized` along the head dim, `_prequantized` along the tokens), the row dots of the
 BF16 backward, and the constexprs the kernels share."""
+
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from mxlab.kernels.attention.codes import _RowCast, _hardware_fp8
+from mxlab.kernels.attention.codes import _hardware_fp8, _RowCast
 from mxlab.kernels.attention.device import _prequantize, _row_dot
 from mxlab.kernels.attention.tiles import TileSizes, _interpreting, _tiles
 from mxlab.kernels.cast import CastLaunch, fake_quantize
@@ -20,8 +21,9 @@ def _dtype_constexpr(dtype: torch.dtype) -> Any:
     return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
 
 
-def _prequantized(x: torch.Tensor, offsets: torch.Tensor, code: int, dot_with: Optional[torch.Tensor] = None,
-                  seed_key: int = 0) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _prequantized(
+    x: torch.Tensor, offsets: torch.Tensor, code: int, dot_with: torch.Tensor | None = None, seed_key: int = 0
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(x fake-quantized (bfloat16) with `code` along the tokens of each sequence, blocks of 32 from each
     sequence's first token; with `dot_with` (contiguous, x's shape) the (heads, tokens) float32 sums over the
     head dim of x * dot_with, else None). seed_key: `seed_key` of the seed (stochastic codes only). Along the
@@ -39,9 +41,21 @@ def _prequantized(x: torch.Tensor, offsets: torch.Tensor, code: int, dot_with: O
     if seq.numel() and width:
         columns = min(triton.next_power_of_2(width), max(_PREQUANTIZE_COLUMNS, x.shape[2]))
         _prequantize[(seq.numel(), triton.cdiv(width, columns))](
-            x, along_t, dot_with if dot_with is not None else x, row_dots if row_dots is not None else x,
-            offsets, seq, start, width, width, x.shape[0], seed_key,
-            COLS=columns, CODE=code, ROW_DOT=dot_with is not None, HEAD_DIM=x.shape[2],
+            x,
+            along_t,
+            dot_with if dot_with is not None else x,
+            row_dots if row_dots is not None else x,
+            offsets,
+            seq,
+            start,
+            width,
+            width,
+            x.shape[0],
+            seed_key,
+            COLS=columns,
+            CODE=code,
+            ROW_DOT=dot_with is not None,
+            HEAD_DIM=x.shape[2],
             num_warps=_prequantize_warps(columns, code, dot_with is not None),
         )
     return along_t, row_dots
@@ -53,8 +67,15 @@ def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> 
     stochastic counter is the element's index in that view, as the reference counts it. On the H200 at the h200
     step's history shape: 0.373 ms, where `_prequantize` took 0.975 ms for the same copy when it still had a
     head-dim mode (reports/benchmarks/prequantize_sweep_session13.txt)."""
-    rows = fake_quantize(x.view(x.shape[0], -1), cast.fmt, axis=-1, scale_mode=cast.scale_mode, rounding=cast.rounding,
-                         seed=cast.seed, _launch=launch)
+    rows = fake_quantize(
+        x.view(x.shape[0], -1),
+        cast.fmt,
+        axis=-1,
+        scale_mode=cast.scale_mode,
+        rounding=cast.rounding,
+        seed=cast.seed,
+        _launch=launch,
+    )
     return rows.view(x.shape).to(torch.bfloat16)
 
 
@@ -82,7 +103,9 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     rows = tokens * heads
     if rows:
         block_rows = 64
-        _row_dot[(triton.cdiv(rows, block_rows),)](a, b, out, rows, heads, tokens, HEAD_DIM=head_dim, BLOCK_ROWS=block_rows, num_warps=4)
+        _row_dot[(triton.cdiv(rows, block_rows),)](
+            a, b, out, rows, heads, tokens, HEAD_DIM=head_dim, BLOCK_ROWS=block_rows, num_warps=4
+        )
     return out
 
 
@@ -93,12 +116,20 @@ def _launch_options(x: torch.Tensor, silu: bool, causal: bool, quant: bool, tile
 
 
 @functools.lru_cache(maxsize=256)
-def _cached_launch_options(dtype: torch.dtype, head_dim: int, silu: bool, causal: bool, quant: bool, tiles: TileSizes,
-                           interpreting: bool) -> dict[str, Any]:
+def _cached_launch_options(
+    dtype: torch.dtype, head_dim: int, silu: bool, causal: bool, quant: bool, tiles: TileSizes, interpreting: bool
+) -> dict[str, Any]:
     s_dtype = _dtype_constexpr(dtype)
     op_dtype = tl.bfloat16 if quant else s_dtype
     return dict(
-        HEAD_DIM=head_dim, CAUSAL=causal, SILU=silu, QUANT=quant, S_DTYPE=s_dtype, OP_DTYPE=op_dtype,
-        DOT_DTYPE=tl.float32 if interpreting else op_dtype, BY_BITS=interpreting,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        HEAD_DIM=head_dim,
+        CAUSAL=causal,
+        SILU=silu,
+        QUANT=quant,
+        S_DTYPE=s_dtype,
+        OP_DTYPE=op_dtype,
+        DOT_DTYPE=tl.float32 if interpreting else op_dtype,
+        BY_BITS=interpreting,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )

@@ -1,11 +1,13 @@
 """Tile sizes of the jagged attention kernels and their tile tables: (sequence, start) of every tile of every
 sequence, computed on the device and cached on the offsets tensors themselves."""
+
 from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -23,7 +25,7 @@ class TileSizes:
     num_warps: int = 4
     num_stages: int = 2
     fused_dq: bool = False  # dQ by float32 atomics from the dK/dV kernel instead of its own kernel
-    dkdv_max_registers: Optional[int] = None  # ptxas register cap (Triton's maxnreg) of the dK/dV kernel; None: none
+    dkdv_max_registers: int | None = None  # ptxas register cap (Triton's maxnreg) of the dK/dV kernel; None: none
 
     def __post_init__(self) -> None:
         for name in ("fwd_m", "fwd_n", "dkdv_m", "dkdv_n", "dq_m", "dq_n"):
@@ -45,12 +47,13 @@ DEFAULT_TILES = TileSizes(fwd_m=128, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq
 # took rceil's step from 267.2 to 256.1 ms, rceil-sr's from 351.5 to 343.8, MXFP4's from 327.4 to 316.1 (with
 # a dQ cap of 96 too; reports/benchmarks/ab_session23.txt). dQ is not capped: at 96 registers (five blocks per SM
 # instead of four for stochastic gradients) it spilled 8 bytes and the rceil-sr step took 343.7 ms against 343.0 without.
-DEFAULT_MX_TILES = TileSizes(fwd_m=64, fwd_n=32, dkdv_m=32, dkdv_n=64, dq_m=64, dq_n=32, num_warps=4, num_stages=2,
-                             dkdv_max_registers=168)
+DEFAULT_MX_TILES = TileSizes(
+    fwd_m=64, fwd_n=32, dkdv_m=32, dkdv_n=64, dq_m=64, dq_n=32, num_warps=4, num_stages=2, dkdv_max_registers=168
+)
 INTERPRETER_TILES = TileSizes(fwd_m=32, fwd_n=32, dkdv_m=32, dkdv_n=32, dq_m=32, dq_n=32, num_warps=1, num_stages=1)
 
 
-def mx_tiles_problem(tiles: TileSizes, softmax: bool) -> Optional[str]:
+def mx_tiles_problem(tiles: TileSizes, softmax: bool) -> str | None:
     """Why MX mode cannot run with these tiles, or None: every tile size a multiple of 32 (whole quantization
     blocks), and with softmax a forward key tile of exactly 32 (its running row maximum moves once per MX
     block of keys, as the contract in docs/numerics.md says)."""
@@ -66,7 +69,7 @@ _OFFSETS_CACHE_ATTRIBUTE = "_mxlab_jagged_attention_cache"
 _Cached = TypeVar("_Cached")
 
 
-def _tensor_version(tensor: torch.Tensor) -> Optional[int]:
+def _tensor_version(tensor: torch.Tensor) -> int | None:
     """tensor._version, or None for tensors without a version counter (inference mode)."""
     try:
         return tensor._version
@@ -74,7 +77,9 @@ def _tensor_version(tensor: torch.Tensor) -> Optional[int]:
         return None
 
 
-def _cached_on_offsets(offsets: torch.Tensor, tag: tuple, other: Optional[torch.Tensor], compute: Callable[[], _Cached]) -> _Cached:
+def _cached_on_offsets(
+    offsets: torch.Tensor, tag: tuple, other: torch.Tensor | None, compute: Callable[[], _Cached]
+) -> _Cached:
     """compute(), cached on the offsets tensor itself (a Python attribute) under `tag` and the
     identity and version of `other` (a second tensor the result depends on, or None), for the
     current version of `offsets`: an in-place change of either tensor computes it again.
@@ -102,7 +107,9 @@ def _cached_on_offsets(offsets: torch.Tensor, tag: tuple, other: Optional[torch.
     return value
 
 
-def _tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _tiles(
+    offsets: torch.Tensor, tokens: int, work_offsets: torch.Tensor | None, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(sequence index, start) int32 of every `block`-row tile of every non-empty run of `offsets`,
     the tiles of sequences with the longest runs in `work_offsets` first (None: in order).
 
@@ -116,7 +123,9 @@ def _tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[torch.Tens
     )
 
 
-def _compute_tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[torch.Tensor], block: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _compute_tiles(
+    offsets: torch.Tensor, tokens: int, work_offsets: torch.Tensor | None, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The uncached `_tiles`."""
     n = offsets.numel() - 1
     bound = tokens // block + n
@@ -135,7 +144,6 @@ def _compute_tiles(offsets: torch.Tensor, tokens: int, work_offsets: Optional[to
         order = torch.argsort(key, descending=True, stable=True)
         seq, start = seq[order], start[order]
     return seq.to(torch.int32), start.to(torch.int32)
-
 
 
 def _interpreting() -> bool:

@@ -5,6 +5,7 @@ quantization), `emit` (quantize-and-store per tile path), `kernels` (the two cas
 `launch` (launch shapes, views, the launch), `api` (the public casts). docs/numerics.md ("The cast
 kernels") gives the algorithm and why each path is exact.
 """
+
 from mxlab.kernels.cast.api import (
     fake_quantize,
     fake_quantize_rowcol,
@@ -16,6 +17,14 @@ from mxlab.kernels.cast.api import (
 from mxlab.kernels.cast.launch import CastLaunch, TileConfig, hardware_fp8_applies, unsupported_reason
 
 __all__ = [
-    "CastLaunch", "TileConfig", "fake_quantize", "fake_quantize_rowcol", "hadamard_fake_quantize", "hadamard_quantize",
-    "hardware_fp8_applies", "quantize", "quantize_rowcol", "unsupported_reason",
+    "CastLaunch",
+    "TileConfig",
+    "fake_quantize",
+    "fake_quantize_rowcol",
+    "hadamard_fake_quantize",
+    "hadamard_quantize",
+    "hardware_fp8_applies",
+    "quantize",
+    "quantize_rowcol",
+    "unsupported_reason",
 ]

@@ -1,5 +1,6 @@
 """Device helpers of the MX cast kernels: constants, float32 bit manipulation, counter-based random bits,
 the fused random Hadamard transform, and block scales (docs/numerics.md: "The cast kernels")."""
+
 from __future__ import annotations
 
 import triton
@@ -61,8 +62,12 @@ def _load_bits(pointers, mask, IN_KIND: tl.constexpr, CONVERT_BF16: tl.constexpr
     if IN_KIND == 0:
         bits = tl.load(pointers, mask=mask, other=0)
     elif IN_KIND == 1 and CONVERT_BF16:
-        bits = tl.load(pointers, mask=mask, other=0).to(tl.bfloat16, bitcast=True).to(tl.float32).to(
-            tl.int32, bitcast=True)
+        bits = (
+            tl.load(pointers, mask=mask, other=0)
+            .to(tl.bfloat16, bitcast=True)
+            .to(tl.float32)
+            .to(tl.int32, bitcast=True)
+        )
     elif IN_KIND == 1:
         bits = tl.load(pointers, mask=mask, other=0).to(tl.int32) << 16
     else:
@@ -72,8 +77,22 @@ def _load_bits(pointers, mask, IN_KIND: tl.constexpr, CONVERT_BF16: tl.constexpr
 
 
 @triton.jit
-def _load_tile(x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND: tl.constexpr,
-               ROUNDING: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr):
+def _load_tile(
+    x_ptr,
+    row,
+    col,
+    pid_a,
+    L,
+    B,
+    stride_a,
+    stride_l,
+    stride_b,
+    seed_key,
+    IN_KIND: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    HW_FP8: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+):
     """(float32 bits, mask, values offsets, random bits) of the elements (row, col) of the (A, L, B) view in
     batch pid_a: bits 0 where masked, offsets into the unpadded (A, L, B) output, and the stochastic-rounding
     bits of those offsets (0 for the other roundings)."""
@@ -104,7 +123,9 @@ def _encode_f32(n, e):
     value_exp = e + p
     normal = ((value_exp + 127) << 23) | ((n << (23 - p)) & 0x7FFFFF)
     k = e + 149  # n * 2^e = (n * 2^k) * 2^-149
-    subnormal = tl.where(k >= 0, n << tl.minimum(tl.maximum(k, 0), 31), _rne_shift(n, tl.minimum(tl.maximum(-k, 0), 30)))
+    subnormal = tl.where(
+        k >= 0, n << tl.minimum(tl.maximum(k, 0), 31), _rne_shift(n, tl.minimum(tl.maximum(-k, 0), 30))
+    )
     bits = tl.where(value_exp >= -126, normal, subnormal)
     bits = tl.where(value_exp > 127, 0x7F800000, bits)
     return tl.where(n == 0, 0, bits)
@@ -221,8 +242,9 @@ def _tile_path(s, special, inert, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX:
 
 
 @triton.jit
-def _block_scales(amax, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr,
-                  SCALE_MODE: tl.constexpr):
+def _block_scales(
+    amax, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr
+):
     """(S, special, inert, path) of blocks with these amax bit patterns: the scale exponent, NaN/Inf blocks,
     blocks that need no rounding (NaN/Inf or all zero), and the tile's `_tile_path`."""
     s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)

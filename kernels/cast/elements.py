@@ -1,5 +1,6 @@
 """Element quantization of the MX cast kernels: the exact integer steps, the fast paths (nearest even,
 stochastic by one addition, the hardware FP8 conversion) and their per-tile choice (docs/numerics.md)."""
+
 from __future__ import annotations
 
 import triton
@@ -7,11 +8,22 @@ import triton.language as tl
 
 from mxlab.kernels.cast.bits import F32_NAN_BITS, _encode_f32, _f32_bits_to_output, _floor_log2
 
+
 # ----------------------------------------------------------------------------- elements
 @triton.jit
-def _quantize_exact(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                    MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
-                    ROUNDING: tl.constexpr):
+def _quantize_exact(
+    bits,
+    s,
+    r24,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    ROUNDING: tl.constexpr,
+):
     """(codes, float32 bits of the dequantized value) by the integer algorithm, for finite blocks."""
     negative = bits < 0
     magnitude = bits & 0x7FFFFFFF
@@ -58,8 +70,17 @@ def _quantize_exact(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX:
 
 
 @triton.jit
-def _quantize_fast(bits, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                   MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
+def _quantize_fast(
+    bits,
+    s,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+):
     """(codes, float32 value bits) with round to nearest even, for blocks where `_fast_path_ok` holds."""
     magnitude = bits & 0x7FFFFFFF
     magic = (s + EMIN - MBITS + 150) << 23  # bits of 2^(qe + 23), qe the quantum of the lowest binade
@@ -85,8 +106,18 @@ def _quantize_fast(bits, s, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.co
 
 
 @triton.jit
-def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                              MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr):
+def _quantize_fast_stochastic(
+    bits,
+    s,
+    r24,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+):
     """(codes, float32 value bits) with stochastic rounding, for blocks where `_fast_path_ok` holds.
 
     Integer only. With shift <= 24 the rule `(2r + 1) < rem << (25 - shift)` is `rem > r >> (24 - shift)`,
@@ -118,8 +149,18 @@ def _quantize_fast_stochastic(bits, s, r24, MBITS: tl.constexpr, EMIN: tl.conste
 
 
 @triton.jit
-def _stochastic_normal_elements(bits, s, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                                EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr):
+def _stochastic_normal_elements(
+    bits,
+    s,
+    r24,
+    OUT_KIND: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+):
     """(codes, values as bits of the output dtype) of `_quantize_fast_stochastic` for floating-point formats,
     where every element of the tile is zero or element-normal (|x| >= 2^(S + emin)) and no block is NaN/Inf (tile
     path 3 of `_stochastic_path`).
@@ -149,7 +190,9 @@ def _stochastic_normal_elements(bits, s, r24, OUT_KIND: tl.constexpr, MBITS: tl.
 def _element_units(bits, s):
     """Bits of |x| * 2^-S (float32 x as `bits`, S broadcast): exact unless below 2^-126, where every rounding
     of the element steps gives zero (docs/numerics.md, "Rounding in the element's units")."""
-    return (bits.to(tl.float32, bitcast=True) * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    return (bits.to(tl.float32, bitcast=True) * ((127 - s) << 23).to(tl.float32, bitcast=True)).to(
+        tl.int32, bitcast=True
+    ) & 0x7FFFFFFF
 
 
 @triton.jit
@@ -180,8 +223,9 @@ def _nearest_scaled(bits, s, special, MBITS: tl.constexpr, EMIN: tl.constexpr, E
 
 
 @triton.jit
-def _stochastic_scaled(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                       MMAX: tl.constexpr):
+def _stochastic_scaled(
+    bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr
+):
     """float32 bits of the stochastically rounded values of float32 `bits` for a floating-point element format,
     exact at every block scale S (broadcast), in the element's own units: y = |x| * 2^-S, rounded on its float32
     bit pattern, times 2^S; NaN in `special` blocks (MMAX: the largest value's 23-bit fraction). Why it gives the
@@ -193,11 +237,15 @@ def _stochastic_scaled(bits, s, special, r24, MBITS: tl.constexpr, EMIN: tl.cons
     MAX_BITS: tl.constexpr = ((EMAX + 127) << 23) | MMAX  # the largest element value
     y = _element_units(bits, s)
     exponent = y >> 23
-    shift = K + tl.maximum(LOWEST - exponent, 0)  # log2 of the step in units of y's last bit (y < 2^-126: any shift >= 25)
+    shift = K + tl.maximum(
+        LOWEST - exponent, 0
+    )  # log2 of the step in units of y's last bit (y < 2^-126: any shift >= 25)
     sh = tl.minimum(shift, 23)
     near = (y + ((1 << sh) - 1 - (r24 >> (24 - sh)))) & -(1 << sh)  # shift <= 23: the bias carries where it rounds up
     significand = (y & 0x7FFFFF) | 0x800000  # y < 2^-126 (exponent 0) has shift >= 133: rounds to 0 whatever this is
-    up = (2 * r24 + 1) <= (((significand << 1) - 1) >> tl.minimum(tl.maximum(shift - 24, 0), 31))  # shift >= 24: 0 or one step
+    up = (2 * r24 + 1) <= (
+        ((significand << 1) - 1) >> tl.minimum(tl.maximum(shift - 24, 0), 31)
+    )  # shift >= 24: 0 or one step
     element = tl.minimum(tl.where(shift <= 23, near, tl.where(up, QUANTUM, 0)), MAX_BITS)
     return _from_element_units(element, s, special, bits)
 
@@ -259,9 +307,23 @@ def _hw_fp8_finite_elements(bits, s, OUT_KIND: tl.constexpr, MBITS: tl.constexpr
 
 
 @triton.jit
-def _fast_elements(bits, s, special, inert, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                   EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
-                   IS_INT: tl.constexpr, ROUNDING: tl.constexpr, HW_FP8: tl.constexpr):
+def _fast_elements(
+    bits,
+    s,
+    special,
+    inert,
+    r24,
+    OUT_KIND: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    HW_FP8: tl.constexpr,
+):
     """(codes, values as bits of the output dtype) on the fast path (ROUNDING nearest_even or stochastic);
     HW_FP8 (nearest_even, e4m3/e5m2, sm_90+) converts with the GPU's FP8 instructions instead of integer steps."""
     if ROUNDING == 0 and HW_FP8:
@@ -270,8 +332,9 @@ def _fast_elements(bits, s, special, inert, r24, OUT_KIND: tl.constexpr, MBITS: 
         if ROUNDING == 0:
             code, value = _quantize_fast(bits, tl.where(inert, 0, s), MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT)
         else:
-            code, value = _quantize_fast_stochastic(bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE,
-                                                    NMAX, BITS, IS_INT)
+            code, value = _quantize_fast_stochastic(
+                bits, tl.where(inert, 0, s), r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT
+            )
         value = tl.where(special, F32_NAN_BITS, value)
     if OUT_KIND == 1:
         out = (value >> 16).to(tl.int16)  # exact: at most 8 significant bits, normal or zero
@@ -281,12 +344,22 @@ def _fast_elements(bits, s, special, inert, r24, OUT_KIND: tl.constexpr, MBITS: 
 
 
 @triton.jit
-def _exact_elements(bits, s, special, r24, OUT_KIND: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                    EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
-                    IS_INT: tl.constexpr, ROUNDING: tl.constexpr):
+def _exact_elements(
+    bits,
+    s,
+    special,
+    r24,
+    OUT_KIND: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    ROUNDING: tl.constexpr,
+):
     """(codes, values as bits of the output dtype) by the exact integer path, any block."""
     code, value = _quantize_exact(bits, s, r24, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
     out = _f32_bits_to_output(tl.where(special, F32_NAN_BITS, value), OUT_KIND)
     return tl.where(special, 0, code), out
-
-

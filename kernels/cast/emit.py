@@ -1,5 +1,6 @@
 """Quantize-and-store of a loaded tile for the MX cast kernels: the branch per tile path, and tiles off the
 common path quantized row by row from memory again (docs/numerics.md: "The cast kernels")."""
+
 from __future__ import annotations
 
 import triton
@@ -14,9 +15,20 @@ from mxlab.kernels.cast.elements import (
     _stochastic_path,
 )
 
+
 @triton.jit
-def _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-           WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr):
+def _store(
+    code,
+    out,
+    out_offsets,
+    out_mask,
+    codes_ptr,
+    values_ptr,
+    values_offsets,
+    values_mask,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+):
     if WANT_CODES:
         tl.store(codes_ptr + out_offsets, code.to(tl.uint8), mask=out_mask)
     if WANT_VALUES:
@@ -24,11 +36,33 @@ def _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offse
 
 
 @triton.jit
-def _emit(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-          WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr,
-          MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
-          NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
-          FAST: tl.constexpr, HW_FP8: tl.constexpr):
+def _emit(
+    bits,
+    s,
+    special,
+    inert,
+    path,
+    r24,
+    out_offsets,
+    out_mask,
+    codes_ptr,
+    values_ptr,
+    values_offsets,
+    values_mask,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    FAST: tl.constexpr,
+    HW_FP8: tl.constexpr,
+):
     """Quantize a tile (s, special, inert broadcast against bits; path: `_tile_path` of the tile, raised to 3 by
     `_stochastic_path` where it applies) and store its
     codes and/or values. Each branch stores its own results, so no tile-sized value is merged across the branch
@@ -37,68 +71,292 @@ def _emit(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, 
         if HW_FP8 and ROUNDING == 0:
             if path == 2:
                 fp8_code, fp8_out = _hw_fp8_finite_elements(bits, s, OUT_KIND, MBITS)  # names of their own: other types
-                _store(fp8_code, fp8_out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                       WANT_CODES, WANT_VALUES)
+                _store(
+                    fp8_code,
+                    fp8_out,
+                    out_offsets,
+                    out_mask,
+                    codes_ptr,
+                    values_ptr,
+                    values_offsets,
+                    values_mask,
+                    WANT_CODES,
+                    WANT_VALUES,
+                )
             else:
-                _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr,
-                                    values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX,
-                                    MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8)
+                _emit_fast_or_exact(
+                    bits,
+                    s,
+                    special,
+                    inert,
+                    path,
+                    r24,
+                    out_offsets,
+                    out_mask,
+                    codes_ptr,
+                    values_ptr,
+                    values_offsets,
+                    values_mask,
+                    WANT_CODES,
+                    WANT_VALUES,
+                    OUT_KIND,
+                    MBITS,
+                    EMIN,
+                    EMAX,
+                    MAXCODE,
+                    NMAX,
+                    BITS,
+                    IS_INT,
+                    ROUNDING,
+                    HW_FP8,
+                )
         elif ROUNDING == 3 and not IS_INT:
             if path == 3:
-                sr_code, sr_out = _stochastic_normal_elements(bits, tl.where(inert, 0, s), r24, OUT_KIND, MBITS, EMIN,
-                                                              EMAX, MAXCODE, NMAX, BITS)
-                _store(sr_code, sr_out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                       WANT_CODES, WANT_VALUES)
+                sr_code, sr_out = _stochastic_normal_elements(
+                    bits, tl.where(inert, 0, s), r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS
+                )
+                _store(
+                    sr_code,
+                    sr_out,
+                    out_offsets,
+                    out_mask,
+                    codes_ptr,
+                    values_ptr,
+                    values_offsets,
+                    values_mask,
+                    WANT_CODES,
+                    WANT_VALUES,
+                )
             else:
-                _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr,
-                                    values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX,
-                                    MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8)
+                _emit_fast_or_exact(
+                    bits,
+                    s,
+                    special,
+                    inert,
+                    path,
+                    r24,
+                    out_offsets,
+                    out_mask,
+                    codes_ptr,
+                    values_ptr,
+                    values_offsets,
+                    values_mask,
+                    WANT_CODES,
+                    WANT_VALUES,
+                    OUT_KIND,
+                    MBITS,
+                    EMIN,
+                    EMAX,
+                    MAXCODE,
+                    NMAX,
+                    BITS,
+                    IS_INT,
+                    ROUNDING,
+                    HW_FP8,
+                )
         else:
-            _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr,
-                                values_offsets, values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX,
-                                MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8)
+            _emit_fast_or_exact(
+                bits,
+                s,
+                special,
+                inert,
+                path,
+                r24,
+                out_offsets,
+                out_mask,
+                codes_ptr,
+                values_ptr,
+                values_offsets,
+                values_mask,
+                WANT_CODES,
+                WANT_VALUES,
+                OUT_KIND,
+                MBITS,
+                EMIN,
+                EMAX,
+                MAXCODE,
+                NMAX,
+                BITS,
+                IS_INT,
+                ROUNDING,
+                HW_FP8,
+            )
     else:
-        _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                    WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+        _emit_exact(
+            bits,
+            s,
+            special,
+            r24,
+            out_offsets,
+            out_mask,
+            codes_ptr,
+            values_ptr,
+            values_offsets,
+            values_mask,
+            WANT_CODES,
+            WANT_VALUES,
+            OUT_KIND,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            BITS,
+            IS_INT,
+            ROUNDING,
+        )
 
 
 @triton.jit
-def _emit_fast_or_exact(bits, s, special, inert, path, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets,
-                        values_mask, WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr,
-                        MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr,
-                        NMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, ROUNDING: tl.constexpr,
-                        HW_FP8: tl.constexpr):
+def _emit_fast_or_exact(
+    bits,
+    s,
+    special,
+    inert,
+    path,
+    r24,
+    out_offsets,
+    out_mask,
+    codes_ptr,
+    values_ptr,
+    values_offsets,
+    values_mask,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    HW_FP8: tl.constexpr,
+):
     """`_emit` of a tile on the fast path (path > 0: `_fast_elements`) or off it (`_emit_exact`)."""
     if path > 0:
-        code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX,
-                                   BITS, IS_INT, ROUNDING, HW_FP8)
-        _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-               WANT_CODES, WANT_VALUES)
+        code, out = _fast_elements(
+            bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8
+        )
+        _store(
+            code,
+            out,
+            out_offsets,
+            out_mask,
+            codes_ptr,
+            values_ptr,
+            values_offsets,
+            values_mask,
+            WANT_CODES,
+            WANT_VALUES,
+        )
     else:
-        _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                    WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING)
+        _emit_exact(
+            bits,
+            s,
+            special,
+            r24,
+            out_offsets,
+            out_mask,
+            codes_ptr,
+            values_ptr,
+            values_offsets,
+            values_mask,
+            WANT_CODES,
+            WANT_VALUES,
+            OUT_KIND,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            BITS,
+            IS_INT,
+            ROUNDING,
+        )
 
 
 @triton.jit
-def _emit_exact(bits, s, special, r24, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask,
-                WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, OUT_KIND: tl.constexpr, MBITS: tl.constexpr,
-                EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr, BITS: tl.constexpr,
-                IS_INT: tl.constexpr, ROUNDING: tl.constexpr):
+def _emit_exact(
+    bits,
+    s,
+    special,
+    r24,
+    out_offsets,
+    out_mask,
+    codes_ptr,
+    values_ptr,
+    values_offsets,
+    values_mask,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    ROUNDING: tl.constexpr,
+):
     """`_emit` of a tile on the exact integer path."""
-    code, out = _exact_elements(bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
-                                ROUNDING)
-    _store(code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES)
+    code, out = _exact_elements(
+        bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING
+    )
+    _store(
+        code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES
+    )
 
 
 @triton.jit
-def _quantize_tile(bits, s, special, inert, path, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
-                   values_mask, x_ptr, first_row, col, pid_a, L, B, code_rows, code_cols, stride_a, stride_l, stride_b,
-                   seed_key, IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, WANT_CODES: tl.constexpr,
-                   WANT_VALUES: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
-                   MAXCODE: tl.constexpr, NMAX: tl.constexpr, MMAX: tl.constexpr, BITS: tl.constexpr,
-                   IS_INT: tl.constexpr, SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr,
-                   HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, HADAMARD: tl.constexpr,
-                   TILE_ROWS: tl.constexpr, ROW_BLOCKS: tl.constexpr):
+def _quantize_tile(
+    bits,
+    s,
+    special,
+    inert,
+    path,
+    r24,
+    code_offsets,
+    code_mask,
+    codes_ptr,
+    values_ptr,
+    values_offsets,
+    values_mask,
+    x_ptr,
+    first_row,
+    col,
+    pid_a,
+    L,
+    B,
+    code_rows,
+    code_cols,
+    stride_a,
+    stride_l,
+    stride_b,
+    seed_key,
+    IN_KIND: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    FAST: tl.constexpr,
+    HW_FP8: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+    HADAMARD: tl.constexpr,
+    TILE_ROWS: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
+):
     """`_emit` for a tile of `_mx_kernel` (rows first_row + [0, TILE_ROWS)), except that a tile off the common
     path (fast path, no NaN/Inf block) is quantized row by row from memory again, so the rarely taken paths do
     not hold tile-sized values in registers: a kernel's register count is that of its largest branch, and it
@@ -109,46 +367,204 @@ def _quantize_tile(bits, s, special, inert, path, r24, code_offsets, code_mask, 
         COMMON: tl.constexpr = 3 if ROUNDING == 3 and not IS_INT else 2
         path = _stochastic_path(bits, s, inert, path, EMIN, ROUNDING, IS_INT)
         if path == COMMON:
-            _emit(bits, s, special, inert, COMMON, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
-                  values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
-                  ROUNDING, FAST, HW_FP8)
+            _emit(
+                bits,
+                s,
+                special,
+                inert,
+                COMMON,
+                r24,
+                code_offsets,
+                code_mask,
+                codes_ptr,
+                values_ptr,
+                values_offsets,
+                values_mask,
+                WANT_CODES,
+                WANT_VALUES,
+                OUT_KIND,
+                MBITS,
+                EMIN,
+                EMAX,
+                MAXCODE,
+                NMAX,
+                BITS,
+                IS_INT,
+                ROUNDING,
+                FAST,
+                HW_FP8,
+            )
         else:
             for tile_row in range(TILE_ROWS):
-                _row_refetched(x_ptr, codes_ptr, values_ptr, tl.zeros((1, 1, 1, 1), tl.int32) + (first_row + tile_row),
-                               col, pid_a, L, B, code_rows, code_cols, stride_a, stride_l, stride_b, seed_key, s,
-                               special, inert, path, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX,
-                               MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, HW_FP8, WIDE_INDEX, ROW_BLOCKS)
+                _row_refetched(
+                    x_ptr,
+                    codes_ptr,
+                    values_ptr,
+                    tl.zeros((1, 1, 1, 1), tl.int32) + (first_row + tile_row),
+                    col,
+                    pid_a,
+                    L,
+                    B,
+                    code_rows,
+                    code_cols,
+                    stride_a,
+                    stride_l,
+                    stride_b,
+                    seed_key,
+                    s,
+                    special,
+                    inert,
+                    path,
+                    IN_KIND,
+                    OUT_KIND,
+                    WANT_CODES,
+                    WANT_VALUES,
+                    MBITS,
+                    EMIN,
+                    EMAX,
+                    MAXCODE,
+                    NMAX,
+                    MMAX,
+                    BITS,
+                    IS_INT,
+                    SCALE_MODE,
+                    ROUNDING,
+                    HW_FP8,
+                    WIDE_INDEX,
+                    ROW_BLOCKS,
+                )
     else:
-        _emit(bits, s, special, inert, path, r24, code_offsets, code_mask, codes_ptr, values_ptr, values_offsets,
-              values_mask, WANT_CODES, WANT_VALUES, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT,
-              ROUNDING, FAST, HW_FP8)
+        _emit(
+            bits,
+            s,
+            special,
+            inert,
+            path,
+            r24,
+            code_offsets,
+            code_mask,
+            codes_ptr,
+            values_ptr,
+            values_offsets,
+            values_mask,
+            WANT_CODES,
+            WANT_VALUES,
+            OUT_KIND,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            BITS,
+            IS_INT,
+            ROUNDING,
+            FAST,
+            HW_FP8,
+        )
 
 
 @triton.jit
-def _row_refetched(x_ptr, codes_ptr, values_ptr, row, col, pid_a, L, B, code_rows, code_cols, stride_a, stride_l,
-                   stride_b, seed_key, tile_s, tile_special, tile_inert, tile_path, IN_KIND: tl.constexpr,
-                   OUT_KIND: tl.constexpr, WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr, MBITS: tl.constexpr,
-                   EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
-                   MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr, SCALE_MODE: tl.constexpr,
-                   ROUNDING: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROW_BLOCKS: tl.constexpr):
+def _row_refetched(
+    x_ptr,
+    codes_ptr,
+    values_ptr,
+    row,
+    col,
+    pid_a,
+    L,
+    B,
+    code_rows,
+    code_cols,
+    stride_a,
+    stride_l,
+    stride_b,
+    seed_key,
+    tile_s,
+    tile_special,
+    tile_inert,
+    tile_path,
+    IN_KIND: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    HW_FP8: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+    ROW_BLOCKS: tl.constexpr,
+):
     """Codes/values of one row (row: shape (1, 1, 1, 1)) of a tile, loaded again, for `_quantize_tile`: with
     ROW_BLOCKS the row's scales and path are derived again from the row (the same steps, so the same values as
     the tile's, already stored), else the tile's are used."""
-    bits, in_mask, values_offsets, r24 = _load_tile(x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key,
-                                                    IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX)
+    bits, in_mask, values_offsets, r24 = _load_tile(
+        x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX
+    )
     code_offsets = (pid_a * code_rows + row) * code_cols + col
     code_mask = (row < code_rows) & (col < code_cols)
     if ROW_BLOCKS:
         amax = tl.max(bits & 0x7FFFFFFF, axis=3)
         s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         path = _stochastic_path(bits, s[:, :, :, None], inert[:, :, :, None], path, EMIN, ROUNDING, IS_INT)
-        _emit(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24, code_offsets, code_mask,
-              codes_ptr, values_ptr, values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8)
+        _emit(
+            bits,
+            s[:, :, :, None],
+            special[:, :, :, None],
+            inert[:, :, :, None],
+            path,
+            r24,
+            code_offsets,
+            code_mask,
+            codes_ptr,
+            values_ptr,
+            values_offsets,
+            in_mask,
+            WANT_CODES,
+            WANT_VALUES,
+            OUT_KIND,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            BITS,
+            IS_INT,
+            ROUNDING,
+            True,
+            HW_FP8,
+        )
     else:
-        _emit(bits, tile_s, tile_special, tile_inert, _stochastic_path(bits, tile_s, tile_inert, tile_path, EMIN, ROUNDING, IS_INT),
-              r24, code_offsets, code_mask, codes_ptr, values_ptr,
-              values_offsets, in_mask, WANT_CODES, WANT_VALUES, OUT_KIND,
-              MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, True, HW_FP8)
-
-
+        _emit(
+            bits,
+            tile_s,
+            tile_special,
+            tile_inert,
+            _stochastic_path(bits, tile_s, tile_inert, tile_path, EMIN, ROUNDING, IS_INT),
+            r24,
+            code_offsets,
+            code_mask,
+            codes_ptr,
+            values_ptr,
+            values_offsets,
+            in_mask,
+            WANT_CODES,
+            WANT_VALUES,
+            OUT_KIND,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            BITS,
+            IS_INT,
+            ROUNDING,
+            True,
+            HW_FP8,
+        )

@@ -18,13 +18,22 @@ dtype (unpadded shape), each contiguous in (A, L, B) order; `_mx_column_tile_ker
 column sums of each 32-row block of x (WANT_SUMS: a linear layer's bias gradient from the same read).
 docs/numerics.md ("The cast kernels") gives the paths per tile and why each is exact.
 """
+
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from mxlab.kernels.cast.bits import _block_scales, _load_bits, _load_tile, _random_bits24, _random_hadamard_bits, _scale_bytes
+from mxlab.kernels.cast.bits import (
+    _block_scales,
+    _load_bits,
+    _load_tile,
+    _random_bits24,
+    _random_hadamard_bits,
+    _scale_bytes,
+)
 from mxlab.kernels.cast.emit import _quantize_tile
+
 
 @triton.jit
 def _program_ids(WIDE_INDEX: tl.constexpr):
@@ -41,14 +50,44 @@ def _program_ids(WIDE_INDEX: tl.constexpr):
 
 @triton.jit(do_not_specialize=["seed_key", "hadamard_key"])  # seeds change every call: one compiled kernel
 def _mx_kernel(
-    x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
-    L, B, LP, BP, stride_a, stride_l, stride_b, seed_key, hadamard_key,
-    IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr,
-    WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
-    MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    RB: tl.constexpr, RS: tl.constexpr, CB: tl.constexpr, HADAMARD: tl.constexpr = False,
+    x_ptr,
+    row_codes_ptr,
+    row_scales_ptr,
+    row_values_ptr,
+    col_codes_ptr,
+    col_scales_ptr,
+    col_values_ptr,
+    L,
+    B,
+    LP,
+    BP,
+    stride_a,
+    stride_l,
+    stride_b,
+    seed_key,
+    hadamard_key,
+    IN_KIND: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    FAST: tl.constexpr,
+    HW_FP8: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+    RB: tl.constexpr,
+    RS: tl.constexpr,
+    CB: tl.constexpr,
+    HADAMARD: tl.constexpr = False,
 ):
     """Quantize one (RB, RS, CB, 32) tile of the (A, L, B) view of x; see the module docstring.
 
@@ -93,54 +132,208 @@ def _mx_kernel(
         nbp = BP // 32
         srow = (pid_l * RB + tl.arange(0, RB)[:, None, None]) * RS + tl.arange(0, RS)[None, :, None]
         sblk = pid_b * CB + tl.arange(0, CB)[None, None, :]
-        tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk, _scale_bytes(s, special),
-                 mask=(srow < L) & (sblk < nbp))
-        _quantize_tile(bits, s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None], path, r24,
-                       (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr, row_values_ptr,
-                       values_offsets, values_mask, x_ptr, pid_l * (RB * RS), col, pid_a, L, B, L, BP,
-                       stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
-                       MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
-                       WIDE_INDEX, HADAMARD, RB * RS, True)
+        tl.store(
+            row_scales_ptr + (pid_a * L + srow) * nbp + sblk, _scale_bytes(s, special), mask=(srow < L) & (sblk < nbp)
+        )
+        _quantize_tile(
+            bits,
+            s[:, :, :, None],
+            special[:, :, :, None],
+            inert[:, :, :, None],
+            path,
+            r24,
+            (pid_a * L + row) * BP + col,
+            (row < L) & (col < BP),
+            row_codes_ptr,
+            row_values_ptr,
+            values_offsets,
+            values_mask,
+            x_ptr,
+            pid_l * (RB * RS),
+            col,
+            pid_a,
+            L,
+            B,
+            L,
+            BP,
+            stride_a,
+            stride_l,
+            stride_b,
+            seed_key,
+            IN_KIND,
+            OUT_KIND,
+            WANT_CODES,
+            WANT_VALUES,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            MMAX,
+            BITS,
+            IS_INT,
+            SCALE_MODE,
+            ROUNDING,
+            FAST,
+            HW_FP8,
+            WIDE_INDEX,
+            HADAMARD,
+            RB * RS,
+            True,
+        )
     if LAYOUT == 1:
         tl.static_assert(HADAMARD, "LAYOUT_COL without the Hadamard transform runs in _mx_column_tile_kernel")
         amax = tl.max(magnitude, axis=1)
         s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None, None]
         scol = (pid_b * CB + tl.arange(0, CB)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
-        tl.store(col_scales_ptr + (pid_a * (LP // 32) + sblk) * B + scol,
-                 _scale_bytes(s, special), mask=(sblk < LP // 32) & (scol < B))
-        _quantize_tile(bits, s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :], path, r24,
-                       (pid_a * LP + row) * B + col, (row < LP) & (col < B), col_codes_ptr, col_values_ptr,
-                       values_offsets, values_mask, x_ptr, pid_l * (RB * RS), col, pid_a, L, B, LP, B,
-                       stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
-                       MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
-                       WIDE_INDEX, HADAMARD, RB * RS, False)
+        tl.store(
+            col_scales_ptr + (pid_a * (LP // 32) + sblk) * B + scol,
+            _scale_bytes(s, special),
+            mask=(sblk < LP // 32) & (scol < B),
+        )
+        _quantize_tile(
+            bits,
+            s[:, None, :, :],
+            special[:, None, :, :],
+            inert[:, None, :, :],
+            path,
+            r24,
+            (pid_a * LP + row) * B + col,
+            (row < LP) & (col < B),
+            col_codes_ptr,
+            col_values_ptr,
+            values_offsets,
+            values_mask,
+            x_ptr,
+            pid_l * (RB * RS),
+            col,
+            pid_a,
+            L,
+            B,
+            LP,
+            B,
+            stride_a,
+            stride_l,
+            stride_b,
+            seed_key,
+            IN_KIND,
+            OUT_KIND,
+            WANT_CODES,
+            WANT_VALUES,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            MMAX,
+            BITS,
+            IS_INT,
+            SCALE_MODE,
+            ROUNDING,
+            FAST,
+            HW_FP8,
+            WIDE_INDEX,
+            HADAMARD,
+            RB * RS,
+            False,
+        )
     if LAYOUT == 3:
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
         s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None]
         sbcol = pid_b * CB + tl.arange(0, CB)[None, :]
-        tl.store(row_scales_ptr + (pid_a * (LP // 32) + sblk) * (BP // 32) + sbcol,
-                 _scale_bytes(s, special),
-                 mask=(sblk < LP // 32) & (sbcol < BP // 32))
-        _quantize_tile(bits, s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None], path, r24,
-                       (pid_a * LP + row) * BP + col, (row < LP) & (col < BP), row_codes_ptr, row_values_ptr,
-                       values_offsets, values_mask, x_ptr, pid_l * (RB * RS), col, pid_a, L, B, LP, BP,
-                       stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES,
-                       MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
-                       WIDE_INDEX, HADAMARD, RB * RS, False)
+        tl.store(
+            row_scales_ptr + (pid_a * (LP // 32) + sblk) * (BP // 32) + sbcol,
+            _scale_bytes(s, special),
+            mask=(sblk < LP // 32) & (sbcol < BP // 32),
+        )
+        _quantize_tile(
+            bits,
+            s[:, None, :, None],
+            special[:, None, :, None],
+            inert[:, None, :, None],
+            path,
+            r24,
+            (pid_a * LP + row) * BP + col,
+            (row < LP) & (col < BP),
+            row_codes_ptr,
+            row_values_ptr,
+            values_offsets,
+            values_mask,
+            x_ptr,
+            pid_l * (RB * RS),
+            col,
+            pid_a,
+            L,
+            B,
+            LP,
+            BP,
+            stride_a,
+            stride_l,
+            stride_b,
+            seed_key,
+            IN_KIND,
+            OUT_KIND,
+            WANT_CODES,
+            WANT_VALUES,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            MMAX,
+            BITS,
+            IS_INT,
+            SCALE_MODE,
+            ROUNDING,
+            FAST,
+            HW_FP8,
+            WIDE_INDEX,
+            HADAMARD,
+            RB * RS,
+            False,
+        )
 
 
 @triton.jit(do_not_specialize=["seed_key"])
 def _mx_column_tile_kernel(
-    x_ptr, row_codes_ptr, row_scales_ptr, row_values_ptr, col_codes_ptr, col_scales_ptr, col_values_ptr,
-    L, B, LP, BP, stride_a, stride_l, stride_b, seed_key,
-    IN_KIND: tl.constexpr, OUT_KIND: tl.constexpr, LAYOUT: tl.constexpr,
-    WANT_CODES: tl.constexpr, WANT_VALUES: tl.constexpr,
-    MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MAXCODE: tl.constexpr, NMAX: tl.constexpr,
-    MMAX: tl.constexpr, BITS: tl.constexpr, IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr, ROUNDING: tl.constexpr, FAST: tl.constexpr, HW_FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    CB: tl.constexpr, sums_ptr=None, WANT_SUMS: tl.constexpr = False,
+    x_ptr,
+    row_codes_ptr,
+    row_scales_ptr,
+    row_values_ptr,
+    col_codes_ptr,
+    col_scales_ptr,
+    col_values_ptr,
+    L,
+    B,
+    LP,
+    BP,
+    stride_a,
+    stride_l,
+    stride_b,
+    seed_key,
+    IN_KIND: tl.constexpr,
+    OUT_KIND: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    WANT_CODES: tl.constexpr,
+    WANT_VALUES: tl.constexpr,
+    MBITS: tl.constexpr,
+    EMIN: tl.constexpr,
+    EMAX: tl.constexpr,
+    MAXCODE: tl.constexpr,
+    NMAX: tl.constexpr,
+    MMAX: tl.constexpr,
+    BITS: tl.constexpr,
+    IS_INT: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    ROUNDING: tl.constexpr,
+    FAST: tl.constexpr,
+    HW_FP8: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
+    CB: tl.constexpr,
+    sums_ptr=None,
+    WANT_SUMS: tl.constexpr = False,
 ):
     """LAYOUT_COL (and LAYOUT_BOTH) in one pass: a 2-D tile of 32 rows x CB * 32 columns is loaded once, reduced
     along its rows (the column blocks' amax; for LAYOUT_BOTH also along each row's 32-column blocks) and quantized
@@ -152,40 +345,126 @@ def _mx_column_tile_kernel(
     pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     row = pid_l * 32 + tl.arange(0, 32)[:, None]
     col = pid_b * (CB * 32) + tl.arange(0, CB * 32)[None, :]
-    bits, in_mask, values_offsets, r24 = _load_tile(x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key,
-                                                    IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX)
+    bits, in_mask, values_offsets, r24 = _load_tile(
+        x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX
+    )
     amax = tl.max(bits & 0x7FFFFFFF, axis=0)
     s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
     scol = pid_b * (CB * 32) + tl.arange(0, CB * 32)
-    tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + scol,
-             _scale_bytes(s, special), mask=scol < B)
+    tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + scol, _scale_bytes(s, special), mask=scol < B)
     if WANT_SUMS:
-        tl.store(sums_ptr + (pid_a * (LP // 32) + pid_l) * B + scol, tl.sum(bits.to(tl.float32, bitcast=True), axis=0),
-                 mask=scol < B)
-    _quantize_tile(bits, s[None, :], special[None, :], inert[None, :], path, r24, (pid_a * LP + row) * B + col,
-                   (row < LP) & (col < B), col_codes_ptr, col_values_ptr, values_offsets, in_mask, x_ptr, pid_l * 32,
-                   col, pid_a, L, B, LP, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES,
-                   WANT_VALUES, MBITS, EMIN, EMAX, MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8,
-                   WIDE_INDEX, False, 32, False)
+        tl.store(
+            sums_ptr + (pid_a * (LP // 32) + pid_l) * B + scol,
+            tl.sum(bits.to(tl.float32, bitcast=True), axis=0),
+            mask=scol < B,
+        )
+    _quantize_tile(
+        bits,
+        s[None, :],
+        special[None, :],
+        inert[None, :],
+        path,
+        r24,
+        (pid_a * LP + row) * B + col,
+        (row < LP) & (col < B),
+        col_codes_ptr,
+        col_values_ptr,
+        values_offsets,
+        in_mask,
+        x_ptr,
+        pid_l * 32,
+        col,
+        pid_a,
+        L,
+        B,
+        LP,
+        B,
+        stride_a,
+        stride_l,
+        stride_b,
+        seed_key,
+        IN_KIND,
+        OUT_KIND,
+        WANT_CODES,
+        WANT_VALUES,
+        MBITS,
+        EMIN,
+        EMAX,
+        MAXCODE,
+        NMAX,
+        MMAX,
+        BITS,
+        IS_INT,
+        SCALE_MODE,
+        ROUNDING,
+        FAST,
+        HW_FP8,
+        WIDE_INDEX,
+        False,
+        32,
+        False,
+    )
     if LAYOUT == 2:
         row_amax = tl.max(tl.reshape(bits & 0x7FFFFFFF, (32, CB, 32)), axis=2)
         s_row, special_row, inert_row, path_row = _block_scales(row_amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
         nbp = BP // 32
         srow = pid_l * 32 + tl.arange(0, 32)[:, None]
         sblk = pid_b * CB + tl.arange(0, CB)[None, :]
-        tl.store(row_scales_ptr + (pid_a * L + srow) * nbp + sblk,
-                 _scale_bytes(s_row, special_row), mask=(srow < L) & (sblk < nbp))
+        tl.store(
+            row_scales_ptr + (pid_a * L + srow) * nbp + sblk,
+            _scale_bytes(s_row, special_row),
+            mask=(srow < L) & (sblk < nbp),
+        )
         col4 = (pid_b * CB + tl.arange(0, CB)[None, None, :, None]) * 32 + tl.arange(0, 32)[None, None, None, :]
-        _quantize_tile(bits, _spread_blocks(s_row, CB), _spread_blocks(special_row, CB), _spread_blocks(inert_row, CB),
-                       path_row, r24, (pid_a * L + row) * BP + col, (row < L) & (col < BP), row_codes_ptr,
-                       row_values_ptr, values_offsets, in_mask, x_ptr, pid_l * 32, col4, pid_a, L, B, L, BP, stride_a,
-                       stride_l, stride_b, seed_key, IN_KIND, OUT_KIND, WANT_CODES, WANT_VALUES, MBITS, EMIN, EMAX,
-                       MAXCODE, NMAX, MMAX, BITS, IS_INT, SCALE_MODE, ROUNDING, FAST, HW_FP8, WIDE_INDEX, False,
-                       32, True)
+        _quantize_tile(
+            bits,
+            _spread_blocks(s_row, CB),
+            _spread_blocks(special_row, CB),
+            _spread_blocks(inert_row, CB),
+            path_row,
+            r24,
+            (pid_a * L + row) * BP + col,
+            (row < L) & (col < BP),
+            row_codes_ptr,
+            row_values_ptr,
+            values_offsets,
+            in_mask,
+            x_ptr,
+            pid_l * 32,
+            col4,
+            pid_a,
+            L,
+            B,
+            L,
+            BP,
+            stride_a,
+            stride_l,
+            stride_b,
+            seed_key,
+            IN_KIND,
+            OUT_KIND,
+            WANT_CODES,
+            WANT_VALUES,
+            MBITS,
+            EMIN,
+            EMAX,
+            MAXCODE,
+            NMAX,
+            MMAX,
+            BITS,
+            IS_INT,
+            SCALE_MODE,
+            ROUNDING,
+            FAST,
+            HW_FP8,
+            WIDE_INDEX,
+            False,
+            32,
+            True,
+        )
 
 
 @triton.jit
 def _spread_blocks(per_block, CB: tl.constexpr):
     """(32, CB) per-block values as (32, CB * 32): each repeated over its block's 32 columns."""
     return tl.reshape(tl.broadcast_to(per_block[:, :, None], (32, CB, 32)), (32, CB * 32))
-

@@ -4,6 +4,7 @@
 benchmarks: the exact integer path everywhere, the integer path where the hardware FP8 conversion would run,
 another tile); every choice gives the same bits.
 """
+
 from __future__ import annotations
 
 import functools
@@ -117,14 +118,22 @@ def _default_tile(layout: int, hadamard: bool, stochastic: bool = False, hardwar
     return COL_TILE if hardware_fp8 else INTEGER_COL_TILE
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _format_constants(fmt: ElementFormat) -> dict:  # cached: callers only unpack it
     nmax = fmt.max_normal / 2.0 ** (fmt.emax - fmt.mbits)
     if nmax != int(nmax):
-        raise ValueError(f"format {fmt.name}: max normal {fmt.max_normal} is not an integer multiple of its top quantum")
+        raise ValueError(
+            f"format {fmt.name}: max normal {fmt.max_normal} is not an integer multiple of its top quantum"
+        )
     return dict(
-        MBITS=fmt.mbits, EMIN=fmt.emin, EMAX=fmt.emax, MAXCODE=fmt.max_code, NMAX=int(nmax),
-        MMAX=float32_fraction_bits(fmt.max_normal), BITS=fmt.bits, IS_INT=fmt.is_int,
+        MBITS=fmt.mbits,
+        EMIN=fmt.emin,
+        EMAX=fmt.emax,
+        MAXCODE=fmt.max_code,
+        NMAX=int(nmax),
+        MMAX=float32_fraction_bits(fmt.max_normal),
+        BITS=fmt.bits,
+        IS_INT=fmt.is_int,
     )
 
 
@@ -154,8 +163,9 @@ class _View:
 
 
 @functools.lru_cache(maxsize=4096)
-def _view_geometry(shape: tuple[int, ...], block: int | tuple[int, int], axis: int, pad: bool,
-                   layout: int | None) -> tuple[tuple[int, int, int], int, int, int, tuple[int, ...], tuple[int, ...]]:
+def _view_geometry(
+    shape: tuple[int, ...], block: int | tuple[int, int], axis: int, pad: bool, layout: int | None
+) -> tuple[tuple[int, int, int], int, int, int, tuple[int, ...], tuple[int, ...]]:
     """(the (A, L, B) shape, layout, lp, bp, padded shape, scale shape) of `_make_view` for a tensor of `shape`
     (cached: a function of the shape and the options alone). Refuses (ValueError) a blocked dim that is not a
     multiple of 32 without pad."""
@@ -171,7 +181,7 @@ def _view_geometry(shape: tuple[int, ...], block: int | tuple[int, int], axis: i
         layout = LAYOUT_ROW
     else:
         dims = (axis,) if layout != LAYOUT_BOTH else (0, 1)
-        shape3 = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1:]))
+        shape3 = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :]))
         layout = LAYOUT_COL if layout is None else layout
     for dim in dims:
         if shape[dim] % BLOCK and not pad:
@@ -191,7 +201,9 @@ def _make_view(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bo
     return _View(x.reshape(shape3), layout, lp, bp, padded_shape, scale_shape)
 
 
-def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int, hadamard: int | None = None) -> str | None:
+def unsupported_reason(
+    x: torch.Tensor, block: int | tuple[int, int], axis: int, hadamard: int | None = None
+) -> str | None:
     """Why the Triton kernels cannot run this call (None when they can).
 
     They need a float32/bfloat16/float16 tensor on a CUDA device (or any device under
@@ -213,7 +225,7 @@ def unsupported_reason(x: torch.Tensor, block: int | tuple[int, int], axis: int,
     return None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cuda_capability(index: int) -> tuple[int, int]:
     major, minor = torch.cuda.get_device_capability(index)
     return int(major), int(minor)
@@ -235,9 +247,18 @@ def hardware_fp8_applies(device: torch.device | str, fmt: ElementFormat, roundin
     return _cuda_capability(index) >= HARDWARE_FP8_MIN_CAPABILITY
 
 
-def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str, seed: int | None,
-                want_codes: bool, want_values: bool, options: CastLaunch = DEFAULT_LAUNCH,
-                hadamard_seed: int | None = None, want_column_sums: bool = False) -> dict:
+def launch_cast(
+    view: _View,
+    fmt: ElementFormat,
+    scale_mode: str,
+    rounding: str,
+    seed: int | None,
+    want_codes: bool,
+    want_values: bool,
+    options: CastLaunch = DEFAULT_LAUNCH,
+    hadamard_seed: int | None = None,
+    want_column_sums: bool = False,
+) -> dict:
     """Run the kernel on a view; returns the output tensors by name, and under "kernel" what the launch
     returned (the compiled kernel on a GPU, whose .asm shows the instructions). `hadamard_seed` (LAYOUT_ROW
     or LAYOUT_COL only): quantize the random Hadamard transform (block 32) of x along the blocked axis;
@@ -251,8 +272,10 @@ def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str,
     if hadamard and layout not in (LAYOUT_ROW, LAYOUT_COL):
         raise ValueError(f"the fused Hadamard transform runs with 1-D blocks along one axis, not layout {layout}")
     if want_column_sums and (hadamard or layout not in (LAYOUT_COL, LAYOUT_BOTH)):
-        raise ValueError(f"column sums come with column blocks and no Hadamard transform, not layout {layout}"
-                         f"{' with the transform' if hadamard else ''}")
+        raise ValueError(
+            f"column sums come with column blocks and no Hadamard transform, not layout {layout}"
+            f"{' with the transform' if hadamard else ''}"
+        )
     fast = options.fast
     hardware_path = fast and options.hw_fp8 and hardware_fp8_applies(device, fmt, rounding)
     tile = options.tile or _default_tile(layout, hadamard, rounding == "stochastic", hardware_path)
@@ -294,28 +317,58 @@ def launch_cast(view: _View, fmt: ElementFormat, scale_mode: str, rounding: str,
     # one int32 signature whatever the seed (the kernels do not specialize on it): no compile per seed value
     seed_key = signed_seed_key(seed) if rounding == "stochastic" else 0
     arguments = (
-        x3.view(_BITS_DTYPES[x3.dtype]), row_codes, row_scales, row_bits, col_codes, col_scales, col_bits,
-        length, width, view.lp, view.bp, x3.stride(0), x3.stride(1), x3.stride(2), seed_key,
+        x3.view(_BITS_DTYPES[x3.dtype]),
+        row_codes,
+        row_scales,
+        row_bits,
+        col_codes,
+        col_scales,
+        col_bits,
+        length,
+        width,
+        view.lp,
+        view.bp,
+        x3.stride(0),
+        x3.stride(1),
+        x3.stride(2),
+        seed_key,
     )
     constants = dict(
-        IN_KIND=DTYPE_KINDS[x3.dtype], OUT_KIND=KIND_FP32 if hadamard else DTYPE_KINDS[x3.dtype], LAYOUT=layout,
-        WANT_CODES=want_codes, WANT_VALUES=want_values, **_format_constants(fmt),
-        SCALE_MODE=SCALE_MODE_IDS[scale_mode], ROUNDING=ROUNDING_IDS[rounding], FAST=fast,
-        HW_FP8=hardware_path, WIDE_INDEX=wide, CB=col_blocks, num_warps=tile.num_warps,
+        IN_KIND=DTYPE_KINDS[x3.dtype],
+        OUT_KIND=KIND_FP32 if hadamard else DTYPE_KINDS[x3.dtype],
+        LAYOUT=layout,
+        WANT_CODES=want_codes,
+        WANT_VALUES=want_values,
+        **_format_constants(fmt),
+        SCALE_MODE=SCALE_MODE_IDS[scale_mode],
+        ROUNDING=ROUNDING_IDS[rounding],
+        FAST=fast,
+        HW_FP8=hardware_path,
+        WIDE_INDEX=wide,
+        CB=col_blocks,
+        num_warps=tile.num_warps,
     )
     if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard:
         if want_column_sums:
-            outputs["column_sums"] = sums = torch.empty((count, view.lp // BLOCK, width), dtype=torch.float32,
-                                                        device=device)
+            outputs["column_sums"] = sums = torch.empty(
+                (count, view.lp // BLOCK, width), dtype=torch.float32, device=device
+            )
             constants.update(sums_ptr=sums, WANT_SUMS=True)
         kernel = _mx_column_tile_kernel[grid](*arguments, **constants)
     elif hadamard:
         hadamard_key = signed_seed_key(hadamard_seed)
-        kernel = _mx_kernel[grid](*arguments, hadamard_key, RB=rb, RS=rs, HADAMARD=True, **HADAMARD_COMPILE_OPTIONS,
-                                  **constants)
+        kernel = _mx_kernel[grid](
+            *arguments, hadamard_key, RB=rb, RS=rs, HADAMARD=True, **HADAMARD_COMPILE_OPTIONS, **constants
+        )
     else:
         kernel = _mx_kernel[grid](*arguments, 0, RB=rb, RS=rs, **constants)
-    outputs.update(row_codes=row_codes, row_scales=row_scales, row_values=row_values,
-                   col_codes=col_codes, col_scales=col_scales, col_values=col_values, kernel=kernel)
+    outputs.update(
+        row_codes=row_codes,
+        row_scales=row_scales,
+        row_values=row_values,
+        col_codes=col_codes,
+        col_scales=col_scales,
+        col_values=col_values,
+        kernel=kernel,
+    )
     return outputs
-

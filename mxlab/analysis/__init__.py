@@ -1,19 +1,70 @@
 """Analysis of a study folder: loading (study), statistics (stats), the decision rule (verdicts),
 simulation of the rule (power), and the comparison of every arm with the baseline (compare)."""
-from mxlab.analysis.compare import (ArmResult, Comparison, Detectable, StudyAnalysis, analyze_study, conclude,
-                                    inputs_from_runs, worse_when)
+
+from mxlab.analysis.compare import (
+    ArmResult,
+    Comparison,
+    Detectable,
+    StudyAnalysis,
+    analyze_study,
+    conclude,
+    inputs_from_runs,
+    worse_when,
+)
 from mxlab.analysis.power import NoiseModel, SimulationResult, fit_noise_model, simulate
-from mxlab.analysis.stats import (OUTLIER_FALSE_ALARM, DeLongResult, Estimate, RunSums, SeedDeltas, delong_covariance, delong_test,
-                                  detectable_effect, estimate, eval_variances, outlier_threshold, outlying_values,
-                                  paired_delta)
+from mxlab.analysis.stats import (
+    OUTLIER_FALSE_ALARM,
+    DeLongResult,
+    Estimate,
+    RunSums,
+    SeedDeltas,
+    delong_covariance,
+    delong_test,
+    detectable_effect,
+    estimate,
+    eval_variances,
+    outlier_threshold,
+    outlying_values,
+    paired_delta,
+)
 from mxlab.analysis.study import RunStatus, StudyData, StudyInputs, inputs_from_summary, load_study
 from mxlab.analysis.verdicts import VERDICTS, Hypothesis, Verdict, decide, holm_levels
 from mxlab.experiment.report_settings import ReportSettings
 
 __all__ = [
-    "OUTLIER_FALSE_ALARM", "ArmResult", "Comparison", "DeLongResult", "Detectable", "Estimate", "Hypothesis", "NoiseModel", "ReportSettings",
-    "RunStatus", "RunSums", "SeedDeltas", "SimulationResult", "StudyAnalysis", "StudyData", "StudyInputs", "VERDICTS",
-    "Verdict", "analyze_study", "conclude", "decide", "delong_covariance", "delong_test", "detectable_effect", "estimate",
-    "eval_variances", "fit_noise_model", "holm_levels", "inputs_from_runs", "inputs_from_summary", "load_study",
-    "outlier_threshold", "outlying_values", "paired_delta", "simulate",
+    "OUTLIER_FALSE_ALARM",
+    "ArmResult",
+    "Comparison",
+    "DeLongResult",
+    "Detectable",
+    "Estimate",
+    "Hypothesis",
+    "NoiseModel",
+    "ReportSettings",
+    "RunStatus",
+    "RunSums",
+    "SeedDeltas",
+    "SimulationResult",
+    "StudyAnalysis",
+    "StudyData",
+    "StudyInputs",
+    "VERDICTS",
+    "Verdict",
+    "analyze_study",
+    "conclude",
+    "decide",
+    "delong_covariance",
+    "delong_test",
+    "detectable_effect",
+    "estimate",
+    "eval_variances",
+    "fit_noise_model",
+    "holm_levels",
+    "inputs_from_runs",
+    "inputs_from_summary",
+    "load_study",
+    "outlier_threshold",
+    "outlying_values",
+    "paired_delta",
+    "simulate",
 ]

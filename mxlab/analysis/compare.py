@@ -5,6 +5,7 @@ metric the paired delta and its per-user influence values (mxlab.analysis.stats)
 decision rule (mxlab.analysis.verdicts) to the primary metrics; secondary metrics get unadjusted
 intervals and no verdict. A diverged or missing run drops its seed from that arm's pairs only.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,15 @@ import numpy as np
 
 from mxlab import metrics
 from mxlab.analysis.reduce import PAIRING_ARRAYS, reduce_runs, user_indices
-from mxlab.analysis.stats import Estimate, SeedDeltas, detectable_effect, estimate, eval_variances, paired_delta, truth_log_loss
+from mxlab.analysis.stats import (
+    Estimate,
+    SeedDeltas,
+    detectable_effect,
+    estimate,
+    eval_variances,
+    paired_delta,
+    truth_log_loss,
+)
 from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs, inputs_from_summary, load_study
 from mxlab.analysis.verdicts import Hypothesis, decide
 from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS, TRUTH_METRIC_KINDS, ReportSettings
@@ -94,30 +103,57 @@ class StudyAnalysis:
         inputs = self.inputs
 
         def deltas(d: SeedDeltas, **key: Any) -> dict[str, Any]:
-            return {**key, "per_seed": {str(s): v for s, v in d.per_seed.items()}, "eval_var": d.eval_var,
-                    "eval_var_of_mean": d.eval_var_of_mean}
+            return {
+                **key,
+                "per_seed": {str(s): v for s, v in d.per_seed.items()},
+                "eval_var": d.eval_var,
+                "eval_var_of_mean": d.eval_var_of_mean,
+            }
 
-        return _json_ready({
-            "name": self.study.name, "baseline": self.study.baseline, "arms": self.study.arms, "seeds": self.study.seeds,
-            "settings": self.settings.to_dict(), "family_size": self.family_size,
-            "conventions": metrics.METRIC_CONVENTIONS,
-            "n_eval_examples": inputs.n_examples, "n_eval_users": inputs.n_users,
-            "runs": [{"arm": r.arm, "seed": r.seed, "status": r.status, "diverged_at_step": r.diverged_at_step,
-                      "steps": r.steps, "wall_s": r.wall_s, "reason": r.reason, "skipped_steps": r.skipped_steps,
-                      "step_ms": r.step_ms, "peak_memory_bytes": r.peak_memory_bytes}
-                     for r in self.study.runs.values()],
-            "verdicts": {a: {c.metric: c.verdict for c in self.comparisons if c.arm == a and c.primary} for a in self.arms},
-            "comparisons": [asdict(c) for c in self.comparisons],
-            "aa": [asdict(c) for c in self.aa],
-            "detectable": [asdict(d) for d in self.detectable],
-            "arm_runs": {a: asdict(r) for a, r in self.arms.items()},
-            "run_metrics": {a: {str(s): m for s, m in seeds.items()} for a, seeds in inputs.run_metrics.items()},
-            "truth": inputs.truth,
-            "delong": [dict(arm=a, task=t, seed=s, **asdict(r)) for (a, t, s), r in inputs.delong.items()],
-            "inputs": {"deltas": [deltas(d, arm=a, metric=m) for (a, m), d in inputs.deltas.items()],
-                       "aa": [deltas(d, metric=m) for m, d in inputs.aa.items()], "aa_pairs": inputs.aa_pairs,
-                       "notes": inputs.notes},
-        })
+        return _json_ready(
+            {
+                "name": self.study.name,
+                "baseline": self.study.baseline,
+                "arms": self.study.arms,
+                "seeds": self.study.seeds,
+                "settings": self.settings.to_dict(),
+                "family_size": self.family_size,
+                "conventions": metrics.METRIC_CONVENTIONS,
+                "n_eval_examples": inputs.n_examples,
+                "n_eval_users": inputs.n_users,
+                "runs": [
+                    {
+                        "arm": r.arm,
+                        "seed": r.seed,
+                        "status": r.status,
+                        "diverged_at_step": r.diverged_at_step,
+                        "steps": r.steps,
+                        "wall_s": r.wall_s,
+                        "reason": r.reason,
+                        "skipped_steps": r.skipped_steps,
+                        "step_ms": r.step_ms,
+                        "peak_memory_bytes": r.peak_memory_bytes,
+                    }
+                    for r in self.study.runs.values()
+                ],
+                "verdicts": {
+                    a: {c.metric: c.verdict for c in self.comparisons if c.arm == a and c.primary} for a in self.arms
+                },
+                "comparisons": [asdict(c) for c in self.comparisons],
+                "aa": [asdict(c) for c in self.aa],
+                "detectable": [asdict(d) for d in self.detectable],
+                "arm_runs": {a: asdict(r) for a, r in self.arms.items()},
+                "run_metrics": {a: {str(s): m for s, m in seeds.items()} for a, seeds in inputs.run_metrics.items()},
+                "truth": inputs.truth,
+                "delong": [dict(arm=a, task=t, seed=s, **asdict(r)) for (a, t, s), r in inputs.delong.items()],
+                "inputs": {
+                    "deltas": [deltas(d, arm=a, metric=m) for (a, m), d in inputs.deltas.items()],
+                    "aa": [deltas(d, metric=m) for m, d in inputs.aa.items()],
+                    "aa_pairs": inputs.aa_pairs,
+                    "notes": inputs.notes,
+                },
+            }
+        )
 
 
 def _json_ready(value: Any) -> Any:
@@ -153,12 +189,19 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
         with np.load(study.run_dir(*key) / "eval.npz", allow_pickle=False) as loaded:
             for name in PAIRING_ARRAYS:
                 if not np.array_equal(loaded[name], reference[name]):
-                    raise ValueError(f"eval.npz of {key[0]}/seed{key[1]} has different {name!r} from {reference_key[0]}/"
-                                     f"seed{reference_key[1]}: runs must share the eval set, in the same order")
+                    raise ValueError(
+                        f"eval.npz of {key[0]}/seed{key[1]} has different {name!r} from {reference_key[0]}/"
+                        f"seed{reference_key[1]}: runs must share the eval set, in the same order"
+                    )
     seeds = sorted({seed for _, seed in keys})
     per_seed = [[key for key in keys if key[1] == seed] for seed in seeds]
-    jobs = [([(f"{arm}/seed{seed}", study.run_dir(arm, seed) / "eval.npz") for arm, seed in group],
-             f"{base}/seed{group[0][1]}" if group[0][1] in base_seeds else None) for group in per_seed]
+    jobs = [
+        (
+            [(f"{arm}/seed{seed}", study.run_dir(arm, seed) / "eval.npz") for arm, seed in group],
+            f"{base}/seed{group[0][1]}" if group[0][1] in base_seeds else None,
+        )
+        for group in per_seed
+    ]
     reductions = reduce_runs(jobs, int(reference["click"].size), workers)
     reduced = {key: run for group, runs in zip(per_seed, reductions) for key, run in zip(group, runs)}
     for (arm, seed), run in reduced.items():
@@ -167,8 +210,10 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
     user_index, n_users = user_indices(reference["user_id"])
     views = metrics.task_views(reference)
     task_users = {t: user_index if v.mask is None else user_index[v.mask] for t, v in views.items()}
-    truth_loss = {t: truth_log_loss(v.labels, v.true_probs, task_users[t], n_users) if v.true_probs is not None else None
-                  for t, v in views.items()}
+    truth_loss = {
+        t: truth_log_loss(v.labels, v.true_probs, task_users[t], n_users) if v.true_probs is not None else None
+        for t, v in views.items()
+    }
     sums = {key: run.sums for key, run in reduced.items()}
     usable = [m for m in metric_names if truth is not None or m.split(".", 1)[1] not in TRUTH_METRIC_KINDS]
 
@@ -194,7 +239,11 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
             for task, result in reduced[(arm, s)].delong.items():
                 delong[(arm, task, s)] = result
     pairs = disjoint_pairs(base_seeds)
-    aa = {m: seed_deltas({i: ((base, b), (base, a)) for i, (a, b) in enumerate(pairs)}, m) for m in usable} if pairs else {}
+    aa = (
+        {m: seed_deltas({i: ((base, b), (base, a)) for i, (a, b) in enumerate(pairs)}, m) for m in usable}
+        if pairs
+        else {}
+    )
     n_examples = {t: int(v.labels.size) for t, v in views.items()}
     return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users)
 
@@ -202,13 +251,25 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
 # ----------------------------------------------------------------------------- the decision
 
 
-def _comparison(arm: str, metric: str, primary: bool, e: Estimate, per_seed: dict[int, float], low: float, high: float,
-                level: float, verdict: str | None, reason: str, margin: float) -> Comparison:
+def _comparison(
+    arm: str,
+    metric: str,
+    primary: bool,
+    e: Estimate,
+    per_seed: dict[int, float],
+    low: float,
+    high: float,
+    level: float,
+    verdict: str | None,
+    reason: str,
+    margin: float,
+) -> Comparison:
     return Comparison(arm, metric, primary, e.delta, per_seed, low, high, level, e.se, e.df, verdict, reason, margin)
 
 
-def detectable_effects(analysis_deltas: dict[tuple[str, str], SeedDeltas], settings: ReportSettings,
-                       primary: list[str], family_size: int) -> list[Detectable]:
+def detectable_effects(
+    analysis_deltas: dict[tuple[str, str], SeedDeltas], settings: ReportSettings, primary: list[str], family_size: int
+) -> list[Detectable]:
     """Per primary metric: the smallest regression detected with ``settings.power`` at the Bonferroni level
     (Holm's first step, its least powerful) with the study's seeds, from the seed and shared eval variance
     pooled (averaged) over its arms, and the seeds a regression of the margin's size would need."""
@@ -229,8 +290,11 @@ def detectable_effects(analysis_deltas: dict[tuple[str, str], SeedDeltas], setti
             return detectable_effect(math.sqrt(seed_var / n + shared), n - 1, alpha, settings.power)
 
         needed = next((n for n in range(MIN_PAIRED_SEEDS, MAX_SEEDS_ADVISED + 1) if effect(n) <= margin), None)
-        out.append(Detectable(metric, k, effect(k) if k >= MIN_PAIRED_SEEDS else math.nan, margin, needed,
-                              effect(MIN_PAIRED_SEEDS)))
+        out.append(
+            Detectable(
+                metric, k, effect(k) if k >= MIN_PAIRED_SEEDS else math.nan, margin, needed, effect(MIN_PAIRED_SEEDS)
+            )
+        )
     return out
 
 
@@ -241,8 +305,10 @@ def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) ->
     if inputs.truth is None and inputs.deltas:
         lacking = [m for m in settings.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
         if lacking:
-            raise ValueError(f"primary metric(s) {lacking} need a source with truth; this study has none "
-                             f"(accepted here: {[m for m in METRIC_NAMES if m.split('.', 1)[1] not in TRUTH_METRIC_KINDS]})")
+            raise ValueError(
+                f"primary metric(s) {lacking} need a source with truth; this study has none "
+                f"(accepted here: {[m for m in METRIC_NAMES if m.split('.', 1)[1] not in TRUTH_METRIC_KINDS]})"
+            )
     primary = list(settings.primary)
     base = study.baseline
     hypotheses, secondary = [], []
@@ -254,29 +320,66 @@ def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) ->
             secondary.append((arm, metric, e, d))
     verdicts = decide([h for h, _ in hypotheses], settings.confidence, settings.correction)
     family_size = sum(1 for h, _ in hypotheses if h.estimate.n_seeds >= MIN_PAIRED_SEEDS)
-    comparisons = [_comparison(v.arm, v.metric, True, h.estimate, d.per_seed, v.low, v.high, v.level, v.verdict, v.reason,
-                               v.margin) for (h, d), v in zip(hypotheses, verdicts)]
+    comparisons = [
+        _comparison(
+            v.arm, v.metric, True, h.estimate, d.per_seed, v.low, v.high, v.level, v.verdict, v.reason, v.margin
+        )
+        for (h, d), v in zip(hypotheses, verdicts)
+    ]
     for arm, metric, e, d in secondary:
         low, high = e.interval(settings.confidence)
-        comparisons.append(_comparison(arm, metric, False, e, d.per_seed, low, high, settings.confidence, None,
-                                       "secondary metric: unadjusted interval, no verdict", settings.margin(metric)))
+        comparisons.append(
+            _comparison(
+                arm,
+                metric,
+                False,
+                e,
+                d.per_seed,
+                low,
+                high,
+                settings.confidence,
+                None,
+                "secondary metric: unadjusted interval, no verdict",
+                settings.margin(metric),
+            )
+        )
     order = {m: i for i, m in enumerate(primary + [m for m in METRIC_NAMES if m not in primary])}
     comparisons.sort(key=lambda c: (study.arms.index(c.arm), order[c.metric]))
     aa = []
-    aa_hypotheses = [Hypothesis("A/A", m, estimate(d), settings.margin(m), worse_when(m)) for m, d in inputs.aa.items()
-                     if m in primary]
+    aa_hypotheses = [
+        Hypothesis("A/A", m, estimate(d), settings.margin(m), worse_when(m))
+        for m, d in inputs.aa.items()
+        if m in primary
+    ]
     for h, v in zip(aa_hypotheses, decide(aa_hypotheses, settings.confidence, "none")):
-        aa.append(_comparison("A/A", h.metric, True, h.estimate, inputs.aa[h.metric].per_seed, v.low, v.high, v.level,
-                              v.verdict, v.reason, v.margin))
+        aa.append(
+            _comparison(
+                "A/A",
+                h.metric,
+                True,
+                h.estimate,
+                inputs.aa[h.metric].per_seed,
+                v.low,
+                v.high,
+                v.level,
+                v.verdict,
+                v.reason,
+                v.margin,
+            )
+        )
     arms = {}
     for arm in study.arms:
         if arm == base:
             continue
         runs = {s: study.runs[(arm, s)] for s in study.seeds}
         paired = sorted(next((d.per_seed for (a, _), d in inputs.deltas.items() if a == arm), {}))
-        arms[arm] = ArmResult(arm, paired, {s: r.diverged_at_step for s, r in runs.items() if r.status == "diverged"},
-                              [s for s, r in runs.items() if r.status == "missing"],
-                              {s: r.reason for s, r in runs.items() if r.status == "skipped"})
+        arms[arm] = ArmResult(
+            arm,
+            paired,
+            {s: r.diverged_at_step for s, r in runs.items() if r.status == "diverged"},
+            [s for s, r in runs.items() if r.status == "missing"],
+            {s: r.reason for s, r in runs.items() if r.status == "skipped"},
+        )
     detectable = detectable_effects(inputs.deltas, settings, primary, max(family_size, len(arms) * len(primary)))
     return StudyAnalysis(study, settings, inputs, comparisons, aa, arms, detectable, family_size)
 

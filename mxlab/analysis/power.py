@@ -5,11 +5,12 @@ A noise model per metric gives the three variances behind a per-seed paired delt
 the eval variance common to all seeds (``eval_shared``; the eval set is the same for every seed).
 Simulated studies go through the same estimate and decide functions as `mxlab report`.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -46,8 +47,11 @@ def fit_noise_model(seed_deltas: Sequence[SeedDeltas]) -> NoiseModel:
         shared_vars.append(min(e.shared_eval_var, d.eval_var))
         seed_vars.append(max(0.0, e.seed_var - (d.eval_var - shared_vars[-1])))
     eval_var = float(np.mean(eval_vars))
-    return NoiseModel(math.sqrt(float(np.mean(seed_vars))), math.sqrt(eval_var),
-                      float(np.mean(shared_vars)) / eval_var if eval_var > 0 else 0.0)
+    return NoiseModel(
+        math.sqrt(float(np.mean(seed_vars))),
+        math.sqrt(eval_var),
+        float(np.mean(shared_vars)) / eval_var if eval_var > 0 else 0.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -61,10 +65,21 @@ class SimulationResult:
     power_se: float
 
 
-def simulate(models: Mapping[str, NoiseModel], *, n_seeds: int, n_arms: int, margins: Mapping[str, float],
-             worse_when: Mapping[str, str], effect: Mapping[str, float] | None = None, effect_sd: float = 0.0,
-             eval_scale: float = 1.0, n_studies: int = 1000, confidence: float = 0.95, correction: str = "holm",
-             seed: int = 0) -> SimulationResult:
+def simulate(
+    models: Mapping[str, NoiseModel],
+    *,
+    n_seeds: int,
+    n_arms: int,
+    margins: Mapping[str, float],
+    worse_when: Mapping[str, str],
+    effect: Mapping[str, float] | None = None,
+    effect_sd: float = 0.0,
+    eval_scale: float = 1.0,
+    n_studies: int = 1000,
+    confidence: float = 0.95,
+    correction: str = "holm",
+    seed: int = 0,
+) -> SimulationResult:
     """Simulate ``n_studies`` studies of n_arms arms against one baseline on n_seeds seeds; the first arm
     carries ``effect`` (metric -> true delta), the others none. ``effect_sd`` > 0 makes the planted effect
     vary from seed to seed: per seed it is drawn from N(effect, effect_sd^2) (a recipe whose cost depends
@@ -92,8 +107,13 @@ def simulate(models: Mapping[str, NoiseModel], *, n_seeds: int, n_arms: int, mar
                 true = effect.get(metric, 0.0) if arm == 0 else 0.0
                 if true != 0 and effect_sd > 0:
                     true = true + rng.normal(0, effect_sd, n_seeds)
-                deltas = (true + rng.normal(0, half, n_seeds) - base + rng.normal(0, math.sqrt(shared))
-                          + rng.normal(0, math.sqrt(own), n_seeds))
+                deltas = (
+                    true
+                    + rng.normal(0, half, n_seeds)
+                    - base
+                    + rng.normal(0, math.sqrt(shared))
+                    + rng.normal(0, math.sqrt(own), n_seeds)
+                )
                 seeds = SeedDeltas(dict(enumerate(deltas.tolist())), eval_var, shared + own / n_seeds)
                 hypotheses.append(Hypothesis(f"arm{arm}", metric, estimate(seeds), margins[metric], worse_when[metric]))
         verdicts = decide(hypotheses, confidence, correction)
@@ -103,5 +123,10 @@ def simulate(models: Mapping[str, NoiseModel], *, n_seeds: int, n_arms: int, mar
     n = n_studies
     rate = false_hits / n
     power = power_hits / n if any(v != 0 for v in effect.values()) else math.nan
-    return SimulationResult(n, rate, power, math.sqrt(rate * (1 - rate) / n),
-                            math.sqrt(power * (1 - power) / n) if math.isfinite(power) else math.nan)
+    return SimulationResult(
+        n,
+        rate,
+        power,
+        math.sqrt(rate * (1 - rate) / n),
+        math.sqrt(power * (1 - power) / n) if math.isfinite(power) else math.nan,
+    )

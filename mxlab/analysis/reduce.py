@@ -6,14 +6,15 @@ DeLong components are computed once per seed). Seeds are independent, so a large
 of a million impressions) is reduced by a pool of processes, a small one in this process; both call
 `reduce_seed`, so they give the same bits.
 """
+
 from __future__ import annotations
 
 import multiprocessing
 import os
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -51,8 +52,14 @@ def _reduce_run(path: Path) -> tuple[dict, dict[str, RunSums], dict[str, tuple[n
     for task, view in views.items():
         probs = np.asarray(view.probs, dtype=np.float64)
         auc_and_components = delong_components(view.labels, probs, orders[task])
-        sums[task] = RunSums.build(view.labels, probs, index if view.mask is None else index[view.mask], n_users,
-                                   order=orders[task], delong=auc_and_components)
+        sums[task] = RunSums.build(
+            view.labels,
+            probs,
+            index if view.mask is None else index[view.mask],
+            n_users,
+            order=orders[task],
+            delong=auc_and_components,
+        )
         components[task] = (view.labels, *auc_and_components)
     return run_metrics, sums, components
 
@@ -75,8 +82,9 @@ def reduce_seed(runs: Sequence[tuple[str, Path]], baseline: str | None = None) -
         if baseline is not None and label != baseline:
             for task, (labels, auc, component) in components.items():
                 _, base_auc, base_component = reduced[baseline][2][task]
-                delong[task] = delong_result(*delong_from_components(labels, [auc, base_auc], [component, base_component]),
-                                             0.95)
+                delong[task] = delong_result(
+                    *delong_from_components(labels, [auc, base_auc], [component, base_component]), 0.95
+                )
         out.append(RunReduction(run_metrics, sums, delong))
     return out
 
@@ -85,8 +93,9 @@ def _reduce_one(job: tuple[Sequence[tuple[str, Path]], str | None]) -> list[RunR
     return reduce_seed(*job)
 
 
-def reduce_runs(jobs: Sequence[tuple[Sequence[tuple[str, Path]], str | None]], n_examples: int,
-                workers: int | None = None) -> list[list[RunReduction]]:
+def reduce_runs(
+    jobs: Sequence[tuple[Sequence[tuple[str, Path]], str | None]], n_examples: int, workers: int | None = None
+) -> list[list[RunReduction]]:
     """`reduce_seed` of every (runs of a seed, baseline label or None), in order. `workers`: processes to use
     (default: every core, up to one per job, when runs x n_examples >= PARALLEL_MIN_EXAMPLES, else 1 =
     this process)."""

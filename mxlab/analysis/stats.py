@@ -18,18 +18,18 @@ the mean over seeds Var(c) + Var(eta) / k. The variance of the mean delta is the
 with s^2 the sample variance of the d_s over seeds (it carries sigma^2 and Var(eta)); the interval
 is a Student t on k - 1 degrees of freedom. No resampling: a study costs microseconds.
 """
+
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 import numpy as np
 from scipy import stats as scipy_stats
 
 from mxlab import metrics
-
 
 # ----------------------------------------------------------------------------- per-user sums
 
@@ -48,9 +48,16 @@ class RunSums:
     ece: float
 
     @classmethod
-    def build(cls, labels: np.ndarray, probs: np.ndarray, user_index: np.ndarray, n_users: int,
-              n_bins: int = metrics.ECE_BINS, order: np.ndarray | None = None,
-              delong: tuple[float, np.ndarray] | None = None) -> "RunSums":
+    def build(
+        cls,
+        labels: np.ndarray,
+        probs: np.ndarray,
+        user_index: np.ndarray,
+        n_users: int,
+        n_bins: int = metrics.ECE_BINS,
+        order: np.ndarray | None = None,
+        delong: tuple[float, np.ndarray] | None = None,
+    ) -> RunSums:
         """Per-user sums of one task; refuses fewer than two examples of either class (AUC). When known:
         `order`, the stable argsort of the predictions; `delong`, their `delong_components`."""
         y = np.asarray(labels, dtype=np.float64)
@@ -68,8 +75,16 @@ class RunSums:
         bins = metrics.equal_mass_bin_index(p, n_bins, order)
         gap = np.bincount(bins, weights=p - y, minlength=n_bins)
         ece = float(np.abs(gap).sum() / y.size)
-        return cls(per_user(np.ones_like(y)), per_user(y), per_user(metrics.per_example_log_loss(y, p)), per_user(p),
-                   per_user(np.sign(gap)[bins] * (p - y)), per_user(influence), auc, ece)
+        return cls(
+            per_user(np.ones_like(y)),
+            per_user(y),
+            per_user(metrics.per_example_log_loss(y, p)),
+            per_user(p),
+            per_user(np.sign(gap)[bins] * (p - y)),
+            per_user(influence),
+            auc,
+            ece,
+        )
 
 
 def truth_log_loss(labels: np.ndarray, true_probs: np.ndarray, user_index: np.ndarray, n_users: int) -> np.ndarray:
@@ -99,7 +114,9 @@ def paired_delta(kind: str, arm: RunSums, base: RunSums, truth: np.ndarray | Non
         return arm.auc - base.auc, arm.auc_influence - base.auc_influence
     if kind == "ece":
         total = float(arm.count.sum())
-        return arm.ece - base.ece, (arm.ece_numerator - arm.ece * arm.count - base.ece_numerator + base.ece * base.count) / total
+        return arm.ece - base.ece, (
+            arm.ece_numerator - arm.ece * arm.count - base.ece_numerator + base.ece * base.count
+        ) / total
     if kind == "calibration_error":
         (ca, pa), (cb, pb) = _ratio(arm.predicted, arm.positives), _ratio(base.predicted, base.positives)
         return abs(ca - 1) - abs(cb - 1), np.sign(ca - 1) * pa - np.sign(cb - 1) * pb
@@ -256,7 +273,9 @@ class DeLongResult:
     high: float
 
 
-def delong_components(labels: np.ndarray, scores: np.ndarray, order: np.ndarray | None = None) -> tuple[float, np.ndarray]:
+def delong_components(
+    labels: np.ndarray, scores: np.ndarray, order: np.ndarray | None = None
+) -> tuple[float, np.ndarray]:
     """(AUC, structural component of every example in eval order), from one sort (Sun and Xu 2014;
     `order`: the stable argsort of the scores, when known).
 
@@ -275,16 +294,22 @@ def delong_components(labels: np.ndarray, scores: np.ndarray, order: np.ndarray 
     component = np.empty(y.size)
     # midrank among all minus midrank within the own class = how many of the other class rank below (ties half)
     component[order[pos_sorted]] = (rank_all[pos_sorted] - metrics.midranks_of_sorted(s_sorted[pos_sorted])) / n
-    component[order[~pos_sorted]] = 1.0 - (rank_all[~pos_sorted] - metrics.midranks_of_sorted(s_sorted[~pos_sorted])) / m
+    component[order[~pos_sorted]] = (
+        1.0 - (rank_all[~pos_sorted] - metrics.midranks_of_sorted(s_sorted[~pos_sorted])) / m
+    )
     auc = float(component[positive].mean())
     return auc, component
 
 
-def delong_from_components(labels: np.ndarray, aucs: list[float], components: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+def delong_from_components(
+    labels: np.ndarray, aucs: list[float], components: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
     positive = np.asarray(labels) == 1
     stacked = np.array(components)
-    cov = (np.atleast_2d(np.cov(stacked[:, positive])) / positive.sum()
-           + np.atleast_2d(np.cov(stacked[:, ~positive])) / (~positive).sum())
+    cov = (
+        np.atleast_2d(np.cov(stacked[:, positive])) / positive.sum()
+        + np.atleast_2d(np.cov(stacked[:, ~positive])) / (~positive).sum()
+    )
     return np.array(aucs), cov
 
 
@@ -308,8 +333,8 @@ def delong_result(aucs: np.ndarray, cov: np.ndarray, confidence: float) -> DeLon
     return DeLongResult(float(aucs[0]), float(aucs[1]), delta, se, z, p, delta - q * se, delta + q * se)
 
 
-def delong_test(labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, confidence: float = 0.95) -> DeLongResult:
+def delong_test(
+    labels: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray, confidence: float = 0.95
+) -> DeLongResult:
     """DeLong test of AUC(scores_a) - AUC(scores_b) on the same examples (see :func:`delong_covariance`)."""
     return delong_result(*delong_covariance(labels, [scores_a, scores_b]), confidence)
-
-

@@ -6,6 +6,7 @@ comparisons are read back from ``summary.json``: the one written by this version
 of the decision rule verbatim; one of an earlier version holds per-seed deltas and per-seed user
 bootstrap intervals, from which the eval variances are recovered (see :func:`inputs_from_summary`).
 """
+
 from __future__ import annotations
 
 import json
@@ -38,7 +39,9 @@ class RunStatus:
     skipped_steps: int | None = None
     step_ms: float | None = None  # median ms per training step (done.json; None before it was recorded)
     peak_memory_bytes: int | None = None  # peak GPU memory of the run's process (None on a CPU)
-    trained_with: dict[str, Any] | None = None  # {"code": {commit, dirty, source}, "device": name}; None before it was recorded
+    trained_with: dict[str, Any] | None = (
+        None  # {"code": {commit, dirty, source}, "device": name}; None before it was recorded
+    )
 
 
 @dataclass
@@ -81,9 +84,19 @@ def load_study(study_dir: str | PathLike) -> StudyData:
     if not (directory / "runs").is_dir() and summary_path.is_file():
         for r in json.loads(summary_path.read_text()).get("runs", []):
             path = directory / "runs" / r["arm"] / f"seed{r['seed']}"
-            runs[(r["arm"], int(r["seed"]))] = RunStatus(r["arm"], int(r["seed"]), r["status"], path, r.get("diverged_at_step"),
-                                                         r.get("steps"), r.get("wall_s"), r.get("reason"), r.get("skipped_steps"),
-                                                         r.get("step_ms"), r.get("peak_memory_bytes"))
+            runs[(r["arm"], int(r["seed"]))] = RunStatus(
+                r["arm"],
+                int(r["seed"]),
+                r["status"],
+                path,
+                r.get("diverged_at_step"),
+                r.get("steps"),
+                r.get("wall_s"),
+                r.get("reason"),
+                r.get("skipped_steps"),
+                r.get("step_ms"),
+                r.get("peak_memory_bytes"),
+            )
         for arm in arms:
             for seed in seeds:
                 runs.setdefault((arm, seed), RunStatus(arm, seed, "missing", directory / "runs" / arm / f"seed{seed}"))
@@ -101,12 +114,21 @@ def load_study(study_dir: str | PathLike) -> StudyData:
                 raise ValueError(f"{done_path}: status {status!r}; accepted: 'finished', 'diverged', 'skipped'")
             if status == "finished" and not (path / "eval.npz").is_file():
                 raise ValueError(f"{path} is finished but has no eval.npz")
-            runs[(arm, seed)] = RunStatus(arm, seed, status, path, done.get("diverged_at_step"), done.get("steps"), done.get("wall_s"),
-                                          done.get("reason") if status == "skipped" else None, done.get("skipped_steps"),
-                                          done.get("step_ms"), done.get("peak_memory_bytes"), done.get("trained_with"))
+            runs[(arm, seed)] = RunStatus(
+                arm,
+                seed,
+                status,
+                path,
+                done.get("diverged_at_step"),
+                done.get("steps"),
+                done.get("wall_s"),
+                done.get("reason") if status == "skipped" else None,
+                done.get("skipped_steps"),
+                done.get("step_ms"),
+                done.get("peak_memory_bytes"),
+                done.get("trained_with"),
+            )
     return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs)
-
-
 
 
 @dataclass
@@ -134,7 +156,9 @@ def disjoint_pairs(seeds: list[int]) -> list[tuple[int, int]]:
 
 
 def _seed_deltas(d: dict[str, Any]) -> SeedDeltas:
-    return SeedDeltas({int(k): float(v) for k, v in d["per_seed"].items()}, float(d["eval_var"]), float(d["eval_var_of_mean"]))
+    return SeedDeltas(
+        {int(k): float(v) for k, v in d["per_seed"].items()}, float(d["eval_var"]), float(d["eval_var_of_mean"])
+    )
 
 
 def _point(values: dict[str, float], base: dict[str, float], kind: str, truth: dict[str, float] | None) -> float:
@@ -156,15 +180,26 @@ def inputs_from_summary(summary: dict[str, Any], baseline: str) -> StudyInputs:
     Refuses a summary with neither form."""
     run_metrics = {arm: {int(s): m for s, m in seeds.items()} for arm, seeds in summary.get("run_metrics", {}).items()}
     truth = summary.get("truth") or None
-    delong = {(d["arm"], d["task"], int(d["seed"])): DeLongResult(*(d[k] for k in DeLongResult.__dataclass_fields__))
-              for d in summary.get("delong", [])}
+    delong = {
+        (d["arm"], d["task"], int(d["seed"])): DeLongResult(*(d[k] for k in DeLongResult.__dataclass_fields__))
+        for d in summary.get("delong", [])
+    }
     n_examples = {k: int(v) for k, v in (summary.get("n_eval_examples") or {}).items()}
     n_users = int(summary.get("n_eval_users") or 0)
     if "inputs" in summary:
         raw = summary["inputs"]
-        return StudyInputs(run_metrics, truth, {(d["arm"], d["metric"]): _seed_deltas(d) for d in raw["deltas"]},
-                           {d["metric"]: _seed_deltas(d) for d in raw["aa"]}, [tuple(p) for p in raw["aa_pairs"]],
-                           delong, n_examples, n_users, "summary", list(raw.get("notes", [])))
+        return StudyInputs(
+            run_metrics,
+            truth,
+            {(d["arm"], d["metric"]): _seed_deltas(d) for d in raw["deltas"]},
+            {d["metric"]: _seed_deltas(d) for d in raw["aa"]},
+            [tuple(p) for p in raw["aa_pairs"]],
+            delong,
+            n_examples,
+            n_users,
+            "summary",
+            list(raw.get("notes", [])),
+        )
     if "comparisons" not in summary:
         raise ValueError("summary.json has neither 'inputs' (this version) nor 'comparisons' (earlier versions)")
     settings = summary.get("settings", {})
@@ -188,8 +223,10 @@ def inputs_from_summary(summary: dict[str, Any], baseline: str) -> StudyInputs:
             base = run_metrics[baseline]
             scale = [base[s][c["task"]]["ne"] / (base[s][c["task"]]["ne"] - truth[c["task"]]["ne"]) for s in per_seed]
             f2 = (sum(scale) / len(scale)) ** 2
-            excess = {s: _point(run_metrics[c["arm"]][s][c["task"]], base[s][c["task"]], "excess_ne", truth[c["task"]])
-                      for s in per_seed}
+            excess = {
+                s: _point(run_metrics[c["arm"]][s][c["task"]], base[s][c["task"]], "excess_ne", truth[c["task"]])
+                for s in per_seed
+            }
             deltas[(c["arm"], f"{c['task']}.excess_ne")] = SeedDeltas(excess, eval_var * f2, var(c["bootstrap"]) * f2)
     pairs = disjoint_pairs(sorted(run_metrics.get(baseline, {})))
     aa: dict[str, SeedDeltas] = {}
@@ -202,6 +239,8 @@ def inputs_from_summary(summary: dict[str, Any], baseline: str) -> StudyInputs:
         eval_var = sum(var(i) for i in c["bootstrap_per_seed"].values()) / len(c["bootstrap_per_seed"])
         per_pair = {i: _point(base[b][task], base[a][task], kind, None) for i, (a, b) in enumerate(pairs)}
         aa[f"{task}.{kind}"] = SeedDeltas(per_pair, eval_var, eval_var / len(pairs))
-    notes = ["Run folders are not present: the comparisons are read back from an earlier version's summary.json "
-             "(per-seed deltas; eval variances recovered from its per-seed user-bootstrap intervals)."]
+    notes = [
+        "Run folders are not present: the comparisons are read back from an earlier version's summary.json "
+        "(per-seed deltas; eval variances recovered from its per-seed user-bootstrap intervals)."
+    ]
     return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users, "summary", notes)

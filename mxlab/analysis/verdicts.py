@@ -11,11 +11,12 @@ hypothesis's interval is taken at the level of the Holm step that judged it (the
 was rejected, or the step where the procedure stopped), so "the interval excludes zero" and "Holm
 rejects" always agree. With no rejection every interval is at the Bonferroni level alpha / m.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from mxlab.analysis.stats import Estimate
 from mxlab.experiment.report_settings import CORRECTIONS, MIN_PAIRED_SEEDS
@@ -104,11 +105,26 @@ def decide(hypotheses: Sequence[Hypothesis], confidence: float = 0.95, correctio
         e = h.estimate
         if id(h) not in by_id:
             low, high = e.interval(confidence)
-            out.append(Verdict(h.arm, h.metric, "inconclusive", e.delta, low, high, confidence, e.p_value(), h.margin,
-                               e.n_seeds, f"{e.n_seeds} paired seed(s); a verdict needs {MIN_PAIRED_SEEDS}"))
+            out.append(
+                Verdict(
+                    h.arm,
+                    h.metric,
+                    "inconclusive",
+                    e.delta,
+                    low,
+                    high,
+                    confidence,
+                    e.p_value(),
+                    h.margin,
+                    e.n_seeds,
+                    f"{e.n_seeds} paired seed(s); a verdict needs {MIN_PAIRED_SEEDS}",
+                )
+            )
             continue
         is_rejected, alpha = by_id[id(h)]
         low, high = e.interval(1 - alpha)
         word, reason = _word(h, is_rejected, low, high)
-        out.append(Verdict(h.arm, h.metric, word, e.delta, low, high, 1 - alpha, e.p_value(), h.margin, e.n_seeds, reason))
+        out.append(
+            Verdict(h.arm, h.metric, word, e.delta, low, high, 1 - alpha, e.p_value(), h.margin, e.n_seeds, reason)
+        )
     return out

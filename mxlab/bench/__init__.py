@@ -1,4 +1,5 @@
 """Speed benchmarks behind `mxlab bench ...` (CUDA): ratios against baselines measured in the same run."""
+
 from __future__ import annotations
 
 

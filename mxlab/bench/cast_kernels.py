@@ -1,9 +1,11 @@
 """The MX cast kernels replaced by stand-ins for a while, where `mxlab.kernels.cast.launch` launches them: the
 benches that compile launches without a GPU (`bench sass`) or skip them (`bench host`)."""
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 CAST_KERNELS = ("_mx_kernel", "_mx_column_tile_kernel")
 

@@ -8,12 +8,13 @@ nothing is computed and the outputs are not looked at: only the time counts. Not
 launch cost, CUDA's, and `qmatmul`'s exactness check of float32 operands (which runs, and synchronizes,
 on CUDA only). The GEMMs run on the CPU at a small width (default 64), so they cost little.
 """
+
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
 from unittest import mock
 
 import torch
@@ -44,12 +45,22 @@ class _NoLaunch:
 @contextlib.contextmanager
 def stubbed_cast_launches() -> Iterator[None]:
     """The MX cast kernels' launches as no-ops, CPU tensors on the Triton path; restores both on exit."""
-    with cast_kernels_replaced(lambda kernel: _NoLaunch()), mock.patch.dict(os.environ, TRITON_INTERPRET="1", MXLAB_BACKEND="triton"):
+    with (
+        cast_kernels_replaced(lambda kernel: _NoLaunch()),
+        mock.patch.dict(os.environ, TRITON_INTERPRET="1", MXLAB_BACKEND="triton"),
+    ):
         yield
 
 
-def run_host_bench(recipes: Sequence[str] = DEFAULT_RECIPES, *, width: int = 64, tokens: int = 64, steps: int = 200,
-                   loops: int = 5, echo: Callable[[str], None] = print) -> list[HostMeasurement]:
+def run_host_bench(
+    recipes: Sequence[str] = DEFAULT_RECIPES,
+    *,
+    width: int = 64,
+    tokens: int = 64,
+    steps: int = 200,
+    loops: int = 5,
+    echo: Callable[[str], None] = print,
+) -> list[HostMeasurement]:
     """Host time of `nn.Linear(width, width)` (BF16, the baseline) and of the same layer under each recipe
     (`apply_recipe`), forward + backward on (tokens, width) BF16 inputs; returns the measurements, baseline
     first, and prints them. Refuses (ValueError) sizes, steps or loops below 1 and what `load_recipe` refuses."""
@@ -65,6 +76,7 @@ def run_host_bench(recipes: Sequence[str] = DEFAULT_RECIPES, *, width: int = 64,
     def layer_step(layer: nn.Module) -> Callable[[], None]:
         def step() -> None:
             layer(x).sum().backward()
+
         return step
 
     def linear() -> nn.Module:
@@ -79,10 +91,10 @@ def run_host_bench(recipes: Sequence[str] = DEFAULT_RECIPES, *, width: int = 64,
             apply_recipe(model, recipe)
             microseconds = best_host_us(layer_step(model), steps, loops)
             results.append(HostMeasurement(f"QLinear {name}", microseconds, microseconds / baseline))
-    echo(f"host time of one forward + backward, {tokens}x{width} BF16 input, cast launches stubbed "
-         f"(best of {loops} x {steps} steps)")
+    echo(
+        f"host time of one forward + backward, {tokens}x{width} BF16 input, cast launches stubbed "
+        f"(best of {loops} x {steps} steps)"
+    )
     for measurement in results:
         echo(f"  {measurement.arm:32s} {measurement.microseconds:8.0f} us  {measurement.ratio:5.2f}x")
     return results
-
-

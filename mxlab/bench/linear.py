@@ -19,11 +19,13 @@ capability 10.0). mxlab's emulation quantizes in Triton kernels and multiplies t
 accumulation, so it is a numerics tool, not a fast path: expect it above 1x; TE's FP8 at K = N <= 1024 is also slower
 than BF16 on the H200 (its fixed cost per call dominates small GEMMs; see shared/te/README.md).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,9 +34,7 @@ from mxlab.bench import parse_dims
 from mxlab.bench.timing import events_ms
 from mxlab.io import write_json
 
-DEFAULT_SHAPES: tuple[tuple[int, int, int], ...] = tuple(
-    (m, k, k) for m in (16384, 65536) for k in (512, 1024, 4096)
-)
+DEFAULT_SHAPES: tuple[tuple[int, int, int], ...] = tuple((m, k, k) for m in (16384, 65536) for k in (512, 1024, 4096))
 BASELINE = "torch bf16"
 EMULATED_ARMS = {
     "mxlab mxfp8 (emulated)": "mxfp8-rceil",
@@ -53,8 +53,8 @@ class LinearMeasurement:
     k: int
     n: int
     arm: str
-    ms: Optional[float]
-    ratio_to_bf16: Optional[float]
+    ms: float | None
+    ratio_to_bf16: float | None
     note: str = ""
 
 
@@ -63,7 +63,9 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return parse_dims(text, "MxKxN", "16384x1024x1024")  # type: ignore[return-value]
 
 
-def _fwd_bwd(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, context: Callable[[], Any] | None = None) -> Callable[[], None]:
+def _fwd_bwd(
+    layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, context: Callable[[], Any] | None = None
+) -> Callable[[], None]:
     def step() -> None:
         layer.zero_grad(set_to_none=True)
         x.grad = None
@@ -77,21 +79,37 @@ def _fwd_bwd(layer: nn.Module, x: torch.Tensor, grad: torch.Tensor, context: Cal
     return step
 
 
-def _arm_steps(k: int, n: int, weight: torch.Tensor, x: torch.Tensor, grad: torch.Tensor) -> dict[str, tuple[Optional[Callable[[], None]], str]]:
+def _arm_steps(
+    k: int, n: int, weight: torch.Tensor, x: torch.Tensor, grad: torch.Tensor
+) -> dict[str, tuple[Callable[[], None] | None, str]]:
     """arm -> (step, note); step None when the arm cannot run here (the note says why)."""
     from mxlab.nn.linear import QLinear
     from mxlab.recipe import load_recipe
-    from mxlab.recipe.backends.te import TE_RECIPES, BackendUnavailableError, TEPolicy, build_te_recipe, load_transformer_engine, unavailable_reason
+    from mxlab.recipe.backends.te import (
+        TE_RECIPES,
+        BackendUnavailableError,
+        TEPolicy,
+        build_te_recipe,
+        load_transformer_engine,
+        unavailable_reason,
+    )
 
     device = x.device
-    steps: dict[str, tuple[Optional[Callable[[], None]], str]] = {}
+    steps: dict[str, tuple[Callable[[], None] | None, str]] = {}
     baseline = nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
     with torch.no_grad():
         baseline.weight.copy_(weight)
     steps[BASELINE] = (_fwd_bwd(baseline, x, grad), "cuBLAS BF16")
     for arm, recipe_name in EMULATED_ARMS.items():
         recipe = load_recipe(recipe_name)
-        layer = QLinear(k, n, bias=False, precision=recipe.policies[recipe.default].to_precision(arm), device=device, dtype=torch.bfloat16)
+        layer = QLinear(
+            k,
+            n,
+            bias=False,
+            precision=recipe.policies[recipe.default].to_precision(arm),
+            device=device,
+            dtype=torch.bfloat16,
+        )
         with torch.no_grad():
             layer.weight.copy_(weight)
         steps[arm] = (_fwd_bwd(layer, x, grad), f"recipe {recipe_name}")
@@ -121,7 +139,10 @@ def _arm_steps(k: int, n: int, weight: torch.Tensor, x: torch.Tensor, grad: torc
             continue
         policy = TEPolicy("bench", te_name, {"fp8_current": "hybrid", "fp8_delayed": "hybrid"}.get(te_name, "e4m3"))
         te_recipe = build_te_recipe(policy, handle)
-        steps[arm] = (_fwd_bwd(te_layer(), x, grad, lambda te_recipe=te_recipe: handle.autocast(te_recipe)), policy.scaling())
+        steps[arm] = (
+            _fwd_bwd(te_layer(), x, grad, lambda te_recipe=te_recipe: handle.autocast(te_recipe)),
+            policy.scaling(),
+        )
     return steps
 
 
@@ -129,7 +150,7 @@ def run_linear_bench(
     shapes: Sequence[tuple[int, int, int]] = DEFAULT_SHAPES,
     *,
     repeat: int = 20,
-    json_path: Optional[Path] = None,
+    json_path: Path | None = None,
     echo: Callable[[str], None] = print,
 ) -> list[LinearMeasurement]:
     """Time every arm on every shape (see the module docstring); returns the measurements and prints a table.
@@ -138,7 +159,9 @@ def run_linear_bench(
     fails on a shape (e.g. out of memory) is recorded with its error in the note.
     """
     if not torch.cuda.is_available():
-        raise RuntimeError("mxlab bench linear times CUDA kernels and torch.cuda.is_available() is False on this machine")
+        raise RuntimeError(
+            "mxlab bench linear times CUDA kernels and torch.cuda.is_available() is False on this machine"
+        )
     if not shapes:
         raise ValueError("no shapes to time; give at least one MxKxN")
     if repeat < 1:
@@ -148,9 +171,9 @@ def run_linear_bench(
     results: list[LinearMeasurement] = []
     for m, k, n in shapes:
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16, generator=generator).requires_grad_(True)
-        weight = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=generator) / k ** 0.5
+        weight = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=generator) / k**0.5
         grad = torch.randn(m, n, device=device, dtype=torch.bfloat16, generator=generator)
-        timed: dict[str, tuple[Optional[float], str]] = {}
+        timed: dict[str, tuple[float | None, str]] = {}
         for arm, (step, note) in _arm_steps(k, n, weight, x, grad).items():
             if step is None:
                 timed[arm] = (None, note)
@@ -158,7 +181,10 @@ def run_linear_bench(
             try:
                 timed[arm] = (events_ms(step, repeat=repeat), note)
             except Exception as error:  # out of memory, or a TE shape refusal
-                timed[arm] = (None, f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+                timed[arm] = (
+                    None,
+                    f"failed: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}",
+                )
             torch.cuda.empty_cache()
         base_ms = timed[BASELINE][0]
         for arm, (ms, note) in timed.items():
@@ -168,8 +194,15 @@ def run_linear_bench(
         torch.cuda.empty_cache()
     echo(format_table(results, torch.cuda.get_device_name(device)))
     if json_path is not None:
-        write_json(Path(json_path), {"device": torch.cuda.get_device_name(device), "torch": torch.__version__,
-                                                 "repeat": repeat, "measurements": [asdict(r) for r in results]})
+        write_json(
+            Path(json_path),
+            {
+                "device": torch.cuda.get_device_name(device),
+                "torch": torch.__version__,
+                "repeat": repeat,
+                "measurements": [asdict(r) for r in results],
+            },
+        )
     return results
 
 
@@ -177,11 +210,20 @@ def format_table(results: Sequence[LinearMeasurement], device_name: str = "") ->
     """A fixed-width table: shape, arm, ms, ratio to BF16 nn.Linear, note."""
     rows = [["M x K x N", "arm", "ms (fwd+bwd)", "x BF16", "note"]]
     for r in results:
-        rows.append([f"{r.m} x {r.k} x {r.n}", r.arm, "-" if r.ms is None else f"{r.ms:.3f}",
-                     "-" if r.ratio_to_bf16 is None else f"{r.ratio_to_bf16:.2f}", r.note])
+        rows.append(
+            [
+                f"{r.m} x {r.k} x {r.n}",
+                r.arm,
+                "-" if r.ms is None else f"{r.ms:.3f}",
+                "-" if r.ratio_to_bf16 is None else f"{r.ratio_to_bf16:.2f}",
+                r.note,
+            ]
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [f"linear forward + backward, BF16 inputs, no bias{' on ' + device_name if device_name else ''}; "
-             f"x BF16 = ms / ms of torch bf16 nn.Linear on the same shape, same run"]
+    lines = [
+        f"linear forward + backward, BF16 inputs, no bias{' on ' + device_name if device_name else ''}; "
+        f"x BF16 = ms / ms of torch bf16 nn.Linear on the same shape, same run"
+    ]
     lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.insert(2, "  ".join("-" * width for width in widths))
     return "\n".join(lines)

@@ -11,11 +11,12 @@ Where the GPU's FP8 conversion applies (e4m3/e5m2, nearest even, sm_90+; see
 Random Hadamard rows (block 32) time the fused transform + fake-quantize kernel next to the random
 Hadamard transform in PyTorch followed by the fake-quantize kernel (float32 values out, as qmatmul uses them).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -27,7 +28,10 @@ DEFAULT_SIZES: tuple[tuple[int, int], ...] = ((16384, 8192), (8192, 4096), (4096
 FORMAT = "e4m3"
 # Bandwidth targets on an H200 at the headline size (fraction of copy)
 TARGETS: dict[str, float] = {
-    "row cast": 0.85, "row fake-quantize": 0.85, "column cast": 0.75, "both cast (one read)": 0.75,
+    "row cast": 0.85,
+    "row fake-quantize": 0.85,
+    "column cast": 0.75,
+    "both cast (one read)": 0.75,
     "row stochastic fake-quantize": 0.75,
 }
 
@@ -70,23 +74,41 @@ def _operations(x: torch.Tensor, kernels, fmt) -> dict[str, tuple[Callable[[], o
         "row fake-quantize": (lambda: kernels.fake_quantize(x, fmt), size_in + values),
         "column fake-quantize": (lambda: kernels.fake_quantize(x, fmt, axis=0), size_in + values),
         "both fake-quantize (one read)": (lambda: kernels.fake_quantize_rowcol(x, fmt), size_in + 2 * values),
-        "row stochastic cast": (lambda: kernels.quantize(x, fmt, rounding="stochastic", seed=1), size_in + codes + scales),
+        "row stochastic cast": (
+            lambda: kernels.quantize(x, fmt, rounding="stochastic", seed=1),
+            size_in + codes + scales,
+        ),
         "row stochastic fake-quantize": (
-            lambda: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1), size_in + values),
+            lambda: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1),
+            size_in + values,
+        ),
         "row Hadamard fake-quantize (fused)": (
-            lambda: kernels.hadamard_fake_quantize(x, fmt, axis=-1, hadamard_seed=7), size_in + float32_values),
+            lambda: kernels.hadamard_fake_quantize(x, fmt, axis=-1, hadamard_seed=7),
+            size_in + float32_values,
+        ),
         "row Hadamard fake-quantize, torch transform then cast": (hadamard_then_cast(-1), size_in + float32_values),
         "column Hadamard fake-quantize (fused)": (
-            lambda: kernels.hadamard_fake_quantize(x, fmt, axis=0, hadamard_seed=7), size_in + float32_values),
+            lambda: kernels.hadamard_fake_quantize(x, fmt, axis=0, hadamard_seed=7),
+            size_in + float32_values,
+        ),
         "column Hadamard fake-quantize, torch transform then cast": (hadamard_then_cast(0), size_in + float32_values),
         "row cast, integer fast path": (lambda: kernels.quantize(x, fmt, _launch=integer), size_in + codes + scales),
-        "row fake-quantize, integer fast path": (lambda: kernels.fake_quantize(x, fmt, _launch=integer), size_in + values),
+        "row fake-quantize, integer fast path": (
+            lambda: kernels.fake_quantize(x, fmt, _launch=integer),
+            size_in + values,
+        ),
         "column cast, integer fast path": (
-            lambda: kernels.quantize(x, fmt, axis=0, _launch=integer), size_in + codes + scales),
+            lambda: kernels.quantize(x, fmt, axis=0, _launch=integer),
+            size_in + codes + scales,
+        ),
         "both cast (one read), integer fast path": (
-            lambda: kernels.quantize_rowcol(x, fmt, _launch=integer), size_in + 2 * (codes + scales)),
+            lambda: kernels.quantize_rowcol(x, fmt, _launch=integer),
+            size_in + 2 * (codes + scales),
+        ),
         "row cast, exact integer path only": (
-            lambda: kernels.quantize(x, fmt, _launch=CastLaunch(fast=False)), size_in + codes + scales),
+            lambda: kernels.quantize(x, fmt, _launch=CastLaunch(fast=False)),
+            size_in + codes + scales,
+        ),
     }
 
 
@@ -122,7 +144,9 @@ def _compiled_reference(x: torch.Tensor, fmt_name: str) -> dict[str, tuple[Calla
         return reference.quantize_blocks(t.float().reshape(rows, cols // 32, 32), (2,), fmt, "floor", "nearest_even")
 
     def fake(t):
-        values = reference.fake_quantize_blocks(t.float().reshape(rows, cols // 32, 32), (2,), fmt, "floor", "nearest_even")
+        values = reference.fake_quantize_blocks(
+            t.float().reshape(rows, cols // 32, 32), (2,), fmt, "floor", "nearest_even"
+        )
         return values.reshape(rows, cols).to(t.dtype)
 
     n = x.numel()
@@ -144,17 +168,35 @@ def _tile_sweep(x: torch.Tensor, kernels, fmt) -> list[dict]:
 
     n = x.numel()
     results = []
-    row_configs = [TileConfig(r, c, w) for r, c, w in [(16, 8, 4), (32, 8, 4), (16, 16, 4), (32, 8, 8), (64, 8, 8), (16, 8, 2),
-                                                       (8, 8, 2), (4, 8, 2), (8, 4, 2), (8, 16, 2), (4, 8, 1), (2, 8, 1),
-                                                       (4, 4, 1)]]
+    row_configs = [
+        TileConfig(r, c, w)
+        for r, c, w in [
+            (16, 8, 4),
+            (32, 8, 4),
+            (16, 16, 4),
+            (32, 8, 8),
+            (64, 8, 8),
+            (16, 8, 2),
+            (8, 8, 2),
+            (4, 8, 2),
+            (8, 4, 2),
+            (8, 16, 2),
+            (4, 8, 1),
+            (2, 8, 1),
+            (4, 4, 1),
+        ]
+    ]
     col_configs = [TileConfig(32, c, w) for c, w in [(4, 2), (8, 2), (2, 2), (4, 1), (4, 4), (8, 4), (16, 4)]]
     for config in row_configs:
         launch = CastLaunch(tile=config)
         for op, fn, moved in [
             ("row cast", lambda c=launch: kernels.quantize(x, fmt, _launch=c), n * 3 + n // 32),
             ("row fake-quantize", lambda c=launch: kernels.fake_quantize(x, fmt, _launch=c), n * 4),
-            ("row stochastic fake-quantize",
-             lambda c=launch: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1, _launch=c), n * 4),
+            (
+                "row stochastic fake-quantize",
+                lambda c=launch: kernels.fake_quantize(x, fmt, rounding="stochastic", seed=1, _launch=c),
+                n * 4,
+            ),
         ]:
             ms = do_bench_graph_ms(fn)
             results.append(dict(op=op, tile=asdict(config), ms=ms, gb_per_s=moved / ms / 1e6))
@@ -242,7 +284,9 @@ def run_quant_bench(
             sweep = _tile_sweep(x, kernels, element_format)
             for entry in sweep:
                 entry["ratio_to_copy"] = entry["gb_per_s"] / copy_rates[(rows, cols)]
-                console.print(f"  sweep {entry['op']:28s} {entry['tile']}  {entry['ms']:.4f} ms  {entry['ratio_to_copy']:.3f} x copy")
+                console.print(
+                    f"  sweep {entry['op']:28s} {entry['tile']}  {entry['ms']:.4f} ms  {entry['ratio_to_copy']:.3f} x copy"
+                )
         del x, destination
         torch.cuda.empty_cache()
     import triton
@@ -269,8 +313,18 @@ def run_quant_bench(
             for name, (fn, moved) in _compiled_reference(x, fmt).items():
                 record(rows, cols, name, do_bench_ms(fn), moved, "CUDA events")
         except Exception as error:  # noqa: BLE001 - report, do not hide, a failed compile
-            measurements.append(Measurement(rows, cols, "torch.compile reference", float("nan"), 0, float("nan"),
-                                            float("nan"), f"failed: {type(error).__name__}: {error}"[:200]))
+            measurements.append(
+                Measurement(
+                    rows,
+                    cols,
+                    "torch.compile reference",
+                    float("nan"),
+                    0,
+                    float("nan"),
+                    float("nan"),
+                    f"failed: {type(error).__name__}: {error}"[:200],
+                )
+            )
             console.print(f"torch.compile reference failed: {type(error).__name__}: {error}"[:300])
         del x
         torch.cuda.empty_cache()
@@ -293,8 +347,14 @@ def run_quant_bench(
             sweep_table.add_column(column)
         for entry in sweep:
             tile = entry["tile"]
-            sweep_table.add_row(entry["op"], str(tile["rows"]), str(tile["col_blocks"]), str(tile["num_warps"]),
-                                f"{entry['ms']:.4f}", f"{entry['ratio_to_copy']:.3f}")
+            sweep_table.add_row(
+                entry["op"],
+                str(tile["rows"]),
+                str(tile["col_blocks"]),
+                str(tile["num_warps"]),
+                f"{entry['ms']:.4f}",
+                f"{entry['ratio_to_copy']:.3f}",
+            )
         console.print(sweep_table)
     if json_path is not None:
         write_json(Path(json_path), results())
@@ -306,7 +366,8 @@ def target_summary(measurements: list[Measurement], rows: int, cols: int) -> lis
     """One entry per TARGETS operation measured at rows x cols: op, target, ratio to copy and whether the target
     is met."""
     ratios = {m.op: m.ratio_to_copy for m in measurements if (m.rows, m.cols) == (rows, cols)}
-    return [dict(op=op, target=target, ratio=ratios[op], met=ratios[op] >= target)
-            for op, target in TARGETS.items() if op in ratios]
-
-
+    return [
+        dict(op=op, target=target, ratio=ratios[op], met=ratios[op] >= target)
+        for op, target in TARGETS.items()
+        if op in ratios
+    ]

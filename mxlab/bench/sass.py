@@ -17,14 +17,16 @@ strides of 1) and every constexpr are the ones a real launch on an H200 gets.
 the attention bench's self shape the same way and prints, per kernel, registers, spills and per loop the
 instructions of one iteration by opcode class.
 """
+
 from __future__ import annotations
 
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -86,7 +88,7 @@ def _parse_sass(text: str) -> list[_Instruction]:
         body = line.split("\t", 1)[1].rstrip().rstrip(";").strip()
         guard = re.match(r"^@!?U?P[T\d]+\s+", body)
         if guard:
-            body = body[guard.end():]
+            body = body[guard.end() :]
         opcode, _, operands = body.partition(" ")
         if opcode == "NOP":
             continue
@@ -120,7 +122,9 @@ def _loads_before_first_use(body: list[_Instruction]) -> int:
     return count
 
 
-def _likely_path(instructions: list[_Instruction], loop_trips: tuple[int, ...]) -> tuple[list[int], list[tuple[int, int, int]]]:
+def _likely_path(
+    instructions: list[_Instruction], loop_trips: tuple[int, ...]
+) -> tuple[list[int], list[tuple[int, int, int]]]:
     """Indices executed along the first path, in fall-through-first order, from the entry to an unconditional
     EXIT that meets exactly len(loop_trips) loops (a branch back to an earlier label), the k-th of them running
     loop_trips[k] times. Conditional exits are not taken; at a forward conditional branch the fall-through is
@@ -198,22 +202,36 @@ def count_compiled(name: str, compiled, elements_per_thread: int, loop_trips: tu
     loop_rows = []
     in_loop: set[int] = set()
     for first, last, trips in loops:
-        body = instructions[first:last + 1]
+        body = instructions[first : last + 1]
         in_loop.update(range(first, last + 1))
-        loop_rows.append(dict(instructions=len(body), trips=trips,
-                              loads=sum(ins.opcode.startswith("LDG") for ins in body),
-                              loads_before_first_use=_loads_before_first_use(body)))
+        loop_rows.append(
+            dict(
+                instructions=len(body),
+                trips=trips,
+                loads=sum(ins.opcode.startswith("LDG") for ins in body),
+                loads_before_first_use=_loads_before_first_use(body),
+            )
+        )
     executed = [instructions[i] for i in path]
     registers, spill = _resource_usage(compiled.asm["cubin"])
     per_element = len(path) / elements_per_thread if path else float("nan")
     return SassCount(
-        name=name, kernel=compiled.name, instructions=len(instructions), note=note,
-        per_element=per_element, registers=registers, spill_bytes=spill, loops=loop_rows,
+        name=name,
+        kernel=compiled.name,
+        instructions=len(instructions),
+        note=note,
+        per_element=per_element,
+        registers=registers,
+        spill_bytes=spill,
+        loops=loop_rows,
         straight_loads_before_use=_loads_before_first_use([instructions[i] for i in path if i not in in_loop]),
         fp8_converts_per_element=sum(ins.opcode.startswith("F2FP") for ins in executed) / elements_per_thread
-        if path else float("nan"),
-        shared_per_element=sum(ins.opcode[:3] in ("STS", "LDS") or ins.opcode.startswith("BAR")
-                               for ins in executed) / elements_per_thread if path else float("nan"),
+        if path
+        else float("nan"),
+        shared_per_element=sum(ins.opcode[:3] in ("STS", "LDS") or ins.opcode.startswith("BAR") for ins in executed)
+        / elements_per_thread
+        if path
+        else float("nan"),
     )
 
 
@@ -235,8 +253,9 @@ class _CompileOnly:
             backend = make_backend(target)
             binder = create_function_from_signature(self.kernel.signature, self.kernel.params, backend)
             bound_args, specialization, options = binder(*args, **kwargs)
-            options, signature, constexprs, attrs = self.kernel._pack_args(backend, kwargs, bound_args,
-                                                                           specialization, options)
+            options, signature, constexprs, attrs = self.kernel._pack_args(
+                backend, kwargs, bound_args, specialization, options
+            )
             source = ASTSource(self.kernel, signature, constexprs, attrs)
             compiled = triton.compile(source, target=target, options=options.__dict__)
             self.record.append((grid, kwargs, compiled))
@@ -258,7 +277,9 @@ def _compile_launch(call: Callable[[], object]) -> list:
     from mxlab.bench.cast_kernels import cast_kernels_replaced
 
     record: list = []
-    with cast_kernels_replaced(lambda kernel: _CompileOnly(kernel, record), hardware_fp8_applies=_hardware_fp8_as_on_sm90()):
+    with cast_kernels_replaced(
+        lambda kernel: _CompileOnly(kernel, record), hardware_fp8_applies=_hardware_fp8_as_on_sm90()
+    ):
         call()
     return record
 
@@ -270,8 +291,9 @@ def _elements_per_thread(options: dict, kernel_name: str) -> int:
     return options.get("RB", 1) * options.get("RS", 1) * options["CB"] * 32 // threads
 
 
-def bench_operations(shape: tuple[int, int] = DEFAULT_SHAPE, tile=None,
-                     hw_fp8: bool = True) -> dict[str, Callable[[], object]]:
+def bench_operations(
+    shape: tuple[int, int] = DEFAULT_SHAPE, tile=None, hw_fp8: bool = True
+) -> dict[str, Callable[[], object]]:
     """name -> call, for the casts `mxlab bench quant` times, on a CPU BF16 tensor of `shape` (`tile`: a
     TileConfig passed to every call, None for the defaults)."""
     from mxlab.kernels import cast
@@ -288,12 +310,15 @@ def bench_operations(shape: tuple[int, int] = DEFAULT_SHAPE, tile=None,
         "both cast (one read)": lambda: cast.quantize_rowcol(x, fmt, _launch=launch),
         "(32,32) tile cast": lambda: cast.quantize(x, fmt, block=(32, 32), _launch=launch),
         "row stochastic cast": lambda: cast.quantize(x, fmt, rounding="stochastic", seed=1, _launch=launch),
-        "row stochastic fake-quantize": lambda: cast.fake_quantize(x, fmt, rounding="stochastic", seed=1, _launch=launch),
+        "row stochastic fake-quantize": lambda: cast.fake_quantize(
+            x, fmt, rounding="stochastic", seed=1, _launch=launch
+        ),
     }
 
 
-def count_operations(operations: dict[str, Callable[[], object]],
-                     loop_trips: Callable[[str, dict], tuple[int, ...]] | None = None) -> list[SassCount]:
+def count_operations(
+    operations: dict[str, Callable[[], object]], loop_trips: Callable[[str, dict], tuple[int, ...]] | None = None
+) -> list[SassCount]:
     """SassCount of every kernel each operation launches. `loop_trips(kernel name, options)` gives the trip
     counts of the SASS loops on the counted path (default: none; the cast kernels' common path has no loop)."""
     counts = []
@@ -315,8 +340,9 @@ def parse_tile(text: str):
     return TileConfig(*(int(part) for part in parts))
 
 
-def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, tile=None,
-                   json_path: Path | None = None) -> list[SassCount]:
+def run_sass_bench(
+    hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, tile=None, json_path: Path | None = None
+) -> list[SassCount]:
     """Compile and count the bench's casts (`tile`: a TileConfig for every cast, None for the defaults);
     prints a table, writes the counts as JSON to `json_path` if given, and returns them. Raises RuntimeError
     when Triton's ptxas/cuobjdump are missing."""
@@ -326,17 +352,38 @@ def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, 
     from rich.table import Table
 
     counts = count_operations(bench_operations(shape, tile=tile, hw_fp8=hw_fp8))
-    table = Table(title=f"sm_{ARCH} SASS, BF16 {shape[0]}x{shape[1]} e4m3 floor nearest_even, hw_fp8={hw_fp8}, "
-                        f"tile={tile or 'default'}")
-    for column in ("cast", "kernel", "instr/elem", "cvt/elem", "smem/elem", "static", "regs", "spill B",
-                   "loops (instr x trips, loads, before use)"):
+    table = Table(
+        title=f"sm_{ARCH} SASS, BF16 {shape[0]}x{shape[1]} e4m3 floor nearest_even, hw_fp8={hw_fp8}, "
+        f"tile={tile or 'default'}"
+    )
+    for column in (
+        "cast",
+        "kernel",
+        "instr/elem",
+        "cvt/elem",
+        "smem/elem",
+        "static",
+        "regs",
+        "spill B",
+        "loops (instr x trips, loads, before use)",
+    ):
         table.add_column(column)
     for count in counts:
-        loops = "; ".join(f"{row['instructions']}x{row['trips']}, {row['loads']}, {row['loads_before_first_use']}"
-                          for row in count.loops)
-        table.add_row(count.name, count.kernel, f"{count.per_element:.2f}", f"{count.fp8_converts_per_element:.2f}",
-                      f"{count.shared_per_element:.2f}", str(count.instructions), str(count.registers),
-                      str(count.spill_bytes), loops or count.note or "-")
+        loops = "; ".join(
+            f"{row['instructions']}x{row['trips']}, {row['loads']}, {row['loads_before_first_use']}"
+            for row in count.loops
+        )
+        table.add_row(
+            count.name,
+            count.kernel,
+            f"{count.per_element:.2f}",
+            f"{count.fp8_converts_per_element:.2f}",
+            f"{count.shared_per_element:.2f}",
+            str(count.instructions),
+            str(count.registers),
+            str(count.spill_bytes),
+            loops or count.note or "-",
+        )
     Console(width=160).print(table)
     if json_path is not None:
         write_json(Path(json_path), [asdict(count) for count in counts])
@@ -346,8 +393,13 @@ def run_sass_bench(hw_fp8: bool = True, shape: tuple[int, int] = DEFAULT_SHAPE, 
 # ----------------------------------------------------------------------------- the attention kernels
 # Opcode classes counted per loop body (prefix match on the SASS opcode).
 _OPCODE_CLASSES = {
-    "mma": ("HMMA", "HGMMA", "WARPGROUP"), "mufu": ("MUFU",), "fp8/bf16 convert": ("F2FP",), "shuffle": ("SHFL",),
-    "shared": ("LDS", "STS", "LDSM", "STSM"), "barrier": ("BAR",), "global": ("LDG", "STG", "LDGSTS", "RED", "ATOM"),
+    "mma": ("HMMA", "HGMMA", "WARPGROUP"),
+    "mufu": ("MUFU",),
+    "fp8/bf16 convert": ("F2FP",),
+    "shuffle": ("SHFL",),
+    "shared": ("LDS", "STS", "LDSM", "STSM"),
+    "barrier": ("BAR",),
+    "global": ("LDG", "STG", "LDGSTS", "RED", "ATOM"),
     "local (spill)": ("LDL", "STL"),
 }
 ATTENTION_KERNELS = ("_jagged_attention_fwd", "_jagged_attention_bwd_dkdv", "_jagged_attention_bwd_dq")
@@ -377,13 +429,13 @@ def _sass_listing(cubin: bytes) -> list[tuple[int, str, bool]]:
     for match in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*?)\s*;", text):
         body = match.group(2).strip()
         guard = re.match(r"^@!?U?P[T\d]+\s+", body)
-        instruction = body[guard.end():] if guard else body
+        instruction = body[guard.end() :] if guard else body
         if not instruction.startswith("NOP"):
             listing.append((int(match.group(1), 16), instruction, guard is not None))
     return listing
 
 
-def _branch_target(instruction: str) -> Optional[int]:
+def _branch_target(instruction: str) -> int | None:
     branch = re.match(r"BRA(?:\.\w+)*\s+(0x[0-9a-f]+)", instruction)
     return int(branch.group(1), 16) if branch else None
 
@@ -409,13 +461,21 @@ def _loop_counts(listing: list[tuple[int, str, bool]]) -> list[dict[str, int]]:
                 break
             forward_jump = jump is not None and jump > listing[position][0] and not guarded
             position = position_of.get(jump, last) if forward_jump else position + 1
-        classes = {name: sum(text.split()[0].startswith(prefixes) for text in path) for name, prefixes in _OPCODE_CLASSES.items()}
+        classes = {
+            name: sum(text.split()[0].startswith(prefixes) for text in path)
+            for name, prefixes in _OPCODE_CLASSES.items()
+        }
         loops.append({"static": last - first + 1, "path": len(path), **classes})
     return loops
 
 
-def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4m3",
-                          grad_rounding: str = "nearest_even", scale_mode: str = "floor") -> list[KernelSassCount]:
+def attention_sass_counts(
+    tiles: Any = None,
+    hw_fp8: bool = True,
+    fmt: str = "e4m3",
+    grad_rounding: str = "nearest_even",
+    scale_mode: str = "floor",
+) -> list[KernelSassCount]:
     """Static sm_90 counts (registers, spills, instructions, per-loop instruction classes) of every kernel one
     MX forward + backward of the attention bench's self shape launches (BF16 4 x 64, softmax, not causal, `fmt`
     with `scale_mode` scales, operands nearest-even and gradients (dO, dS) `grad_rounding`, the hardware FP8 path as on an H200
@@ -426,7 +486,7 @@ def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4
 
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         raise RuntimeError("attention_sass_counts compiles for sm_90; unset TRITON_INTERPRET=1")
-    from mxlab.bench.attention.shapes import HEADS, HEAD_DIM, mx_policy, offsets_of
+    from mxlab.bench.attention.shapes import HEAD_DIM, HEADS, mx_policy, offsets_of
     from mxlab.bench.cast_kernels import cast_kernels_replaced
     from mxlab.kernels import attention
     from mxlab.kernels.attention import autograd, codes, launch
@@ -435,22 +495,34 @@ def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4
     lengths = torch.tensor([300, 17, 64])
     offsets = offsets_of(lengths)
     generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16).requires_grad_()
-               for _ in range(3))
+    q, k, v = (
+        torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16).requires_grad_()
+        for _ in range(3)
+    )
     policy = mx_policy(fmt, scale_mode=scale_mode, grad_rounding=grad_rounding)
     record: list = []
     replaced = [(autograd, name) for name in ATTENTION_KERNELS] + [(launch, name) for name in ATTENTION_LAUNCHES]
     saved = [(module, name, getattr(module, name)) for module, name in replaced] + [
-        (codes, "hardware_fp8_applies", codes.hardware_fp8_applies)]
+        (codes, "hardware_fp8_applies", codes.hardware_fp8_applies)
+    ]
     try:
         for module, name in replaced:
             setattr(module, name, _CompileOnly(getattr(module, name), record))
         codes.hardware_fp8_applies = _hardware_fp8_as_on_sm90(hw_fp8)
         # the head-dim casts of Q, K, dO run the cast kernels: compiled and counted too
-        with cast_kernels_replaced(lambda kernel: _CompileOnly(kernel, record),
-                                   hardware_fp8_applies=_hardware_fp8_as_on_sm90(hw_fp8)):
-            out = attention.jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy),
-                                             _launch=attention.AttentionLaunch(tiles=tiles or attention.DEFAULT_MX_TILES))
+        with cast_kernels_replaced(
+            lambda kernel: _CompileOnly(kernel, record), hardware_fp8_applies=_hardware_fp8_as_on_sm90(hw_fp8)
+        ):
+            out = attention.jagged_attention(
+                q,
+                k,
+                v,
+                offsets,
+                offsets,
+                policy=policy,
+                seeds=call_seeds(policy),
+                _launch=attention.AttentionLaunch(tiles=tiles or attention.DEFAULT_MX_TILES),
+            )
             torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     finally:
         for module, name, value in saved:
@@ -468,10 +540,16 @@ def attention_sass_counts(tiles: Any = None, hw_fp8: bool = True, fmt: str = "e4
 def print_attention_sass_counts(counts: list[KernelSassCount], print_fn: Callable[[str], None] = print) -> None:
     """One line per kernel: registers, spill bytes, static instructions, and per loop its instructions with the
     mma / MUFU / convert / shuffle / shared / barrier / spill counts."""
-    print_fn(f"{'kernel':<28} {'regs':>4} {'spill B':>7} {'static':>6}  "
-             f"loops: static/path instr (path: mma mufu cvt shfl smem bar local)")
+    print_fn(
+        f"{'kernel':<28} {'regs':>4} {'spill B':>7} {'static':>6}  "
+        f"loops: static/path instr (path: mma mufu cvt shfl smem bar local)"
+    )
     for count in counts:
         loops = "; ".join(
             f"{row['static']}/{row['path']} ({row['mma']} {row['mufu']} {row['fp8/bf16 convert']} {row['shuffle']} {row['shared']} "
-            f"{row['barrier']} {row['local (spill)']})" for row in count.loops)
-        print_fn(f"{count.kernel:<28} {count.registers:>4} {count.spill_bytes:>7} {count.instructions:>6}  {loops or '-'}")
+            f"{row['barrier']} {row['local (spill)']})"
+            for row in count.loops
+        )
+        print_fn(
+            f"{count.kernel:<28} {count.registers:>4} {count.spill_bytes:>7} {count.instructions:>6}  {loops or '-'}"
+        )

@@ -15,13 +15,15 @@ divides them by the step time, MFU divides that by `peak_tflops` (default 989 TF
 BF16 of an H100/H200 SXM). The warm-up should cover every batch once (`warmup >= batches`),
 so first-call compilation of a new shape is not timed.
 """
+
 from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -36,18 +38,25 @@ class StepMeasurement:
     """One arm: ms per step, its ratio to the baseline, model TFLOP/s, MFU, peak memory (None: not measured)."""
 
     arm: str
-    ms_per_step: Optional[float]
-    ratio_to_baseline: Optional[float]
-    model_tflops: Optional[float]
-    mfu: Optional[float]
-    peak_memory_gib: Optional[float]
-    last_loss: Optional[float]
+    ms_per_step: float | None
+    ratio_to_baseline: float | None
+    model_tflops: float | None
+    mfu: float | None
+    peak_memory_gib: float | None
+    last_loss: float | None
     skipped_steps: int = 0
     note: str = ""
 
 
-def bench_spec(spec_path: Path, *, preset: Optional[str] = None, batch_size: Optional[int] = None,
-               max_history: Optional[int] = None, batches: int = 4, overrides: Sequence[str] = ()) -> Any:
+def bench_spec(
+    spec_path: Path,
+    *,
+    preset: str | None = None,
+    batch_size: int | None = None,
+    max_history: int | None = None,
+    batches: int = 4,
+    overrides: Sequence[str] = (),
+) -> Any:
     """The ExperimentSpec to time: `spec_path` with `overrides` (`--set`), then the model size
     `preset`, `batch_size`, `max_history`, and train_examples = batch_size x batches.
 
@@ -88,15 +97,16 @@ def _free(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def arm_stepper(spec: Any, recipe: Any, info: Any, batches: Sequence[Any],
-                device: torch.device) -> tuple[Callable[[int], torch.Tensor], torch.nn.Module, Any]:
+def arm_stepper(
+    spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device
+) -> tuple[Callable[[int], torch.Tensor], torch.nn.Module, Any]:
     """Build the model (seed 0) and apply `recipe`, with the spec's optimizer and the recipe's loss scaler.
 
     Returns (take, model, scaler): take(index) is one `train_step` on batches[index % len(batches)],
     returning its device-side losses.
     """
-    from mxlab.experiment.step import train_step
     from mxlab.experiment.optim import make_optimizer
+    from mxlab.experiment.step import train_step
     from mxlab.models import build_model, esmm_loss
     from mxlab.recipe import apply_recipe
     from mxlab.recipe.loss_scaling import make_loss_scaler
@@ -109,14 +119,22 @@ def arm_stepper(spec: Any, recipe: Any, info: Any, batches: Sequence[Any],
     scaler = make_loss_scaler(recipe.loss_scaling, model)
 
     def take(index: int) -> torch.Tensor:
-        return train_step(model, batches[index % len(batches)], optimizer, scaler, esmm_loss, device=device,
-                          precision=spec.train.precision)
+        return train_step(
+            model,
+            batches[index % len(batches)],
+            optimizer,
+            scaler,
+            esmm_loss,
+            device=device,
+            precision=spec.train.precision,
+        )
 
     return take, model, scaler
 
 
-def time_arm(spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device,
-             warmup: int, steps: int) -> tuple[float, Optional[int], float, int]:
+def time_arm(
+    spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device, warmup: int, steps: int
+) -> tuple[float, int | None, float, int]:
     """Build the arm (`arm_stepper`), take `warmup` then `steps` timed steps over `batches` in turn.
 
     Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps).
@@ -133,7 +151,7 @@ def time_arm(spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: 
         end.record()
         torch.cuda.synchronize(device)
         ms = start.elapsed_time(end) / steps
-        peak: Optional[int] = torch.cuda.max_memory_allocated(device)
+        peak: int | None = torch.cuda.max_memory_allocated(device)
     else:
         began = time.perf_counter()
         for index in range(warmup, warmup + steps):
@@ -147,16 +165,16 @@ def run_step_bench(
     spec_path: Path = DEFAULT_SPEC,
     *,
     arms: Sequence[str] = (),
-    preset: Optional[str] = None,
-    batch_size: Optional[int] = None,
-    max_history: Optional[int] = None,
+    preset: str | None = None,
+    batch_size: int | None = None,
+    max_history: int | None = None,
     overrides: Sequence[str] = (),
     warmup: int = 5,
     steps: int = 20,
     batches: int = 4,
     device: str = "cuda",
     peak_tflops: float = BF16_PEAK_TFLOPS,
-    json_path: Optional[Path] = None,
+    json_path: Path | None = None,
     echo: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Time the training step of every arm (default: the spec's arms; the baseline always first).
@@ -177,8 +195,14 @@ def run_step_bench(
     target = torch.device(device)
     if target.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r}: CUDA is not available here; use --device cpu")
-    spec = bench_spec(Path(spec_path), preset=preset, batch_size=batch_size, max_history=max_history, batches=batches,
-                      overrides=overrides)
+    spec = bench_spec(
+        Path(spec_path),
+        preset=preset,
+        batch_size=batch_size,
+        max_history=max_history,
+        batches=batches,
+        overrides=overrides,
+    )
     names = [spec.baseline] + [arm for arm in (arms or spec.arms) if arm != spec.baseline]
     recipe_dir = recipe_dir_for(Path(spec_path))
     recipes = {arm: load_recipe(spec.recipe_paths.get(arm) or resolve_recipe_path(arm, recipe_dir)) for arm in names}
@@ -200,14 +224,28 @@ def run_step_bench(
         except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one; a Triton launch says "out of memory"
             if not (isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()):
                 raise
-            rows.append(StepMeasurement(arm, None, None, None, None, None, None, note=f"out of memory: {str(error).splitlines()[0]}"))
+            rows.append(
+                StepMeasurement(
+                    arm, None, None, None, None, None, None, note=f"out of memory: {str(error).splitlines()[0]}"
+                )
+            )
             continue
         finally:
             _free(target)
         tflops = flops / (ms * 1e-3) / 1e12
         baseline_ms = rows[0].ms_per_step if rows else ms
-        rows.append(StepMeasurement(arm, ms, ms / baseline_ms if baseline_ms else None, tflops, tflops / peak_tflops,
-                                    None if peak is None else peak / 2**30, loss, skipped))
+        rows.append(
+            StepMeasurement(
+                arm,
+                ms,
+                ms / baseline_ms if baseline_ms else None,
+                tflops,
+                tflops / peak_tflops,
+                None if peak is None else peak / 2**30,
+                loss,
+                skipped,
+            )
+        )
     all_lengths = torch.cat(lengths)
     result = {
         "spec": str(spec_path),
@@ -233,7 +271,7 @@ def run_step_bench(
 def format_table(result: dict[str, Any]) -> str:
     """The measurements of `run_step_bench` as a markdown table with a heading line."""
 
-    def figure(value: Optional[float], pattern: str) -> str:
+    def figure(value: float | None, pattern: str) -> str:
         return "-" if value is None else pattern.format(value)
 
     model = result["model"]
@@ -256,5 +294,14 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BF16_PEAK_TFLOPS", "DEFAULT_SPEC", "StepMeasurement", "arm_stepper", "bench_spec", "device_batches", "format_table",
-           "run_step_bench", "time_arm"]
+__all__ = [
+    "BF16_PEAK_TFLOPS",
+    "DEFAULT_SPEC",
+    "StepMeasurement",
+    "arm_stepper",
+    "bench_spec",
+    "device_batches",
+    "format_table",
+    "run_step_bench",
+    "time_arm",
+]

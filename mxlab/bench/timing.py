@@ -1,11 +1,12 @@
 """Timing of the benches, in one place: CUDA events around single calls, back-to-back loops with one
 synchronization, CUDA graph replays, Triton's `do_bench` (with and without a graph), and host time on the CPU.
 Every function runs `step` for warm-up first and returns milliseconds (host: microseconds)."""
+
 from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

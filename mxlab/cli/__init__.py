@@ -5,6 +5,7 @@ One module per command group (bench, study, data, check); this module assembles 
 Each command imports its module lazily, so `mxlab --help` stays fast. Help is plain text
 (rich_markup_mode=None): boolean flags show as flags, and each command's help ends with an example.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -34,7 +35,11 @@ def formats_command() -> None:
 
 @app.command("recipe", cls=Command)
 def recipe_command(
-    name: Optional[str] = typer.Argument(None, metavar="NAME", help="Recipe name (experiments/recipes/NAME.toml) or .toml path; omit to list the shipped ones."),
+    name: str | None = typer.Argument(
+        None,
+        metavar="NAME",
+        help="Recipe name (experiments/recipes/NAME.toml) or .toml path; omit to list the shipped ones.",
+    ),
 ) -> None:
     """Validate a recipe and print its policies, rules, attention and loss scaling (or list the recipes).
 

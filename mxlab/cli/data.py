@@ -1,13 +1,12 @@
 """`mxlab data ...`: fetch datasets, describe a source (bodies in mxlab/data/commands.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 from mxlab.cli.command import Command
-
 
 app = typer.Typer(help="Data sources: fetch datasets, describe a source.", no_args_is_help=True)
 
@@ -15,7 +14,12 @@ app = typer.Typer(help="Data sources: fetch datasets, describe a source.", no_ar
 @app.command("fetch", cls=Command)
 def data_fetch_command(
     dataset: str = typer.Argument(..., metavar="DATASET", help="Dataset to fetch: movielens-100k."),
-    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir", metavar="DIR", help="Target folder (default $MXLAB_CACHE/movielens-100k or ~/.cache/mxlab/movielens-100k)."),
+    cache_dir: Path | None = typer.Option(
+        None,
+        "--cache-dir",
+        metavar="DIR",
+        help="Target folder (default $MXLAB_CACHE/movielens-100k or ~/.cache/mxlab/movielens-100k).",
+    ),
 ) -> None:
     """Download a dataset (MovieLens-100K from the recbole==1.2.1 wheel), extract and verify it.
 
@@ -29,8 +33,15 @@ def data_fetch_command(
 @app.command("describe", cls=Command)
 def data_describe_command(
     source: str = typer.Argument(..., metavar="SOURCE", help="synthetic | movielens-100k | criteo."),
-    max_history: int = typer.Option(64, "--max-history", metavar="N", min=1, help="History cap (the model's max_history)."),
-    assignments: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help="A data-table key, e.g. eval_examples=20000 or path=\"train.txt\". Repeatable."),
+    max_history: int = typer.Option(
+        64, "--max-history", metavar="N", min=1, help="History cap (the model's max_history)."
+    ),
+    assignments: list[str] = typer.Option(
+        [],
+        "--set",
+        metavar="KEY=VALUE",
+        help='A data-table key, e.g. eval_examples=20000 or path="train.txt". Repeatable.',
+    ),
 ) -> None:
     """Print a source's sizes, features, eval label rates and (synthetic) the metrics of the true probabilities.
 

@@ -1,8 +1,8 @@
 """`mxlab run`, `report`, `compare`, `sweep-layers`: the study commands (bodies in mxlab/cli/study_commands.py)."""
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -18,22 +18,44 @@ _SET_HELP = "Override a spec value: dotted key = TOML value, e.g. train.epochs=2
 def run_command(
     spec: Path = typer.Argument(..., metavar="SPEC", help="Experiment spec (experiments/NAME.toml)."),
     device: str = typer.Option("auto", "--device", metavar="DEVICE", help="cuda | cpu | auto."),
-    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Study folder (default reports/NAME)."),
-    resume: bool = typer.Option(False, "--resume", help="Skip finished runs; continue interrupted ones from their checkpoint."),
-    overrides: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
-    executor: Optional[str] = typer.Option(None, "--executor", metavar="NAME",
-                                           help="local (a worker process per run, one per GPU) | ray (a Ray task per run); default: the spec's [execution]."),
-    ray_address: Optional[str] = typer.Option(None, "--ray-address", metavar="ADDRESS",
-                                              help="Ray cluster to join (e.g. auto); default: start a local Ray."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", metavar="N", min=0, help="GPUs to use, one run per GPU (0 = every visible one)."),
-    nproc_per_node: int = typer.Option(1, "--nproc-per-node", metavar="N", min=1,
-                                       help="Train each run data-parallel over N processes (DDP: NCCL on GPUs, gloo on CPUs)."),
-    runs_per_device: Optional[int] = typer.Option(None, "--runs-per-device", metavar="K", min=1,
-                                                  help="Runs at once per device, each in its own process (small models "
-                                                       "leave a GPU idle); default: the spec's [execution], else 1."),
-    mps: Optional[bool] = typer.Option(None, "--mps/--no-mps",
-                                       help="Start the CUDA MPS daemon for the study, so runs sharing a GPU run side by side "
-                                            "(needs nvidia-cuda-mps-control); default: the spec's [execution] mps."),
+    out: Path | None = typer.Option(None, "--out", metavar="DIR", help="Study folder (default reports/NAME)."),
+    resume: bool = typer.Option(
+        False, "--resume", help="Skip finished runs; continue interrupted ones from their checkpoint."
+    ),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
+    executor: str | None = typer.Option(
+        None,
+        "--executor",
+        metavar="NAME",
+        help="local (a worker process per run, one per GPU) | ray (a Ray task per run); default: the spec's [execution].",
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address", metavar="ADDRESS", help="Ray cluster to join (e.g. auto); default: start a local Ray."
+    ),
+    gpus: int | None = typer.Option(
+        None, "--gpus", metavar="N", min=0, help="GPUs to use, one run per GPU (0 = every visible one)."
+    ),
+    nproc_per_node: int = typer.Option(
+        1,
+        "--nproc-per-node",
+        metavar="N",
+        min=1,
+        help="Train each run data-parallel over N processes (DDP: NCCL on GPUs, gloo on CPUs).",
+    ),
+    runs_per_device: int | None = typer.Option(
+        None,
+        "--runs-per-device",
+        metavar="K",
+        min=1,
+        help="Runs at once per device, each in its own process (small models "
+        "leave a GPU idle); default: the spec's [execution], else 1.",
+    ),
+    mps: bool | None = typer.Option(
+        None,
+        "--mps/--no-mps",
+        help="Start the CUDA MPS daemon for the study, so runs sharing a GPU run side by side "
+        "(needs nvidia-cuda-mps-control); default: the spec's [execution] mps.",
+    ),
 ) -> None:
     """Run every arm x seed of an experiment, then write the regression report.
 
@@ -41,13 +63,27 @@ def run_command(
     """
     from mxlab.cli import study_commands
 
-    raise typer.Exit(study_commands.run(spec, device=device, out=out, resume=resume, overrides=overrides, executor=executor,
-                                        ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
-                                        runs_per_device=runs_per_device, mps=mps))
+    raise typer.Exit(
+        study_commands.run(
+            spec,
+            device=device,
+            out=out,
+            resume=resume,
+            overrides=overrides,
+            executor=executor,
+            ray_address=ray_address,
+            gpus=gpus,
+            nproc_per_node=nproc_per_node,
+            runs_per_device=runs_per_device,
+            mps=mps,
+        )
+    )
 
 
 @_commands.command("report", cls=Command)
-def report_command(study_dir: Path = typer.Argument(..., metavar="DIR", help="Study folder written by `mxlab run`.")) -> None:
+def report_command(
+    study_dir: Path = typer.Argument(..., metavar="DIR", help="Study folder written by `mxlab run`."),
+) -> None:
     """Re-render report.md, report.html, summary.json and figures from a study's run folders.
 
     Example: mxlab report reports/quickstart
@@ -73,19 +109,40 @@ def compare_command(
 
 @_commands.command("sweep-layers", cls=Command)
 def sweep_layers_command(
-    spec: Path = typer.Argument(..., metavar="SPEC", help="Experiment spec (its data, model and train settings are used)."),
-    recipe: str = typer.Option(..., "--recipe", metavar="RECIPE", help="Recipe to sweep (a name in the spec's recipes/ folder, or a .toml path)."),
-    seeds: Optional[str] = typer.Option(None, "--seeds", metavar="SEEDS", help="Seeds, e.g. 0,1 (default: the spec's)."),
-    steps: Optional[int] = typer.Option(None, "--steps", metavar="N", min=1, help="Training steps per run (default min(200, the spec's))."),
+    spec: Path = typer.Argument(
+        ..., metavar="SPEC", help="Experiment spec (its data, model and train settings are used)."
+    ),
+    recipe: str = typer.Option(
+        ...,
+        "--recipe",
+        metavar="RECIPE",
+        help="Recipe to sweep (a name in the spec's recipes/ folder, or a .toml path).",
+    ),
+    seeds: str | None = typer.Option(
+        None, "--seeds", metavar="SEEDS", help="Seeds, e.g. 0,1 (default: the spec's)."
+    ),
+    steps: int | None = typer.Option(
+        None, "--steps", metavar="N", min=1, help="Training steps per run (default min(200, the spec's))."
+    ),
     device: str = typer.Option("auto", "--device", metavar="DEVICE", help="cuda | cpu | auto."),
-    out: Optional[Path] = typer.Option(None, "--out", metavar="DIR", help="Study folder; the sweep goes to DIR/sweep (default reports/NAME)."),
+    out: Path | None = typer.Option(
+        None, "--out", metavar="DIR", help="Study folder; the sweep goes to DIR/sweep (default reports/NAME)."
+    ),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep."),
-    overrides: List[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
-    runs_per_device: Optional[int] = typer.Option(None, "--runs-per-device", metavar="K", min=1,
-                                                  help="Runs at once per device, each in its own process; default: one at "
-                                                       "a time in this process."),
-    mps: bool = typer.Option(False, "--mps/--no-mps", help="Start the CUDA MPS daemon for the sweep, so runs sharing a GPU "
-                                                           "run side by side (needs nvidia-cuda-mps-control)."),
+    overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
+    runs_per_device: int | None = typer.Option(
+        None,
+        "--runs-per-device",
+        metavar="K",
+        min=1,
+        help="Runs at once per device, each in its own process; default: one at a time in this process.",
+    ),
+    mps: bool = typer.Option(
+        False,
+        "--mps/--no-mps",
+        help="Start the CUDA MPS daemon for the sweep, so runs sharing a GPU "
+        "run side by side (needs nvidia-cuda-mps-control).",
+    ),
 ) -> None:
     """Rank layers by the NE/AUC change of quantizing each alone, and all but each, against the baseline.
 
@@ -94,8 +151,18 @@ def sweep_layers_command(
     from mxlab.cli import study_commands
 
     raise typer.Exit(
-        study_commands.sweep_layers(spec, recipe=recipe, seeds=seeds, steps=steps, device=device, out=out, resume=resume,
-                                    overrides=overrides, runs_per_device=runs_per_device, mps=mps)
+        study_commands.sweep_layers(
+            spec,
+            recipe=recipe,
+            seeds=seeds,
+            steps=steps,
+            device=device,
+            out=out,
+            resume=resume,
+            overrides=overrides,
+            runs_per_device=runs_per_device,
+            mps=mps,
+        )
     )
 
 

@@ -6,10 +6,11 @@ accepted ones), 1 when a run failed, 130 when interrupted (Ctrl-C, or SIGTERM / 
 batch schedulers send them, once: the same clean stop, so an MPS daemon started for the study is told to
 quit and finished runs are kept for --resume).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import typer
 
@@ -92,27 +93,41 @@ def run(
 
     def body() -> int:
         from mxlab.experiment.runner import run_study
-        from mxlab.experiment.spec import load_spec
-
-        from mxlab.experiment.spec import EXECUTORS
+        from mxlab.experiment.spec import EXECUTORS, load_spec
 
         if executor is not None and executor not in EXECUTORS:
             raise ValueError(f"unknown executor {executor!r}; accepted: {', '.join(EXECUTORS)}")
         spec = load_spec(spec_path, overrides)
-        result = run_study(spec, out, device=device, resume=resume, overrides=overrides, executor=executor,
-                           ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
-                           runs_per_device=runs_per_device, mps=mps)
+        result = run_study(
+            spec,
+            out,
+            device=device,
+            resume=resume,
+            overrides=overrides,
+            executor=executor,
+            ray_address=ray_address,
+            gpus=gpus,
+            nproc_per_node=nproc_per_node,
+            runs_per_device=runs_per_device,
+            mps=mps,
+        )
         typer.echo(
             f"study {spec.name}: {len(result.trained)} runs trained, {len(result.already_done)} already done"
             + (f", diverged: {', '.join(result.diverged)}" if result.diverged else "")
-            + (f", skipped (backend unavailable): {', '.join(result.backend_skipped)}" if result.backend_skipped else "")
+            + (
+                f", skipped (backend unavailable): {', '.join(result.backend_skipped)}"
+                if result.backend_skipped
+                else ""
+            )
         )
         typer.echo(f"runs in {result.out_dir / 'runs'}")
         if result.failed:
             for label, reason in result.failed.items():
                 typer.secho(f"failed: {label}: {reason}", err=True, fg=typer.colors.RED)
-            raise RuntimeError(f"{len(result.failed)} runs failed (recorded in their done.json); "
-                               f"fix the cause and run again with --resume to retry them")
+            raise RuntimeError(
+                f"{len(result.failed)} runs failed (recorded in their done.json); "
+                f"fix the cause and run again with --resume to retry them"
+            )
         typer.echo("report:")
         _print_report_paths(write_study_report(result.out_dir))
         return 0
@@ -172,8 +187,17 @@ def sweep_layers(
         from mxlab.experiment.sweep import sweep_layers as run_sweep
 
         spec = load_spec(spec_path, overrides)
-        result = run_sweep(spec, recipe, seeds=parse_seeds(seeds), steps=steps, out_dir=out, device=device, resume=resume,
-                           runs_per_device=runs_per_device, mps=mps)
+        result = run_sweep(
+            spec,
+            recipe,
+            seeds=parse_seeds(seeds),
+            steps=steps,
+            out_dir=out,
+            device=device,
+            resume=resume,
+            runs_per_device=runs_per_device,
+            mps=mps,
+        )
         typer.echo(result.table)
         typer.echo(f"written: {result.markdown_path} and {result.json_path}")
         return 0

@@ -4,6 +4,7 @@
 `validate_data_config(data_config)` checks that table without touching any file, so a runner can
 refuse a bad spec before training starts. docs/data.md describes every source.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -53,7 +54,9 @@ def validate_data_config(data_config: dict) -> Any:
         from mxlab.data.synthetic import resolve_synthetic_table
 
         data_config = resolve_synthetic_table(data_config)
-    return dataclass_from_config(config_class, data_config, f"[data] for source {source!r}", ignore=_TABLE_ONLY_KEYS.get(source, ()))
+    return dataclass_from_config(
+        config_class, data_config, f"[data] for source {source!r}", ignore=_TABLE_ONLY_KEYS.get(source, ())
+    )
 
 
 def make_source(data_config: dict, max_history: int) -> DataSource:

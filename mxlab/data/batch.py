@@ -1,9 +1,10 @@
 """Jagged batches, data-source descriptions, and the small helpers every source shares."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Iterable, Iterator
 
 import torch
 
@@ -43,7 +44,7 @@ class JaggedBatch:
         """Return the history length of each example, (B,) int64."""
         return self.history_offsets[1:] - self.history_offsets[:-1]
 
-    def to(self, device: torch.device | str) -> "JaggedBatch":
+    def to(self, device: torch.device | str) -> JaggedBatch:
         """Return a copy with every tensor on `device`."""
         moved = {}
         for field in fields(self):
@@ -51,7 +52,7 @@ class JaggedBatch:
             moved[field.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
         return JaggedBatch(**moved)
 
-    def take(self, index: torch.Tensor) -> "JaggedBatch":
+    def take(self, index: torch.Tensor) -> JaggedBatch:
         """Return the examples at `index` (1-D int64), in that order, histories included."""
         index = index.to(torch.int64)
         lengths = self.history_lengths()[index]
@@ -78,7 +79,7 @@ class JaggedBatch:
             true_cvr=rows(self.true_cvr),
         )
 
-    def slice(self, start: int, stop: int) -> "JaggedBatch":
+    def slice(self, start: int, stop: int) -> JaggedBatch:
         """Return examples start..stop-1 as views (no copy of the histories)."""
         if not 0 <= start <= stop <= self.batch_size:
             raise ValueError(f"slice {start}:{stop} is outside a batch of {self.batch_size}")
@@ -90,7 +91,7 @@ class JaggedBatch:
             sparse=rows(self.sparse),
             history_items=self.history_items[first:last],
             history_actions=self.history_actions[first:last],
-            history_offsets=self.history_offsets[start:stop + 1] - first,
+            history_offsets=self.history_offsets[start : stop + 1] - first,
             click=rows(self.click),
             conversion=rows(self.conversion),
             user_id=rows(self.user_id),
@@ -99,7 +100,7 @@ class JaggedBatch:
         )
 
     @staticmethod
-    def concat(batches: list["JaggedBatch"]) -> "JaggedBatch":
+    def concat(batches: list[JaggedBatch]) -> JaggedBatch:
         """Return the examples of `batches` one after another. Refuses an empty list."""
         if not batches:
             raise ValueError("cannot concatenate an empty list of batches")

@@ -1,4 +1,5 @@
 """Bodies of the `mxlab data` commands (the CLI wrappers in mxlab/cli.py stay thin)."""
+
 from __future__ import annotations
 
 import json

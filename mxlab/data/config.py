@@ -1,4 +1,5 @@
 """Turning a TOML table (a dict) into a validated dataclass: unknown keys and wrong types are refused."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -22,12 +22,13 @@ for (seed, epoch) comes from a shuffle buffer of ``shuffle_buffer`` rows seeded 
 epoch); nothing beyond that buffer is held in memory. A malformed row is a ValueError naming
 the file and line number; rows are never skipped.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -56,11 +57,15 @@ class CriteoConfig:
             raise ValueError("the criteo source needs `path` (a tab-separated Criteo-format file)")
         sizes = self.table_sizes()
         if len(sizes) != N_CATEGORICAL or min(sizes) < 2:
-            raise ValueError(f"criteo hash_size must be an integer >= 2 or a list of {N_CATEGORICAL} of them; got {self.hash_size!r}")
+            raise ValueError(
+                f"criteo hash_size must be an integer >= 2 or a list of {N_CATEGORICAL} of them; got {self.hash_size!r}"
+            )
         if self.train_examples is not None and self.train_examples < 1:
             raise ValueError(f"criteo train_examples must be >= 1; got {self.train_examples}")
         if self.eval_examples < 0 or self.shuffle_buffer < 1:
-            raise ValueError(f"criteo eval_examples must be >= 0 and shuffle_buffer >= 1; got {self.eval_examples}, {self.shuffle_buffer}")
+            raise ValueError(
+                f"criteo eval_examples must be >= 0 and shuffle_buffer >= 1; got {self.eval_examples}, {self.shuffle_buffer}"
+            )
 
     def table_sizes(self) -> tuple[int, ...]:
         """Return the hash table size of each of the 26 categorical fields."""
@@ -87,11 +92,13 @@ def parse_line(line: str, table_sizes: tuple[int, ...], where: str) -> tuple[int
     """
     columns = line.rstrip("\r\n").split("\t")
     if len(columns) != N_COLUMNS:
-        raise ValueError(f"{where}: expected {N_COLUMNS} tab-separated columns (label, {N_INTEGER} integers, {N_CATEGORICAL} categoricals), got {len(columns)}")
+        raise ValueError(
+            f"{where}: expected {N_COLUMNS} tab-separated columns (label, {N_INTEGER} integers, {N_CATEGORICAL} categoricals), got {len(columns)}"
+        )
     if columns[0] not in ("0", "1"):
         raise ValueError(f"{where}: label {columns[0]!r} is not 0 or 1")
     dense = []
-    for position, text in enumerate(columns[1:1 + N_INTEGER], start=1):
+    for position, text in enumerate(columns[1 : 1 + N_INTEGER], start=1):
         if text == "":
             dense.append(0.0)
             continue
@@ -101,7 +108,7 @@ def parse_line(line: str, table_sizes: tuple[int, ...], where: str) -> tuple[int
             raise ValueError(f"{where}: integer feature I{position} = {text!r} is not an integer") from None
         dense.append(math.copysign(math.log1p(abs(value)), value))
     ids = []
-    for field, text in enumerate(columns[1 + N_INTEGER:]):
+    for field, text in enumerate(columns[1 + N_INTEGER :]):
         if text == "":
             ids.append(0)
             continue
@@ -115,7 +122,9 @@ def parse_line(line: str, table_sizes: tuple[int, ...], where: str) -> tuple[int
 
 def _count_rows(path: Path) -> int:
     with open(path, "rb") as handle:
-        return sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 22), b"")) if path.stat().st_size else 0
+        return (
+            sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 22), b"")) if path.stat().st_size else 0
+        )
 
 
 class CriteoSource(DataSource):
@@ -130,14 +139,22 @@ class CriteoSource(DataSource):
                 raise FileNotFoundError(f"Criteo file {path} does not exist")
         self.table_sizes = config.table_sizes()
         rows = _count_rows(self.path)
-        self.n_train = config.train_examples if config.train_examples is not None else rows - (0 if self.eval_path else config.eval_examples)
+        self.n_train = (
+            config.train_examples
+            if config.train_examples is not None
+            else rows - (0 if self.eval_path else config.eval_examples)
+        )
         self.n_eval = config.eval_examples
         eval_rows = _count_rows(self.eval_path) if self.eval_path else rows - self.n_train
         if self.n_train < 1 or self.n_train > rows - (0 if self.eval_path else self.n_eval):
-            raise ValueError(f"{self.path} has {rows} rows: too few for train_examples = {self.n_train}"
-                             + ("" if self.eval_path else f" plus eval_examples = {self.n_eval}"))
+            raise ValueError(
+                f"{self.path} has {rows} rows: too few for train_examples = {self.n_train}"
+                + ("" if self.eval_path else f" plus eval_examples = {self.n_eval}")
+            )
         if self.n_eval > eval_rows:
-            raise ValueError(f"{self.eval_path or self.path} has {eval_rows} rows for eval, fewer than eval_examples = {self.n_eval}")
+            raise ValueError(
+                f"{self.eval_path or self.path} has {eval_rows} rows for eval, fewer than eval_examples = {self.n_eval}"
+            )
         self.info = DataInfo(
             n_dense=N_INTEGER,
             field_cardinalities=self.table_sizes,

@@ -26,6 +26,7 @@ Features: sparse fields (movie id [history item space], user age bucket, gender,
 release-year bucket [0 = unknown year], first genre); dense (age / 100, (release year - 1900) / 100,
 log(1 + history length) / 7).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +37,9 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -103,7 +104,9 @@ def _read_table(path: Path) -> list[list[str]]:
     """Return the data rows of an atomic file after checking its header; refuses a bad header
     or a row with the wrong number of columns (naming the file and line)."""
     if not path.exists():
-        raise FileNotFoundError(f"MovieLens-100K file {path} is missing; run `{FETCH_COMMAND} --cache-dir {path.parent}`")
+        raise FileNotFoundError(
+            f"MovieLens-100K file {path} is missing; run `{FETCH_COMMAND} --cache-dir {path.parent}`"
+        )
     expected = HEADERS[path.name]
     with open(path, encoding="utf-8", errors="replace") as handle:
         header = tuple(handle.readline().rstrip("\n").split("\t"))
@@ -113,7 +116,9 @@ def _read_table(path: Path) -> list[list[str]]:
         for line_number, line in enumerate(handle, start=2):
             columns = line.rstrip("\n").split("\t")
             if len(columns) != len(expected):
-                raise ValueError(f"{path}, line {line_number}: expected {len(expected)} tab-separated columns, got {len(columns)}")
+                raise ValueError(
+                    f"{path}, line {line_number}: expected {len(expected)} tab-separated columns, got {len(columns)}"
+                )
             rows.append(columns)
     return rows
 
@@ -137,7 +142,10 @@ def verify_movielens(cache_dir: Path, expected_rows: dict[str, int] | None = Non
 
 
 def extract_movielens(
-    wheel: Path, cache_dir: Path, expected_rows: dict[str, int] | None = None, expected_sha256: dict[str, str] | None = None
+    wheel: Path,
+    cache_dir: Path,
+    expected_rows: dict[str, int] | None = None,
+    expected_sha256: dict[str, str] | None = None,
 ) -> dict[str, dict]:
     """Extract the three ml-100k files from a recbole wheel into `cache_dir`, verify them (row
     counts; sha256 when `expected_sha256` is given) and write manifest.json; return the
@@ -218,7 +226,10 @@ class MovieLensSource(DataSource):
                 gender[int(row[0])] = genders[row[2]]
                 occupation[int(row[0])] = occupations[row[3]]
             year, genre = np.zeros(n_items), np.zeros(n_items, np.int64)
-            genres = {value: index + 1 for index, value in enumerate(sorted({row[3].split(" ")[0] for row in items if row[3]}))}
+            genres = {
+                value: index + 1
+                for index, value in enumerate(sorted({row[3].split(" ")[0] for row in items if row[3]}))
+            }
             for row in items:
                 year[int(row[0])] = float(row[2]) if row[2].strip().isdigit() else 0.0  # one row says 'unkonwn'
                 genre[int(row[0])] = genres[row[3].split(" ")[0]] if row[3] else 0
@@ -233,12 +244,16 @@ class MovieLensSource(DataSource):
         eval_index = np.arange(n_train_all, n)
         if config.train_examples is not None:
             if config.train_examples > train_index.size:
-                raise ValueError(f"movielens-100k train_examples = {config.train_examples} but the training period has {train_index.size}")
-            train_index = train_index[train_index.size - config.train_examples:]
+                raise ValueError(
+                    f"movielens-100k train_examples = {config.train_examples} but the training period has {train_index.size}"
+                )
+            train_index = train_index[train_index.size - config.train_examples :]
         if config.eval_examples is not None:
             if config.eval_examples > eval_index.size:
-                raise ValueError(f"movielens-100k eval_examples = {config.eval_examples} but the eval period has {eval_index.size}")
-            eval_index = eval_index[:config.eval_examples]
+                raise ValueError(
+                    f"movielens-100k eval_examples = {config.eval_examples} but the eval period has {eval_index.size}"
+                )
+            eval_index = eval_index[: config.eval_examples]
 
         # History: per user, the ratings with a strictly earlier timestamp (latest max_history).
         by_user = np.lexsort((timestamp, user))  # stable within (user, time)
@@ -256,25 +271,37 @@ class MovieLensSource(DataSource):
         self._user, self._item, self._rating = user, item, rating
         age_values = age[user]
         year_values = year[item]
-        self._sparse = np.stack([
-            item,
-            _bucket(age_values, AGE_BUCKETS),
-            gender[user],
-            occupation[user],
-            _bucket(year_values, YEAR_BUCKET_EDGES),
-            genre[item],
-        ], axis=1).astype(np.int64)
-        self._dense = np.stack([
-            age_values / 100.0,
-            np.where(year_values > 0, (year_values - 1900.0) / 100.0, 0.0),
-            np.log1p(lengths) / 7.0,
-        ], axis=1).astype(np.float32)
+        self._sparse = np.stack(
+            [
+                item,
+                _bucket(age_values, AGE_BUCKETS),
+                gender[user],
+                occupation[user],
+                _bucket(year_values, YEAR_BUCKET_EDGES),
+                genre[item],
+            ],
+            axis=1,
+        ).astype(np.int64)
+        self._dense = np.stack(
+            [
+                age_values / 100.0,
+                np.where(year_values > 0, (year_values - 1900.0) / 100.0, 0.0),
+                np.log1p(lengths) / 7.0,
+            ],
+            axis=1,
+        ).astype(np.float32)
         self._train_index, self._eval_index = train_index, eval_index
         self.n_train, self.n_eval = int(train_index.size), int(eval_index.size)
         self.info = DataInfo(
             n_dense=3,
-            field_cardinalities=(n_items, len(AGE_BUCKETS) + 1, len(genders) + 1, len(occupations) + 1,
-                                 len(YEAR_BUCKET_EDGES) + 1, len(genres) + 1),
+            field_cardinalities=(
+                n_items,
+                len(AGE_BUCKETS) + 1,
+                len(genders) + 1,
+                len(occupations) + 1,
+                len(YEAR_BUCKET_EDGES) + 1,
+                len(genres) + 1,
+            ),
             n_items=n_items,
             n_actions=N_ACTIONS,
             has_truth=False,
@@ -305,7 +332,7 @@ class MovieLensSource(DataSource):
 
     def _batches(self, index: np.ndarray, batch_size: int) -> Iterator[JaggedBatch]:
         for start in range(0, index.size, batch_size):
-            yield self._examples(index[start:start + batch_size])
+            yield self._examples(index[start : start + batch_size])
 
     def train_batches(self, batch_size: int, seed: int, epoch: int) -> Iterator[JaggedBatch]:
         """Yield the training examples shuffled by (seed, epoch). Refuses bad batch arguments."""
@@ -319,4 +346,11 @@ class MovieLensSource(DataSource):
         return self._batches(self._eval_index, batch_size)
 
 
-__all__ = ["MovieLensConfig", "MovieLensSource", "default_cache_dir", "extract_movielens", "fetch_movielens", "verify_movielens"]
+__all__ = [
+    "MovieLensConfig",
+    "MovieLensSource",
+    "default_cache_dir",
+    "extract_movielens",
+    "fetch_movielens",
+    "verify_movielens",
+]

@@ -48,11 +48,12 @@ same for every seed and epoch, and its order (chunk order, then the order inside
 comes from ``(data_seed, 4, seed, epoch)``. Nothing is held in memory beyond a few chunks: a
 background thread generates up to two chunks ahead of training.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -104,13 +105,17 @@ class SyntheticConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"synthetic {name} must be >= 1; got {getattr(self, name)}")
         if self.n_topics < 2 or self.n_items < self.n_topics:
-            raise ValueError(f"synthetic needs n_topics >= 2 and n_items >= n_topics; got n_topics={self.n_topics}, n_items={self.n_items}")
+            raise ValueError(
+                f"synthetic needs n_topics >= 2 and n_items >= n_topics; got n_topics={self.n_topics}, n_items={self.n_items}"
+            )
         for name in ("base_ctr", "base_cvr"):
             if not 0.0 < getattr(self, name) < 1.0:
                 raise ValueError(f"synthetic {name} must be in (0, 1); got {getattr(self, name)}")
         if self.history_length_sigma < 0 or self.history_weight < 0 or self.data_seed < 0:
-            raise ValueError("synthetic history_length_sigma, history_weight and data_seed must be >= 0; "
-                             f"got {self.history_length_sigma}, {self.history_weight}, {self.data_seed}")
+            raise ValueError(
+                "synthetic history_length_sigma, history_weight and data_seed must be >= 0; "
+                f"got {self.history_length_sigma}, {self.history_weight}, {self.data_seed}"
+            )
 
 
 # Named settings of the [data] table (`preset = "NAME"`); keys written in the table win over them.
@@ -119,8 +124,12 @@ SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
     # history lengths (sigma 1.5: about 18% of histories reach the model's max_history), and as
     # many users as give each about 200 eval impressions (about 2 eval clicks per user, so that
     # most users have both classes and gAUC means something).
-    "production-like": {"base_ctr": 0.01, "base_cvr": 0.05, "history_length_sigma": 1.5,
-                        "eval_impressions_per_user": 200},
+    "production-like": {
+        "base_ctr": 0.01,
+        "base_cvr": 0.05,
+        "history_length_sigma": 1.5,
+        "eval_impressions_per_user": 200,
+    },
 }
 
 
@@ -137,7 +146,10 @@ def resolve_synthetic_table(table: dict) -> dict:
         if preset not in SYNTHETIC_PRESETS:
             raise ValueError(f"unknown synthetic preset {preset!r}; accepted: {', '.join(SYNTHETIC_PRESETS)}")
         if "n_users" in resolved and "eval_impressions_per_user" not in resolved:
-            resolved = {**{k: v for k, v in SYNTHETIC_PRESETS[preset].items() if k != "eval_impressions_per_user"}, **resolved}
+            resolved = {
+                **{k: v for k, v in SYNTHETIC_PRESETS[preset].items() if k != "eval_impressions_per_user"},
+                **resolved,
+            }
         else:
             resolved = {**SYNTHETIC_PRESETS[preset], **resolved}
     per_user = resolved.pop("eval_impressions_per_user", None)
@@ -145,8 +157,10 @@ def resolve_synthetic_table(table: dict) -> dict:
         if not isinstance(per_user, int) or isinstance(per_user, bool) or per_user < 1:
             raise ValueError(f"synthetic eval_impressions_per_user must be a positive integer; got {per_user!r}")
         if "n_users" in resolved:
-            raise ValueError("synthetic: set n_users or eval_impressions_per_user, not both; "
-                             f"got n_users={resolved['n_users']!r}, eval_impressions_per_user={per_user}")
+            raise ValueError(
+                "synthetic: set n_users or eval_impressions_per_user, not both; "
+                f"got n_users={resolved['n_users']!r}, eval_impressions_per_user={per_user}"
+            )
         eval_examples = resolved.get("eval_examples", SyntheticConfig.eval_examples)
         if not isinstance(eval_examples, int) or isinstance(eval_examples, bool):
             raise ValueError(f"synthetic eval_examples must be an integer; got {eval_examples!r}")
@@ -203,7 +217,9 @@ class _World:
         quantiles = (np.arange(TOPIC_SLOTS) + 0.5) / TOPIC_SLOTS
         shifted_cdf = (np.arange(config.n_users)[:, None] + np.cumsum(theta, axis=1)).ravel()
         queries = (np.arange(config.n_users)[:, None] + quantiles[None, :]).ravel()
-        slots = np.searchsorted(shifted_cdf, queries, side="right") - np.repeat(np.arange(config.n_users) * k, TOPIC_SLOTS)
+        slots = np.searchsorted(shifted_cdf, queries, side="right") - np.repeat(
+            np.arange(config.n_users) * k, TOPIC_SLOTS
+        )
         self.topic_slots = np.clip(slots, 0, k - 1).astype(np.int16)
         self.segment = rng.integers(0, config.n_segments, config.n_users)
         self.segment_ctr = rng.normal(0.0, SEGMENT_EFFECT_STD, config.n_segments)
@@ -226,7 +242,13 @@ class SyntheticSource(DataSource):
             raise ValueError(f"max_history must be >= 1; got {max_history}")
         self.config = config
         self.max_history = int(max_history)
-        self.history_length_mu = config.history_length_mu if config.history_length_mu is not None else math.log(max_history / 4.0) if max_history >= 4 else 0.0
+        self.history_length_mu = (
+            config.history_length_mu
+            if config.history_length_mu is not None
+            else math.log(max_history / 4.0)
+            if max_history >= 4
+            else 0.0
+        )
         self.world = _World(config)
         self.n_train = config.train_examples
         self.n_eval = config.eval_examples
@@ -262,25 +284,52 @@ class SyntheticSource(DataSource):
 
         example_of_token = np.repeat(np.arange(n), lengths)
         matches = history_topics == ad_topics[example_of_token]
-        weighted_matches = np.bincount(example_of_token[matches], weights=np.asarray(ACTION_WEIGHTS)[history_actions[matches]], minlength=n)
+        weighted_matches = np.bincount(
+            example_of_token[matches], weights=np.asarray(ACTION_WEIGHTS)[history_actions[matches]], minlength=n
+        )
         purchase_matches = np.bincount(example_of_token[matches & (history_actions == 2)], minlength=n)
         segments = world.segment[users]
         history_term = config.history_weight * np.log1p(weighted_matches)
-        ctr_score = (world.segment_ctr[segments] + world.topic_ctr[ad_topics] + world.item_bias[ad_items]
-                     + dense @ np.asarray(DENSE_CTR_WEIGHTS) + POSITION_SLOPE * positions + history_term)
-        cvr_score = (world.segment_cvr[segments] + world.topic_cvr[ad_topics] + dense @ np.asarray(DENSE_CVR_WEIGHTS)
-                     + config.history_weight * (0.5 * np.log1p(weighted_matches) + np.log1p(purchase_matches)))
-        return _Features(users, lengths, history_items, history_actions, ad_items, ad_topics, positions, dense,
-                         ctr_score, history_term, cvr_score)
+        ctr_score = (
+            world.segment_ctr[segments]
+            + world.topic_ctr[ad_topics]
+            + world.item_bias[ad_items]
+            + dense @ np.asarray(DENSE_CTR_WEIGHTS)
+            + POSITION_SLOPE * positions
+            + history_term
+        )
+        cvr_score = (
+            world.segment_cvr[segments]
+            + world.topic_cvr[ad_topics]
+            + dense @ np.asarray(DENSE_CVR_WEIGHTS)
+            + config.history_weight * (0.5 * np.log1p(weighted_matches) + np.log1p(purchase_matches))
+        )
+        return _Features(
+            users,
+            lengths,
+            history_items,
+            history_actions,
+            ad_items,
+            ad_topics,
+            positions,
+            dense,
+            ctr_score,
+            history_term,
+            cvr_score,
+        )
 
     def _calibrate(self) -> tuple[float, float]:
-        mean_length = min(math.exp(self.history_length_mu + self.config.history_length_sigma ** 2 / 2), self.max_history) + 1.0
+        mean_length = (
+            min(math.exp(self.history_length_mu + self.config.history_length_sigma**2 / 2), self.max_history) + 1.0
+        )
         n = int(min(CALIBRATION_EXAMPLES, max(4096, CALIBRATION_TOKENS / mean_length)))
         features = self._features(np.random.default_rng([self.config.data_seed, _CALIBRATION]), n)
         base_ctr, base_cvr = self.config.base_ctr, self.config.base_cvr
         ctr_bias = _solve_increasing(lambda b: expit(b + features.ctr_score).mean() - base_ctr, -60.0, 60.0)
         ctr = expit(ctr_bias + features.ctr_score)
-        cvr_bias = _solve_increasing(lambda b: (ctr * expit(b + features.cvr_score)).sum() / ctr.sum() - base_cvr, -60.0, 60.0)
+        cvr_bias = _solve_increasing(
+            lambda b: (ctr * expit(b + features.cvr_score)).sum() / ctr.sum() - base_cvr, -60.0, 60.0
+        )
         return float(ctr_bias), float(cvr_bias)
 
     def _chunk(self, split: int, index: int, n: int) -> tuple[JaggedBatch, np.ndarray]:
@@ -292,7 +341,9 @@ class SyntheticSource(DataSource):
         conversion = click & (rng.random(n) < true_cvr)
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(features.lengths, out=offsets[1:])
-        sparse = np.stack([features.ad_items, features.ad_topics, self.world.segment[features.users], features.positions], axis=1)
+        sparse = np.stack(
+            [features.ad_items, features.ad_topics, self.world.segment[features.users], features.positions], axis=1
+        )
         batch = JaggedBatch(
             dense=torch.from_numpy(features.dense.astype(np.float32)),
             sparse=torch.from_numpy(sparse.astype(np.int64)),
@@ -378,7 +429,9 @@ def log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
     return float(-(y * np.log(p) + (1.0 - y) * np.log1p(-p)).mean())
 
 
-def probability_metrics(click: np.ndarray, conversion: np.ndarray, p_ctr: np.ndarray, p_cvr: np.ndarray) -> dict[str, float]:
+def probability_metrics(
+    click: np.ndarray, conversion: np.ndarray, p_ctr: np.ndarray, p_cvr: np.ndarray
+) -> dict[str, float]:
     """Return AUC, log loss and NE (log loss / entropy of the label rate) for CTR, CVR (clicked
     examples) and CTCVR, plus the observed label rates."""
     result: dict[str, float] = {}

@@ -3,6 +3,7 @@ worker processes, Ray tasks, data-parallel runs), training, evaluation and check
 
 Public entry points: `load_spec`, `run_study`, `sweep_layers`.
 """
+
 from __future__ import annotations
 
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, load_spec, parse_override

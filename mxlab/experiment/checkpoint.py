@@ -5,6 +5,7 @@ object (a class instance, a function) is refused on load instead of running its 
 checkpoint holds beyond tensors (RNG states, counters, data positions) is stored as tensors,
 numbers, strings, lists and dicts.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -26,9 +27,18 @@ def rng_state() -> dict[str, Any]:
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "position": int(position),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": {"version": int(version), "internal": torch.tensor(internal, dtype=torch.int64), "gauss_next": gauss_next},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "python": {
+            "version": int(version),
+            "internal": torch.tensor(internal, dtype=torch.int64),
+            "gauss_next": gauss_next,
+        },
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -39,10 +49,19 @@ def restore_rng(state: dict[str, Any]) -> None:
     """Put back the RNG states saved by `rng_state`."""
     torch.set_rng_state(state["torch"])
     saved = state["numpy"]
-    np.random.set_state((saved["kind"], saved["keys"].numpy().astype(np.uint32), saved["position"],
-                         saved["has_gauss"], saved["cached_gaussian"]))
+    np.random.set_state(
+        (
+            saved["kind"],
+            saved["keys"].numpy().astype(np.uint32),
+            saved["position"],
+            saved["has_gauss"],
+            saved["cached_gaussian"],
+        )
+    )
     python = state["python"]
-    random.setstate((python["version"], tuple(int(value) for value in python["internal"].tolist()), python["gauss_next"]))
+    random.setstate(
+        (python["version"], tuple(int(value) for value in python["internal"].tolist()), python["gauss_next"])
+    )
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

@@ -5,10 +5,12 @@ its own data-order seed; in the fork design on the baseline's stream with the ba
 fork on swapped in pairs, since another seed would continue on a different subset of the epoch
 than the one the warm-up left (docs/statistics.md, "Controls").
 """
+
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 PLACEBO_ARM = "placebo"  # the A/A control: the baseline's recipe, its own order of the same data
 PLACEBO_DATA_SEED_OFFSET = 1_000_003
@@ -34,7 +36,9 @@ def swapped_pairs(batches: Iterable[Any], start: int) -> Iterator[Any]:
         yield first
 
 
-def training_batches(job: Any, source: Any, epoch: int, skip: int, fork_position: tuple[int, int] | None) -> Iterator[Any]:
+def training_batches(
+    job: Any, source: Any, epoch: int, skip: int, fork_position: tuple[int, int] | None
+) -> Iterator[Any]:
     """The run's training batches of `epoch` past the first `skip` (those a resumed run or a fork's
     warm-up already took). A placebo in the fork design (`fork_position` = the warm-up's (epoch,
     batches taken in it)) takes the baseline's stream with the batches from there on swapped in

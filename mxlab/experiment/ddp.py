@@ -5,6 +5,7 @@ Trains every run of a study, one after another, each over all the processes torc
 report afterwards with `mxlab report DIR`. `mxlab run SPEC --nproc-per-node N` does the same
 without torchrun on one node.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true")
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
-        print("error: start this module with torchrun (it reads RANK and WORLD_SIZE), "
-              "or use `mxlab run SPEC --nproc-per-node N`", file=sys.stderr)
+        print(
+            "error: start this module with torchrun (it reads RANK and WORLD_SIZE), "
+            "or use `mxlab run SPEC --nproc-per-node N`",
+            file=sys.stderr,
+        )
         return 2
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = f"cuda:{local_rank}" if args.device == "cuda" else "cpu"
@@ -50,9 +54,16 @@ def main(argv: list[str] | None = None) -> int:
             if world.writes:
                 check_out_dir(spec, out_dir, args.resume)
                 out_dir.mkdir(parents=True, exist_ok=True)
-                command = " ".join(["torchrun", f"--nproc-per-node {world.size}", "-m mxlab.experiment.ddp", *sys.argv[1:]])
-                write_study_json(spec, out_dir, [device], command,
-                                 {**spec.to_dict()["execution"], "executor": "torchrun", "nproc_per_node": world.size})
+                command = " ".join(
+                    ["torchrun", f"--nproc-per-node {world.size}", "-m mxlab.experiment.ddp", *sys.argv[1:]]
+                )
+                write_study_json(
+                    spec,
+                    out_dir,
+                    [device],
+                    command,
+                    {**spec.to_dict()["execution"], "executor": "torchrun", "nproc_per_node": world.size},
+                )
         except ValueError as error:
             problem = [str(error)]
         dist.broadcast_object_list(problem, src=0)

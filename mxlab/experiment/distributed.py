@@ -6,6 +6,7 @@ weighted by its share of the batch, so DDP's averaged gradient equals the gradie
 batch's mean loss; gradients are reduced in float32 (the master weights' dtype). Rank 0 writes
 the run folder. One process is `World()` (rank 0 of 1), which changes nothing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

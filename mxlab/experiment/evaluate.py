@@ -1,4 +1,5 @@
 """Evaluation: predictions and labels of a trained model on the eval set, in the source's fixed order."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,8 +16,9 @@ def _numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
 
 @torch.no_grad()
-def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str,
-                   limit: int = 0) -> dict[str, np.ndarray]:
+def evaluate_model(
+    model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int = 0
+) -> dict[str, np.ndarray]:
     """Run `model` over `source.eval_batches(batch_size)` (with `limit` > 0, only the first whole
     batches that hold at least `limit` examples); return eval.npz's arrays.
 
@@ -67,8 +69,9 @@ def evaluate_model(model: torch.nn.Module, source: Any, batch_size: int, device:
     return arrays
 
 
-def held_out_metrics(model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str,
-                     limit: int = 0) -> dict[str, float | None]:
+def held_out_metrics(
+    model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int = 0
+) -> dict[str, float | None]:
     """NE and AUC of CTR and CTCVR on the first `limit` eval examples (0 = all; see `evaluate_model`):
     {"ctr.ne", "ctr.auc", "ctcvr.ne", "ctcvr.auc", "examples"}; a metric the slice cannot give (one
     class only) is None."""

@@ -1,4 +1,5 @@
 """The optimizer of a run and its learning rate per step."""
+
 from __future__ import annotations
 
 from typing import Any

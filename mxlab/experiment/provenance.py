@@ -1,5 +1,6 @@
 """Where a study's code and runs came from: the code's git commit (or the best substitute when there is no
 checkout) and the device a run trained on."""
+
 from __future__ import annotations
 
 import hashlib
@@ -33,10 +34,16 @@ def code_commit() -> dict[str, Any]:
         return {"commit": shipped, "dirty": None, "source": "MXLAB_GIT_COMMIT"}
     checkout = Path(__file__).resolve().parents[2]
     try:
-        head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        head = subprocess.run(
+            ["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+        )
         if head.returncode == 0:
-            status = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
-                                    capture_output=True, text=True, timeout=10)
+            status = subprocess.run(
+                ["git", "-C", str(checkout), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()), "source": "git"}
     except (OSError, subprocess.SubprocessError):
         pass

@@ -13,10 +13,12 @@ tasks ``ctr``, ``cvr``, ``ctcvr``; metrics
 - ``calibration_error``: |cal_arm - 1| - |cal_baseline - 1| (worse when positive);
 - ``ece``: ECE_arm - ECE_baseline (worse when positive).
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any
 
 TASK_NAMES: tuple[str, ...] = ("ctr", "cvr", "ctcvr")
 METRIC_KINDS: tuple[str, ...] = ("ne", "excess_ne", "auc", "calibration_error", "ece")
@@ -27,8 +29,13 @@ DEFAULT_PRIMARY: tuple[str, ...] = ("ctr.ne", "ctcvr.ne")
 # Keys written by earlier versions into study.json's "report"; read back and ignored.
 LEGACY_KEYS: tuple[str, ...] = ("bootstrap_resamples", "bootstrap_seed", "min_seeds_for_t", "multiple_testing")
 # Which setting holds the default margin of each metric kind.
-MARGIN_SETTING: dict[str, str] = {"ne": "ne_regression_pct", "excess_ne": "excess_ne_pct", "auc": "auc_regression",
-                                  "calibration_error": "calibration_tolerance", "ece": "ece_regression"}
+MARGIN_SETTING: dict[str, str] = {
+    "ne": "ne_regression_pct",
+    "excess_ne": "excess_ne_pct",
+    "auc": "auc_regression",
+    "calibration_error": "calibration_tolerance",
+    "ece": "ece_regression",
+}
 MIN_PAIRED_SEEDS = 3
 
 
@@ -65,7 +72,7 @@ class ReportSettings:
         return float(getattr(self, MARGIN_SETTING[metric.split(".", 1)[1]]))
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None, *, legacy: bool = False) -> "ReportSettings":
+    def from_dict(cls, values: Mapping[str, Any] | None, *, legacy: bool = False) -> ReportSettings:
         """Settings from a mapping. Refuses unknown keys, wrong types, an unknown primary metric, a
         negative margin, an unknown correction, naming the value and the accepted ones. ``legacy``
         drops the keys of earlier versions (:data:`LEGACY_KEYS`), for reading old study folders."""
@@ -91,7 +98,9 @@ class ReportSettings:
         settings = cls(**clean)
         for name in MARGIN_SETTING.values():
             if getattr(settings, name) < 0:
-                raise ValueError(f"report setting {name}={getattr(settings, name)!r} must be >= 0 (accepted: a number >= 0)")
+                raise ValueError(
+                    f"report setting {name}={getattr(settings, name)!r} must be >= 0 (accepted: a number >= 0)"
+                )
         if not 0.5 <= settings.confidence < 1:
             raise ValueError(f"report setting confidence={settings.confidence!r}; accepted: a number in [0.5, 1)")
         if not 0.5 <= settings.power < 1:
@@ -100,8 +109,12 @@ class ReportSettings:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (what study.json records), read back by :meth:`from_dict`."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), tuple) else
-                         dict(v) if isinstance(v, dict) else v) for f in fields(self)}
+        return {
+            f.name: (
+                list(v) if isinstance(v := getattr(self, f.name), tuple) else dict(v) if isinstance(v, dict) else v
+            )
+            for f in fields(self)
+        }
 
 
 def _number(name: str, value: Any) -> float:
@@ -112,11 +125,15 @@ def _number(name: str, value: Any) -> float:
 
 def _primary(value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"report setting primary={value!r} must be a non-empty list of metric names; "
-                         f"accepted names: {', '.join(METRIC_NAMES)}")
+        raise ValueError(
+            f"report setting primary={value!r} must be a non-empty list of metric names; "
+            f"accepted names: {', '.join(METRIC_NAMES)}"
+        )
     for name in value:
         if name not in METRIC_NAMES:
-            raise ValueError(f"report setting primary names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}")
+            raise ValueError(
+                f"report setting primary names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}"
+            )
     if len(set(value)) != len(value):
         raise ValueError(f"report setting primary={list(value)!r} repeats a metric")
     return tuple(value)
@@ -128,7 +145,9 @@ def _margins(value: Any) -> dict[str, float]:
     out = {}
     for name, margin in value.items():
         if name not in METRIC_NAMES:
-            raise ValueError(f"report setting margins names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}")
+            raise ValueError(
+                f"report setting margins names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}"
+            )
         out[name] = _number(f"margins.{name}", margin)
         if out[name] < 0:
             raise ValueError(f"report setting margins.{name}={margin!r} must be >= 0 (accepted: a number >= 0)")

@@ -14,6 +14,7 @@ and continues on its data stream. A post-training arm ("post:RECIPE", either des
 baseline arm's final weights of its seed under RECIPE without training, so its paired delta is the
 recipe's forward numerics alone: warm-ups run first, then the training arms, then the post-training arms.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,9 +23,10 @@ import json
 import os
 import platform
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -113,7 +115,9 @@ def environment_info(devices: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def reproduce_command(spec: ExperimentSpec, out_dir: Path, device: str, overrides: Sequence[str], options: Sequence[str] = ()) -> str:
+def reproduce_command(
+    spec: ExperimentSpec, out_dir: Path, device: str, overrides: Sequence[str], options: Sequence[str] = ()
+) -> str:
     """The `mxlab run` command line that reproduces this study (`options`: further flags, e.g. --executor ray)."""
     spec_path = spec.spec_path
     if spec_path is not None:
@@ -144,9 +148,16 @@ def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
         return Path(runs_root) / FORK_DIR / f"seed{seed}" if spec.train.fork_from else None
 
     return [
-        RunJob(arm=arm, seed=seed, recipe=recipes[arm], recipe_source=str(spec.recipe_paths[arm]),
-               run_dir=Path(runs_root) / arm / f"seed{seed}", spec=spec, fork_dir=start(arm, seed),
-               post_training=post_training_recipe(arm) is not None)
+        RunJob(
+            arm=arm,
+            seed=seed,
+            recipe=recipes[arm],
+            recipe_source=str(spec.recipe_paths[arm]),
+            run_dir=Path(runs_root) / arm / f"seed{seed}",
+            spec=spec,
+            fork_dir=start(arm, seed),
+            post_training=post_training_recipe(arm) is not None,
+        )
         for seed in spec.seeds
         for arm in spec.arms
     ]
@@ -160,13 +171,22 @@ def fork_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
     if not spec.train.fork_from:
         return []
     steps = spec.train.fork_steps
-    warmup = spec.with_train(fork_from="", fork_steps=0, max_steps=steps, epochs=max(spec.train.epochs, steps),
-                             lr_decay_steps=0)
+    warmup = spec.with_train(
+        fork_from="", fork_steps=0, max_steps=steps, epochs=max(spec.train.epochs, steps), lr_decay_steps=0
+    )
     recipe = load_recipe(spec.fork_recipe_path)
-    return [RunJob(arm=FORK_DIR, seed=seed, recipe=recipe, recipe_source=str(spec.fork_recipe_path),
-                   run_dir=Path(runs_root) / FORK_DIR / f"seed{seed}", spec=warmup,
-                   extra_config={"fork_warmup_of": spec.name, "fork_from": spec.train.fork_from})
-            for seed in spec.seeds]
+    return [
+        RunJob(
+            arm=FORK_DIR,
+            seed=seed,
+            recipe=recipe,
+            recipe_source=str(spec.fork_recipe_path),
+            run_dir=Path(runs_root) / FORK_DIR / f"seed{seed}",
+            spec=warmup,
+            extra_config={"fork_warmup_of": spec.name, "fork_from": spec.train.fork_from},
+        )
+        for seed in spec.seeds
+    ]
 
 
 def blocked_runs(jobs: Sequence[RunJob], results: dict[str, RunResult]) -> dict[str, RunResult]:
@@ -179,7 +199,9 @@ def blocked_runs(jobs: Sequence[RunJob], results: dict[str, RunResult]) -> dict[
         start = f"{Path(job.fork_dir).parent.name}/{Path(job.fork_dir).name}"
         before = results.get(start)
         if before is not None and before.status != "finished":
-            reason = f"the run it starts from, {start}, {before.status}" + (f": {before.reason}" if before.reason else "")
+            reason = f"the run it starts from, {start}, {before.status}" + (
+                f": {before.reason}" if before.reason else ""
+            )
             blocked[job.label] = record_failure(job.run_dir, reason)
     return blocked
 
@@ -248,7 +270,9 @@ def check_out_dir(
     if resume and study_path.exists():
         recorded_study = json.loads(study_path.read_text())
         current = json.loads(io.to_json(spec.to_dict()))
-        defaults = {f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()}
+        defaults = {
+            f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()
+        }
         changed = [
             f"{key} {_short(old)} (recorded) vs {_short(new)} (now)"
             for table in ("data", "model", "train")
@@ -256,8 +280,10 @@ def check_out_dir(
             if not (old is None and key in defaults and new == defaults[key])  # a key added since, at its default
         ]
         if changed:
-            raise ValueError(f"cannot resume {out_dir}: the settings differ from the study recorded there: "
-                             f"{'; '.join(changed)}; use those settings or a fresh --out")
+            raise ValueError(
+                f"cannot resume {out_dir}: the settings differ from the study recorded there: "
+                f"{'; '.join(changed)}; use those settings or a fresh --out"
+            )
 
 
 def _short(value: Any) -> str:
@@ -268,13 +294,17 @@ def _short(value: Any) -> str:
 def changed_keys(old: Any, new: Any, prefix: str) -> list[tuple[str, Any, Any]]:
     """[(dotted key, old value, new value)] for every leaf where two nested tables differ (a missing key is None)."""
     if isinstance(old, dict) and isinstance(new, dict):
-        return [change for key in sorted(set(old) | set(new), key=str)
-                for change in changed_keys(old.get(key), new.get(key), f"{prefix}.{key}")]
+        return [
+            change
+            for key in sorted(set(old) | set(new), key=str)
+            for change in changed_keys(old.get(key), new.get(key), f"{prefix}.{key}")
+        ]
     return [] if old == new else [(prefix, old, new)]
 
 
-def write_study_json(spec: ExperimentSpec, out_dir: Path, devices: Sequence[str], command: str,
-                     execution: dict[str, Any] | None = None) -> dict[str, Any]:
+def write_study_json(
+    spec: ExperimentSpec, out_dir: Path, devices: Sequence[str], command: str, execution: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Write DIR/study.json (resolved spec, command, environment, `execution` as run); return what was written."""
     study = {
         **spec.to_dict(),
@@ -350,9 +380,16 @@ def run_study(
         if executor == "inline":
             runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
         else:
-            runner = make_executor(executor, devices, ray_address=ray_address, gpus=gpus, nproc_per_node=nproc_per_node,
-                                   cpus_per_run=execution.cpus_per_run, max_retries=execution.max_retries,
-                                   runs_per_device=runs_per_device)
+            runner = make_executor(
+                executor,
+                devices,
+                ray_address=ray_address,
+                gpus=gpus,
+                nproc_per_node=nproc_per_node,
+                cpus_per_run=execution.cpus_per_run,
+                max_retries=execution.max_retries,
+                runs_per_device=runs_per_device,
+            )
         options = [] if executor in ("local", "inline") else ["--executor", executor]
         options += ["--ray-address", ray_address] if executor == "ray" and ray_address else []
         options += ["--gpus", str(gpus)] if gpus else []
@@ -362,15 +399,33 @@ def run_study(
         out_dir.mkdir(parents=True, exist_ok=True)
         if len(done_before) < len(jobs) or not (out_dir / "study.json").exists():  # else: only the report, and the
             # study.json of the machine that trained the runs stays
-            write_study_json(spec, out_dir, devices, reproduce_command(spec, out_dir, device, overrides, options),
-                             {**vars(execution).copy(), "executor": executor, "ray_address": ray_address, "gpus": gpus,
-                              "devices": devices, "nproc_per_node": nproc_per_node, "runs_per_device": runs_per_device,
-                              "mps": mps})
+            write_study_json(
+                spec,
+                out_dir,
+                devices,
+                reproduce_command(spec, out_dir, device, overrides, options),
+                {
+                    **vars(execution).copy(),
+                    "executor": executor,
+                    "ray_address": ray_address,
+                    "gpus": gpus,
+                    "devices": devices,
+                    "nproc_per_node": nproc_per_node,
+                    "runs_per_device": runs_per_device,
+                    "mps": mps,
+                },
+            )
         results: dict[str, RunResult] = {}
-        arms = jobs[len(warmups):]
-        for phase in (warmups, [job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
+        arms = jobs[len(warmups) :]
+        for phase in (
+            warmups,
+            [job for job in arms if not job.post_training],
+            [job for job in arms if job.post_training],
+        ):
             results.update(blocked_runs(phase, results))  # a run waits for the run it starts from
-            results.update(run_jobs([job for job in phase if job.label not in results], runner, show_progress=show_progress))
+            results.update(
+                run_jobs([job for job in phase if job.label not in results], runner, show_progress=show_progress)
+            )
     return StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],

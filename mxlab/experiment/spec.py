@@ -3,14 +3,16 @@
 Everything that can be wrong with a spec is found here, before any training: an unknown key,
 a wrong type, an arm whose recipe file does not exist, an unknown data source.
 """
+
 from __future__ import annotations
 
 import copy
 import dataclasses
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
 
@@ -31,7 +33,7 @@ POST_TRAINING_PREFIX = "post:"  # an arm "post:RECIPE": the baseline's trained m
 
 def post_training_recipe(arm: str) -> str | None:
     """The recipe name of a post-training arm ("post:mxfp8-rceil" -> "mxfp8-rceil"), None for a training arm."""
-    return arm[len(POST_TRAINING_PREFIX):] if arm.startswith(POST_TRAINING_PREFIX) else None
+    return arm[len(POST_TRAINING_PREFIX) :] if arm.startswith(POST_TRAINING_PREFIX) else None
 
 
 @dataclass(frozen=True)
@@ -128,8 +130,12 @@ class ExperimentSpec:
         {"kind": "fork", "from": RECIPE, "warmup_steps": N, "recipe": path}."""
         if not self.train.fork_from:
             return {"kind": "from-scratch"}
-        return {"kind": "fork", "from": self.train.fork_from, "warmup_steps": self.train.fork_steps,
-                "recipe": str(self.fork_recipe_path) if self.fork_recipe_path else None}
+        return {
+            "kind": "fork",
+            "from": self.train.fork_from,
+            "warmup_steps": self.train.fork_steps,
+            "recipe": str(self.fork_recipe_path) if self.fork_recipe_path else None,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved spec as plain JSON-able data (what study.json records)."""
@@ -149,7 +155,7 @@ class ExperimentSpec:
             "design": self.design,
         }
 
-    def with_train(self, **changes: Any) -> "ExperimentSpec":
+    def with_train(self, **changes: Any) -> ExperimentSpec:
         """A copy with some [train] values replaced (validated like the file's)."""
         merged = {**dataclasses.asdict(self.train), **changes}
         return dataclasses.replace(self, train=_build_table(TrainConfig, merged, "train"))
@@ -212,8 +218,17 @@ def _check_ranges(config: Any, where: str) -> None:
         for key in ("batch_size", "eval_batch_size", "epochs", "log_every"):
             if getattr(config, key) < 1:
                 raise ValueError(f"{where}.{key} must be >= 1, got {getattr(config, key)}")
-        for key in ("checkpoint_every", "diagnostics_every", "max_steps", "nonfinite_patience", "cpu_threads",
-                    "fork_steps", "eval_every", "eval_slice", "lr_decay_steps"):
+        for key in (
+            "checkpoint_every",
+            "diagnostics_every",
+            "max_steps",
+            "nonfinite_patience",
+            "cpu_threads",
+            "fork_steps",
+            "eval_every",
+            "eval_slice",
+            "lr_decay_steps",
+        ):
             if getattr(config, key) < 0:
                 raise ValueError(f"{where}.{key} must be >= 0 (0 = off), got {getattr(config, key)}")
         if not config.lr > 0:
@@ -226,14 +241,20 @@ def _check_ranges(config: Any, where: str) -> None:
         if config.optimizer not in OPTIMIZERS:
             raise ValueError(f"{where}.optimizer {config.optimizer!r} is not one of: {', '.join(OPTIMIZERS)}")
         if bool(config.fork_from) != bool(config.fork_steps):
-            raise ValueError(f"{where}.fork_from ({config.fork_from!r}) and {where}.fork_steps ({config.fork_steps}) go "
-                             f"together: a recipe name and a number of warm-up steps >= 1, or neither (from scratch)")
+            raise ValueError(
+                f"{where}.fork_from ({config.fork_from!r}) and {where}.fork_steps ({config.fork_steps}) go "
+                f"together: a recipe name and a number of warm-up steps >= 1, or neither (from scratch)"
+            )
         if config.lr_decay_steps and config.max_steps and config.lr_decay_steps > config.max_steps:
-            raise ValueError(f"{where}.lr_decay_steps ({config.lr_decay_steps}) must be <= {where}.max_steps "
-                             f"({config.max_steps}): the decay is the last part of each run's own steps")
+            raise ValueError(
+                f"{where}.lr_decay_steps ({config.lr_decay_steps}) must be <= {where}.max_steps "
+                f"({config.max_steps}): the decay is the last part of each run's own steps"
+            )
         if config.eval_every and config.eval_every % config.log_every:
-            raise ValueError(f"{where}.eval_every ({config.eval_every}) must be a multiple of {where}.log_every "
-                             f"({config.log_every}): held-out metrics are written into that step's metrics record")
+            raise ValueError(
+                f"{where}.eval_every ({config.eval_every}) must be a multiple of {where}.log_every "
+                f"({config.log_every}): held-out metrics are written into that step's metrics record"
+            )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,7 +326,10 @@ def _validate_model(model: Any) -> dict[str, Any]:
 def _resolved(validated: Any, given: Mapping[str, Any]) -> dict[str, Any]:
     """The table with its owner's defaults filled in (when the validator returns a dataclass or a mapping)."""
     if dataclasses.is_dataclass(validated) and not isinstance(validated, type):
-        return {key: (list(value) if isinstance(value, tuple) else value) for key, value in dataclasses.asdict(validated).items()}
+        return {
+            key: (list(value) if isinstance(value, tuple) else value)
+            for key, value in dataclasses.asdict(validated).items()
+        }
     if isinstance(validated, Mapping):
         return dict(validated)
     return dict(given)
@@ -420,8 +444,10 @@ def spec_from_dict(
     train = _build_table(TrainConfig, raw.get("train", {}), "train")
     recipe_paths = {arm: resolve_recipe_path(post_training_recipe(arm) or arm, recipe_dir) for arm in arms}
     if post_training_recipe(baseline) is not None:
-        raise ValueError(f"baseline {baseline!r} is a post-training arm; the baseline must train "
-                         f"(a post-training arm evaluates the baseline's trained model)")
+        raise ValueError(
+            f"baseline {baseline!r} is a post-training arm; the baseline must train "
+            f"(a post-training arm evaluates the baseline's trained model)"
+        )
     fork_recipe_path = None
     if train.fork_from:
         try:
@@ -432,8 +458,10 @@ def spec_from_dict(
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
     needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
     if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:
-        raise ValueError(f"[report] primary {needs_truth} needs a source with truth ({', '.join(SOURCES_WITH_TRUTH)}); "
-                         f"[data] source is {data['source']!r}")
+        raise ValueError(
+            f"[report] primary {needs_truth} needs a source with truth ({', '.join(SOURCES_WITH_TRUTH)}); "
+            f"[data] source is {data['source']!r}"
+        )
 
     if check_recipes:
         for arm, path in recipe_paths.items():

@@ -21,11 +21,13 @@ interval of them back at once with `read_pending` (one transfer every `log_every
 checkpoint, and at the end), then replays the host-side logic (divergence checks, log records)
 step by step on the values read, so what it records is what a per-step read would record.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Sequence
+from typing import Any, ContextManager
 
 import torch
 
@@ -83,11 +85,20 @@ class PendingStep:
     seconds: float
 
     @classmethod
-    def after(cls, step: int, epoch: int, losses: torch.Tensor, scaler: Any, examples: int, seconds: float) -> "PendingStep":
+    def after(
+        cls, step: int, epoch: int, losses: torch.Tensor, scaler: Any, examples: int, seconds: float
+    ) -> PendingStep:
         """The record of a step just taken: copies of the scaler's device-side scale and skipped count
         (`scale_on_device`, `skipped_on_device` of mxlab.recipe.loss_scaling's scalers); no sync."""
-        return cls(step, epoch, losses, scaler.scale_on_device.detach().clone(), scaler.skipped_on_device.detach().clone(),
-                   examples, seconds)
+        return cls(
+            step,
+            epoch,
+            losses,
+            scaler.scale_on_device.detach().clone(),
+            scaler.skipped_on_device.detach().clone(),
+            examples,
+            seconds,
+        )
 
 
 @dataclass
@@ -108,13 +119,28 @@ def read_pending(pending: Sequence[PendingStep]) -> list[ReadStep]:
     if not pending:
         return []
     device = pending[0].losses.device
-    values = iter(torch.cat([torch.cat([value.reshape(-1).to(device, torch.float64) for value in (entry.losses, entry.scale, entry.skipped)])
-                             for entry in pending]).cpu().tolist())
+    values = iter(
+        torch.cat(
+            [
+                torch.cat(
+                    [
+                        value.reshape(-1).to(device, torch.float64)
+                        for value in (entry.losses, entry.scale, entry.skipped)
+                    ]
+                )
+                for entry in pending
+            ]
+        )
+        .cpu()
+        .tolist()
+    )
     read = []
     for entry in pending:
         losses = [next(values) for _ in range(entry.losses.numel())]
         scale, skipped = next(values), next(values)
-        read.append(ReadStep(entry.step, entry.epoch, losses, float(scale), int(skipped), entry.examples, entry.seconds))
+        read.append(
+            ReadStep(entry.step, entry.epoch, losses, float(scale), int(skipped), entry.examples, entry.seconds)
+        )
     return read
 
 

@@ -6,13 +6,15 @@ next to the spec's baseline arm and R on all layers, all through the study runne
 compared with the baseline of its seed on NE (in %) and AUC; layers are ranked by the NE
 regression that quantizing them alone causes.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -94,7 +96,9 @@ def _baseline_noise_floor(baseline_dir: Path, seeds: Sequence[int]) -> float | N
     metrics = {seed: _ne_and_auc(baseline_dir / f"seed{seed}" / "eval.npz") for seed in seeds}
     deltas = [
         abs(100.0 * (metrics[b][task]["ne"] - metrics[a][task]["ne"]) / metrics[a][task]["ne"])
-        for index, a in enumerate(seeds) for b in seeds[index + 1:] for task in SWEEP_TASKS
+        for index, a in enumerate(seeds)
+        for b in seeds[index + 1 :]
+        for task in SWEEP_TASKS
     ]
     return float(np.mean(deltas))
 
@@ -110,8 +114,13 @@ def _mean_deltas(per_seed: Sequence[dict[str, float] | None]) -> tuple[dict[str,
 
 
 def _format_table(
-    recipe: str, layers: Sequence[LayerSensitivity], full: dict[str, float], seeds: Sequence[int], steps: int,
-    noise_floor: float | None, warmup: str = "",
+    recipe: str,
+    layers: Sequence[LayerSensitivity],
+    full: dict[str, float],
+    seeds: Sequence[int],
+    steps: int,
+    noise_floor: float | None,
+    warmup: str = "",
 ) -> str:
     start = f" from the seed's {warmup} (the spec's fork design)" if warmup else " from scratch"
     lines = [
@@ -125,17 +134,23 @@ def _format_table(
         f"Full recipe (every module quantized): NE {full['ne_pct_mean']:+.3f}% (mean over tasks), "
         f"CTR AUC {full['auc_ctr']:+.5f}.",
         "",
-        (f"Noise floor: the baseline against itself under another seed moves NE by {noise_floor:.3f}% (mean |delta| over "
-         "tasks and seed pairs); layer deltas of that size are not distinguishable from seed noise."
-         if noise_floor is not None else
-         "Noise floor: not measured (one seed); run with several seeds (--seeds 0,1,2) before trusting small differences."),
+        (
+            f"Noise floor: the baseline against itself under another seed moves NE by {noise_floor:.3f}% (mean |delta| over "
+            "tasks and seed pairs); layer deltas of that size are not distinguishable from seed noise."
+            if noise_floor is not None
+            else "Noise floor: not measured (one seed); run with several seeds (--seeds 0,1,2) before trusting small differences."
+        ),
         "",
         "| rank | module | only: NE % | only: CTR AUC | all but: NE % | all but: CTR AUC | recovers NE % | diverged |",
         "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for rank, layer in enumerate(layers, 1):
         recovers = full["ne_pct_mean"] - layer.allbut["ne_pct_mean"]
-        diverged = f"{layer.only_diverged} only, {layer.allbut_diverged} all-but" if layer.only_diverged or layer.allbut_diverged else ""
+        diverged = (
+            f"{layer.only_diverged} only, {layer.allbut_diverged} all-but"
+            if layer.only_diverged or layer.allbut_diverged
+            else ""
+        )
         lines.append(
             f"| {rank} | `{layer.module}` | {layer.only['ne_pct_mean']:+.3f} | {layer.only['auc_ctr']:+.5f} | "
             f"{layer.allbut['ne_pct_mean']:+.3f} | {layer.allbut['auc_ctr']:+.5f} | {recovers:+.3f} | {diverged} |"
@@ -186,7 +201,9 @@ def sweep_layers(
         raise ValueError(f"runs_per_device must be >= 1, got {runs_per_device}")
     quantized_recipe, recipe_name, recipe_source = _recipe_for(recipe, spec)
     steps_per_epoch = max(1, math.ceil(source.n_train / spec.train.batch_size))
-    sweep_spec = dataclasses.replace(spec, seeds=seeds).with_train(max_steps=steps, epochs=math.ceil(steps / steps_per_epoch))
+    sweep_spec = dataclasses.replace(spec, seeds=seeds).with_train(
+        max_steps=steps, epochs=math.ceil(steps / steps_per_epoch)
+    )
 
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
     sweep_dir = out_dir / "sweep"
@@ -207,13 +224,32 @@ def sweep_layers(
         (recipe_name, quantized_recipe, recipe_source),
     ]
     for module in modules:
-        arms.append((_arm_folder("only", module), single_layer_recipe(quantized_recipe, module, invert=False), f"{recipe_source} only {module}"))
-        arms.append((_arm_folder("allbut", module), single_layer_recipe(quantized_recipe, module, invert=True), f"{recipe_source} all but {module}"))
+        arms.append(
+            (
+                _arm_folder("only", module),
+                single_layer_recipe(quantized_recipe, module, invert=False),
+                f"{recipe_source} only {module}",
+            )
+        )
+        arms.append(
+            (
+                _arm_folder("allbut", module),
+                single_layer_recipe(quantized_recipe, module, invert=True),
+                f"{recipe_source} all but {module}",
+            )
+        )
     warmups = fork_jobs(sweep_spec, runs_root)
     jobs = [
-        RunJob(arm=arm, seed=seed, recipe=arm_recipe, recipe_source=source_text, run_dir=runs_root / arm / f"seed{seed}",
-               spec=sweep_spec, extra_config={"sweep_recipe": recipe_name},
-               fork_dir=runs_root / FORK_DIR / f"seed{seed}" if warmups else None)
+        RunJob(
+            arm=arm,
+            seed=seed,
+            recipe=arm_recipe,
+            recipe_source=source_text,
+            run_dir=runs_root / arm / f"seed{seed}",
+            spec=sweep_spec,
+            extra_config={"sweep_recipe": recipe_name},
+            fork_dir=runs_root / FORK_DIR / f"seed{seed}" if warmups else None,
+        )
         for seed in seeds
         for arm, arm_recipe, source_text in arms
     ]
@@ -221,7 +257,9 @@ def sweep_layers(
     if mps:
         check_mps_devices(devices, "local")
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    io.write_json(sweep_dir / "sweep_spec.json", {**sweep_spec.to_dict(), "sweep_recipe": recipe_source, "modules": modules})
+    io.write_json(
+        sweep_dir / "sweep_spec.json", {**sweep_spec.to_dict(), "sweep_recipe": recipe_source, "modules": modules}
+    )
     with mps_daemon(mps):
         if len(devices) <= 1 and runs_per_device is None:  # short runs: one at a time, in this process
             executor: Any = InlineExecutor(devices[0], source=source)
@@ -232,11 +270,15 @@ def sweep_layers(
         run_jobs([job for job in jobs if job.label not in results], executor, show_progress=show_progress)
 
     def per_seed(arm: str) -> list[dict[str, float] | None]:
-        return [_run_deltas(runs_root / arm / f"seed{seed}", runs_root / spec.baseline / f"seed{seed}") for seed in seeds]
+        return [
+            _run_deltas(runs_root / arm / f"seed{seed}", runs_root / spec.baseline / f"seed{seed}") for seed in seeds
+        ]
 
     baseline_missing = [seed for seed in seeds if not (runs_root / spec.baseline / f"seed{seed}" / "eval.npz").exists()]
     if baseline_missing:
-        raise RuntimeError(f"the baseline arm {spec.baseline!r} diverged for seeds {baseline_missing}; the sweep has nothing to compare against")
+        raise RuntimeError(
+            f"the baseline arm {spec.baseline!r} diverged for seeds {baseline_missing}; the sweep has nothing to compare against"
+        )
     full, _ = _mean_deltas(per_seed(recipe_name))
     layers = []
     for module in modules:
@@ -262,8 +304,14 @@ def sweep_layers(
             "full_recipe": full,
             "noise_floor_ne_pct": noise_floor,
             "ranking": [
-                {"rank": rank, "module": layer.module, "only": layer.only, "allbut": layer.allbut,
-                 "only_diverged": layer.only_diverged, "allbut_diverged": layer.allbut_diverged}
+                {
+                    "rank": rank,
+                    "module": layer.module,
+                    "only": layer.only,
+                    "allbut": layer.allbut,
+                    "only_diverged": layer.only_diverged,
+                    "allbut_diverged": layer.allbut_diverged,
+                }
                 for rank, layer in enumerate(layers, 1)
             ],
         },

@@ -5,22 +5,33 @@ The run folder (docs/INTERFACES.md, "Study folder") is written atomically file b
 uninterrupted run produces: the checkpoint holds the model, optimizer, loss scaler, every RNG
 state, the step, the data position (epoch, batches consumed in it) and the partial log interval.
 """
+
 from __future__ import annotations
 
 import math
 import random
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from mxlab import io
-from mxlab.experiment.checkpoint import (CHECKPOINT, load_checkpoint, restore_rng, rng_state, save_checkpoint as write_checkpoint,
-                                         fork_data_position, start_from_fork)
+from mxlab.experiment.checkpoint import (
+    CHECKPOINT,
+    fork_data_position,
+    load_checkpoint,
+    restore_rng,
+    rng_state,
+    start_from_fork,
+)
+from mxlab.experiment.checkpoint import (
+    save_checkpoint as write_checkpoint,
+)
 from mxlab.experiment.data_order import data_order_seed, training_batches
 from mxlab.experiment.distributed import World
 from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
@@ -324,7 +335,9 @@ def train_run(
     numerics: list[dict[str, Any]] = []
     interval = _LogInterval()
     resumed_from: int | None = None
-    fork_position: tuple[int, int] | None = None  # the fork warm-up's (epoch, batches taken in it): where the arm's data begins
+    fork_position: tuple[int, int] | None = (
+        None  # the fork warm-up's (epoch, batches taken in it): where the arm's data begins
+    )
     checkpoint_path = run_dir / CHECKPOINT
     if checkpoint_path.exists():
         checkpoint = load_checkpoint(checkpoint_path)
@@ -392,9 +405,15 @@ def train_run(
             interval.add(entry)
             nonfinite_streak = 0 if math.isfinite(entry.losses[0]) else nonfinite_streak + 1
             if nonfinite_streak > train.nonfinite_patience:
-                diverged_at, reason = entry.step, f"non-finite loss ({entry.losses[0]}) on {nonfinite_streak} consecutive steps"
+                diverged_at, reason = (
+                    entry.step,
+                    f"non-finite loss ({entry.losses[0]}) on {nonfinite_streak} consecutive steps",
+                )
             elif entry.scale < train.min_loss_scale:
-                diverged_at, reason = entry.step, f"loss scale {entry.scale:g} fell below the floor {train.min_loss_scale:g}"
+                diverged_at, reason = (
+                    entry.step,
+                    f"loss scale {entry.scale:g} fell below the floor {train.min_loss_scale:g}",
+                )
             if entry.step % train.log_every == 0 or diverged_at is not None or (max_steps and entry.step >= max_steps):
                 metrics.append(interval.record(entry, elapsed_before + (time.perf_counter() - started)))
                 progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
@@ -423,8 +442,17 @@ def train_run(
                     rate = learning_rate(train, step + 1, total_steps)
                     for group in optimizer.param_groups:
                         group["lr"] = rate
-                losses = train_step(trained, batch, optimizer, scaler, esmm_loss, device=device, precision=train.precision,
-                                    sampling=sampling, loss_weight=weight)
+                losses = train_step(
+                    trained,
+                    batch,
+                    optimizer,
+                    scaler,
+                    esmm_loss,
+                    device=device,
+                    precision=train.precision,
+                    sampling=sampling,
+                    loss_weight=weight,
+                )
                 losses = world.mean_on_device(losses, weight)
                 step += 1
                 batches_in_epoch += 1
@@ -436,9 +464,13 @@ def train_run(
                 if step % train.log_every == 0 or checkpoint_due or at_end:
                     replay_pending()
                 if train.eval_every and step % train.eval_every == 0 and diverged_at is None:
-                    with autocast(device, train.precision):  # into this step's record (eval_every is a multiple of log_every);
+                    with autocast(
+                        device, train.precision
+                    ):  # into this step's record (eval_every is a multiple of log_every);
                         # every rank evaluates, so stochastic-rounding counters stay the same across a data-parallel group
-                        metrics[-1]["heldout"] = held_out_metrics(model, source, train.eval_batch_size, device, train.eval_slice)
+                        metrics[-1]["heldout"] = held_out_metrics(
+                            model, source, train.eval_batch_size, device, train.eval_slice
+                        )
                 tick = time.perf_counter()
                 if diverged_at is not None or at_end:
                     break
@@ -454,7 +486,10 @@ def train_run(
             status = "diverged"
         # a last record for a partial log interval at the end of training
         if interval.losses:
-            closing = last_read or read_pending([PendingStep.after(step, min(epoch, epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
+            closing = (
+                last_read
+                or read_pending([PendingStep.after(step, min(epoch, epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
+            )
             metrics.append(interval.record(closing, elapsed_before + (time.perf_counter() - started)))
             interval = _LogInterval()
         if status == "finished" and world.writes:
@@ -470,7 +505,9 @@ def train_run(
             wall_s=elapsed_before + (time.perf_counter() - started),
             diverged_at_step=diverged_at,
             reason=reason,
-            skipped_steps=last_read.skipped if diverged_at is not None and last_read else int(getattr(scaler, "skipped_steps", 0)),
+            skipped_steps=last_read.skipped
+            if diverged_at is not None and last_read
+            else int(getattr(scaler, "skipped_steps", 0)),
             resumed_from_step=resumed_from,
             step_ms=median_step_ms(metrics, train.batch_size),
             peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,

@@ -12,6 +12,7 @@ driver is gone, SIGKILL included) and then ends the worker with `os._exit(ORPHAN
 holds is freed at once. Checkpoints are written atomically (mxlab.experiment.checkpoint), so such an
 exit loses at most the steps since the run's last checkpoint; `--resume` goes on from there.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -38,8 +39,19 @@ _SOURCES: dict[str, Any] = {}
 
 # What a run imports on its way (the optimizer alone pulls in torch._dynamo, seconds of imports); a
 # name that does not exist is skipped by the fork server.
-PRELOAD = ("torch._dynamo", "triton", "mxlab.experiment.worker", "mxlab.models", "mxlab.recipe", "mxlab.data",
-           "mxlab.nn", "mxlab.scaling", "mxlab.diagnostics", "mxlab.te_backend", "mxlab.metrics")
+PRELOAD = (
+    "torch._dynamo",
+    "triton",
+    "mxlab.experiment.worker",
+    "mxlab.models",
+    "mxlab.recipe",
+    "mxlab.data",
+    "mxlab.nn",
+    "mxlab.scaling",
+    "mxlab.diagnostics",
+    "mxlab.te_backend",
+    "mxlab.metrics",
+)
 
 
 def preload_worker_modules() -> None:
@@ -81,10 +93,15 @@ def read_result(run_dir: Path) -> RunResult:
     """The RunResult recorded in `run_dir/done.json`."""
     record = json.loads((Path(run_dir) / DONE).read_text())
     return RunResult(
-        status=record["status"], steps=record["steps"], wall_s=record["wall_s"],
-        diverged_at_step=record.get("diverged_at_step"), reason=record.get("reason"),
-        skipped_steps=record.get("skipped_steps", 0), resumed_from_step=record.get("resumed_from_step"),
-        step_ms=record.get("step_ms"), peak_memory_bytes=record.get("peak_memory_bytes"),
+        status=record["status"],
+        steps=record["steps"],
+        wall_s=record["wall_s"],
+        diverged_at_step=record.get("diverged_at_step"),
+        reason=record.get("reason"),
+        skipped_steps=record.get("skipped_steps", 0),
+        resumed_from_step=record.get("resumed_from_step"),
+        step_ms=record.get("step_ms"),
+        peak_memory_bytes=record.get("peak_memory_bytes"),
         trained_with=record.get("trained_with"),
     )
 
@@ -113,8 +130,16 @@ class FileProgress:
             self.written = now
 
     def start(self, label: str, total_steps: int, start_step: int) -> None:
-        self.state = {"label": label, "total": total_steps, "step": start_step, "loss": None, "examples_per_s": None,
-                      "status": "running", "pid": os.getpid(), "host": socket.gethostname()}
+        self.state = {
+            "label": label,
+            "total": total_steps,
+            "step": start_step,
+            "loss": None,
+            "examples_per_s": None,
+            "status": "running",
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+        }
         self._write(force=True)
 
     def advance(self, step: int, loss: float, examples_per_s: float) -> None:
@@ -140,8 +165,13 @@ def run_job(job: RunJob, device: str, *, world: World | None = None, progress: A
         return read_result(job.run_dir)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    return train_run(job, cached_source(job.spec), device, world=world,
-                     progress=progress if progress is not None else FileProgress(job.run_dir))
+    return train_run(
+        job,
+        cached_source(job.spec),
+        device,
+        world=world,
+        progress=progress if progress is not None else FileProgress(job.run_dir),
+    )
 
 
 def exit_with_parent() -> threading.Thread | None:
@@ -156,7 +186,9 @@ def exit_with_parent() -> threading.Thread | None:
         return None
 
     def watch() -> None:
-        wait([sentinel])  # readable (EOF) once every copy of the driver's end is closed: the driver exited or was killed
+        wait(
+            [sentinel]
+        )  # readable (EOF) once every copy of the driver's end is closed: the driver exited or was killed
         with contextlib.suppress(OSError):
             os.write(2, f"mxlab worker {os.getpid()}: the driver process is gone; exiting\n".encode())
         os._exit(ORPHANED_EXIT)

@@ -3,6 +3,7 @@
 `validate_model_config(model_config)` resolves and checks a [model] table without building
 anything; `MODEL_CONFIG_KEYS` lists the accepted keys and `PRESETS` the sizes ("tiny", "h200").
 """
+
 from __future__ import annotations
 
 from mxlab.models.gem import (

@@ -15,10 +15,12 @@ Counting rules (model work, not hardware work):
 - norms, activations, rotary positions, softmax, embedding lookups, bias adds and the loss are
   not counted (they are memory-bound work, a few percent of the FLOPs).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -60,7 +62,9 @@ def n_tokens(info: DataInfo) -> int:
     return len(info.field_cardinalities) + (1 if info.n_dense else 0)
 
 
-def model_flops(model_config: ModelConfig | dict[str, Any], info: DataInfo, history_lengths: Sequence[int] | torch.Tensor) -> FlopCount:
+def model_flops(
+    model_config: ModelConfig | dict[str, Any], info: DataInfo, history_lengths: Sequence[int] | torch.Tensor
+) -> FlopCount:
     """The forward FLOPs (`FlopCount`) of the GEM-like model of `model_config` on `info`'s features
     for a batch whose examples have `history_lengths` (one per example; the batch size is its length).
 
@@ -84,15 +88,20 @@ def model_flops(model_config: ModelConfig | dict[str, Any], info: DataInfo, hist
     hidden = config.mlp_ratio * dim
     parts = {
         "dense_proj": linear(batch, info.n_dense, dim) if info.n_dense else 0.0,
-        "history": config.layers * (linear(tokens, dim, 3 * dim) + linear(tokens, dim, dim)
-                                    + linear(tokens, dim, hidden) + linear(tokens, hidden, dim)),
+        "history": config.layers
+        * (
+            linear(tokens, dim, 3 * dim)
+            + linear(tokens, dim, dim)
+            + linear(tokens, dim, hidden)
+            + linear(tokens, hidden, dim)
+        ),
         "history.attention": config.layers * 4.0 * dim * self_pairs,
         "pma": cross_attention(batch * seeds),
         "pma.attention": 4.0 * dim * seeds * tokens,
         "cross": cross_attention(batch * queries),
         "cross.attention": 4.0 * dim * queries * tokens,
         "interaction": linear(batch, (2 * queries + seeds) * dim, width)
-                       + config.cross_layers * (linear(batch, width, rank) + linear(batch, rank, width)),
+        + config.cross_layers * (linear(batch, width, rank) + linear(batch, rank, width)),
     }
     tower = 0.0
     fan_in = width

@@ -33,6 +33,7 @@ the input's dtype), the attention inputs and the interaction; only the two logit
 Without autocast everything runs in the parameters' dtype. `mxlab.models.flops` counts the
 model FLOPs of a batch.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,19 +41,46 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from mxlab.data.batch import DataInfo, JaggedBatch
 from mxlab.data.config import config_keys, dataclass_from_config
-from mxlab.nn.attention import ACTIVATIONS, JaggedAttention, RotaryTable, rotary_embedding, rotary_table, segment_positions
+from mxlab.nn.attention import (
+    ACTIVATIONS,
+    JaggedAttention,
+    RotaryTable,
+    rotary_embedding,
+    rotary_table,
+    segment_positions,
+)
 from mxlab.nn.norms import layer_norm, rms_norm
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": dict(dim=32, layers=1, heads=1, max_history=64, mlp_ratio=2, pma_seeds=2, cross_layers=1,
-                 cross_rank=16, interaction_dim=64, tower_dims=(32,)),
-    "h200": dict(dim=256, layers=3, heads=4, max_history=1024, mlp_ratio=4, pma_seeds=4, cross_layers=3,
-                 cross_rank=128, interaction_dim=1024, tower_dims=(512, 256)),
+    "tiny": dict(
+        dim=32,
+        layers=1,
+        heads=1,
+        max_history=64,
+        mlp_ratio=2,
+        pma_seeds=2,
+        cross_layers=1,
+        cross_rank=16,
+        interaction_dim=64,
+        tower_dims=(32,),
+    ),
+    "h200": dict(
+        dim=256,
+        layers=3,
+        heads=4,
+        max_history=1024,
+        mlp_ratio=4,
+        pma_seeds=4,
+        cross_layers=3,
+        cross_rank=128,
+        interaction_dim=1024,
+        tower_dims=(512, 256),
+    ),
 }
 DEFAULT_SIZE = "tiny"
 
@@ -94,7 +122,9 @@ class ModelConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"[model] {name} must be >= 1; got {getattr(self, name)}")
         if self.layers < 0 or self.cross_layers < 0 or any(width < 1 for width in self.tower_dims):
-            raise ValueError(f"[model] layers and cross_layers must be >= 0 and tower_dims positive; got {self.layers}, {self.cross_layers}, {self.tower_dims}")
+            raise ValueError(
+                f"[model] layers and cross_layers must be >= 0 and tower_dims positive; got {self.layers}, {self.cross_layers}, {self.tower_dims}"
+            )
         if self.dim % self.heads:
             raise ValueError(f"[model] dim ({self.dim}) must be a multiple of heads ({self.heads})")
         if self.rotary and (self.dim // self.heads) % 2:
@@ -156,7 +186,9 @@ class LayerNorm(nn.LayerNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.normalized_shape) != 1:
-            raise ValueError(f"LayerNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}")
+            raise ValueError(
+                f"LayerNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}"
+            )
         return layer_norm(x, self.weight, self.bias, self.eps)
 
 
@@ -171,7 +203,9 @@ class RMSNorm(nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if len(self.normalized_shape) != 1:
-            raise ValueError(f"RMSNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}")
+            raise ValueError(
+                f"RMSNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}"
+            )
         eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
         return rms_norm(x, self.weight, eps)
 
@@ -270,7 +304,9 @@ class CrossAttention(nn.Module):
         self.core = JaggedAttention()
         self.out = nn.Linear(config.dim, config.dim)
 
-    def forward(self, queries: torch.Tensor, q_offsets: torch.Tensor, memory: torch.Tensor, k_offsets: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, queries: torch.Tensor, q_offsets: torch.Tensor, memory: torch.Tensor, k_offsets: torch.Tensor
+    ) -> torch.Tensor:
         q = self.q_norm(self.q(queries).view(queries.shape[0], self.heads, self.head_dim))
         k, v = self.kv(memory).view(memory.shape[0], 2, self.heads, self.head_dim).unbind(1)
         attended = self.core(q, self.k_norm(k), v, q_offsets, k_offsets, activation=self.activation)
@@ -325,7 +361,9 @@ class Interaction(nn.Module):
     def __init__(self, n_tokens: int, config: ModelConfig) -> None:
         super().__init__()
         self.input = nn.Linear(n_tokens * config.dim, config.interaction_dim)
-        self.layers = nn.ModuleList(LowRankCross(config.interaction_dim, config.cross_rank) for _ in range(config.cross_layers))
+        self.layers = nn.ModuleList(
+            LowRankCross(config.interaction_dim, config.cross_rank) for _ in range(config.cross_layers)
+        )
         self.norm = LayerNorm(config.interaction_dim)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -393,10 +431,12 @@ class GEMModel(nn.Module):
         self.pma = PooledAttention(config)
         self.cross = TokenCrossAttention(config)
         self.interaction = Interaction(2 * n_tokens + config.pma_seeds, config)
-        self.towers = nn.ModuleDict({
-            "ctr": Tower(config.interaction_dim, config.tower_dims, config.dropout, config.initial_ctr),
-            "cvr": Tower(config.interaction_dim, config.tower_dims, config.dropout, config.initial_cvr),
-        })
+        self.towers = nn.ModuleDict(
+            {
+                "ctr": Tower(config.interaction_dim, config.tower_dims, config.dropout, config.initial_ctr),
+                "cvr": Tower(config.interaction_dim, config.tower_dims, config.dropout, config.initial_cvr),
+            }
+        )
 
     def tokens(self, batch: JaggedBatch, dtype: torch.dtype) -> torch.Tensor:
         """Return the non-sequence tokens (B, T, dim) in `dtype`: candidate, other fields, dense."""
@@ -458,5 +498,14 @@ def esmm_loss(output: ModelOutput, batch: JaggedBatch) -> dict[str, torch.Tensor
     return {"loss": loss, "ctr": ctr, "ctcvr": ctcvr}
 
 
-__all__ = ["DEFAULT_MAX_HISTORY", "GEMModel", "MODEL_CONFIG_KEYS", "ModelConfig", "ModelOutput", "PRESETS",
-           "build_model", "esmm_loss", "validate_model_config"]
+__all__ = [
+    "DEFAULT_MAX_HISTORY",
+    "GEMModel",
+    "MODEL_CONFIG_KEYS",
+    "ModelConfig",
+    "ModelOutput",
+    "PRESETS",
+    "build_model",
+    "esmm_loss",
+    "validate_model_config",
+]

@@ -1,4 +1,5 @@
 """Quantized building blocks: QLinear, qmatmul, and jagged attention."""
+
 from __future__ import annotations
 
 import importlib

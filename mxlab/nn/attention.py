@@ -47,14 +47,16 @@ observer sees no kernel products, see `mxlab.recipe.diagnostics`); otherwise,
 with ``policy is None`` and softmax, FlexAttention per bucket (compiled, fused) with a
 per-example length mask; everything else, and every CPU tensor, uses the reference.
 """
+
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
-from torch import nn
 import torch.nn.functional as F
+from torch import nn
 
 from mxlab.numerics.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 from mxlab.numerics.quant import kernel_module
@@ -112,7 +114,9 @@ def _bucket_ids(lengths: torch.Tensor, min_bucket_length: int) -> torch.Tensor:
     return torch.ceil(torch.log2(ratio.clamp(min=1.0))).long()
 
 
-def _gather_padded(x: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gather_padded(
+    x: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gather rows x[start:start+len] of each example into (n, heads, width, dim), zeros in padding.
 
     Returns the padded tensor, the validity mask (n, width) and the flat source index (n, width).
@@ -143,7 +147,9 @@ class JaggedAttention(nn.Module):
         if backend not in BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}; accepted: {', '.join(BACKENDS)}")
         if min_bucket_length < 1 or max_scores_per_chunk < 1:
-            raise ValueError(f"min_bucket_length ({min_bucket_length}) and max_scores_per_chunk ({max_scores_per_chunk}) must be positive")
+            raise ValueError(
+                f"min_bucket_length ({min_bucket_length}) and max_scores_per_chunk ({max_scores_per_chunk}) must be positive"
+            )
         self.backend = backend
         self.min_bucket_length = int(min_bucket_length)
         self.max_scores_per_chunk = int(max_scores_per_chunk)
@@ -178,7 +184,14 @@ class JaggedAttention(nn.Module):
                 # offset checks sync with the device: the kernel runs them once per offsets tensor and version
                 kernel.check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
                 return kernel.jagged_attention_checked(
-                    q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=self.policy,
+                    q,
+                    k,
+                    v,
+                    q_offsets,
+                    k_offsets,
+                    causal=causal,
+                    activation=activation,
+                    policy=self.policy,
                     seeds=call_seeds(self.policy),
                 )
             if self.backend == "triton":
@@ -186,14 +199,18 @@ class JaggedAttention(nn.Module):
         _check_offsets("q_offsets", q_offsets, q.shape[0])
         _check_offsets("k_offsets", k_offsets, k.shape[0])
         if q_offsets.numel() != k_offsets.numel():
-            raise ValueError(f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes")
+            raise ValueError(
+                f"q_offsets ({q_offsets.numel()}) and k_offsets ({k_offsets.numel()}) describe different batch sizes"
+            )
         q_lengths = q_offsets[1:] - q_offsets[:-1]
         k_lengths = k_offsets[1:] - k_offsets[:-1]
         if causal and bool((q_lengths != k_lengths).any()):
             raise ValueError("causal attention needs as many queries as keys in every example")
 
-        use_flex = activation == "softmax" and self.policy is None and (
-            self.backend == "flex" or (self.backend == "auto" and q.is_cuda and _flex_available())
+        use_flex = (
+            activation == "softmax"
+            and self.policy is None
+            and (self.backend == "flex" or (self.backend == "auto" and q.is_cuda and _flex_available()))
         )
         out = q.new_zeros(q.shape)
         if q.shape[0] == 0:
@@ -202,7 +219,9 @@ class JaggedAttention(nn.Module):
         # `token_counter`, `score_counter`), with one set of seeds per call, whatever the buckets and chunks.
         seeds = call_seeds(self.policy)
         if seeds is not None and q.shape[0] * q.shape[1] >= 1 << 32:
-            raise ValueError(f"stochastic rounding of the scores counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}")
+            raise ValueError(
+                f"stochastic rounding of the scores counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}"
+            )
         lengths = torch.maximum(q_lengths, k_lengths)
         buckets = _bucket_ids(lengths, self.min_bucket_length)
         active = q_lengths > 0
@@ -214,7 +233,7 @@ class JaggedAttention(nn.Module):
             per_example = q.shape[1] * q_width * k_width
             chunk = max(1, self.max_scores_per_chunk // per_example)
             for start in range(0, members.numel(), chunk):
-                index = members[start:start + chunk]
+                index = members[start : start + chunk]
                 qp, q_valid, q_index = _gather_padded(q, q_offsets[index], q_lengths[index], q_width)
                 kp, k_valid, k_index = _gather_padded(k, k_offsets[index], k_lengths[index], k_width)
                 vp, _, _ = _gather_padded(v, k_offsets[index], k_lengths[index], k_width)
@@ -222,7 +241,9 @@ class JaggedAttention(nn.Module):
                     op = self._flex_padded(qp, kp, vp, q_lengths[index], k_lengths[index], causal)
                 else:
                     counted = None if seeds is None else _Counted(seeds, q_index, k_index, q.shape[1], q.shape[2])
-                    op = self._reference_padded(qp, kp, vp, q_valid, k_valid, k_lengths[index], causal, activation, counted)
+                    op = self._reference_padded(
+                        qp, kp, vp, q_valid, k_valid, k_lengths[index], causal, activation, counted
+                    )
                 results.append(op.transpose(1, 2)[q_valid])
                 destinations.append(q_index[q_valid])
         if not results:
@@ -239,7 +260,7 @@ class JaggedAttention(nn.Module):
         k_lengths: torch.Tensor,
         causal: bool,
         activation: str,
-        counted: "_Counted | None" = None,
+        counted: _Counted | None = None,
     ) -> torch.Tensor:
         """Padded (n, H, Lq, D) attention. P is exactly 0 in padding rows and columns, so padding
         never enters a quantization block's amax (also in the backward products, whose blocks run
@@ -251,7 +272,11 @@ class JaggedAttention(nn.Module):
         qk_counted: dict[str, Any] = {}
         pv_counted: dict[str, Any] = {}
         if counted is not None:
-            q_counter, k_counter, s_counter = counted.token(counted.q_rows), counted.token(counted.k_rows), counted.scores()
+            q_counter, k_counter, s_counter = (
+                counted.token(counted.q_rows),
+                counted.token(counted.k_rows),
+                counted.scores(),
+            )
             qk_counted = dict(counters=(q_counter, k_counter.transpose(-1, -2), s_counter), seeds=counted.seeds[0])
             pv_counted = dict(counters=(s_counter, k_counter, q_counter), seeds=counted.seeds[1])
         scores = self._product(qp, kp.transpose(-1, -2), qk_precision, **qk_counted).float() * scale
@@ -266,7 +291,9 @@ class JaggedAttention(nn.Module):
             denominator = weights.sum(dim=-1, keepdim=True)
             denominator = torch.where(denominator > 0, denominator, torch.ones_like(denominator))
             if pv_precision is not None:  # P is quantized: the one-pass contract
-                return _one_pass_softmax_output(masked.detach(), allowed, weights, denominator, vp, pv_precision, **pv_counted)
+                return _one_pass_softmax_output(
+                    masked.detach(), allowed, weights, denominator, vp, pv_precision, **pv_counted
+                )
             probabilities = weights / denominator
         else:
             n_keys = k_lengths.clamp(min=1).to(torch.float32)[:, None, None, None]
@@ -306,6 +333,7 @@ class JaggedAttention(nn.Module):
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
             return _flex_attention_fn(qp.device)(qp, kp, vp, block_mask=block_mask, scale=qp.shape[-1] ** -0.5)
 
+
 def _one_pass_softmax_output(
     masked: torch.Tensor,
     allowed: torch.Tensor,
@@ -336,21 +364,27 @@ def _one_pass_softmax_output(
     # The gradient path; its forward value is replaced below, so no observer sees it.
     previous = qmatmul_module.set_gemm_observer(None)
     try:
-        through = qmatmul_module.qmatmul(weights / denominator.detach(), vp.float(), precision, counters=counters, seeds=seeds)
+        through = qmatmul_module.qmatmul(
+            weights / denominator.detach(), vp.float(), precision, counters=counters, seeds=seeds
+        )
     finally:
         qmatmul_module.set_gemm_observer(previous)
 
     extra = -keys % 32
     blocks = (keys + extra) // 32
     masked = F.pad(masked, (0, extra), value=torch.finfo(torch.float32).min).view(n, heads, queries, blocks, 32)
-    allowed = F.pad(allowed.expand(n, heads, queries, keys), (0, extra), value=False).view(n, heads, queries, blocks, 32)
+    allowed = F.pad(allowed.expand(n, heads, queries, keys), (0, extra), value=False).view(
+        n, heads, queries, blocks, 32
+    )
     running = masked.amax(dim=-1).cummax(dim=-1).values  # (n, H, Lq, blocks)
     p_tilde = (torch.exp(masked - running[..., None]) * allowed).permute(0, 1, 3, 2, 4)  # (n, H, blocks, Lq, 32)
     v_blocks = F.pad(vp.float(), (0, 0, 0, extra)).view(n, heads, blocks, 32, vp.shape[-1])
     block_counters = (None, None)
     if counters is not None:
-        block_counters = (F.pad(counters[0], (0, extra)).view(n, heads, queries, blocks, 32).permute(0, 1, 3, 2, 4),
-                          F.pad(counters[1], (0, 0, 0, extra)).view(n, heads, blocks, 32, vp.shape[-1]))
+        block_counters = (
+            F.pad(counters[0], (0, extra)).view(n, heads, queries, blocks, 32).permute(0, 1, 3, 2, 4),
+            F.pad(counters[1], (0, 0, 0, extra)).view(n, heads, blocks, 32, vp.shape[-1]),
+        )
     products = qmatmul_module.forward_product(p_tilde, v_blocks, precision, seeds=seeds, counters=block_counters)
     factor = torch.exp(running - running[..., -1:]).permute(0, 1, 3, 2)[..., None]  # (n, H, blocks, Lq, 1)
     value = (products * factor).sum(dim=2) / denominator.detach()
@@ -366,8 +400,11 @@ def rounds_stochastically(policy: Any) -> bool:
     """Whether any operand of the attention policy's products (MatmulPrecisions) is MX with stochastic rounding."""
     for precision in (getattr(policy, "qk", None), getattr(policy, "pv", None)):
         gemms = [getattr(precision, name, None) for name in ("fwd", "grad_a", "grad_b")]
-        if any(getattr(operand, "block_scaled", False) and operand.rounding == "stochastic"
-               for gemm in gemms for operand in (getattr(gemm, "a", None), getattr(gemm, "b", None))):
+        if any(
+            getattr(operand, "block_scaled", False) and operand.rounding == "stochastic"
+            for gemm in gemms
+            for operand in (getattr(gemm, "a", None), getattr(gemm, "b", None))
+        ):
             return True
     return False
 
@@ -433,12 +470,16 @@ def length_block_mask(
     device = q_lengths.device
     q_tiles = torch.arange(-(-q_width // block_size), device=device)
     k_tiles = torch.arange(-(-k_width // block_size), device=device)
-    visited = (q_tiles[None, :, None] * block_size < q_lengths[:, None, None]) & (k_tiles[None, None, :] * block_size < k_lengths[:, None, None])
+    visited = (q_tiles[None, :, None] * block_size < q_lengths[:, None, None]) & (
+        k_tiles[None, None, :] * block_size < k_lengths[:, None, None]
+    )
     if causal:
         visited = visited & (k_tiles[None, None, :] <= q_tiles[None, :, None])
     kv_num_blocks = visited.sum(-1).to(torch.int32)[:, None]
     kv_indices = torch.argsort((~visited).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]
-    return BlockMask.from_kv_blocks(kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(q_width, k_width))
+    return BlockMask.from_kv_blocks(
+        kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(q_width, k_width)
+    )
 
 
 class RotaryTable(NamedTuple):
@@ -467,8 +508,10 @@ def rotary_embedding(x: torch.Tensor, table: RotaryTable) -> torch.Tensor:
     and backward; elsewhere the PyTorch formula. Refuses a table whose shape does not match x.
     """
     if tuple(table.cos.shape) != (x.shape[0], x.shape[-1] // 2) or x.shape[-1] % 2:
-        raise ValueError(f"the rotary table {tuple(table.cos.shape)} does not match x {tuple(x.shape)}: "
-                         "it needs (tokens, head_dim / 2) for an even head_dim")
+        raise ValueError(
+            f"the rotary table {tuple(table.cos.shape)} does not match x {tuple(x.shape)}: "
+            "it needs (tokens, head_dim / 2) for an even head_dim"
+        )
     if x.is_cuda:
         kernel = kernel_module("rotary")
         if kernel is not None and kernel.unsupported_reason(x) is None:
@@ -489,6 +532,16 @@ def segment_positions(offsets: torch.Tensor, total: int | None = None) -> torch.
     return torch.arange(total, device=offsets.device) - starts
 
 
-__all__ = ["JaggedAttention", "RotaryTable", "call_seeds", "rotary_embedding", "rotary_table", "segment_positions", "rounds_stochastically", "token_counter",
-           "score_counter",
-           "ACTIVATIONS", "BACKENDS"]
+__all__ = [
+    "JaggedAttention",
+    "RotaryTable",
+    "call_seeds",
+    "rotary_embedding",
+    "rotary_table",
+    "segment_positions",
+    "rounds_stochastically",
+    "token_counter",
+    "score_counter",
+    "ACTIVATIONS",
+    "BACKENDS",
+]

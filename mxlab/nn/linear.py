@@ -32,9 +32,8 @@ resumed run continues with the bits it would have drawn.
 QLinear subclasses nn.Linear and has the same parameters and state_dict keys, so checkpoints
 move between the plain and the quantized model. With `precision=None` it is nn.Linear exactly.
 """
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 import torch
 from torch import nn
@@ -63,7 +62,7 @@ class QLinear(nn.Linear):
         in_features: int,
         out_features: int,
         bias: bool = True,
-        precision: Optional[MatmulPrecision] = None,
+        precision: MatmulPrecision | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
@@ -71,17 +70,17 @@ class QLinear(nn.Linear):
         self.precision = precision
 
     @property
-    def precision(self) -> Optional[MatmulPrecision]:
+    def precision(self) -> MatmulPrecision | None:
         return self._precision
 
     @precision.setter
-    def precision(self, precision: Optional[MatmulPrecision]) -> None:
+    def precision(self, precision: MatmulPrecision | None) -> None:
         if precision is not None and not isinstance(precision, MatmulPrecision):
             raise ValueError(f"precision must be a MatmulPrecision or None, got {type(precision).__name__}")
         self._precision = precision
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, precision: Optional[MatmulPrecision]) -> "QLinear":
+    def from_linear(cls, linear: nn.Linear, precision: MatmulPrecision | None) -> QLinear:
         """A QLinear sharing `linear`'s weight and bias Parameters (same objects, same device/dtype)."""
         if not isinstance(linear, nn.Linear):
             raise ValueError(f"from_linear needs an nn.Linear, got {type(linear).__name__}")

@@ -1,5 +1,6 @@
 """The models' normalizations over the last dim, in the input's dtype: one Triton kernel on CUDA where
 it runs (mxlab.kernels.norms: several rows per program, a strided input read as is), torch's elsewhere."""
+
 from __future__ import annotations
 
 import torch

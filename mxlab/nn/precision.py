@@ -1,10 +1,11 @@
 """The precision of an emulated GEMM: how each operand is rounded (OperandQuant), the three GEMMs of a
 product (GemmQuant for fwd, grad_a, grad_b) and a product's precision with its stochastic-rounding call
 counter (MatmulPrecision). mxlab.nn.qmatmul runs products under them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -20,6 +21,7 @@ MX_FORMATS = tuple(FORMATS)
 TENSOR_FORMATS = tuple(PER_TENSOR_FP8)
 OPERAND_FORMATS = MX_FORMATS + TENSOR_FORMATS + HIGH_PRECISION_FORMATS
 BLOCKS = (BLOCK_SIZE, SQUARE_BLOCK)
+
 
 @dataclass(frozen=True)
 class OperandQuant:
@@ -48,7 +50,9 @@ class OperandQuant:
         if self.rounding not in ROUNDINGS:
             raise ValueError(f"unknown rounding {self.rounding!r}; accepted: {', '.join(ROUNDINGS)}")
         if self.fmt in TENSOR_FORMATS and self.rounding != "nearest_even":
-            raise ValueError(f"{self.fmt} (per-tensor FP8, a float8 cast) rounds to nearest even only, not {self.rounding!r}")
+            raise ValueError(
+                f"{self.fmt} (per-tensor FP8, a float8 cast) rounds to nearest even only, not {self.rounding!r}"
+            )
 
     @property
     def high_precision(self) -> bool:
@@ -75,14 +79,17 @@ class GemmQuant:
 
     a: OperandQuant
     b: OperandQuant
-    hadamard: Optional[int] = None
+    hadamard: int | None = None
 
     def __post_init__(self) -> None:
         if self.hadamard is not None and (
-            isinstance(self.hadamard, bool) or not isinstance(self.hadamard, int)
+            isinstance(self.hadamard, bool)
+            or not isinstance(self.hadamard, int)
             or self.hadamard not in HADAMARD_BLOCKS
         ):
-            raise ValueError(f"hadamard block {self.hadamard!r} is not supported; accepted: None (off) or one of {HADAMARD_BLOCKS}")
+            raise ValueError(
+                f"hadamard block {self.hadamard!r} is not supported; accepted: None (off) or one of {HADAMARD_BLOCKS}"
+            )
 
     @property
     def high_precision(self) -> bool:
@@ -120,7 +127,7 @@ class MatmulPrecision:
     name: str = ""
     seed: int = 0
     calls: int = 0
-    grad_scale: Optional[float] = None
+    grad_scale: float | None = None
     grad_stats: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -139,8 +146,10 @@ class MatmulPrecision:
     @property
     def draws_per_call(self) -> bool:
         """Whether a call uses its seeds: stochastic rounding or a random Hadamard transform in any GEMM."""
-        return any(gemm.hadamard is not None or "stochastic" in (gemm.a.rounding, gemm.b.rounding)
-                   for gemm in (self.fwd, self.grad_a, self.grad_b))
+        return any(
+            gemm.hadamard is not None or "stochastic" in (gemm.a.rounding, gemm.b.rounding)
+            for gemm in (self.fwd, self.grad_a, self.grad_b)
+        )
 
     def next_call_seeds(self) -> tuple[int, ...]:
         """Seeds of every SEED_SLOTS slot (indexed by slot number) for the next call; advances the call counter.
@@ -150,7 +159,8 @@ class MatmulPrecision:
             raise RuntimeError(
                 f"{self.name or 'an emulated product'} rounds stochastically or uses a random Hadamard transform, whose "
                 "seeds change every call; captured in a CUDA graph, every replay would repeat the same random bits. "
-                "Capture only deterministic recipes, or run this one eagerly")
+                "Capture only deterministic recipes, or run this one eagerly"
+            )
         seeds = tuple(derive_seed(self.seed, self.calls, slot) for slot in range(len(SEED_SLOTS)))
         self.calls += 1
         return seeds

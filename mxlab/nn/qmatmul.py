@@ -54,10 +54,12 @@ c is `derive_seed(seed, c, s)`, so a run that makes the same calls gets the same
 `mxlab.recipe.apply_recipe` gives each module its own base seed (from the run seed and the
 module's qualified name).
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -69,10 +71,10 @@ from mxlab.numerics.seeding import SEED_SLOTS
 # Observers (diagnostics): called once per emulated GEMM while installed; None costs one check.
 
 GemmObserver = Callable[..., None]
-_observer: Optional[GemmObserver] = None
+_observer: GemmObserver | None = None
 
 
-def set_gemm_observer(observer: Optional[GemmObserver]) -> Optional[GemmObserver]:
+def set_gemm_observer(observer: GemmObserver | None) -> GemmObserver | None:
     """Install an observer called after every emulated (not high-precision) GEMM; None removes it.
 
     It is called with keywords: `name` (module), `gemm` (label), `quant` (GemmQuant),
@@ -97,12 +99,12 @@ def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed
     return values.float() if factor is None else values.float() * factor
 
 
-QuantizedOperand = tuple[torch.Tensor, Optional[torch.Tensor]]
-Counters = tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]  # of a, b, grad of the output
+QuantizedOperand = tuple[torch.Tensor, torch.Tensor | None]
+Counters = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]  # of a, b, grad of the output
 
 
 def _quantized_operand(
-    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: Optional[torch.Tensor] = None
+    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: torch.Tensor | None = None
 ) -> QuantizedOperand:
     """(values, factor): x quantized and dequantized as `quant` says is values * factor (factor None: 1).
     `counter` (int64, broadcastable to x): stochastic rounding draws its bits from it (see
@@ -119,8 +121,13 @@ def _quantized_operand(
     if not quant.block_scaled:
         q, scale_inv = quantize_per_tensor_fp8(x, quant.fmt)
         return q.to(torch.bfloat16 if x.is_cuda else torch.float32), scale_inv
-    kwargs: dict[str, Any] = {"scale_mode": quant.scale_mode, "rounding": quant.rounding, "pad": True,
-                              "block": quant.block, "axis": axis if quant.block == 32 else -1}
+    kwargs: dict[str, Any] = {
+        "scale_mode": quant.scale_mode,
+        "rounding": quant.rounding,
+        "pad": True,
+        "block": quant.block,
+        "axis": axis if quant.block == 32 else -1,
+    }
     if quant.rounding == "stochastic" and counter is not None:
         values = _counted_stochastic_fake_quantize(x, quant, axis, seed, counter)
         return (values.to(torch.bfloat16) if x.dtype == torch.bfloat16 else _narrowed_to_bfloat16(values)), None
@@ -139,8 +146,16 @@ def _counted_stochastic_fake_quantize(
     blocks of 32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
     from mxlab.numerics.quant import fake_quantize_counted
 
-    return fake_quantize_counted(x.float(), quant.fmt, counter=counter, seed=seed, block=quant.block,
-                                 axis=axis if quant.block == BLOCK_SIZE else -1, scale_mode=quant.scale_mode, pad=True)
+    return fake_quantize_counted(
+        x.float(),
+        quant.fmt,
+        counter=counter,
+        seed=seed,
+        block=quant.block,
+        axis=axis if quant.block == BLOCK_SIZE else -1,
+        scale_mode=quant.scale_mode,
+        pad=True,
+    )
 
 
 def _narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
@@ -150,7 +165,7 @@ def _narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
     return mx_values
 
 
-BFLOAT16_EXACT_FLOOR = 2.0 ** -126  # below it, bfloat16 (8 significant bits) is subnormal
+BFLOAT16_EXACT_FLOOR = 2.0**-126  # below it, bfloat16 (8 significant bits) is subnormal
 
 
 def _exact_in_bfloat16(mx_values: torch.Tensor) -> bool:
@@ -184,7 +199,7 @@ def _float32_reductions() -> Iterator[None]:
         matmul.allow_bf16_reduced_precision_reduction = previous
 
 
-def _bfloat16_product(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def _bfloat16_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """a @ b (+ bias, bfloat16, 2-D a and b only) of bfloat16 CUDA operands as one cuBLAS call that writes bfloat16
     from its float32 accumulator (the bias added there, as nn.Linear's addmm does), with float32 split-K
     reductions enforced: the float32 product rounded once."""
@@ -225,8 +240,15 @@ def _hadamard_quantized_operand(
     from mxlab.numerics.quant import hadamard_fake_quantize
 
     values = hadamard_fake_quantize(
-        x, quant.fmt, block=block, axis=axis, hadamard_seed=hadamard_seed, scale_mode=quant.scale_mode,
-        rounding=quant.rounding, seed=seed if quant.rounding == "stochastic" else None, pad=True,
+        x,
+        quant.fmt,
+        block=block,
+        axis=axis,
+        hadamard_seed=hadamard_seed,
+        scale_mode=quant.scale_mode,
+        rounding=quant.rounding,
+        seed=seed if quant.rounding == "stochastic" else None,
+        pad=True,
     )
     return _narrowed_to_bfloat16(values), None
 
@@ -244,11 +266,11 @@ def _gemm(
     out_dtype: torch.dtype,
     name: str,
     label: str,
-    a_quantized: Optional[QuantizedOperand] = None,
-    b_quantized: Optional[QuantizedOperand] = None,
-    counters: tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
-    bias: Optional[torch.Tensor] = None,
-) -> tuple[torch.Tensor, Optional[QuantizedOperand], Optional[QuantizedOperand]]:
+    a_quantized: QuantizedOperand | None = None,
+    b_quantized: QuantizedOperand | None = None,
+    counters: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
+    bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, QuantizedOperand | None, QuantizedOperand | None]:
     """op(a) @ op(b) (+ bias, in out_dtype, added to the float32 accumulator before its one rounding to
     out_dtype; 2-D operands only), op = transpose of the last two dims where asked, with a quantized along
     `a_axis` and b along `b_axis` of their stored layouts (or their quantized values given as
@@ -263,7 +285,11 @@ def _gemm(
             return torch.addmm(bias, op(a, transpose_a), op(b, transpose_b)), None, None
         return torch.matmul(op(a, transpose_a), op(b, transpose_b)), None, None
     device_type = a.device.type  # emulation: FP32 accumulation, always (autocast off; no context where it is off)
-    with torch.autocast(device_type=device_type, enabled=False) if torch.is_autocast_enabled(device_type) else contextlib.nullcontext():
+    with (
+        torch.autocast(device_type=device_type, enabled=False)
+        if torch.is_autocast_enabled(device_type)
+        else contextlib.nullcontext()
+    ):
         a_in, b_in = a, b
         if quant.hadamard is None:
             if a_quantized is not None:
@@ -288,9 +314,21 @@ def _gemm(
         a_op, b_op = op(a_q, transpose_a), op(b_q, transpose_b)
         if _observer is not None:  # it recomputes the rows it samples: the GEMM below is the unobserved one
             _observer(
-                name=name, gemm=label, quant=quant, shadow_a=op(a, transpose_a), shadow_b=op(b, transpose_b),
-                product_a=a_op, product_b=b_op, a=a_in, b=b_in, a_q=a_q, b_q=b_q, a_factor=a_factor,
-                b_factor=b_factor, a_axis=a_axis, b_axis=b_axis,
+                name=name,
+                gemm=label,
+                quant=quant,
+                shadow_a=op(a, transpose_a),
+                shadow_b=op(b, transpose_b),
+                product_a=a_op,
+                product_b=b_op,
+                a=a_in,
+                b=b_in,
+                a_q=a_q,
+                b_q=b_q,
+                a_factor=a_factor,
+                b_factor=b_factor,
+                a_axis=a_axis,
+                b_axis=b_axis,
             )
         if not factors and out_dtype == a_op.dtype == b_op.dtype == torch.bfloat16 and a_op.is_cuda:
             return _bfloat16_product(a_op, b_op, bias), (a_q, a_factor), (b_q, b_factor)
@@ -316,13 +354,20 @@ def _record_grad_stats(precision: MatmulPrecision, g: torch.Tensor) -> None:
     stats = precision.grad_stats
     magnitude = g.detach().abs()
     nonzero = magnitude != 0
-    counts = torch.stack([(~torch.isfinite(magnitude)).sum(), nonzero.sum(), (nonzero & (magnitude < UNDERFLOW_LINE)).sum()])
+    counts = torch.stack(
+        [(~torch.isfinite(magnitude)).sum(), nonzero.sum(), (nonzero & (magnitude < UNDERFLOW_LINE)).sum()]
+    )
     stats["counts"] = counts if "counts" not in stats else stats["counts"] + counts
     stats["backward_calls"] = stats.get("backward_calls", 0) + 1
 
 
-def _one_read_pair(x: torch.Tensor, along_last: OperandQuant, along_rows: OperandQuant,
-                   gemms: tuple[GemmQuant, GemmQuant], column_sums: bool = False) -> Optional[tuple[torch.Tensor, ...]]:
+def _one_read_pair(
+    x: torch.Tensor,
+    along_last: OperandQuant,
+    along_rows: OperandQuant,
+    gemms: tuple[GemmQuant, GemmQuant],
+    column_sums: bool = False,
+) -> tuple[torch.Tensor, ...] | None:
     """(x quantized along its last dim, along its rows) from one read of x, as `_quantized_operand` gives each,
     when both specs are one MX spec with blocks of 32 whose fused launch pays (`rowcol_in_one_read`: hardware
     FP8, so deterministic), neither GEMM has a Hadamard transform, x is 2-D bfloat16 and no observer is
@@ -330,43 +375,83 @@ def _one_read_pair(x: torch.Tensor, along_last: OperandQuant, along_rows: Operan
     the same read (a linear layer's bias gradient)."""
     from mxlab.numerics import quant
 
-    if not (_observer is None and x.dim() == 2 and x.dtype == torch.bfloat16 and along_last == along_rows
-            and along_last.block_scaled and along_last.block == BLOCK_SIZE and all(g.hadamard is None for g in gemms)
-            and quant.rowcol_in_one_read(x, along_last.fmt, along_last.rounding)):
+    if not (
+        _observer is None
+        and x.dim() == 2
+        and x.dtype == torch.bfloat16
+        and along_last == along_rows
+        and along_last.block_scaled
+        and along_last.block == BLOCK_SIZE
+        and all(g.hadamard is None for g in gemms)
+        and quant.rowcol_in_one_read(x, along_last.fmt, along_last.rounding)
+    ):
         return None
-    return quant.fake_quantize_rowcol(x, along_last.fmt, scale_mode=along_last.scale_mode, rounding=along_last.rounding,
-                                      pad=True, column_sums=column_sums)
+    return quant.fake_quantize_rowcol(
+        x,
+        along_last.fmt,
+        scale_mode=along_last.scale_mode,
+        rounding=along_last.rounding,
+        pad=True,
+        column_sums=column_sums,
+    )
 
 
 def _same_square_quantization(fwd: GemmQuant, grad_a: GemmQuant) -> bool:
     b = fwd.b
     return (
-        b == grad_a.b and b.block == (32, 32) and b.block_scaled and b.rounding != "stochastic"
-        and fwd.hadamard is None and grad_a.hadamard is None
+        b == grad_a.b
+        and b.block == (32, 32)
+        and b.block_scaled
+        and b.rounding != "stochastic"
+        and fwd.hadamard is None
+        and grad_a.hadamard is None
     )
 
 
 class _QMatmulFunction(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx: Any, a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], precision: MatmulPrecision,
-        counters: Counters, seeds: Optional[tuple[int, ...]]
+        ctx: Any,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        bias: torch.Tensor | None,
+        precision: MatmulPrecision,
+        counters: Counters,
+        seeds: tuple[int, ...] | None,
     ) -> torch.Tensor:  # type: ignore[override]
         seeds = precision.next_call_seeds() if seeds is None else seeds
         # A b much smaller than a (a linear layer's weight) is quantized for the forward (along K) and the grad
         # of a (along N) in one launch; its N-quantized values wait for the backward.
-        b_pair = (_one_read_pair(b, precision.grad_a.b, precision.fwd.b, (precision.fwd, precision.grad_a))
-                  if ctx.needs_input_grad[0] and b.numel() * 8 <= a.numel() else None)
+        b_pair = (
+            _one_read_pair(b, precision.grad_a.b, precision.fwd.b, (precision.fwd, precision.grad_a))
+            if ctx.needs_input_grad[0] and b.numel() * 8 <= a.numel()
+            else None
+        )
         out, _, b_q = _gemm(
-            a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
+            a,
+            b,
+            precision.fwd,
+            a_axis=-1,
+            b_axis=-2,
+            transpose_a=False,
+            transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
-            out_dtype=a.dtype, name=precision.name, label=precision.labels[0], counters=(counters[0], counters[1]),
-            bias=bias, b_quantized=(b_pair[1], None) if b_pair is not None else None,
+            out_dtype=a.dtype,
+            name=precision.name,
+            label=precision.labels[0],
+            counters=(counters[0], counters[1]),
+            bias=bias,
+            b_quantized=(b_pair[1], None) if b_pair is not None else None,
         )
         # A (32, 32) tile is transpose-invariant: when grad_a quantizes b exactly as the forward did
         # (same spec, deterministic rounding, no Hadamard), the forward's quantized b is reused.
-        ctx.b_quantized = ((b_pair[0], None) if b_pair is not None else
-                           b_q if _same_square_quantization(precision.fwd, precision.grad_a) else None)
+        ctx.b_quantized = (
+            (b_pair[0], None)
+            if b_pair is not None
+            else b_q
+            if _same_square_quantization(precision.fwd, precision.grad_a)
+            else None
+        )
         ctx.save_for_backward(a, b)
         ctx.precision = precision
         ctx.seeds = seeds
@@ -376,7 +461,7 @@ class _QMatmulFunction(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], ...]:  # type: ignore[override]
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         device_type, enabled, dtype = ctx.autocast
         with torch.autocast(device_type=device_type, dtype=dtype, enabled=enabled):  # the forward's autocast state
             grad_a, grad_b, sums = _QMatmulFunction._backward(ctx, g)
@@ -385,7 +470,9 @@ class _QMatmulFunction(torch.autograd.Function):
         return grad_a, grad_b, grad_bias, None, None, None
 
     @staticmethod
-    def _backward(ctx: Any, g: torch.Tensor) -> tuple[Optional[torch.Tensor], Optional[torch.Tensor], Optional[torch.Tensor]]:
+    def _backward(
+        ctx: Any, g: torch.Tensor
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """(grad of a, grad of b, g.sum(0) in float32 where the one-read cast of g computed it, else None)."""
         a, b = ctx.saved_tensors
         precision: MatmulPrecision = ctx.precision
@@ -396,23 +483,54 @@ class _QMatmulFunction(torch.autograd.Function):
             g = g * scale
         grad_a = grad_b = None
         want_sums = ctx.needs_input_grad[2] and scale is None  # the bias gradient, from the pair's read of g
-        g_pair = (_one_read_pair(g, precision.grad_a.a, precision.grad_b.b, (precision.grad_a, precision.grad_b),
-                                 column_sums=want_sums)
-                  if ctx.needs_input_grad[0] and ctx.needs_input_grad[1] else None)
+        g_pair = (
+            _one_read_pair(
+                g, precision.grad_a.a, precision.grad_b.b, (precision.grad_a, precision.grad_b), column_sums=want_sums
+            )
+            if ctx.needs_input_grad[0] and ctx.needs_input_grad[1]
+            else None
+        )
         if ctx.needs_input_grad[0]:
             # ga = g @ b^T: g along N (its last dim), b along N (its last dim).
             grad_a, _, _ = _gemm(
-                g, b, precision.grad_a, a_axis=-1, b_axis=-1, transpose_a=False, transpose_b=True,
-                seeds=(seeds[SEED_SLOTS["grad_a.g"]], seeds[SEED_SLOTS["grad_a.b"]], seeds[SEED_SLOTS["grad_a.hadamard"]]),
-                out_dtype=a.dtype, name=precision.name, label=precision.labels[1], b_quantized=ctx.b_quantized,
-                counters=(g_counter, b_counter), a_quantized=(g_pair[0], None) if g_pair is not None else None,
+                g,
+                b,
+                precision.grad_a,
+                a_axis=-1,
+                b_axis=-1,
+                transpose_a=False,
+                transpose_b=True,
+                seeds=(
+                    seeds[SEED_SLOTS["grad_a.g"]],
+                    seeds[SEED_SLOTS["grad_a.b"]],
+                    seeds[SEED_SLOTS["grad_a.hadamard"]],
+                ),
+                out_dtype=a.dtype,
+                name=precision.name,
+                label=precision.labels[1],
+                b_quantized=ctx.b_quantized,
+                counters=(g_counter, b_counter),
+                a_quantized=(g_pair[0], None) if g_pair is not None else None,
             )
         if ctx.needs_input_grad[1]:
             # gb = a^T @ g: a along M (its dim -2), g along M (its dim -2).
             grad_b, _, _ = _gemm(
-                a, g, precision.grad_b, a_axis=-2, b_axis=-2, transpose_a=True, transpose_b=False,
-                seeds=(seeds[SEED_SLOTS["grad_b.a"]], seeds[SEED_SLOTS["grad_b.g"]], seeds[SEED_SLOTS["grad_b.hadamard"]]),
-                out_dtype=b.dtype, name=precision.name, label=precision.labels[2], counters=(a_counter, g_counter),
+                a,
+                g,
+                precision.grad_b,
+                a_axis=-2,
+                b_axis=-2,
+                transpose_a=True,
+                transpose_b=False,
+                seeds=(
+                    seeds[SEED_SLOTS["grad_b.a"]],
+                    seeds[SEED_SLOTS["grad_b.g"]],
+                    seeds[SEED_SLOTS["grad_b.hadamard"]],
+                ),
+                out_dtype=b.dtype,
+                name=precision.name,
+                label=precision.labels[2],
+                counters=(a_counter, g_counter),
                 b_quantized=(g_pair[1], None) if g_pair is not None else None,
             )
         if scale is not None:
@@ -430,16 +548,25 @@ def forward_product(
     precision: MatmulPrecision,
     *,
     seeds: tuple[int, ...],
-    counters: tuple[Optional[torch.Tensor], Optional[torch.Tensor]] = (None, None),
+    counters: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None),
 ) -> torch.Tensor:
     """The forward GEMM of `qmatmul(a, b, precision, counters=, seeds=)` alone, in float32: no autograd and no
     call counter advanced (the caller hands the call's `seeds`); an installed observer sees it as qmatmul's
     forward. a (..., M, K) and b (..., K, N) with equal batch dims; `counters`: those of a and b."""
     with torch.no_grad():
         out, _, _ = _gemm(
-            a, b, precision.fwd, a_axis=-1, b_axis=-2, transpose_a=False, transpose_b=False,
+            a,
+            b,
+            precision.fwd,
+            a_axis=-1,
+            b_axis=-2,
+            transpose_a=False,
+            transpose_b=False,
             seeds=(seeds[SEED_SLOTS["fwd.a"]], seeds[SEED_SLOTS["fwd.b"]], seeds[SEED_SLOTS["fwd.hadamard"]]),
-            out_dtype=torch.float32, name=precision.name, label=precision.labels[0], counters=counters,
+            out_dtype=torch.float32,
+            name=precision.name,
+            label=precision.labels[0],
+            counters=counters,
         )
     return out.float()
 
@@ -447,11 +574,11 @@ def forward_product(
 def qmatmul(
     a: torch.Tensor,
     b: torch.Tensor,
-    precision: Optional[MatmulPrecision],
+    precision: MatmulPrecision | None,
     *,
-    counters: Optional[Counters] = None,
-    seeds: Optional[tuple[int, ...]] = None,
-    bias: Optional[torch.Tensor] = None,
+    counters: Counters | None = None,
+    seeds: tuple[int, ...] | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """a @ b (+ bias) with the forward and both gradient GEMMs emulated as `precision` says.
 
@@ -474,7 +601,9 @@ def qmatmul(
     if not isinstance(precision, MatmulPrecision):
         raise ValueError(f"precision must be a MatmulPrecision or None, got {type(precision).__name__}")
     if a.dim() < 2 or b.dim() < 2:
-        raise ValueError(f"qmatmul needs a (..., M, K) and b (..., K, N); got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"qmatmul needs a (..., M, K) and b (..., K, N); got shapes {tuple(a.shape)} and {tuple(b.shape)}"
+        )
     if a.shape[-1] != b.shape[-2]:
         raise ValueError(f"contraction sizes differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
     if seeds is not None and len(seeds) != len(SEED_SLOTS):
@@ -484,7 +613,9 @@ def qmatmul(
     elif len(counters) != 3:
         raise ValueError(f"counters must be (a_counter, b_counter, grad_counter), got {len(counters)} entries")
     if bias is not None and (b.dim() != 2 or bias.shape != (b.shape[-1],)):
-        raise ValueError(f"bias must be (N,) = ({b.shape[-1]},) with a 2-D b; got bias {tuple(bias.shape)}, b {tuple(b.shape)}")
+        raise ValueError(
+            f"bias must be (N,) = ({b.shape[-1]},) with a 2-D b; got bias {tuple(bias.shape)}, b {tuple(b.shape)}"
+        )
     if bias is not None:
         bias = bias.to(a.dtype)
     if b.dim() == 2 and a.dim() > 2:

@@ -8,10 +8,11 @@ is n * 2^-6 (MXINT8: n in [-127, 127]; -128 is never produced).
 Decoding is exhaustive-table based (at most 256 codes per format), so it is exact by
 construction and serves as the ground truth for the encoder in mxlab.numerics.reference.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import torch
 
@@ -50,7 +51,7 @@ class ElementFormat:
 
     @property
     def min_normal(self) -> float:
-        return 2.0 ** -self.mbits if self.is_int else 2.0 ** self.emin
+        return 2.0**-self.mbits if self.is_int else 2.0**self.emin
 
     @property
     def min_subnormal(self) -> float:
@@ -82,7 +83,7 @@ def get_format(name: str) -> ElementFormat:
 def decode_magnitude(fmt: ElementFormat, code: int) -> float:
     """Value of a non-negative magnitude code (sign bit clear) as a Python float; NaN/Inf where the format says."""
     if fmt.is_int:
-        return code * 2.0 ** -fmt.mbits
+        return code * 2.0**-fmt.mbits
     exponent_field = code >> fmt.mbits
     fraction = code & ((1 << fmt.mbits) - 1)
     if fmt.name == "e4m3" and code == 0x7F:
@@ -98,12 +99,12 @@ def decode_code(fmt: ElementFormat, code: int) -> float:
     """Value of one element code (any of the 2^bits codes) as a Python float."""
     if fmt.is_int:
         signed = code - 256 if code >= 128 else code
-        return signed * 2.0 ** -fmt.mbits
+        return signed * 2.0**-fmt.mbits
     magnitude = decode_magnitude(fmt, code & (fmt.sign_bit - 1))
     return -magnitude if code & fmt.sign_bit else magnitude
 
 
-@lru_cache(maxsize=None)
+@cache
 def _decode_table_cpu(name: str) -> torch.Tensor:
     fmt = FORMATS[name]
     table = torch.full((256,), float("nan"), dtype=torch.float32)
@@ -135,7 +136,9 @@ def decode_scales(scales: torch.Tensor) -> torch.Tensor:
 
 def format_table() -> str:
     """A plain-text table of every element format and of E8M0 (used by `mxlab formats`)."""
-    header = f"{'format':7} {'bits':>4} {'emax':>5} {'max normal':>12} {'min normal':>12} {'min subnormal':>14}  inf/nan"
+    header = (
+        f"{'format':7} {'bits':>4} {'emax':>5} {'max normal':>12} {'min normal':>12} {'min subnormal':>14}  inf/nan"
+    )
     rows = [header, "-" * len(header)]
     for fmt in FORMATS.values():
         special = f"{'inf' if fmt.has_inf else '-'}/{'nan' if fmt.has_nan else '-'}"
@@ -144,7 +147,7 @@ def format_table() -> str:
             f"{fmt.min_subnormal:>14.6g}  {special}"
         )
     rows.append(
-        f"{'e8m0':7} {8:>4} {SCALE_EXP_MAX:>5} {2.0 ** SCALE_EXP_MAX:>12.6g} {2.0 ** SCALE_EXP_MIN:>12.6g} "
+        f"{'e8m0':7} {8:>4} {SCALE_EXP_MAX:>5} {2.0**SCALE_EXP_MAX:>12.6g} {2.0**SCALE_EXP_MIN:>12.6g} "
         f"{'-':>14}  -/nan (scale byte 0xFF; one per 32-element block)"
     )
     return "\n".join(rows)

@@ -11,6 +11,7 @@ the seed), so they are the same on every device. The butterfly runs in float32 i
 order: stages h = 1, 2, 4, ..., b/2 pair element i with i + h as (a + c, a - c); the
 1/sqrt(b) factor is one float32 multiply at the end.
 """
+
 from __future__ import annotations
 
 import math

@@ -13,6 +13,7 @@ Choices where the OCP MX v1.0 specification leaves freedom (see docs/numerics.md
   element in x's row-major order), so the same seed gives the same codes on every backend and
   in every blocking orientation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -72,10 +73,14 @@ def _normalize_block(block: object) -> int | tuple[int, int]:
         return BLOCK_SIZE
     if isinstance(block, (tuple, list)) and tuple(block) == SQUARE_BLOCK:
         return SQUARE_BLOCK
-    raise ValueError(f"unsupported block {block!r}; accepted: 32 (1-D blocks along axis) or (32, 32) (square tiles of the last two dims)")
+    raise ValueError(
+        f"unsupported block {block!r}; accepted: 32 (1-D blocks along axis) or (32, 32) (square tiles of the last two dims)"
+    )
 
 
-def _check_options(x: object, block: object, axis: int, scale_mode: str, rounding: str, seed: int | None) -> tuple[int | tuple[int, int], int]:
+def _check_options(
+    x: object, block: object, axis: int, scale_mode: str, rounding: str, seed: int | None
+) -> tuple[int | tuple[int, int], int]:
     """Validate the common options; return the normalized block and a non-negative axis."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"x must be a torch.Tensor, got {type(x).__name__}")
@@ -105,8 +110,14 @@ def _blocked_dims(x: torch.Tensor, block: int | tuple[int, int], axis: int) -> t
     return (x.dim() - 2, x.dim() - 1) if block == SQUARE_BLOCK else (axis,)
 
 
-def _layout(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, need_index: bool,
-            counter: torch.Tensor | None = None) -> _Layout:
+def _layout(
+    x: torch.Tensor,
+    block: int | tuple[int, int],
+    axis: int,
+    pad: bool,
+    need_index: bool,
+    counter: torch.Tensor | None = None,
+) -> _Layout:
     """Pad (if allowed) and reshape x so each block spans the returned reduce dims. With need_index, the
     layout carries each element's stochastic-rounding counter: `counter` broadcast to x, else its linear index."""
     dims = _blocked_dims(x, block, axis)
@@ -119,7 +130,9 @@ def _layout(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool,
     values = x.float()
     index = None
     if need_index:
-        index = counter.expand(x.shape) if counter is not None else torch.arange(x.numel(), device=x.device).view(x.shape)
+        index = (
+            counter.expand(x.shape) if counter is not None else torch.arange(x.numel(), device=x.device).view(x.shape)
+        )
     for dim in dims:
         missing = -x.shape[dim] % BLOCK_SIZE
         if missing:
@@ -220,7 +233,9 @@ def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int, ha
     if forced == "reference" or (not forced and x.device.type != "cuda"):
         return "reference", None
     kernels = _import_kernels()
-    reason = "Triton is not installed" if kernels is None else kernels.unsupported_reason(x, block, axis, hadamard=hadamard)
+    reason = (
+        "Triton is not installed" if kernels is None else kernels.unsupported_reason(x, block, axis, hadamard=hadamard)
+    )
     if reason is None:
         return "triton", kernels
     if forced == "triton":
@@ -257,7 +272,12 @@ def _fused_rowcol(x: torch.Tensor, fmt: str, options: dict, column_sums: bool) -
         return None
     _last_backend = backend
     return kernels.fake_quantize_rowcol(
-        x, FORMATS[fmt], scale_mode=scale_mode, rounding=rounding, seed=seed, pad=options.get("pad", False),
+        x,
+        FORMATS[fmt],
+        scale_mode=scale_mode,
+        rounding=rounding,
+        seed=seed,
+        pad=options.get("pad", False),
         column_sums=column_sums,
     )
 
@@ -320,7 +340,9 @@ def fake_quantize(
     """
     if fmt in HIGH_PRECISION or fmt in PER_TENSOR_FP8:
         if not isinstance(x, torch.Tensor) or x.dtype not in INPUT_DTYPES:
-            raise ValueError(f"x must be a float32/bfloat16/float16 tensor, got {getattr(x, 'dtype', type(x).__name__)}")
+            raise ValueError(
+                f"x must be a float32/bfloat16/float16 tensor, got {getattr(x, 'dtype', type(x).__name__)}"
+            )
         if fmt == "bf16":
             return x.to(torch.bfloat16).to(x.dtype)
         if fmt == "fp32":
@@ -360,14 +382,24 @@ def fake_quantize_counted(
     try:
         torch.broadcast_shapes(counter.shape, x.shape)
     except RuntimeError:
-        raise ValueError(f"counter of shape {tuple(counter.shape)} does not broadcast to x of shape {tuple(x.shape)}") from None
+        raise ValueError(
+            f"counter of shape {tuple(counter.shape)} does not broadcast to x of shape {tuple(x.shape)}"
+        ) from None
     layout = _layout(x, block, axis, pad, need_index=True, counter=counter)
-    values = reference.fake_quantize_blocks(layout.blocked, layout.reduce_dims, FORMATS[fmt], scale_mode, "stochastic",
-                                            reference.random_bits24(layout.index, seed))
+    values = reference.fake_quantize_blocks(
+        layout.blocked,
+        layout.reduce_dims,
+        FORMATS[fmt],
+        scale_mode,
+        "stochastic",
+        reference.random_bits24(layout.index, seed),
+    )
     return _crop(values.reshape(layout.padded_shape), tuple(x.shape)).to(x.dtype)
 
 
-def fake_quantize_rowcol(x: torch.Tensor, fmt: str, *, column_sums: bool = False, **options) -> tuple[torch.Tensor, ...]:
+def fake_quantize_rowcol(
+    x: torch.Tensor, fmt: str, *, column_sums: bool = False, **options
+) -> tuple[torch.Tensor, ...]:
     """Fake-quantize a 2-D tensor along its last dim and along its first dim, both from x itself.
 
     Returns (along_last, along_first), and with column_sums=True a third: x.sum(0) accumulated in float32
@@ -442,8 +474,14 @@ def hadamard_fake_quantize(
         if backend == "triton":
             _last_backend = backend
             return kernels.hadamard_fake_quantize(
-                x, FORMATS[fmt], axis=axis, hadamard_seed=hadamard_seed, scale_mode=scale_mode, rounding=rounding,
-                seed=seed, pad=pad,
+                x,
+                FORMATS[fmt],
+                axis=axis,
+                hadamard_seed=hadamard_seed,
+                scale_mode=scale_mode,
+                rounding=rounding,
+                seed=seed,
+                pad=pad,
             )
     values = x.float()
     if missing:

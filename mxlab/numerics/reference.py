@@ -16,6 +16,7 @@ Inputs here are already validated and padded (mxlab.numerics.quant does that): f
 dimensions multiples of 32. Functions take a "blocked view" description: `reduce_dims`, the
 dims of a reshaped tensor that one block spans.
 """
+
 from __future__ import annotations
 
 import struct
@@ -138,7 +139,9 @@ def _rounded_magnitudes(
     return whole + round_up.double(), quantum_exp
 
 
-def _fp_magnitude_codes(n: torch.Tensor, quantum_exp: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+def _fp_magnitude_codes(
+    n: torch.Tensor, quantum_exp: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat
+) -> torch.Tensor:
     """Magnitude codes (int64) of FP elements n * 2^(qe - S), saturated to the max code."""
     element_exp = quantum_exp - scale_exp  # exponent of the quantum in element units
     exponent_field = element_exp + fmt.mbits + fmt.bias - 1
@@ -198,8 +201,14 @@ def quantize_blocks(
     return codes, scale_bytes.to(torch.uint8)
 
 
-def _fast_path_applies(x: torch.Tensor, scale_exp: torch.Tensor, nonfinite_block: torch.Tensor, zero_block: torch.Tensor,
-                       fmt: ElementFormat, rounding: str) -> bool:
+def _fast_path_applies(
+    x: torch.Tensor,
+    scale_exp: torch.Tensor,
+    nonfinite_block: torch.Tensor,
+    zero_block: torch.Tensor,
+    fmt: ElementFormat,
+    rounding: str,
+) -> bool:
     """Whether `_fake_quantize_fp32` is exact for this input (see its docstring).
 
     An all-zero block (`zero_block`: amax 0, reduced dims kept; its scale exponent SCALE_EXP_MIN is below
@@ -243,7 +252,9 @@ def _fake_quantize_fp32(
         fraction_2pow25 = (magnitude - lower).double() * 2.0**25 / quantum.double()
         round_up = (2 * random_bits + 1).double() < fraction_2pow25
         rounded = torch.where(round_up, lower + quantum, lower)
-    max_magnitude = torch.ldexp(torch.full(scale_exp.shape, fmt.max_normal, dtype=torch.float32, device=x.device), scale_exp.to(torch.int32))
+    max_magnitude = torch.ldexp(
+        torch.full(scale_exp.shape, fmt.max_normal, dtype=torch.float32, device=x.device), scale_exp.to(torch.int32)
+    )
     rounded = torch.minimum(rounded, max_magnitude)
     if fmt.is_int:
         return torch.where(torch.signbit(x) & (rounded > 0), -rounded, rounded)

@@ -4,13 +4,21 @@ Each `MatmulPrecision` (mxlab.nn.qmatmul) carries a base seed and a counter of i
 operand slot s at call c is `derive_seed(base, c, SEED_SLOTS[s])`. Kernels take a seed as its 32-bit mix
 (`seed_key`), the first step of `mxlab.numerics.reference.random_bits24` (docs/numerics.md).
 """
+
 from __future__ import annotations
 
 # Seed slots: one seed per operand per GEMM per call, and one per GEMM for its Hadamard signs
 # (shared by the GEMM's two operands). Seed of slot s at call c: derive_seed(seed, c, SEED_SLOTS[s]).
 SEED_SLOTS = {
-    "fwd.a": 0, "fwd.b": 1, "grad_a.g": 2, "grad_a.b": 3, "grad_b.a": 4, "grad_b.g": 5,
-    "fwd.hadamard": 6, "grad_a.hadamard": 7, "grad_b.hadamard": 8,
+    "fwd.a": 0,
+    "fwd.b": 1,
+    "grad_a.g": 2,
+    "grad_a.b": 3,
+    "grad_b.a": 4,
+    "grad_b.g": 5,
+    "fwd.hadamard": 6,
+    "grad_a.hadamard": 7,
+    "grad_b.hadamard": 8,
 }
 
 _MASK64 = (1 << 64) - 1

@@ -14,6 +14,7 @@ The package, one job per module:
 
 This module re-exports the public API, so `from mxlab.recipe import load_recipe, apply_recipe` works.
 """
+
 from __future__ import annotations
 
 from mxlab.recipe.apply import apply_recipe, load_rounding_state, rounding_state
@@ -32,8 +33,26 @@ from mxlab.recipe.schema import (
 )
 
 __all__ = [
-    "AttentionPolicy", "AttentionRecipe", "LinearPolicy", "Plan", "PlanEntry", "Recipe", "Rule", "apply_recipe",
-    "available_recipes", "describe_gemm", "describe_recipe", "find_recipe", "load_recipe", "load_rounding_state",
-    "module_seed", "parse_recipe", "quantizable_modules", "reachable_modules", "recipe_dirs", "replace_module",
-    "rounding_state", "single_layer_recipe",
+    "AttentionPolicy",
+    "AttentionRecipe",
+    "LinearPolicy",
+    "Plan",
+    "PlanEntry",
+    "Recipe",
+    "Rule",
+    "apply_recipe",
+    "available_recipes",
+    "describe_gemm",
+    "describe_recipe",
+    "find_recipe",
+    "load_recipe",
+    "load_rounding_state",
+    "module_seed",
+    "parse_recipe",
+    "quantizable_modules",
+    "reachable_modules",
+    "recipe_dirs",
+    "replace_module",
+    "rounding_state",
+    "single_layer_recipe",
 ]

@@ -1,4 +1,5 @@
 """apply_recipe: give every reachable module of a model its recipe policy, through its backend's converter."""
+
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
@@ -52,15 +53,21 @@ def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
         policy, rule = recipe.policy_for(name)
         backend = getattr(policy, "backend", "mxlab") if kind == "linear" else "mxlab"
         if backend not in converters:
-            raise ValueError(f"recipe {recipe.name!r}: module {name!r} has policy {policy.name!r} of unknown backend "
-                             f"{backend!r}; backends: {', '.join(converters)}")
+            raise ValueError(
+                f"recipe {recipe.name!r}: module {name!r} has policy {policy.name!r} of unknown backend "
+                f"{backend!r}; backends: {', '.join(converters)}"
+            )
         by_backend[backend].append(Target(name, module, kind, policy, rule))
     entries: dict[str, PlanEntry] = {}
     for backend, converter in converters.items():
         if by_backend[backend]:
             entries.update((entry.module, entry) for entry in converter.convert(model, by_backend[backend], seed=seed))
-    return Plan(recipe=recipe.name, seed=int(seed), entries=[entries[name] for name in names],
-                loss_scaling=recipe.loss_scaling.to_dict())
+    return Plan(
+        recipe=recipe.name,
+        seed=int(seed),
+        entries=[entries[name] for name in names],
+        loss_scaling=recipe.loss_scaling.to_dict(),
+    )
 
 
 def rounding_state(model: nn.Module) -> dict[str, int]:

@@ -38,15 +38,17 @@ For each (step, module, gemm) the record (`monitor.drain()`) holds:
 - `rows_sampled`, `rows`: rows read and rows there were, summed over the quantized operands and
   calls; `out_rows_sampled`, `out_rows`: the same for the product rows behind `sqnr_db`.
 """
+
 from __future__ import annotations
 
 import contextlib
 import json
 import math
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,7 +56,7 @@ from torch import nn
 from mxlab.nn import qmatmul as qmatmul_module
 from mxlab.nn.qmatmul import OperandQuant
 
-_FP8_TENSOR_MIN_NORMAL = {"fp8_tensor_e4m3": 2.0 ** -6, "fp8_tensor_e5m2": 2.0 ** -14}
+_FP8_TENSOR_MIN_NORMAL = {"fp8_tensor_e4m3": 2.0**-6, "fp8_tensor_e5m2": 2.0**-14}
 DEFAULT_SAMPLE_ROWS = 1024
 MAX_SAMPLE_ELEMENTS = 1 << 24  # elements of one temporary (64 MiB in float32)
 BLOCK = 32
@@ -93,8 +95,9 @@ def tensor_amax(x: torch.Tensor) -> float:
     return float(torch.maximum(low.abs(), high).float())
 
 
-def _row_sampler(shape: tuple[int, ...], unit: int, sample_rows: int, device: torch.device
-                 ) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, int, int]:
+def _row_sampler(
+    shape: tuple[int, ...], unit: int, sample_rows: int, device: torch.device
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, int, int]:
     """For a tensor of `shape` (..., R, C): (take, valid, rows_sampled, rows_total). `take(t)` gathers the
     sampled rows of any tensor of that shape as (k, unit, C), in groups of `unit` consecutive rows
     (1, or 32 for blocks along rows); rows past R in the last group read as zeros and `valid` (k, unit)
@@ -109,11 +112,17 @@ def _row_sampler(shape: tuple[int, ...], unit: int, sample_rows: int, device: to
     row_index = first[:, None] + torch.arange(unit, device=device)[None, :]
     valid = row_index < rows
     row_index = row_index.clamp(max=max(rows - 1, 0))
-    lead_index = [index[:, None] for index in torch.unravel_index(chosen // groups_per_lead, tuple(lead))] if lead else []
+    lead_index = (
+        [index[:, None] for index in torch.unravel_index(chosen // groups_per_lead, tuple(lead))] if lead else []
+    )
 
     def take(t: torch.Tensor) -> torch.Tensor:
         gathered = t[(*lead_index, row_index)]
-        return gathered if unit == 1 else torch.where(valid[..., None], gathered, torch.zeros((), dtype=gathered.dtype, device=gathered.device))
+        return (
+            gathered
+            if unit == 1
+            else torch.where(valid[..., None], gathered, torch.zeros((), dtype=gathered.dtype, device=gathered.device))
+        )
 
     return take, valid, int(valid.sum()), lead_size * rows
 
@@ -124,8 +133,15 @@ def _expand_scales(scale_exp: torch.Tensor, blocked_dims: tuple[int, ...], shape
     return scale_exp[tuple(slice(0, size) for size in shape)]
 
 
-def operand_stats(x: torch.Tensor, x_q: torch.Tensor, quant: OperandQuant, axis: int, *,
-                  factor: Optional[torch.Tensor] = None, sample_rows: int = DEFAULT_SAMPLE_ROWS) -> OperandStats:
+def operand_stats(
+    x: torch.Tensor,
+    x_q: torch.Tensor,
+    quant: OperandQuant,
+    axis: int,
+    *,
+    factor: torch.Tensor | None = None,
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
+) -> OperandStats:
     """Statistics of x (before quantization) against x_q (its fake-quantized values, times `factor` when
     given: a per-tensor FP8 scale), over at most `sample_rows` rows (see the module docstring); `amax` is
     that of the whole of x.
@@ -163,7 +179,9 @@ def operand_stats(x: torch.Tensor, x_q: torch.Tensor, quant: OperandQuant, axis:
         exponents = mxt.scales.to(torch.int64) - 127
         stats.scale_exponents = Counter(exponents[mxt.scales != 0xFF].tolist())
         blocked_dims = (1, 2) if tiles else ((2,) if axis == -1 else (1,))
-        scale = torch.ldexp(torch.ones_like(sample), _expand_scales(exponents, blocked_dims, tuple(sample.shape)).to(torch.int32))
+        scale = torch.ldexp(
+            torch.ones_like(sample), _expand_scales(exponents, blocked_dims, tuple(sample.shape)).to(torch.int32)
+        )
         max_normal, min_normal = fmt.max_normal, fmt.min_normal
     else:  # per-tensor FP8 with current scaling: scale = fp8_max / amax of the whole tensor
         dtype = torch.float8_e4m3fn if quant.fmt.endswith("e4m3") else torch.float8_e5m2
@@ -174,8 +192,9 @@ def operand_stats(x: torch.Tensor, x_q: torch.Tensor, quant: OperandQuant, axis:
     return stats
 
 
-def sampled_product_rows(products: Sequence[tuple[torch.Tensor, torch.Tensor]], sample_rows: int
-                         ) -> tuple[list[torch.Tensor], int, int]:
+def sampled_product_rows(
+    products: Sequence[tuple[torch.Tensor, torch.Tensor]], sample_rows: int
+) -> tuple[list[torch.Tensor], int, int]:
     """([rows of a @ b for each (a, b)], rows_sampled, rows_total): the same at most `sample_rows` rows
     of each float32 product a @ b (a (..., M, K), b (..., K, N) or (K, N), every pair of one shape; leading
     dims broadcast as in torch.matmul), each (rows, N), accumulated over K in slices of bounded size,
@@ -246,14 +265,16 @@ class NumericsMonitor:
     Refuses `every` < 1 and `sample_rows` < 1.
     """
 
-    def __init__(self, model: Optional[nn.Module] = None, every: int = 100, sample_rows: int = DEFAULT_SAMPLE_ROWS) -> None:
+    def __init__(
+        self, model: nn.Module | None = None, every: int = 100, sample_rows: int = DEFAULT_SAMPLE_ROWS
+    ) -> None:
         for key, value in (("every", every), ("sample_rows", sample_rows)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be an integer >= 1, got {value!r}")
         self.model = model
         self.every = every
         self.sample_rows = sample_rows
-        self._step: Optional[int] = None
+        self._step: int | None = None
         self._accumulators: dict[tuple[int, str, str], _GemmAccumulator] = {}
 
     def should_sample(self, step: int) -> bool:
@@ -275,14 +296,30 @@ class NumericsMonitor:
             self._step = None
 
     @torch.no_grad()
-    def _observe(self, *, name: str, gemm: str, quant: Any, shadow_a: torch.Tensor, shadow_b: torch.Tensor,
-                 product_a: torch.Tensor, product_b: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                 a_q: torch.Tensor, b_q: torch.Tensor, a_axis: int, b_axis: int,
-                 a_factor: Optional[torch.Tensor] = None, b_factor: Optional[torch.Tensor] = None) -> None:
+    def _observe(
+        self,
+        *,
+        name: str,
+        gemm: str,
+        quant: Any,
+        shadow_a: torch.Tensor,
+        shadow_b: torch.Tensor,
+        product_a: torch.Tensor,
+        product_b: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_q: torch.Tensor,
+        b_q: torch.Tensor,
+        a_axis: int,
+        b_axis: int,
+        a_factor: torch.Tensor | None = None,
+        b_factor: torch.Tensor | None = None,
+    ) -> None:
         key = (self._step if self._step is not None else -1, name, gemm)
         accumulator = self._accumulators.setdefault(key, _GemmAccumulator())
         (reference, got), rows, total = sampled_product_rows(
-            [(shadow_a.detach(), shadow_b.detach()), (product_a.detach(), product_b.detach())], self.sample_rows)
+            [(shadow_a.detach(), shadow_b.detach()), (product_a.detach(), product_b.detach())], self.sample_rows
+        )
         reference, got = reference.double(), got.double()
         for factor in (a_factor, b_factor):  # per-tensor FP8 scales multiply the accumulator
             if factor is not None:
@@ -293,12 +330,15 @@ class NumericsMonitor:
         accumulator.out_rows_sampled += rows
         accumulator.calls += 1
         for operand, operand_q, factor, operand_quant, axis, slot in (
-            (a, a_q, a_factor, quant.a, a_axis, "a"), (b, b_q, b_factor, quant.b, b_axis, "b"),
+            (a, a_q, a_factor, quant.a, a_axis, "a"),
+            (b, b_q, b_factor, quant.b, b_axis, "b"),
         ):
             if operand_quant.high_precision:
                 amax = tensor_amax(operand)
             else:
-                stats = operand_stats(operand, operand_q, operand_quant, axis, factor=factor, sample_rows=self.sample_rows)
+                stats = operand_stats(
+                    operand, operand_q, operand_quant, axis, factor=factor, sample_rows=self.sample_rows
+                )
                 accumulator.add_operand(stats)
                 amax = stats.amax
             attribute = f"amax_{slot}"
@@ -310,23 +350,27 @@ class NumericsMonitor:
         for (step, module, gemm), acc in self._accumulators.items():
             ops = acc.operands
             fraction = (lambda count: count / ops.elements) if ops.elements else (lambda count: 0.0)
-            records.append({
-                "step": step,
-                "module": module,
-                "gemm": gemm,
-                "sqnr_db": sqnr_db(acc.signal, acc.noise),
-                "saturated_frac": fraction(ops.saturated),
-                "flushed_frac": fraction(ops.flushed),
-                "subnormal_frac": fraction(ops.subnormal),
-                "scale_exp_hist": {int(exponent): int(count) for exponent, count in sorted(ops.scale_exponents.items())},
-                "amax_a": acc.amax_a,
-                "amax_b": acc.amax_b,
-                "calls": acc.calls,
-                "rows_sampled": ops.rows,
-                "rows": ops.rows_total,
-                "out_rows_sampled": acc.out_rows_sampled,
-                "out_rows": acc.out_rows,
-            })
+            records.append(
+                {
+                    "step": step,
+                    "module": module,
+                    "gemm": gemm,
+                    "sqnr_db": sqnr_db(acc.signal, acc.noise),
+                    "saturated_frac": fraction(ops.saturated),
+                    "flushed_frac": fraction(ops.flushed),
+                    "subnormal_frac": fraction(ops.subnormal),
+                    "scale_exp_hist": {
+                        int(exponent): int(count) for exponent, count in sorted(ops.scale_exponents.items())
+                    },
+                    "amax_a": acc.amax_a,
+                    "amax_b": acc.amax_b,
+                    "calls": acc.calls,
+                    "rows_sampled": ops.rows,
+                    "rows": ops.rows_total,
+                    "out_rows_sampled": acc.out_rows_sampled,
+                    "out_rows": acc.out_rows,
+                }
+            )
         self._accumulators = {}
         return records
 

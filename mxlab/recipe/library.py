@@ -13,12 +13,13 @@ match wins:
 folder). Every file is parsed once: `load_recipe` keeps each parsed recipe, keyed by the file's
 resolved path and text, so a second load of an unchanged file returns the same Recipe.
 """
+
 from __future__ import annotations
 
 import importlib.resources
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from mxlab.recipe.schema import Recipe, parse_recipe
 
@@ -42,15 +43,19 @@ def shipped_recipe_dir() -> Path:
     try:
         return Path(str(importlib.resources.files(SHIPPED_PACKAGE)))
     except ModuleNotFoundError:
-        raise RuntimeError(f"the shipped recipes (package {SHIPPED_PACKAGE}) are not installed; "
-                           f"reinstall mxlab (`pip install -e .` in the repository)") from None
+        raise RuntimeError(
+            f"the shipped recipes (package {SHIPPED_PACKAGE}) are not installed; "
+            f"reinstall mxlab (`pip install -e .` in the repository)"
+        ) from None
 
 
 def recipe_dirs(search_dirs: Iterable[str | Path] = (), *, defaults: bool = True) -> list[Path]:
     """The folders searched for a recipe name, in order: `search_dirs`, then (with `defaults`) the
     folders of $MXLAB_RECIPES and the shipped recipes; each folder once."""
     if isinstance(search_dirs, (str, Path)):
-        raise ValueError(f"search_dirs must be a list of folders, got the single value {search_dirs!r}; pass [{search_dirs!r}]")
+        raise ValueError(
+            f"search_dirs must be a list of folders, got the single value {search_dirs!r}; pass [{search_dirs!r}]"
+        )
     dirs = [Path(directory) for directory in search_dirs]
     if defaults:
         dirs += [Path(entry) for entry in os.environ.get(ENV_VAR, "").split(os.pathsep) if entry]
@@ -64,8 +69,14 @@ def recipe_dirs(search_dirs: Iterable[str | Path] = (), *, defaults: bool = True
 
 def available_recipes(search_dirs: Iterable[str | Path] = (), *, defaults: bool = True) -> list[str]:
     """Sorted names of the recipes (*.toml stems) in the folders `recipe_dirs` gives (missing folders add none)."""
-    return sorted({path.stem for directory in recipe_dirs(search_dirs, defaults=defaults) if directory.is_dir()
-                   for path in directory.glob("*.toml")})
+    return sorted(
+        {
+            path.stem
+            for directory in recipe_dirs(search_dirs, defaults=defaults)
+            if directory.is_dir()
+            for path in directory.glob("*.toml")
+        }
+    )
 
 
 def _is_path(name_or_path: str | Path) -> bool:

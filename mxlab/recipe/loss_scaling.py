@@ -43,11 +43,12 @@ per step (each backward only adds its gradient's counts on the device).
   scaling of any kind is therefore expected to matter little for MX formats; the policy exists
   to measure that on real runs, per layer.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -66,11 +67,13 @@ class LossScalingConfig:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     underflow_threshold: float = 0.001
-    max_layer_scale: float = 2.0 ** 24
+    max_layer_scale: float = 2.0**24
 
     def __post_init__(self) -> None:
         if self.policy not in LOSS_SCALING_POLICIES:
-            raise ValueError(f"unknown loss_scaling policy {self.policy!r}; accepted: {', '.join(LOSS_SCALING_POLICIES)}")
+            raise ValueError(
+                f"unknown loss_scaling policy {self.policy!r}; accepted: {', '.join(LOSS_SCALING_POLICIES)}"
+            )
         checks = [
             ("init_scale", self.init_scale > 0 and math.isfinite(self.init_scale), "a finite number > 0"),
             ("growth_factor", self.growth_factor > 1, "a number > 1"),
@@ -87,7 +90,7 @@ class LossScalingConfig:
         return asdict(self)
 
 
-def parse_loss_scaling(table: Optional[dict[str, Any]]) -> LossScalingConfig:
+def parse_loss_scaling(table: dict[str, Any] | None) -> LossScalingConfig:
     """A LossScalingConfig from a recipe's `[loss_scaling]` table (None: policy none).
 
     Refuses unknown keys and invalid values with a ValueError naming them.
@@ -106,7 +109,9 @@ def parse_loss_scaling(table: Optional[dict[str, Any]]) -> LossScalingConfig:
             if isinstance(values[key], bool) or not isinstance(values[key], (int, float)):
                 raise ValueError(f"loss_scaling.{key} must be a number, got {values[key]!r}")
             values[key] = float(values[key])
-    if "growth_interval" in values and (isinstance(values["growth_interval"], bool) or not isinstance(values["growth_interval"], int)):
+    if "growth_interval" in values and (
+        isinstance(values["growth_interval"], bool) or not isinstance(values["growth_interval"], int)
+    ):
         raise ValueError(f"loss_scaling.growth_interval must be an integer, got {values['growth_interval']!r}")
     return LossScalingConfig(**values)
 
@@ -268,8 +273,14 @@ class DynamicLossScaler(StaticLossScaler):
     policy = "dynamic"
 
     def _update(self, found: torch.Tensor) -> None:
-        torch._amp_update_scale_(self._scale, self._growth_tracker, found, self.config.growth_factor,
-                                 self.config.backoff_factor, self.config.growth_interval)
+        torch._amp_update_scale_(
+            self._scale,
+            self._growth_tracker,
+            found,
+            self.config.growth_factor,
+            self.config.backoff_factor,
+            self.config.growth_interval,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "growth_tracker": int(self._growth_tracker)}
@@ -305,7 +316,9 @@ class PerLayerLossScaler(DynamicLossScaler):
         super().__init__(config)
         self.products = quantized_products(model)
         if not self.products:
-            raise ValueError("loss_scaling policy 'per_layer' found no quantized product in the model; apply the recipe first")
+            raise ValueError(
+                "loss_scaling policy 'per_layer' found no quantized product in the model; apply the recipe first"
+            )
         for precision in self.products.values():
             precision.grad_scale = 1.0
             precision.reset_grad_stats()
@@ -343,7 +356,9 @@ class PerLayerLossScaler(DynamicLossScaler):
         return {
             **super().state_dict(),
             "layer_scales": self.layer_scales,
-            "layer_scale_history": {name: [list(item) for item in history] for name, history in self.layer_scale_history.items()},
+            "layer_scale_history": {
+                name: [list(item) for item in history] for name, history in self.layer_scale_history.items()
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -359,7 +374,9 @@ class PerLayerLossScaler(DynamicLossScaler):
         }
 
 
-def make_loss_scaler(config: LossScalingConfig | dict[str, Any] | None, model: Optional[nn.Module] = None) -> LossScaler:
+def make_loss_scaler(
+    config: LossScalingConfig | dict[str, Any] | None, model: nn.Module | None = None
+) -> LossScaler:
     """The loss scaler for `config` (a LossScalingConfig, a `[loss_scaling]` table, or None for none).
 
     `per_layer` needs the model after `apply_recipe` (it sets a scale on each quantized product)

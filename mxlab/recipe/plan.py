@@ -6,11 +6,12 @@ their own forward (e.g. the out_proj of nn.MultiheadAttention, which is never ca
 reachable. Backends (mxlab.recipe.backends) build the Plan's entries and swap modules with
 `replace_module`.
 """
+
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from torch import nn
 
@@ -37,12 +38,13 @@ def reachable_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     return found
 
 
-def quantizable_modules(model: nn.Module, recipe: Optional[Any] = None) -> list[str]:
+def quantizable_modules(model: nn.Module, recipe: Any | None = None) -> list[str]:
     """Qualified names of the modules a recipe can reach (linear layers and JaggedAttention), in
     model order. With `recipe`, attention modules are left out when it has no `[attention]` table
     (it could not quantize them)."""
     return [
-        name for name, _, kind in reachable_modules(model)
+        name
+        for name, _, kind in reachable_modules(model)
         if kind == "linear" or recipe is None or recipe.attention is not None
     ]
 
@@ -69,9 +71,15 @@ class PlanEntry:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "module": self.module, "kind": self.kind, "policy": self.policy, "rule": self.rule,
-            "quantized": self.quantized, "gemms": dict(self.gemms), "padded": list(self.padded),
-            "backend": self.backend, "note": self.note,
+            "module": self.module,
+            "kind": self.kind,
+            "policy": self.policy,
+            "rule": self.rule,
+            "quantized": self.quantized,
+            "gemms": dict(self.gemms),
+            "padded": list(self.padded),
+            "backend": self.backend,
+            "note": self.note,
         }
 
 
@@ -119,11 +127,17 @@ class Plan:
             else:
                 precision = "high precision (unchanged)"
             notes = "padded " + ", ".join(entry.padded) if entry.padded and entry.quantized else ""
-            notes = "; ".join(text for text in (f"backend {entry.backend}" if entry.backend != "mxlab" else "", notes, entry.note) if text)
+            notes = "; ".join(
+                text
+                for text in (f"backend {entry.backend}" if entry.backend != "mxlab" else "", notes, entry.note)
+                if text
+            )
             rows.append([entry.module, entry.kind, entry.policy, entry.rule, precision, notes])
         widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
-        lines = [f"recipe {self.recipe} (seed {self.seed}): {len(self.quantized_modules)} quantized, "
-                 f"{len(self.high_precision_modules)} high precision; loss scaling {self.loss_scaling.get('policy')}"]
+        lines = [
+            f"recipe {self.recipe} (seed {self.seed}): {len(self.quantized_modules)} quantized, "
+            f"{len(self.high_precision_modules)} high precision; loss scaling {self.loss_scaling.get('policy')}"
+        ]
         for index, row in enumerate([header] + rows):
             lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
             if index == 0:

@@ -35,13 +35,14 @@ Engine, see mxlab.recipe.backends.te_policy).
 
 `[loss_scaling]`: see mxlab.recipe.loss_scaling.
 """
+
 from __future__ import annotations
 
 import copy
 import glob
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Optional
+from typing import Any
 
 from mxlab.nn.precision import (
     HADAMARD_BLOCKS,
@@ -67,7 +68,6 @@ ATTENTION_PRODUCTS = ("qk", "pv")
 SWEEP_HIGH_PRECISION_POLICY = "bf16-sweep"
 
 
-
 # --------------------------------------------------------------------------------- dataclasses
 @dataclass(frozen=True)
 class LinearPolicy:
@@ -89,7 +89,7 @@ class LinearPolicy:
     def high_precision(self) -> bool:
         return self.fwd.high_precision and self.dgrad.high_precision and self.wgrad.high_precision
 
-    def to_precision(self, name: str = "", seed: int = 0) -> Optional[MatmulPrecision]:
+    def to_precision(self, name: str = "", seed: int = 0) -> MatmulPrecision | None:
         """A fresh MatmulPrecision for one module (None when every GEMM is high precision)."""
         if self.high_precision:
             return None
@@ -109,7 +109,7 @@ class AttentionRecipe:
     pv_fwd: OperandQuant
     pv_grad: OperandQuant
 
-    def product_precision(self, product: str, name: str, seed: int) -> Optional[MatmulPrecision]:
+    def product_precision(self, product: str, name: str, seed: int) -> MatmulPrecision | None:
         """MatmulPrecision of `product` (qk or pv) for the module `name`; None when all high precision."""
         fwd, grad = (self.qk_fwd, self.qk_grad) if product == "qk" else (self.pv_fwd, self.pv_grad)
         precision = MatmulPrecision(
@@ -134,11 +134,11 @@ class AttentionPolicy:
     """What a JaggedAttention module's `policy` holds: the precisions of its two products
     (None: that product is a plain matmul)."""
 
-    qk: Optional[MatmulPrecision] = None
-    pv: Optional[MatmulPrecision] = None
+    qk: MatmulPrecision | None = None
+    pv: MatmulPrecision | None = None
 
     def __repr__(self) -> str:
-        def short(precision: Optional[MatmulPrecision]) -> str:
+        def short(precision: MatmulPrecision | None) -> str:
             return "high precision" if precision is None else precision.fwd.describe()
 
         return f"AttentionPolicy(qk={short(self.qk)}, pv={short(self.pv)})"
@@ -159,10 +159,10 @@ class Recipe:
     default: str
     policies: dict[str, LinearPolicy]
     rules: tuple[Rule, ...]
-    attention: Optional[AttentionRecipe]
+    attention: AttentionRecipe | None
     loss_scaling: LossScalingConfig
     description: str = ""
-    source: Optional[str] = None
+    source: str | None = None
     table: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def policy_for(self, module_name: str) -> tuple[LinearPolicy, str]:
@@ -221,14 +221,16 @@ def _roundings(value: Any, where: str) -> tuple[str, str]:
     return mode, mode
 
 
-def _hadamard(value: Any, where: str) -> Optional[int]:
+def _hadamard(value: Any, where: str) -> int | None:
     if value is False:
         return None
     if value is True:
         return 32
     if isinstance(value, int) and not isinstance(value, bool) and value in HADAMARD_BLOCKS:
         return value
-    raise _fail(where, f"hadamard = {value!r} is invalid; accepted: false, true (block 32) or a block of {HADAMARD_BLOCKS}")
+    raise _fail(
+        where, f"hadamard = {value!r} is invalid; accepted: false, true (block 32) or a block of {HADAMARD_BLOCKS}"
+    )
 
 
 def _parse_policy(name: str, table: Any) -> LinearPolicy:
@@ -252,7 +254,10 @@ def _parse_policy(name: str, table: Any) -> LinearPolicy:
             _check_keys(spec, GEMM_OPERANDS[gemm], f"{where}.{gemm}")
             fmt = spec.get(operand_name, default_fmt)
             if fmt is None:
-                raise _fail(f"{where}.{gemm}", f"operand {operand_name!r} has no format (operands: {', '.join(GEMM_OPERANDS[gemm])})")
+                raise _fail(
+                    f"{where}.{gemm}",
+                    f"operand {operand_name!r} has no format (operands: {', '.join(GEMM_OPERANDS[gemm])})",
+                )
         else:
             fmt = spec
         _check_choice(fmt, OPERAND_FORMATS, "format", f"{where}.{gemm}.{operand_name}")
@@ -270,7 +275,9 @@ def _parse_policy(name: str, table: Any) -> LinearPolicy:
 def _parse_attention(table: Any, default_policy: LinearPolicy) -> AttentionRecipe:
     where = "[attention]"
     _check_keys(table, ATTENTION_KEYS, where)
-    scale_mode = _check_choice(table.get("scale_mode", default_policy.scale_mode), SCALE_MODES, "scale_mode", f"{where}.scale_mode")
+    scale_mode = _check_choice(
+        table.get("scale_mode", default_policy.scale_mode), SCALE_MODES, "scale_mode", f"{where}.scale_mode"
+    )
     if "rounding" in table:
         rounding_fwd, rounding_grad = _roundings(table["rounding"], where)
     else:
@@ -280,7 +287,10 @@ def _parse_attention(table: Any, default_policy: LinearPolicy) -> AttentionRecip
     for product in ATTENTION_PRODUCTS:
         spec = table.get(product)
         if spec is None:
-            raise _fail(where, f"{product} is not given; set {product} = FMT or {product} = {{fwd = FMT, grad = FMT}} (FMT bf16 keeps it high precision)")
+            raise _fail(
+                where,
+                f"{product} is not given; set {product} = FMT or {product} = {{fwd = FMT, grad = FMT}} (FMT bf16 keeps it high precision)",
+            )
         if isinstance(spec, dict):
             _check_keys(spec, ROUNDING_KEYS, f"{where}.{product}")
             missing = [key for key in ROUNDING_KEYS if key not in spec]
@@ -298,7 +308,7 @@ def _parse_attention(table: Any, default_policy: LinearPolicy) -> AttentionRecip
     return AttentionRecipe(*products["qk"], *products["pv"])
 
 
-def parse_recipe(table: dict[str, Any], source: Optional[str] = None, name: Optional[str] = None) -> Recipe:
+def parse_recipe(table: dict[str, Any], source: str | None = None, name: str | None = None) -> Recipe:
     """A validated Recipe from a TOML-shaped dict.
 
     Refuses (ValueError naming the offending key or value and the accepted ones): unknown keys
@@ -309,7 +319,7 @@ def parse_recipe(table: dict[str, Any], source: Optional[str] = None, name: Opti
     _check_keys(table, RECIPE_KEYS, where)
     recipe_name = table.get("name", name)
     if not isinstance(recipe_name, str) or not recipe_name:
-        raise _fail(where, "needs a name = \"...\"")
+        raise _fail(where, 'needs a name = "..."')
     policies_table = table.get("policies")
     if not isinstance(policies_table, dict) or not policies_table:
         raise _fail(where, "needs at least one [policies.NAME] table")
@@ -320,13 +330,13 @@ def parse_recipe(table: dict[str, Any], source: Optional[str] = None, name: Opti
             raise _fail("default", f"names unknown policy {default!r}; policies: {', '.join(policies)}")
         rules_table = table.get("rules", [])
         if not isinstance(rules_table, list):
-            raise _fail("rules", "must be an array of tables: [[rules]] match = \"...\" policy = \"...\"")
+            raise _fail("rules", 'must be an array of tables: [[rules]] match = "..." policy = "..."')
         rules = []
         for index, rule in enumerate(rules_table):
             rule_where = f"[[rules]] #{index + 1}"
             _check_keys(rule, RULE_KEYS, rule_where)
             if not isinstance(rule.get("match"), str) or not rule["match"]:
-                raise _fail(rule_where, f"needs match = \"PATTERN\" (fnmatch on module names), got {rule.get('match')!r}")
+                raise _fail(rule_where, f'needs match = "PATTERN" (fnmatch on module names), got {rule.get("match")!r}')
             if not isinstance(rule.get("policy"), str) or rule["policy"] not in policies:
                 raise _fail(rule_where, f"names unknown policy {rule.get('policy')!r}; policies: {', '.join(policies)}")
             rules.append(Rule(rule["match"], rule["policy"]))
@@ -364,7 +374,9 @@ def single_layer_recipe(recipe: Recipe, module_name: str, invert: bool = False) 
     """
     default_policy = recipe.policies[recipe.default]
     if default_policy.high_precision:
-        raise ValueError(f"recipe {recipe.name!r}: its default policy {recipe.default!r} is all high precision; nothing to sweep")
+        raise ValueError(
+            f"recipe {recipe.name!r}: its default policy {recipe.default!r} is all high precision; nothing to sweep"
+        )
     if not isinstance(module_name, str) or not module_name:
         raise ValueError(f"module_name must be a module's qualified name, got {module_name!r}")
     table = recipe.to_dict()
@@ -374,7 +386,9 @@ def single_layer_recipe(recipe: Recipe, module_name: str, invert: bool = False) 
     table["policies"][high_name] = {"all": "bf16"}
     if "attention" in table:  # pin what [attention] inherits from the default policy, which may change below
         table["attention"].setdefault("scale_mode", default_policy.scale_mode)
-        table["attention"].setdefault("rounding", {"fwd": default_policy.rounding_fwd, "grad": default_policy.rounding_grad})
+        table["attention"].setdefault(
+            "rounding", {"fwd": default_policy.rounding_fwd, "grad": default_policy.rounding_grad}
+        )
     pattern = glob.escape(module_name)
     if invert:
         table["rules"] = [{"match": pattern, "policy": high_name}]
@@ -384,8 +398,6 @@ def single_layer_recipe(recipe: Recipe, module_name: str, invert: bool = False) 
         table["default"] = high_name
         table["name"] = f"{recipe.name}:only:{module_name}"
     return parse_recipe(table, source=f"single_layer_recipe({recipe.name!r}, {module_name!r}, invert={invert})")
-
-
 
 
 def describe_recipe(recipe: Recipe) -> str:
@@ -408,5 +420,7 @@ def describe_recipe(recipe: Recipe) -> str:
     else:
         lines.extend(f"  attention {product}: {text}" for product, text in recipe.attention.describe().items())
     scaling = recipe.loss_scaling
-    lines.append(f"  loss scaling: {scaling.policy}" + (f" (init {scaling.init_scale:g})" if scaling.policy != "none" else ""))
+    lines.append(
+        f"  loss scaling: {scaling.policy}" + (f" (init {scaling.init_scale:g})" if scaling.policy != "none" else "")
+    )
     return "\n".join(lines)

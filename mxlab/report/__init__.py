@@ -3,6 +3,7 @@
 ``write_report(study_dir) -> dict[str, Path]`` renders a study from its files;
 ``compare_studies(dir_a, dir_b) -> str`` shows how two studies differ (Markdown).
 """
+
 from __future__ import annotations
 
 from mxlab.report.build import write_report

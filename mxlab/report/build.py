@@ -4,30 +4,53 @@ The report opens with the ship table (per arm: the verdict on each primary metri
 interval, and the smallest detectable effect), then the truth ceiling and the figures; secondary
 metrics, controls, per-seed detail and diagnostics are folded below. Reads only files.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from mxlab import metrics
-from mxlab.analysis import (OUTLIER_FALSE_ALARM, Comparison, StudyAnalysis, analyze_study, outlier_threshold,
-                            outlying_values)
+from mxlab.analysis import (
+    OUTLIER_FALSE_ALARM,
+    Comparison,
+    StudyAnalysis,
+    analyze_study,
+    outlier_threshold,
+    outlying_values,
+)
 from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS
 from mxlab.report import figures
-from mxlab.report.costs import ArmCost, arm_costs, cost_cell
 from mxlab.report.convergence import convergence_warning, design_text, heldout_series
-from mxlab.report.document import (Block, BulletList, CodeBlock, Details, Figure, Heading, Paragraph, Table,
-                                   render_html, render_markdown)
+from mxlab.report.costs import ArmCost, arm_costs, cost_cell
+from mxlab.report.document import (
+    Block,
+    BulletList,
+    CodeBlock,
+    Details,
+    Figure,
+    Heading,
+    Paragraph,
+    Table,
+    render_html,
+    render_markdown,
+)
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
 
-VERDICT_MARKS = {"regression": "**▼ regression**", "improvement": "▲ improvement", "non-inferior": "✔ non-inferior",
-                 "inconclusive": "inconclusive", None: ""}
+VERDICT_MARKS = {
+    "regression": "**▼ regression**",
+    "improvement": "▲ improvement",
+    "non-inferior": "✔ non-inferior",
+    "inconclusive": "inconclusive",
+    None: "",
+}
 RELIABILITY_BINS = 20
 POSITIVES_PER_BIN = 15
 RUN_FIGURES = ("reliability.png", "training.png", "heldout.png", "numerics.png")  # drawn from the run folders
@@ -101,10 +124,12 @@ def _constant_rate_note(analysis: StudyAnalysis, not_converged: bool) -> str | N
         return None
     if not (any(_too_small(d) for d in analysis.detectable) or not_converged):
         return None
-    return ("**The runs ended at a constant learning rate**: the eval scores each model as it was at its last step, "
-            "still moving by a full step's worth, which widens every interval (and can make held-out curves oscillate "
-            "rather than fall). Ending each run in a decay of the rate, `[train] lr_decay_steps` (docs/statistics.md, "
-            "\"Study designs\"), narrows them.")
+    return (
+        "**The runs ended at a constant learning rate**: the eval scores each model as it was at its last step, "
+        "still moving by a full step's worth, which widens every interval (and can make held-out curves oscillate "
+        "rather than fall). Ending each run in a decay of the rate, `[train] lr_decay_steps` (docs/statistics.md, "
+        '"Study designs"), narrows them.'
+    )
 
 
 def _too_small(d: Any) -> bool:
@@ -116,28 +141,43 @@ def _warnings(analysis: StudyAnalysis) -> list[str]:
     out = list(analysis.inputs.notes)
     for d in analysis.detectable:
         if d.n_seeds < MIN_PAIRED_SEEDS:
-            need = (f"; at this study's variance a regression of the margin's size needs {d.seeds_needed} seeds"
-                    if d.seeds_needed else
-                    f"; at this study's variance 3 seeds would detect {format_value(d.metric, d.effect_at_min_seeds, False)}, "
-                    f"and a regression of the margin's size needs more than 64 seeds or a larger eval set"
-                    if math.isfinite(d.effect_at_min_seeds) else "")
-            out.append(f"**Too few seeds for a verdict on {d.metric}**: {d.n_seeds} paired seed(s), every verdict needs "
-                       f"{MIN_PAIRED_SEEDS}{need}.")
+            need = (
+                f"; at this study's variance a regression of the margin's size needs {d.seeds_needed} seeds"
+                if d.seeds_needed
+                else f"; at this study's variance 3 seeds would detect {format_value(d.metric, d.effect_at_min_seeds, False)}, "
+                f"and a regression of the margin's size needs more than 64 seeds or a larger eval set"
+                if math.isfinite(d.effect_at_min_seeds)
+                else ""
+            )
+            out.append(
+                f"**Too few seeds for a verdict on {d.metric}**: {d.n_seeds} paired seed(s), every verdict needs "
+                f"{MIN_PAIRED_SEEDS}{need}."
+            )
         elif _too_small(d):
-            need = (f"it would need {d.seeds_needed} seeds" if d.seeds_needed else
-                    "more than 64 seeds, or a larger eval set, would be needed")
+            need = (
+                f"it would need {d.seeds_needed} seeds"
+                if d.seeds_needed
+                else "more than 64 seeds, or a larger eval set, would be needed"
+            )
             shown = sorted(c.arm for c in analysis.comparisons if c.metric == d.metric and c.verdict == "non-inferior")
-            tail = (f" An arm whose own spread is smaller can still be shown non-inferior, as {', '.join(shown)} here."
-                    if shown else " Non-inferiority at this margin is out of reach for an arm of this spread.")
-            out.append(f"**This study is too small for its margin on {d.metric}**: at the spread of its arms (pooled) it "
-                       f"detects a regression of {format_value(d.metric, d.effect, False)} with "
-                       f"{analysis.settings.power:.0%} power, the margin is {format_value(d.metric, d.margin, False)}; "
-                       f"{need}.{tail}")
+            tail = (
+                f" An arm whose own spread is smaller can still be shown non-inferior, as {', '.join(shown)} here."
+                if shown
+                else " Non-inferiority at this margin is out of reach for an arm of this spread."
+            )
+            out.append(
+                f"**This study is too small for its margin on {d.metric}**: at the spread of its arms (pooled) it "
+                f"detects a regression of {format_value(d.metric, d.effect, False)} with "
+                f"{analysis.settings.power:.0%} power, the margin is {format_value(d.metric, d.margin, False)}; "
+                f"{need}.{tail}"
+            )
     out.extend(_baseline_outlier_warnings(analysis))
     for arm, r in analysis.arms.items():
         if r.diverged:
             steps = ", ".join(f"seed {s} at step {step}" for s, step in r.diverged.items())
-            out.append(f"**{arm} diverged** ({steps}): those seeds are left out; its verdicts rest on seeds {r.paired_seeds}.")
+            out.append(
+                f"**{arm} diverged** ({steps}): those seeds are left out; its verdicts rest on seeds {r.paired_seeds}."
+            )
         if r.skipped:
             reasons = "; ".join(sorted({x or "no reason recorded" for x in r.skipped.values()}))
             out.append(f"**{arm} was skipped** on seeds {sorted(r.skipped)} ({reasons}).")
@@ -163,12 +203,14 @@ def _baseline_outlier_warnings(analysis: StudyAnalysis) -> list[str]:
             continue
         seeds = sorted(flagged)
         shown = "; ".join(f"seed {s} at {values[s]:.4g}, z {flagged[s]:+.1f}" for s in seeds)
-        out.append(f"**The baseline's {task}.{measure} is an outlier on seed(s) {', '.join(map(str, seeds))}** ({shown}; median "
-                   f"{float(np.median(list(values.values()))):.4g} over {len(values)} seeds; the modified z-score's cut for "
-                   f"{len(values)} seeds, {outlier_threshold(len(values)):.1f}, flags normal seeds in "
-                   f"{OUTLIER_FALSE_ALARM:.0%} of studies): {baseline} trained badly there. A paired delta on such a seed measures that run as much "
-                   f"as the recipe, and one such seed widens every interval it enters; the per-seed deltas (Details) show "
-                   f"which arms share it. Verdicts use every seed; more seeds dilute one bad run.")
+        out.append(
+            f"**The baseline's {task}.{measure} is an outlier on seed(s) {', '.join(map(str, seeds))}** ({shown}; median "
+            f"{float(np.median(list(values.values()))):.4g} over {len(values)} seeds; the modified z-score's cut for "
+            f"{len(values)} seeds, {outlier_threshold(len(values)):.1f}, flags normal seeds in "
+            f"{OUTLIER_FALSE_ALARM:.0%} of studies): {baseline} trained badly there. A paired delta on such a seed measures that run as much "
+            f"as the recipe, and one such seed widens every interval it enters; the per-seed deltas (Details) show "
+            f"which arms share it. Verdicts use every seed; more seeds dilute one bad run."
+        )
     return out
 
 
@@ -192,34 +234,62 @@ def _ship_table(analysis: StudyAnalysis) -> list[Block]:
         rows.append([arm, seeds] + cells)
         words = {analysis.comparison(arm, m).verdict for m in primary if analysis.comparison(arm, m)}
         classes.append("regression" if "regression" in words else "improvement" if words == {"improvement"} else "")
-    rows.append(["smallest detectable regression", "-"] + [
-        (format_value(d.metric, d.effect, False) + f" at {d.n_seeds} seeds" if math.isfinite(d.effect)
-         else f"none at {d.n_seeds} seed(s)")
-        + (f"; margin needs {d.seeds_needed} seeds" if d.seeds_needed and (not math.isfinite(d.effect) or d.effect > d.margin)
-           else "") for d in analysis.detectable] + (["-"] if base_cost is not None else []))
+    rows.append(
+        ["smallest detectable regression", "-"]
+        + [
+            (
+                format_value(d.metric, d.effect, False) + f" at {d.n_seeds} seeds"
+                if math.isfinite(d.effect)
+                else f"none at {d.n_seeds} seed(s)"
+            )
+            + (
+                f"; margin needs {d.seeds_needed} seeds"
+                if d.seeds_needed and (not math.isfinite(d.effect) or d.effect > d.margin)
+                else ""
+            )
+            for d in analysis.detectable
+        ]
+        + (["-"] if base_cost is not None else [])
+    )
     classes.append("")
-    family = ("no hypothesis has 3 paired seeds, so none is judged" if analysis.family_size == 0 else
-              f"Holm over the {analysis.family_size} arm x primary-metric hypotheses with {MIN_PAIRED_SEEDS}+ seeds, "
-              f"family-wise {s.confidence:.0%}" if s.correction == "holm" else
-              f"{s.correction} correction over {analysis.family_size} hypotheses, family-wise {s.confidence:.0%}")
-    return [Heading("Ship table", 2), Table(header, rows, classes), Paragraph(
-        f"Delta = arm minus baseline **{analysis.study.baseline}** on the same seed and eval examples, mean over paired "
-        f"seeds (NE in % of the baseline's NE; excess NE in % of the baseline-to-truth gap). Each interval carries "
-        f"retraining noise (over seeds) and eval-sampling noise (over users), at the level its verdict was judged ({family}). "
-        "**regression**: the interval lies beyond zero on the bad side and the delta is worse than the margin; "
-        "**improvement**: the mirror image; **non-inferior**: the whole interval is on the good side of the margin; "
-        "**inconclusive**: no evidence either way (always below 3 paired seeds), not \"safe\". The last row is the "
-        f"smallest regression this study detects with {s.power:.0%} power (docs/statistics.md)." + _cost_note(analysis, base_cost))]
+    family = (
+        "no hypothesis has 3 paired seeds, so none is judged"
+        if analysis.family_size == 0
+        else f"Holm over the {analysis.family_size} arm x primary-metric hypotheses with {MIN_PAIRED_SEEDS}+ seeds, "
+        f"family-wise {s.confidence:.0%}"
+        if s.correction == "holm"
+        else f"{s.correction} correction over {analysis.family_size} hypotheses, family-wise {s.confidence:.0%}"
+    )
+    return [
+        Heading("Ship table", 2),
+        Table(header, rows, classes),
+        Paragraph(
+            f"Delta = arm minus baseline **{analysis.study.baseline}** on the same seed and eval examples, mean over paired "
+            f"seeds (NE in % of the baseline's NE; excess NE in % of the baseline-to-truth gap). Each interval carries "
+            f"retraining noise (over seeds) and eval-sampling noise (over users), at the level its verdict was judged ({family}). "
+            "**regression**: the interval lies beyond zero on the bad side and the delta is worse than the margin; "
+            "**improvement**: the mirror image; **non-inferior**: the whole interval is on the good side of the margin; "
+            '**inconclusive**: no evidence either way (always below 3 paired seeds), not "safe". The last row is the '
+            f"smallest regression this study detects with {s.power:.0%} power (docs/statistics.md)."
+            + _cost_note(analysis, base_cost)
+        ),
+    ]
 
 
 def _cost_note(analysis: StudyAnalysis, base_cost: ArmCost | None) -> str:
     if base_cost is None:
         return ""
     shared = int(analysis.study.spec.get("execution", {}).get("runs_per_device", 1) or 1)
-    return (f" Step time: the median over seeds of each run's median ms per training step; peak memory: the run's "
-            f"torch.cuda.max_memory_allocated (GPU only); the baseline's: {cost_cell(base_cost)}."
-            + (f" {shared} runs shared each device, so a step's time includes its neighbours' load: these rank the arms "
-               "of this study; `mxlab bench step` times a step alone." if shared > 1 else ""))
+    return (
+        f" Step time: the median over seeds of each run's median ms per training step; peak memory: the run's "
+        f"torch.cuda.max_memory_allocated (GPU only); the baseline's: {cost_cell(base_cost)}."
+        + (
+            f" {shared} runs shared each device, so a step's time includes its neighbours' load: these rank the arms "
+            "of this study; `mxlab bench step` times a step alone."
+            if shared > 1
+            else ""
+        )
+    )
 
 
 def _truth_ceiling(analysis: StudyAnalysis) -> list[Block]:
@@ -237,20 +307,43 @@ def _truth_ceiling(analysis: StudyAnalysis) -> list[Block]:
                 continue
             excess = [m[task]["ne"] - bayes for m in seeds.values()]
             share = analysis.comparison(arm, f"{task}.excess_ne") if arm != base else None
-            rows.append([task.upper(), f"{bayes:.4f}", arm + (" (baseline)" if arm == base else ""), _mean_sd(excess),
-                         "-" if share is None else format_interval(share) + (f" ({VERDICT_MARKS[share.verdict]})"
-                                                                              if share.verdict else "")])
-    return [Heading("Truth ceiling", 2), Table(["task", "Bayes NE (true probabilities)", "arm", "excess NE over Bayes",
-                                                "share of the baseline-to-truth gap the arm adds"], rows),
-            Paragraph("The data's true probabilities scored as predictions give the Bayes-optimal NE of this eval set; an "
-                      "arm's excess NE removes the label noise every model shares. Its delta, as a share of the baseline's "
-                      "excess, is the metric `TASK.excess_ne` (primary when the spec says so).")]
+            rows.append(
+                [
+                    task.upper(),
+                    f"{bayes:.4f}",
+                    arm + (" (baseline)" if arm == base else ""),
+                    _mean_sd(excess),
+                    "-"
+                    if share is None
+                    else format_interval(share) + (f" ({VERDICT_MARKS[share.verdict]})" if share.verdict else ""),
+                ]
+            )
+    return [
+        Heading("Truth ceiling", 2),
+        Table(
+            [
+                "task",
+                "Bayes NE (true probabilities)",
+                "arm",
+                "excess NE over Bayes",
+                "share of the baseline-to-truth gap the arm adds",
+            ],
+            rows,
+        ),
+        Paragraph(
+            "The data's true probabilities scored as predictions give the Bayes-optimal NE of this eval set; an "
+            "arm's excess NE removes the label noise every model shares. Its delta, as a share of the baseline's "
+            "excess, is the metric `TASK.excess_ne` (primary when the spec says so)."
+        ),
+    ]
 
 
 def _secondary(analysis: StudyAnalysis) -> Block:
     rows = [[c.arm, c.metric, format_interval(c), str(len(c.per_seed))] for c in analysis.comparisons if not c.primary]
-    return Details(f"Secondary metrics: unadjusted {analysis.settings.confidence:.0%} intervals, no verdict ({len(rows)})",
-                   [Table(["arm", "metric", "delta [interval]", "paired seeds"], rows)])
+    return Details(
+        f"Secondary metrics: unadjusted {analysis.settings.confidence:.0%} intervals, no verdict ({len(rows)})",
+        [Table(["arm", "metric", "delta [interval]", "paired seeds"], rows)],
+    )
 
 
 def _controls(analysis: StudyAnalysis) -> Block:
@@ -258,24 +351,51 @@ def _controls(analysis: StudyAnalysis) -> Block:
     pairs = analysis.inputs.aa_pairs
     placebo = [c for c in analysis.comparisons if c.arm == "placebo" and c.primary]
     if placebo:
-        blocks.append(Paragraph("**placebo** (BF16 in its own order of the data, through the arms' pipeline; docs/statistics.md, Controls) is judged in "
-                                "the family like any arm: " + "; ".join(f"{c.metric} {c.verdict}" for c in placebo) + "."))
+        blocks.append(
+            Paragraph(
+                "**placebo** (BF16 in its own order of the data, through the arms' pipeline; docs/statistics.md, Controls) is judged in "
+                "the family like any arm: " + "; ".join(f"{c.metric} {c.verdict}" for c in placebo) + "."
+            )
+        )
     if analysis.aa:
-        rows = [[c.metric, ", ".join(f"{format_value(c.metric, v)}" for v in c.per_seed.values()), format_interval(c),
-                 c.verdict or "-", c.reason] for c in analysis.aa]
-        blocks += [Paragraph(f"A/A: the baseline against itself on disjoint seed pairs {pairs} (distinct seeds, so each "
-                             "pair differs by init and data order), with the arms' interval method, unadjusted."),
-                   Table(["metric", "per pair", "delta [interval]", "verdict", "why"], rows)]
+        rows = [
+            [
+                c.metric,
+                ", ".join(f"{format_value(c.metric, v)}" for v in c.per_seed.values()),
+                format_interval(c),
+                c.verdict or "-",
+                c.reason,
+            ]
+            for c in analysis.aa
+        ]
+        blocks += [
+            Paragraph(
+                f"A/A: the baseline against itself on disjoint seed pairs {pairs} (distinct seeds, so each "
+                "pair differs by init and data order), with the arms' interval method, unadjusted."
+            ),
+            Table(["metric", "per pair", "delta [interval]", "verdict", "why"], rows),
+        ]
     if not blocks:
         blocks.append(Paragraph("No control: no placebo arm and fewer than two finished baseline seeds."))
     return Details("Controls: placebo and A/A noise floor", blocks)
 
 
 def _per_seed(analysis: StudyAnalysis) -> Block:
-    rows = [[c.arm, c.metric, "; ".join(f"seed {s}: {format_value(c.metric, v)}" for s, v in c.per_seed.items()),
-             f"{c.se:.3g}", f"{c.level:.4f}", c.reason] for c in analysis.comparisons]
-    return Details("Per-seed deltas, standard errors and interval levels",
-                   [Table(["arm", "metric", "per seed", "se", "interval level", "decision"], rows)])
+    rows = [
+        [
+            c.arm,
+            c.metric,
+            "; ".join(f"seed {s}: {format_value(c.metric, v)}" for s, v in c.per_seed.items()),
+            f"{c.se:.3g}",
+            f"{c.level:.4f}",
+            c.reason,
+        ]
+        for c in analysis.comparisons
+    ]
+    return Details(
+        "Per-seed deltas, standard errors and interval levels",
+        [Table(["arm", "metric", "per seed", "se", "interval level", "decision"], rows)],
+    )
 
 
 def _absolute_metrics(analysis: StudyAnalysis) -> Block:
@@ -284,11 +404,15 @@ def _absolute_metrics(analysis: StudyAnalysis) -> Block:
     for task in metrics.TASKS:
         rm = analysis.inputs.run_metrics
         present = [n for n in names if any(n in m[task] for seeds in rm.values() for m in seeds.values())]
-        rows = [[arm + (" (baseline)" if arm == analysis.study.baseline else ""), str(len(rm.get(arm, {})))]
-                + [_mean_sd([m[task].get(n, math.nan) for m in rm.get(arm, {}).values()]) for n in present]
-                for arm in analysis.study.arms]
+        rows = [
+            [arm + (" (baseline)" if arm == analysis.study.baseline else ""), str(len(rm.get(arm, {})))]
+            + [_mean_sd([m[task].get(n, math.nan) for m in rm.get(arm, {}).values()]) for n in present]
+            for arm in analysis.study.arms
+        ]
         if analysis.inputs.truth:
-            rows.append(["truth (ceiling)", "-"] + [_mean_sd([analysis.inputs.truth[task].get(n, math.nan)]) for n in present])
+            rows.append(
+                ["truth (ceiling)", "-"] + [_mean_sd([analysis.inputs.truth[task].get(n, math.nan)]) for n in present]
+            )
         blocks += [Heading(task.upper(), 3), Table(["arm", "seeds"] + present, rows)]
     return Details("Metrics per arm (mean ± sd over finished seeds)", blocks)
 
@@ -296,32 +420,55 @@ def _absolute_metrics(analysis: StudyAnalysis) -> Block:
 def _delong(analysis: StudyAnalysis) -> Block | None:
     if not analysis.inputs.delong:
         return None
-    rows = [[arm, str(seed), task.upper(), f"{r.auc_a:.5f}", f"{r.auc_b:.5f}", f"{r.delta:+.5f}", f"{r.z:+.2f}", f"{r.p_value:.3g}"]
-            for (arm, task, seed), r in sorted(analysis.inputs.delong.items())]
-    return Details("Diagnostics: DeLong tests per seed (tests of two fitted models, not of the recipe)", [
-        Paragraph("Each row tests whether two fitted models, the arm's and the baseline's of one seed, rank this eval set "
-                  "equally well (DeLong 1988; examples independent). It ignores retraining noise, so a tiny p here says "
-                  "nothing about the recipe: the verdicts above never use it."),
-        Table(["arm", "seed", "task", "AUC arm", "AUC baseline", "delta", "z", "p"], rows)])
+    rows = [
+        [
+            arm,
+            str(seed),
+            task.upper(),
+            f"{r.auc_a:.5f}",
+            f"{r.auc_b:.5f}",
+            f"{r.delta:+.5f}",
+            f"{r.z:+.2f}",
+            f"{r.p_value:.3g}",
+        ]
+        for (arm, task, seed), r in sorted(analysis.inputs.delong.items())
+    ]
+    return Details(
+        "Diagnostics: DeLong tests per seed (tests of two fitted models, not of the recipe)",
+        [
+            Paragraph(
+                "Each row tests whether two fitted models, the arm's and the baseline's of one seed, rank this eval set "
+                "equally well (DeLong 1988; examples independent). It ignores retraining noise, so a tiny p here says "
+                "nothing about the recipe: the verdicts above never use it."
+            ),
+            Table(["arm", "seed", "task", "AUC arm", "AUC baseline", "delta", "z", "p"], rows),
+        ],
+    )
 
 
 def _method(analysis: StudyAnalysis) -> Block:
     s = analysis.settings
-    return Details("Method and conventions", [
-        BulletList([
-            "Pairing: arm and baseline on the same seed (initial weights, data order) and the same eval examples.",
-            "Interval: mean of the per-seed deltas; variance = (sample variance over seeds) / k + the eval-sampling "
-            "variance shared by all seeds (the eval set is the same), from per-user influence values; Student t on "
-            "k - 1 degrees of freedom (docs/statistics.md).",
-            f"Verdicts on the primary metrics {list(s.primary)}: Holm's step-down test of delta = 0 at family-wise "
-            f"{1 - s.confidence:.0%} across arms x primary metrics (correction = {s.correction!r}); the interval of each "
-            "hypothesis is at the level of its Holm step. Fewer than 3 paired seeds: inconclusive.",
-            f"Margins: {', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.primary)}; secondary metrics "
-            f"{sorted(set(METRIC_NAMES) - set(s.primary))[:3]}...: unadjusted intervals, no verdict.",
-            f"Smallest detectable regression: the true delta a one-sided test at the Bonferroni level (Holm's first "
-            f"step) finds with {s.power:.0%} power, from the study's seed and shared eval variance (noncentral t).",
-        ]),
-        BulletList([f"**{name}**: {text}" for name, text in metrics.METRIC_CONVENTIONS.items()])])
+    return Details(
+        "Method and conventions",
+        [
+            BulletList(
+                [
+                    "Pairing: arm and baseline on the same seed (initial weights, data order) and the same eval examples.",
+                    "Interval: mean of the per-seed deltas; variance = (sample variance over seeds) / k + the eval-sampling "
+                    "variance shared by all seeds (the eval set is the same), from per-user influence values; Student t on "
+                    "k - 1 degrees of freedom (docs/statistics.md).",
+                    f"Verdicts on the primary metrics {list(s.primary)}: Holm's step-down test of delta = 0 at family-wise "
+                    f"{1 - s.confidence:.0%} across arms x primary metrics (correction = {s.correction!r}); the interval of each "
+                    "hypothesis is at the level of its Holm step. Fewer than 3 paired seeds: inconclusive.",
+                    f"Margins: {', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.primary)}; secondary metrics "
+                    f"{sorted(set(METRIC_NAMES) - set(s.primary))[:3]}...: unadjusted intervals, no verdict.",
+                    f"Smallest detectable regression: the true delta a one-sided test at the Bonferroni level (Holm's first "
+                    f"step) finds with {s.power:.0%} power, from the study's seed and shared eval variance (noncentral t).",
+                ]
+            ),
+            BulletList([f"**{name}**: {text}" for name, text in metrics.METRIC_CONVENTIONS.items()]),
+        ],
+    )
 
 
 def _runs_table(analysis: StudyAnalysis, logs: dict[str, dict[int, list[dict[str, Any]]]]) -> Table:
@@ -330,14 +477,26 @@ def _runs_table(analysis: StudyAnalysis, logs: dict[str, dict[int, list[dict[str
         records = logs.get(arm, {}).get(seed, [])
         last = records[-1] if records else {}
         skipped = sum(bool(r.get("skipped")) for r in records)
-        rows.append([arm, str(seed), run.status + (f" at step {run.diverged_at_step}" if run.status == "diverged" else "")
-                     + (f" ({run.reason})" if run.status == "skipped" and run.reason else ""),
-                     "-" if run.steps is None else str(run.steps), "-" if run.wall_s is None else f"{run.wall_s:.1f}",
-                     "-" if last.get("loss") is None else f"{last['loss']:.4f}",
-                     "-" if last.get("loss_scale") is None else f"{last['loss_scale']:g}", str(skipped)])
+        rows.append(
+            [
+                arm,
+                str(seed),
+                run.status
+                + (f" at step {run.diverged_at_step}" if run.status == "diverged" else "")
+                + (f" ({run.reason})" if run.status == "skipped" and run.reason else ""),
+                "-" if run.steps is None else str(run.steps),
+                "-" if run.wall_s is None else f"{run.wall_s:.1f}",
+                "-" if last.get("loss") is None else f"{last['loss']:.4f}",
+                "-" if last.get("loss_scale") is None else f"{last['loss_scale']:g}",
+                str(skipped),
+            ]
+        )
         classes.append("diverged" if run.status == "diverged" else "")
-    return Table(["arm", "seed", "status", "steps", "wall s", "last logged loss", "last loss scale", "skipped steps"],
-                 rows, classes)
+    return Table(
+        ["arm", "seed", "status", "steps", "wall s", "last logged loss", "last loss scale", "skipped steps"],
+        rows,
+        classes,
+    )
 
 
 def _trained_with(analysis: StudyAnalysis) -> list[str]:
@@ -346,8 +505,15 @@ def _trained_with(analysis: StudyAnalysis) -> list[str]:
     for (arm, seed), run in analysis.study.runs.items():
         if run.status != "missing":
             code = (run.trained_with or {}).get("code") or {}
-            key = (f"commit {code.get('commit')}" + (" with uncommitted changes" if code.get("dirty") else "")
-                   + f" on {run.trained_with.get('device')}") if run.trained_with else "not recorded"
+            key = (
+                (
+                    f"commit {code.get('commit')}"
+                    + (" with uncommitted changes" if code.get("dirty") else "")
+                    + f" on {run.trained_with.get('device')}"
+                )
+                if run.trained_with
+                else "not recorded"
+            )
             groups.setdefault(key, []).append(f"{arm}/{seed}")
     if set(groups) <= {"not recorded"}:
         return []
@@ -359,11 +525,19 @@ def _environment(analysis: StudyAnalysis) -> list[Block]:
     blocks: list[Block] = [Heading("Environment and reproduction", 2)]
     environment = spec.get("environment")
     if isinstance(environment, dict) and environment:
-        git = environment.get("git") if isinstance(environment.get("git"), dict) else {"commit": environment.get("commit")}
+        git = (
+            environment.get("git")
+            if isinstance(environment.get("git"), dict)
+            else {"commit": environment.get("commit")}
+        )
         commit = git.get("commit")
-        items = [f"**code**: commit {commit}" + (f" (from {git['source']})" if git.get("source") else "")
-                 + (" with uncommitted changes" if git.get("dirty") else "") if commit else
-                 "**code**: commit not recorded (the study predates provenance records)"]
+        items = [
+            f"**code**: commit {commit}"
+            + (f" (from {git['source']})" if git.get("source") else "")
+            + (" with uncommitted changes" if git.get("dirty") else "")
+            if commit
+            else "**code**: commit not recorded (the study predates provenance records)"
+        ]
         for key, value in environment.items():
             if isinstance(value, dict):
                 value = ", ".join(f"{k} {v}" for k, v in value.items())
@@ -373,8 +547,18 @@ def _environment(analysis: StudyAnalysis) -> list[Block]:
         blocks.append(Paragraph("study.json records no environment."))
     command = spec.get("command")
     blocks.append(Paragraph("Reproduce the study (trains every run) and re-render this report from its run folders:"))
-    blocks.append(CodeBlock((command if isinstance(command, str) else " ".join(command) if command else
-                             "(study.json records no command)") + f"\nmxlab report {analysis.study.directory}"))
+    blocks.append(
+        CodeBlock(
+            (
+                command
+                if isinstance(command, str)
+                else " ".join(command)
+                if command
+                else "(study.json records no command)"
+            )
+            + f"\nmxlab report {analysis.study.directory}"
+        )
+    )
     resolved = {k: v for k, v in spec.items() if k not in ("environment", "command", "truth")}
     blocks.append(Details("resolved study spec (study.json)", [CodeBlock(json.dumps(resolved, indent=2))]))
     return blocks
@@ -429,10 +613,14 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
 
     non_baseline = [a for a in study.arms if a != study.baseline]
     n = analysis.inputs.n_examples
-    blocks: list[Block] = [Heading(f"Precision study: {study.name}", 1), Paragraph(
-        f"Baseline **{study.baseline}**; arms {', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
-        f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
-        + design_text(study.spec))]
+    blocks: list[Block] = [
+        Heading(f"Precision study: {study.name}", 1),
+        Paragraph(
+            f"Baseline **{study.baseline}**; arms {', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
+            f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
+            + design_text(study.spec)
+        ),
+    ]
     heldout = heldout_series(study) if study.has_runs else {}
     unsettled = convergence_warning(heldout, study.baseline)
     note = _constant_rate_note(analysis, not_converged=unsettled is not None)
@@ -442,15 +630,29 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
     blocks += _ship_table(analysis) + _truth_ceiling(analysis)
     if analysis.comparisons:
         labels = {a: f"{a} ({len(r.diverged)} diverged)" for a, r in analysis.arms.items() if r.diverged}
-        forest = add_figure("forest.png", lambda p: figures.forest_plot(
-            p, [c for c in analysis.comparisons if c.primary], analysis.aa, non_baseline, list(analysis.settings.primary), labels))
+        forest = add_figure(
+            "forest.png",
+            lambda p: figures.forest_plot(
+                p,
+                [c for c in analysis.comparisons if c.primary],
+                analysis.aa,
+                non_baseline,
+                list(analysis.settings.primary),
+                labels,
+            ),
+        )
         blocks.append(Figure(forest, "Primary metrics: delta and the interval its verdict rests on, per arm"))
     if study.has_runs:
         curves = _reliability_curves(analysis)
         if any(curves.values()):
             reliability = add_figure("reliability.png", lambda p: figures.reliability_diagram(p, curves, study.arms))
-            blocks.append(Figure(reliability, "Reliability: observed rate against mean prediction in equal-count bins, "
-                                              "pooled over finished seeds; log axes; dotted = perfect calibration"))
+            blocks.append(
+                Figure(
+                    reliability,
+                    "Reliability: observed rate against mean prediction in equal-count bins, "
+                    "pooled over finished seeds; log axes; dotted = perfect calibration",
+                )
+            )
     logs = {arm: {seed: read_training_log(study.run_dir(arm, seed)) for seed in study.seeds} for arm in study.arms}
     if any(records for seeds in logs.values() for records in seeds.values()):
         diverged = {(r.arm, r.seed): r.diverged_at_step for r in study.runs.values() if r.status == "diverged"}
@@ -458,28 +660,63 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
         blocks.append(Figure(training, "Training loss and loss scale per run (one colour per arm, one line per seed)"))
     if heldout:
         curves_path = add_figure("heldout.png", lambda p: figures.heldout_curves(p, heldout, study.arms))
-        blocks.append(Figure(curves_path, "Convergence: held-out NE every train.eval_every steps, per run "
-                                          "(dashed grey: the fork warm-ups the arms continue from)"))
+        blocks.append(
+            Figure(
+                curves_path,
+                "Convergence: held-out NE every train.eval_every steps, per run "
+                "(dashed grey: the fork warm-ups the arms continue from)",
+            )
+        )
     # figures drawn from the runs by an earlier render stay valid without the run folders: the same runs
     kept = [] if study.has_runs else [name for name in RUN_FIGURES if (figures_dir / name).is_file()]
     for name in kept:
-        blocks.append(Figure(Path("figures") / name, f"{name[:-4]} (drawn from the run folders by an earlier "
-                                                     "render; the runs are not here to redraw it)"))
-    blocks += [Heading("Details", 2), _secondary(analysis), _controls(analysis), _per_seed(analysis),
-               _absolute_metrics(analysis), Details("Runs", [_runs_table(analysis, logs)])]
+        blocks.append(
+            Figure(
+                Path("figures") / name,
+                f"{name[:-4]} (drawn from the run folders by an earlier render; the runs are not here to redraw it)",
+            )
+        )
+    blocks += [
+        Heading("Details", 2),
+        _secondary(analysis),
+        _controls(analysis),
+        _per_seed(analysis),
+        _absolute_metrics(analysis),
+        Details("Runs", [_runs_table(analysis, logs)]),
+    ]
     delong = _delong(analysis)
     if delong is not None:
         blocks.append(delong)
-    numerics_by_arm = {arm: [r for seed in study.seeds for r in read_numerics(study.run_dir(arm, seed))] for arm in study.arms}
+    numerics_by_arm = {
+        arm: [r for seed in study.seeds for r in read_numerics(study.run_dir(arm, seed))] for arm in study.arms
+    }
     if any(numerics_by_arm.values()):
         heatmap = add_figure("numerics.png", lambda p: figures.numerics_heatmap(p, numerics_by_arm))
-        blocks.append(Details("Per-layer numerics", [Paragraph(
-            "From numerics.jsonl: SQNR of each quantized GEMM operand against its high-precision shadow, and the fractions "
-            "of elements that saturated, flushed to zero or became subnormal; mean over sampled steps and seeds."),
-            Figure(heatmap, "Per-layer numerics: rows are module / GEMM, columns are arms")]))
-    plans = [Details(f"{arm}" + (" (baseline)" if arm == study.baseline else ""),
-                     [CodeBlock(next((t for s in study.seeds if (t := read_plan(study.run_dir(arm, s))) is not None),
-                                     "(no plan.txt)"))]) for arm in study.arms]
+        blocks.append(
+            Details(
+                "Per-layer numerics",
+                [
+                    Paragraph(
+                        "From numerics.jsonl: SQNR of each quantized GEMM operand against its high-precision shadow, and the fractions "
+                        "of elements that saturated, flushed to zero or became subnormal; mean over sampled steps and seeds."
+                    ),
+                    Figure(heatmap, "Per-layer numerics: rows are module / GEMM, columns are arms"),
+                ],
+            )
+        )
+    plans = [
+        Details(
+            f"{arm}" + (" (baseline)" if arm == study.baseline else ""),
+            [
+                CodeBlock(
+                    next(
+                        (t for s in study.seeds if (t := read_plan(study.run_dir(arm, s))) is not None), "(no plan.txt)"
+                    )
+                )
+            ],
+        )
+        for arm in study.arms
+    ]
     blocks += [Details("Recipes: the plan of each arm", plans), _method(analysis)] + _environment(analysis)
 
     for name in FIGURE_NAMES:  # a figure of an earlier render that this one has no data for would be stale

@@ -1,4 +1,5 @@
 """How two studies differ: their specs key by key, and the primary verdicts and deltas of the arms they share."""
+
 from __future__ import annotations
 
 import json
@@ -26,16 +27,25 @@ def compare_studies(dir_a: str | os.PathLike, dir_b: str | os.PathLike) -> str:
     study_a, study_b = load_study(a_dir), load_study(b_dir)
     flat_a, flat_b = _flatten(study_a.spec), _flatten(study_b.spec)
     lines = [f"# Comparing studies A = `{a_dir}` ({study_a.name}) and B = `{b_dir}` ({study_b.name})", ""]
-    differing = [k for k in sorted(set(flat_a) | set(flat_b)) if flat_a.get(k, "(absent)") != flat_b.get(k, "(absent)")
-                 and not k.startswith("truth.") and k != "created"]
+    differing = [
+        k
+        for k in sorted(set(flat_a) | set(flat_b))
+        if flat_a.get(k, "(absent)") != flat_b.get(k, "(absent)") and not k.startswith("truth.") and k != "created"
+    ]
     lines += ["## Spec differences", ""]
     if differing:
         lines += ["| key | A | B |", "|---|---|---|"]
-        lines += [f"| {k} | {json.dumps(flat_a.get(k, '(absent)'))} | {json.dumps(flat_b.get(k, '(absent)'))} |" for k in differing]
+        lines += [
+            f"| {k} | {json.dumps(flat_a.get(k, '(absent)'))} | {json.dumps(flat_b.get(k, '(absent)'))} |"
+            for k in differing
+        ]
     else:
         lines.append("The two specs are identical.")
     if study_a.baseline != study_b.baseline:
-        lines += ["", f"**The baselines differ** (A: {study_a.baseline}, B: {study_b.baseline}): deltas are not comparable."]
+        lines += [
+            "",
+            f"**The baselines differ** (A: {study_a.baseline}, B: {study_b.baseline}): deltas are not comparable.",
+        ]
     analysis_a, analysis_b = analyze_study(study_a), analyze_study(study_b)
     arms = [a for a in study_a.arms if a in study_b.arms and a not in (study_a.baseline, study_b.baseline)]
     lines += ["", "## Primary verdicts", ""]

@@ -8,10 +8,12 @@ PLATEAU_FRACTION of the between-seed standard deviation of the last value (with 
 spread, RELATIVE_FALLBACK of the last value): training on would still move the baseline by more
 than the seeds differ, so the deltas are measured on models still changing.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -31,8 +33,11 @@ def heldout_series(study: Any) -> Series:
     series: Series = {}
     for arm in arms:
         for seed in study.seeds:
-            points = [(int(r["step"]), r["heldout"]) for r in read_training_log(study.run_dir(arm, seed))
-                      if isinstance(r.get("heldout"), Mapping)]
+            points = [
+                (int(r["step"]), r["heldout"])
+                for r in read_training_log(study.run_dir(arm, seed))
+                if isinstance(r.get("heldout"), Mapping)
+            ]
             if points:
                 series.setdefault(arm, {})[seed] = points
     return series
@@ -51,28 +56,40 @@ def convergence_warning(series: Series, baseline: str) -> str | None:
         if not gain:
             continue
         spread = float(np.std(last, ddof=1)) if len(last) > 1 else 0.0
-        bound, what = ((PLATEAU_FRACTION * spread, f"{PLATEAU_FRACTION:g} x the between-seed SD {spread:.4g}") if spread > 0 else
-                       (RELATIVE_FALLBACK * abs(float(np.mean(last))), f"{RELATIVE_FALLBACK:.1%} of its value"))
+        bound, what = (
+            (PLATEAU_FRACTION * spread, f"{PLATEAU_FRACTION:g} x the between-seed SD {spread:.4g}")
+            if spread > 0
+            else (RELATIVE_FALLBACK * abs(float(np.mean(last))), f"{RELATIVE_FALLBACK:.1%} of its value")
+        )
         mean_gain = float(np.mean(gain))
         if math.isfinite(mean_gain) and mean_gain > bound:
-            findings.append(f"held-out {metric} still fell by {mean_gain:.4g} over its last evaluation interval "
-                            f"(mean over {len(gain)} seed(s); the plateau bound is {what})")
+            findings.append(
+                f"held-out {metric} still fell by {mean_gain:.4g} over its last evaluation interval "
+                f"(mean over {len(gain)} seed(s); the plateau bound is {what})"
+            )
     if not findings:
         return None
-    return (f"**The baseline {baseline} has not converged**: " + "; ".join(findings) +
-            ". The deltas are measured on models still learning; train longer (or fork later) before shipping on them.")
+    return (
+        f"**The baseline {baseline} has not converged**: "
+        + "; ".join(findings)
+        + ". The deltas are measured on models still learning; train longer (or fork later) before shipping on them."
+    )
 
 
 def design_text(spec: Mapping[str, Any]) -> str:
     """One sentence naming the study design recorded in study.json (from scratch when none is recorded)."""
     design = spec.get("design") or {"kind": "from-scratch"}
     post = [arm for arm in spec.get("arms", []) if str(arm).startswith("post:")]
-    text = ("Design: **from scratch** (every run of a seed starts from the same initial weights)."
-            if design.get("kind") != "fork" else
-            f"Design: **fork**: per seed a warm-up run of **{design.get('from')}** trained {design.get('warmup_steps')} steps "
-            f"(runs/{WARMUP_ARM}/seedK); every arm continued from its weights and optimizer state on the same data stream, "
-            f"so the arms of a seed differ by the recipe alone.")
+    text = (
+        "Design: **from scratch** (every run of a seed starts from the same initial weights)."
+        if design.get("kind") != "fork"
+        else f"Design: **fork**: per seed a warm-up run of **{design.get('from')}** trained {design.get('warmup_steps')} steps "
+        f"(runs/{WARMUP_ARM}/seedK); every arm continued from its weights and optimizer state on the same data stream, "
+        f"so the arms of a seed differ by the recipe alone."
+    )
     if post:
-        text += (f" Post-training arm(s) {', '.join(post)}: the baseline's trained model of each seed evaluated under the "
-                 f"recipe, no training, so their delta is the recipe's forward numerics alone.")
+        text += (
+            f" Post-training arm(s) {', '.join(post)}: the baseline's trained model of each seed evaluated under the "
+            f"recipe, no training, so their delta is the recipe's forward numerics alone."
+        )
     return text

@@ -5,6 +5,7 @@ These are the study's own figures: with several runs sharing a device (`runs_per
 step time includes its neighbours' load, so they compare arms of one study; `mxlab bench step`
 measures a step alone.
 """
+
 from __future__ import annotations
 
 import statistics

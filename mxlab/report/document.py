@@ -4,6 +4,7 @@ The report is built once as a list of blocks; :func:`render_markdown` and :func:
 turn it into report.md and report.html (figures embedded as base64 PNG, no server needed).
 Inline markup in text: ``**bold**`` and ```code```; nothing else is interpreted.
 """
+
 from __future__ import annotations
 
 import base64
@@ -51,7 +52,7 @@ class Figure:
 @dataclass
 class Details:
     summary: str
-    blocks: list["Block"]
+    blocks: list[Block]
 
 
 Block = Union[Heading, Paragraph, BulletList, Table, CodeBlock, Figure, Details]
@@ -86,8 +87,10 @@ def render_markdown(blocks: list[Block]) -> str:
         elif isinstance(block, BulletList):
             out.append("\n".join(f"- {item}" for item in block.items))
         elif isinstance(block, Table):
-            lines = ["| " + " | ".join(_md_cell(h) for h in block.header) + " |",
-                     "|" + "|".join("---" for _ in block.header) + "|"]
+            lines = [
+                "| " + " | ".join(_md_cell(h) for h in block.header) + " |",
+                "|" + "|".join("---" for _ in block.header) + "|",
+            ]
             lines += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows]
             out.append("\n".join(lines))
         elif isinstance(block, CodeBlock):
@@ -95,8 +98,11 @@ def render_markdown(blocks: list[Block]) -> str:
         elif isinstance(block, Figure):
             out.append(f"![{block.caption}]({block.path.as_posix()})\n\n*{block.caption}*")
         elif isinstance(block, Details):
-            out.append(f"<details><summary>{html.escape(block.summary)}</summary>\n\n"
-                       + render_markdown(block.blocks) + "\n</details>")
+            out.append(
+                f"<details><summary>{html.escape(block.summary)}</summary>\n\n"
+                + render_markdown(block.blocks)
+                + "\n</details>"
+            )
         else:
             raise ValueError(f"unknown block type {type(block).__name__}")
     return "\n\n".join(out) + "\n"
@@ -127,6 +133,7 @@ def render_html(blocks: list[Block], title: str, base_dir: Path) -> str:
     """A self-contained HTML page: figures read from ``base_dir / figure.path`` and embedded as base64 PNG.
 
     Refuses a figure whose file does not exist (ValueError)."""
+
     def body(items: list[Block]) -> list[str]:
         out: list[str] = []
         for block in items:
@@ -151,14 +158,21 @@ def render_html(blocks: list[Block], title: str, base_dir: Path) -> str:
                 if not path.is_file():
                     raise ValueError(f"figure {path} does not exist")
                 data = base64.b64encode(path.read_bytes()).decode("ascii")
-                out.append(f'<figure><img alt="{html.escape(block.caption)}" src="data:image/png;base64,{data}">'
-                           f"<figcaption>{_inline_html(block.caption)}</figcaption></figure>")
+                out.append(
+                    f'<figure><img alt="{html.escape(block.caption)}" src="data:image/png;base64,{data}">'
+                    f"<figcaption>{_inline_html(block.caption)}</figcaption></figure>"
+                )
             elif isinstance(block, Details):
-                out.append(f"<details><summary>{_inline_html(block.summary)}</summary>{''.join(body(block.blocks))}</details>")
+                out.append(
+                    f"<details><summary>{_inline_html(block.summary)}</summary>{''.join(body(block.blocks))}</details>"
+                )
             else:
                 raise ValueError(f"unknown block type {type(block).__name__}")
         return out
 
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
-            + "\n".join(body(blocks)) + "\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head><body>\n"
+        + "\n".join(body(blocks))
+        + "\n</body></html>\n"
+    )

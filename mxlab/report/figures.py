@@ -4,11 +4,13 @@ Each function draws one PNG from already-computed results and returns nothing; t
 chooses the path. They read no run folders themselves, except that the caller passes the
 arrays it has read.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -18,10 +20,26 @@ from matplotlib.ticker import NullFormatter
 from mxlab import metrics
 from mxlab.analysis import Comparison
 
-VERDICT_COLORS = {"regression": "#d62728", "improvement": "#2ca02c", "non-inferior": "#1f77b4", "inconclusive": "#555555",
-                  None: "#555555"}
-ARM_PALETTE = ["#000000", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf",
-               "#bcbd22", "#7f7f7f"]
+VERDICT_COLORS = {
+    "regression": "#d62728",
+    "improvement": "#2ca02c",
+    "non-inferior": "#1f77b4",
+    "inconclusive": "#555555",
+    None: "#555555",
+}
+ARM_PALETTE = [
+    "#000000",
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#17becf",
+    "#bcbd22",
+    "#7f7f7f",
+]
 DPI = 100
 
 
@@ -36,8 +54,14 @@ def arm_colors(arms: Sequence[str]) -> dict[str, str]:
     return {arm: ARM_PALETTE[i % len(ARM_PALETTE)] for i, arm in enumerate(arms)}
 
 
-def forest_plot(path: Path, comparisons: list[Comparison], controls: list[Comparison], arms: Sequence[str],
-                metric_names: Sequence[str], row_labels: Mapping[str, str] | None = None) -> None:
+def forest_plot(
+    path: Path,
+    comparisons: list[Comparison],
+    controls: list[Comparison],
+    arms: Sequence[str],
+    metric_names: Sequence[str],
+    row_labels: Mapping[str, str] | None = None,
+) -> None:
     """Deltas against the baseline with the interval each verdict rests on: one panel per primary metric,
     one row per arm (labelled ``row_labels[arm]`` when given) plus the A/A control; the shaded band is
     +- the margin."""
@@ -66,12 +90,17 @@ def forest_plot(path: Path, comparisons: list[Comparison], controls: list[Compar
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.tick_params(axis="x", labelsize=7)
         ax.set_title(f"{metric} delta (worse: {'left' if metric.endswith('.auc') else 'right'})", fontsize=9)
-    figure.suptitle("Delta against the baseline (dot) and the interval its verdict rests on (bar)\nred = regression, "
-                    "green = improvement, blue = non-inferior, grey = inconclusive; shaded = within the margin", fontsize=8)
+    figure.suptitle(
+        "Delta against the baseline (dot) and the interval its verdict rests on (bar)\nred = regression, "
+        "green = improvement, blue = non-inferior, grey = inconclusive; shaded = within the margin",
+        fontsize=8,
+    )
     figure.savefig(path)
 
 
-def reliability_diagram(path: Path, curves: Mapping[str, Mapping[str, metrics.ReliabilityBins]], arms: Sequence[str]) -> None:
+def reliability_diagram(
+    path: Path, curves: Mapping[str, Mapping[str, metrics.ReliabilityBins]], arms: Sequence[str]
+) -> None:
     """Mean label against mean prediction in equal-count bins, one panel per task, one line per arm
     (``curves[task][arm]``); log-log axes, the diagonal is perfect calibration."""
     colors = arm_colors(arms)
@@ -85,10 +114,20 @@ def reliability_diagram(path: Path, curves: Mapping[str, Mapping[str, metrics.Re
                 continue
             x, y = bins.mean_prediction, bins.mean_label
             positive = (x > 0) & (y > 0)
-            ax.plot(x[positive], y[positive], "-o", color=colors[arm], lw=2.2 if rank == 0 else 1.2,
-                    markersize=3, label=arm + (" (baseline)" if rank == 0 else ""))
+            ax.plot(
+                x[positive],
+                y[positive],
+                "-o",
+                color=colors[arm],
+                lw=2.2 if rank == 0 else 1.2,
+                markersize=3,
+                label=arm + (" (baseline)" if rank == 0 else ""),
+            )
             if positive.any():
-                low, high = min(low, x[positive].min(), y[positive].min()), max(high, x[positive].max(), y[positive].max())
+                low, high = (
+                    min(low, x[positive].min(), y[positive].min()),
+                    max(high, x[positive].max(), y[positive].max()),
+                )
         if high > low:
             ax.set_xscale("log")
             ax.set_yscale("log")
@@ -103,8 +142,12 @@ def reliability_diagram(path: Path, curves: Mapping[str, Mapping[str, metrics.Re
     figure.savefig(path)
 
 
-def training_curves(path: Path, logs: Mapping[str, Mapping[int, list[dict[str, Any]]]], arms: Sequence[str],
-                    diverged: Mapping[tuple[str, int], int | None]) -> None:
+def training_curves(
+    path: Path,
+    logs: Mapping[str, Mapping[int, list[dict[str, Any]]]],
+    arms: Sequence[str],
+    diverged: Mapping[tuple[str, int], int | None],
+) -> None:
     """Training loss (left) and loss scale with skipped steps (right) against step; one colour per arm,
     one line per seed; a cross marks where a run diverged."""
     colors = arm_colors(arms)
@@ -141,13 +184,17 @@ def training_curves(path: Path, logs: Mapping[str, Mapping[int, list[dict[str, A
     figure.savefig(path)
 
 
-NUMERICS_PANELS = (("sqnr_db", "SQNR (dB, higher is better)", 1.0, "viridis"),
-                   ("saturated_frac", "saturated (% of elements)", 100.0, "Reds"),
-                   ("flushed_frac", "flushed to zero (% of elements)", 100.0, "Reds"),
-                   ("subnormal_frac", "subnormal (% of elements)", 100.0, "Oranges"))
+NUMERICS_PANELS = (
+    ("sqnr_db", "SQNR (dB, higher is better)", 1.0, "viridis"),
+    ("saturated_frac", "saturated (% of elements)", 100.0, "Reds"),
+    ("flushed_frac", "flushed to zero (% of elements)", 100.0, "Reds"),
+    ("subnormal_frac", "subnormal (% of elements)", 100.0, "Oranges"),
+)
 
 
-def numerics_table(records_by_arm: Mapping[str, list[dict[str, Any]]]) -> tuple[list[str], list[str], dict[str, np.ndarray]]:
+def numerics_table(
+    records_by_arm: Mapping[str, list[dict[str, Any]]],
+) -> tuple[list[str], list[str], dict[str, np.ndarray]]:
     """(row labels "module / gemm", arms, {key: (rows, arms) mean over steps and seeds}) from numerics records.
     Non-finite values (an exact GEMM has infinite SQNR) are left out of the means."""
     sums: dict[tuple[str, str, str], list[float]] = defaultdict(list)
@@ -197,13 +244,24 @@ def numerics_heatmap(path: Path, records_by_arm: Mapping[str, list[dict[str, Any
                     if np.isfinite(values[i, j]):
                         shade = float(image.norm(values[i, j]))  # 0..1 along the colour map
                         dark = shade < 0.5 if cmap == "viridis" else shade > 0.6
-                        ax.text(j, i, f"{values[i, j]:.3g}", ha="center", va="center", fontsize=6,
-                                color="white" if dark else "black")
+                        ax.text(
+                            j,
+                            i,
+                            f"{values[i, j]:.3g}",
+                            ha="center",
+                            va="center",
+                            fontsize=6,
+                            color="white" if dark else "black",
+                        )
     figure.savefig(path)
 
 
-def heldout_curves(path: Path, series: Mapping[str, Mapping[int, list[tuple[int, Mapping[str, Any]]]]],
-                   arms: Sequence[str], metrics_shown: Sequence[str] = ("ctr.ne", "ctcvr.ne")) -> None:
+def heldout_curves(
+    path: Path,
+    series: Mapping[str, Mapping[int, list[tuple[int, Mapping[str, Any]]]]],
+    arms: Sequence[str],
+    metrics_shown: Sequence[str] = ("ctr.ne", "ctcvr.ne"),
+) -> None:
     """Held-out NE (one panel per metric) against step; one colour per arm, one line per seed; the fork
     warm-ups ("_fork", grey, dashed) lead into the arms that continue from them."""
     colors = {**arm_colors(arms), "_fork": "#7f7f7f"}
@@ -214,8 +272,16 @@ def heldout_curves(path: Path, series: Mapping[str, Mapping[int, list[tuple[int,
             for n, (_, points) in enumerate(sorted(seeds.items())):
                 steps = np.array([p[0] for p in points], dtype=float)
                 values = np.array([np.nan if p[1].get(metric) is None else p[1][metric] for p in points], dtype=float)
-                ax.plot(steps, values, color=colors.get(arm, "#17becf"), lw=1.0, alpha=0.85, marker=".",
-                        ls="--" if arm == "_fork" else "-", label=(("fork warm-up" if arm == "_fork" else arm) if n == 0 else None))
+                ax.plot(
+                    steps,
+                    values,
+                    color=colors.get(arm, "#17becf"),
+                    lw=1.0,
+                    alpha=0.85,
+                    marker=".",
+                    ls="--" if arm == "_fork" else "-",
+                    label=(("fork warm-up" if arm == "_fork" else arm) if n == 0 else None),
+                )
         ax.set_title(f"held-out {metric} per run (lower is better)", fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)

@@ -1,4 +1,5 @@
 """Readers for the per-run files a report shows: metrics.jsonl, numerics.jsonl, plan.txt."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """analyze_study on fake study folders: planted effects, diverged seeds, bad input, earlier summaries."""
+
 import json
 import shutil
 from pathlib import Path
@@ -11,11 +12,13 @@ from mxlab.experiment.report_settings import ReportSettings
 from tests.report.fake_study import make_fake_study
 
 
-
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    directory = make_fake_study(tmp_path_factory.mktemp("a") / "s", seeds=(0, 1, 2, 3),
-                                arms={"bf16": "same", "mx-same": "same", "mx-regress": "regress", "mx-div": "diverged"})
+    directory = make_fake_study(
+        tmp_path_factory.mktemp("a") / "s",
+        seeds=(0, 1, 2, 3),
+        arms={"bf16": "same", "mx-same": "same", "mx-regress": "regress", "mx-div": "diverged"},
+    )
     return analysis.analyze_study(directory)
 
 
@@ -51,8 +54,9 @@ def test_summary_re_renders_to_the_same_verdicts(study, tmp_path):
     summary = json.loads(json.dumps(study.to_dict()))
     inputs = analysis.inputs_from_summary(summary, "bf16")
     again = analysis.conclude(study.study, inputs, study.settings)
-    assert [(c.arm, c.metric, c.verdict, round(c.high, 9)) for c in again.comparisons] == \
-           [(c.arm, c.metric, c.verdict, round(c.high, 9)) for c in study.comparisons]
+    assert [(c.arm, c.metric, c.verdict, round(c.high, 9)) for c in again.comparisons] == [
+        (c.arm, c.metric, c.verdict, round(c.high, 9)) for c in study.comparisons
+    ]
 
 
 def test_two_seeds_give_inconclusive_and_say_how_many_are_needed(tmp_path):
@@ -75,8 +79,7 @@ def test_bad_settings_name_the_value_and_the_accepted_set():
 
 
 def test_excess_ne_as_primary_needs_truth(tmp_path):
-    directory = make_fake_study(tmp_path / "nt", seeds=(0, 1, 2, 3),
-                                report={"primary": ["ctr.excess_ne"]})
+    directory = make_fake_study(tmp_path / "nt", seeds=(0, 1, 2, 3), report={"primary": ["ctr.excess_ne"]})
     result = analysis.analyze_study(directory)
     assert result.comparison("mx-regress", "ctr.excess_ne").verdict == "regression"
     for seed in (0, 1, 2, 3):
@@ -89,8 +92,9 @@ def test_excess_ne_as_primary_needs_truth(tmp_path):
 
 
 def test_broken_pairing_and_bad_status_are_refused(tmp_path):
-    directory = make_fake_study(tmp_path / "broken", arms={"bf16": "same", "mx": "same"}, seeds=(0,), n_examples=2000,
-                                n_users=200)
+    directory = make_fake_study(
+        tmp_path / "broken", arms={"bf16": "same", "mx": "same"}, seeds=(0,), n_examples=2000, n_users=200
+    )
     path = directory / "runs" / "mx" / "seed0" / "eval.npz"
     arrays = dict(np.load(path))
     arrays["click"] = 1 - arrays["click"]
@@ -123,12 +127,21 @@ def test_a_spec_with_a_truth_metric_on_a_source_without_truth_is_refused(tmp_pat
 
     (tmp_path / "recipes").mkdir()
     (tmp_path / "recipes" / "bf16.toml").write_text('name = "bf16"\ndefault = "hp"\n[policies.hp]\nall = "bf16"\n')
-    raw = {"name": "x", "seeds": [0], "baseline": "bf16", "arms": ["bf16"], "data": {"source": "movielens-100k"},
-           "model": {}, "report": {"primary": ["ctr.excess_ne"]}}
+    raw = {
+        "name": "x",
+        "seeds": [0],
+        "baseline": "bf16",
+        "arms": ["bf16"],
+        "data": {"source": "movielens-100k"},
+        "model": {},
+        "report": {"primary": ["ctr.excess_ne"]},
+    }
     with pytest.raises(ValueError, match=r"primary \['ctr.excess_ne'\] needs a source with truth \(synthetic\)"):
         spec_from_dict(raw, recipe_dir=tmp_path / "recipes", check_recipes=False)
     raw["report"] = {"primary": ["ctr.ndcg"]}
-    with pytest.raises(ValueError, match=r"\[report\]: report setting primary names unknown metric 'ctr.ndcg'; accepted: ctr.ne"):
+    with pytest.raises(
+        ValueError, match=r"\[report\]: report setting primary names unknown metric 'ctr.ndcg'; accepted: ctr.ne"
+    ):
         spec_from_dict(raw, recipe_dir=tmp_path / "recipes", check_recipes=False)
     raw["report"] = {"auc_regression": -0.1}
     with pytest.raises(ValueError, match=r"auc_regression=-0.1 must be >= 0 \(accepted: a number >= 0\)"):

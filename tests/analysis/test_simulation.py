@@ -7,6 +7,7 @@ per-user influence values over one shared eval set of users: a part of every use
 the same on every seed (the eval set does not change), the rest is drawn per seed. The influence
 values go through stats.eval_variances, stats.estimate and verdicts.decide, as in compare.conclude.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,9 @@ def simulate_user_level(n_seeds: int, effect: float, rng: np.random.Generator, n
                 systematic = rng.normal(0, per_user_sd * math.sqrt(SHARED), USERS)
                 influence = systematic + rng.normal(0, per_user_sd * math.sqrt(1 - SHARED), (n_seeds, USERS))
                 true = effect if (arm == 0 and metric == "ctr.ne") else 0.0
-                deltas = true + rng.normal(0, SEED_SD[metric] / math.sqrt(2), n_seeds) - base_run + influence.sum(axis=1)
+                deltas = (
+                    true + rng.normal(0, SEED_SD[metric] / math.sqrt(2), n_seeds) - base_run + influence.sum(axis=1)
+                )
                 eval_var, eval_var_of_mean = eval_variances(influence)
                 seeds = SeedDeltas(dict(enumerate(deltas.tolist())), eval_var, eval_var_of_mean)
                 hypotheses.append(Hypothesis(f"arm{arm}", metric, estimate(seeds), MARGIN, "higher"))
@@ -67,15 +70,28 @@ def test_aa_family_wise_false_regression_rate_is_at_most_five_percent(n_seeds):
 def test_power_on_planted_regressions_matches_the_power_command():
     models = {m: NoiseModel(SEED_SD[m], EVAL_SD[m], SHARED) for m in METRICS}
     n_seeds = 5
-    se = math.sqrt(SEED_SD["ctr.ne"] ** 2 / n_seeds + SHARED * EVAL_SD["ctr.ne"] ** 2
-                   + (1 - SHARED) * EVAL_SD["ctr.ne"] ** 2 / n_seeds)
+    se = math.sqrt(
+        SEED_SD["ctr.ne"] ** 2 / n_seeds
+        + SHARED * EVAL_SD["ctr.ne"] ** 2
+        + (1 - SHARED) * EVAL_SD["ctr.ne"] ** 2 / n_seeds
+    )
     effect = detectable_effect(se, n_seeds - 1, 0.05 / 4, 0.8)  # the report's smallest detectable effect
     _, planted = simulate_user_level(n_seeds, effect, np.random.default_rng(11))
-    predicted = simulate(models, n_seeds=n_seeds, n_arms=2, margins={m: MARGIN for m in METRICS},
-                         worse_when={m: "higher" for m in METRICS}, effect={"ctr.ne": effect}, n_studies=2000, seed=5)
+    predicted = simulate(
+        models,
+        n_seeds=n_seeds,
+        n_arms=2,
+        margins={m: MARGIN for m in METRICS},
+        worse_when={m: "higher" for m in METRICS},
+        effect={"ctr.ne": effect},
+        n_studies=2000,
+        seed=5,
+    )
     measured = planted.mean()
-    print(f"planted ctr.ne +{effect:.3f}% at {n_seeds} seeds: power {measured:.3f}, predicted {predicted.power:.3f} "
-          f"± {predicted.power_se:.3f}; predicted A/A-arm false-regression rate {predicted.false_regression_rate:.3f}")
+    print(
+        f"planted ctr.ne +{effect:.3f}% at {n_seeds} seeds: power {measured:.3f}, predicted {predicted.power:.3f} "
+        f"± {predicted.power_se:.3f}; predicted A/A-arm false-regression rate {predicted.false_regression_rate:.3f}"
+    )
     margin = 3 * math.sqrt(predicted.power_se**2 + measured * (1 - measured) / N_STUDIES)
     assert abs(measured - predicted.power) <= margin
     assert measured >= 0.7  # the stated smallest detectable effect is detected most of the time (80% at Bonferroni)
@@ -101,8 +117,15 @@ def test_power_command_prints_rates_and_refuses_bad_options():
 
 def test_a_cost_that_varies_from_seed_to_seed_is_detected_less_often():
     models = {m: NoiseModel(SEED_SD[m], EVAL_SD[m], SHARED) for m in METRICS}
-    common = dict(n_seeds=8, n_arms=2, margins={m: MARGIN for m in METRICS}, worse_when={m: "higher" for m in METRICS},
-                  effect={"ctr.ne": 1.2}, n_studies=400, seed=3)
+    common = dict(
+        n_seeds=8,
+        n_arms=2,
+        margins={m: MARGIN for m in METRICS},
+        worse_when={m: "higher" for m in METRICS},
+        effect={"ctr.ne": 1.2},
+        n_studies=400,
+        seed=3,
+    )
     constant = simulate(models, **common)
     assert simulate(models, effect_sd=0.0, **common) == constant  # sd 0 is the constant effect, same draws
     varying = simulate(models, effect_sd=2.0, **common)

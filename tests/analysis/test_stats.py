@@ -65,7 +65,9 @@ def _toy(n=3000, n_users=300, seed=2):
     users = rng.integers(0, n_users, n)
     logit = -1.5 + rng.normal(0, 0.7, n_users)[users] + rng.normal(0, 0.8, n)
     y = (rng.uniform(size=n) < _sigmoid(logit)).astype(float)
-    base = _sigmoid(logit - 0.3 + rng.normal(0, 0.6, n))  # miscalibrated, and far enough from the truth that the excess is well determined
+    base = _sigmoid(
+        logit - 0.3 + rng.normal(0, 0.6, n)
+    )  # miscalibrated, and far enough from the truth that the excess is well determined
     arm = _sigmoid(logit + 0.1 + rng.normal(0, 0.7, n))
     return y, base, arm, users, _sigmoid(logit)
 
@@ -87,8 +89,10 @@ def test_influence_variance_matches_a_brute_force_user_bootstrap(kind):
     sums_arm, sums_base = RunSums.build(y, arm, users, n_users), RunSums.build(y, base, users, n_users)
     truth_loss = np.bincount(users, weights=metrics.per_example_log_loss(y, truth), minlength=n_users)
     delta, psi = paired_delta(kind, sums_arm, sums_base, truth_loss)
-    scale = {"ne": 100 / metrics.normalized_entropy(y, base),
-             "excess_ne": 100 / (metrics.normalized_entropy(y, base) - metrics.normalized_entropy(y, truth))}.get(kind, 1.0)
+    scale = {
+        "ne": 100 / metrics.normalized_entropy(y, base),
+        "excess_ne": 100 / (metrics.normalized_entropy(y, base) - metrics.normalized_entropy(y, truth)),
+    }.get(kind, 1.0)
     direct = (_metric(kind, y, arm, truth) - _metric(kind, y, base, truth)) * scale
     if kind == "ne":
         direct = 100 * (metrics.normalized_entropy(y, arm) / metrics.normalized_entropy(y, base) - 1)

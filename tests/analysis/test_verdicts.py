@@ -1,4 +1,5 @@
 """The decision rule: Holm's levels, the four words, the seed minimum."""
+
 import math
 
 import pytest
@@ -21,8 +22,15 @@ def test_holm_steps_down_and_intervals_follow_the_step():
 
 
 def test_four_words():
-    verdicts = decide([_h(2.0, 0.2, arm="bad"), _h(-2.0, 0.2, arm="good"), _h(0.0, 0.01, arm="tight"),
-                       _h(0.0, 1.0, arm="wide"), _h(-2.0, 0.2, arm="auc-bad", metric="ctr.auc", worse="lower")])
+    verdicts = decide(
+        [
+            _h(2.0, 0.2, arm="bad"),
+            _h(-2.0, 0.2, arm="good"),
+            _h(0.0, 0.01, arm="tight"),
+            _h(0.0, 1.0, arm="wide"),
+            _h(-2.0, 0.2, arm="auc-bad", metric="ctr.auc", worse="lower"),
+        ]
+    )
     assert [v.verdict for v in verdicts] == ["regression", "improvement", "non-inferior", "inconclusive", "regression"]
     assert verdicts[0].low > 0 and verdicts[2].high < 0.1
 

@@ -6,8 +6,22 @@ from mxlab.cli import app
 
 
 def test_describe_synthetic_prints_sizes_rates_and_truth():
-    result = CliRunner().invoke(app, ["data", "describe", "synthetic", "--max-history", "16",
-                                      "--set", "train_examples=100", "--set", "eval_examples=3000", "--set", "base_ctr=0.1"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "data",
+            "describe",
+            "synthetic",
+            "--max-history",
+            "16",
+            "--set",
+            "train_examples=100",
+            "--set",
+            "eval_examples=3000",
+            "--set",
+            "base_ctr=0.1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     description = json.loads(result.output)
     assert description["n_train"] == 100 and description["n_eval"] == 3000

@@ -38,8 +38,17 @@ def test_parsing_transforms_and_hashing(tmp_path):
 
 def test_source_batches_split_and_shuffle(tmp_path):
     path = write_file(tmp_path / "train.txt", 50)
-    source = make_source({"source": "criteo", "path": str(path), "train_examples": 40, "eval_examples": 10,
-                          "hash_size": 101, "shuffle_buffer": 8}, max_history=16)
+    source = make_source(
+        {
+            "source": "criteo",
+            "path": str(path),
+            "train_examples": 40,
+            "eval_examples": 10,
+            "hash_size": 101,
+            "shuffle_buffer": 8,
+        },
+        max_history=16,
+    )
     assert (source.n_train, source.n_eval) == (40, 10) and not source.info.has_conversion
     batch = next(source.eval_batches(16))
     assert batch.batch_size == 10 and batch.user_id.tolist() == list(range(41, 51))  # line numbers

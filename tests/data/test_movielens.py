@@ -17,22 +17,29 @@ def write_fixture(folder, ratings=RATINGS, inter_header="user_id:token\titem_id:
     (folder / "ml-100k.inter").write_text("\n".join(lines) + "\n")
     (folder / "ml-100k.user").write_text(
         "user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token\n"
-        "1\t24\tM\ttechnician\t85711\n2\t53\tF\tother\t94043\n")
+        "1\t24\tM\ttechnician\t85711\n2\t53\tF\tother\t94043\n"
+    )
     (folder / "ml-100k.item").write_text(
         "item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq\n"
         "1\tToy Story\t1995\tAnimation Children's Comedy\n2\tGoldenEye\t1995\tAction Adventure Thriller\n"
-        "3\tSomething\tunkonwn\t\n")
+        "3\tSomething\tunkonwn\t\n"
+    )
     return folder
 
 
 def _histories(batch):
     offsets = batch.history_offsets.tolist()
-    return [list(zip(batch.history_items[a:b].tolist(), batch.history_actions[a:b].tolist())) for a, b in zip(offsets[:-1], offsets[1:])]
+    return [
+        list(zip(batch.history_items[a:b].tolist(), batch.history_actions[a:b].tolist()))
+        for a, b in zip(offsets[:-1], offsets[1:])
+    ]
 
 
 def test_examples_labels_and_histories_without_future(tmp_path):
     write_fixture(tmp_path / "ml")
-    source = make_source({"source": "movielens-100k", "cache_dir": str(tmp_path / "ml"), "eval_fraction": 0.3}, max_history=2)
+    source = make_source(
+        {"source": "movielens-100k", "cache_dir": str(tmp_path / "ml"), "eval_fraction": 0.3}, max_history=2
+    )
     assert (source.n_train, source.n_eval) == (5, 2)
     train = next(source.train_batches(100, seed=0, epoch=0))
     assert train.batch_size == 5
@@ -44,11 +51,13 @@ def test_examples_labels_and_histories_without_future(tmp_path):
     assert _histories(evaluation) == [[(2, 3)], [(3, 2), (1, 1)]]
     # a training example at t=20 must not see the other rating of the same second
     by_item = {}
-    for sparse, history, click, conversion in zip(train.sparse.tolist(), _histories(train), train.click.tolist(), train.conversion.tolist()):
+    for sparse, history, click, conversion in zip(
+        train.sparse.tolist(), _histories(train), train.click.tolist(), train.conversion.tolist()
+    ):
         by_item.setdefault((sparse[0], click, conversion), []).append(history)
-    assert by_item[(3, 0.0, 0.0)] == [[(1, 5)]]           # (1, 3, 2, 20): only the t=10 rating
-    assert by_item[(2, 1.0, 0.0)] == [[(1, 5)]]           # (1, 2, 4, 20): same
-    assert by_item[(1, 1.0, 1.0)] == [[]]                 # the first rating has no history
+    assert by_item[(3, 0.0, 0.0)] == [[(1, 5)]]  # (1, 3, 2, 20): only the t=10 rating
+    assert by_item[(2, 1.0, 0.0)] == [[(1, 5)]]  # (1, 2, 4, 20): same
+    assert by_item[(1, 1.0, 1.0)] == [[]]  # the first rating has no history
     assert source.info.candidate_field == 0 and source.info.n_actions == 6
     assert evaluation.sparse[:, 0].tolist() == [3, 2]
 
@@ -57,7 +66,9 @@ def test_training_order_depends_on_seed_only(tmp_path):
     write_fixture(tmp_path / "ml")
     config = {"source": "movielens-100k", "cache_dir": str(tmp_path / "ml"), "eval_fraction": 0.3}
     source = make_source(config, max_history=4)
-    order = lambda seed: torch.cat([b.dense[:, 2] * 1000 + b.sparse[:, 0] for b in source.train_batches(2, seed, 0)]).tolist()
+    order = lambda seed: torch.cat(
+        [b.dense[:, 2] * 1000 + b.sparse[:, 0] for b in source.train_batches(2, seed, 0)]
+    ).tolist()
     assert order(5) == order(5)
     assert order(5) != order(6) and sorted(order(5)) == sorted(order(6))
 
@@ -93,7 +104,9 @@ def test_missing_or_malformed_files_are_named(tmp_path):
 _REAL = __import__("mxlab.data.movielens", fromlist=["default_cache_dir"]).default_cache_dir()
 
 
-@pytest.mark.skipif(not (_REAL / "ml-100k.inter").exists(), reason="MovieLens-100K not fetched (mxlab data fetch movielens-100k)")
+@pytest.mark.skipif(
+    not (_REAL / "ml-100k.inter").exists(), reason="MovieLens-100K not fetched (mxlab data fetch movielens-100k)"
+)
 def test_real_dataset_when_fetched():
     assert verify_movielens(_REAL)["ml-100k.inter"]["rows"] == 100_000
     source = make_source({"source": "movielens-100k"}, max_history=16)

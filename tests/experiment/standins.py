@@ -3,11 +3,13 @@
 They let the runner's own logic (pairing, checkpoints, resume, divergence) be tested in
 isolation and fast; the end-to-end tests use the real modules.
 """
+
 from __future__ import annotations
 
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,7 +24,7 @@ class StandinBatch:
     true_ctr: torch.Tensor | None = None
     true_cvr: torch.Tensor | None = None
 
-    def to(self, device: Any) -> "StandinBatch":
+    def to(self, device: Any) -> StandinBatch:
         return self
 
 
@@ -134,8 +136,9 @@ class StandinPlan:
 
 
 def load_recipe(path: Any, search_dirs: Any = ()) -> StandinRecipe:
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     raw = tomllib.loads(Path(path).read_text())
     unknown = set(raw) - {"name", "noise", "poison_at_step", "overflow_from_step", "loss_scaling"}
@@ -159,7 +162,9 @@ def quantizable_modules(model: nn.Module, recipe: Any = None) -> list[str]:
 
 
 def single_layer_recipe(recipe: StandinRecipe, name: str, invert: bool = False) -> StandinRecipe:
-    return StandinRecipe(name=f"{recipe.name}:{'allbut' if invert else 'only'}:{name}", noise=recipe.noise / (2 if invert else 4))
+    return StandinRecipe(
+        name=f"{recipe.name}:{'allbut' if invert else 'only'}:{name}", noise=recipe.noise / (2 if invert else 4)
+    )
 
 
 def install(monkeypatch: Any, source: StandinSource) -> None:

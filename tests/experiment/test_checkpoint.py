@@ -1,4 +1,5 @@
 """Checkpoints hold tensors and plain data only and load with weights_only=True; a pickled object is refused."""
+
 from __future__ import annotations
 
 import random

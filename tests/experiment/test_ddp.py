@@ -6,6 +6,7 @@ agree within float32 reduction tolerance. Under BF16 autocast each weight gradie
 rounded to bfloat16, once for the whole batch in one process but once per shard in two, so there
 they agree only to bfloat16 precision (as on any BF16 data-parallel system).
 """
+
 from __future__ import annotations
 
 import json
@@ -43,7 +44,13 @@ pv = "e4m3"
 # SGD: an update linear in the gradient (Adam's first steps take the sign of each gradient entry,
 # so a float32 rounding difference in an entry near zero would move it by a whole learning rate).
 SGD = ['train.optimizer="sgd"', "train.lr=0.1"]
-ARMS = ['arms=["bf16", "mx-fwd-dgrad"]', "train.max_steps=3", "train.checkpoint_every=0", 'train.precision="fp32"', *SGD]
+ARMS = [
+    'arms=["bf16", "mx-fwd-dgrad"]',
+    "train.max_steps=3",
+    "train.checkpoint_every=0",
+    'train.precision="fp32"',
+    *SGD,
+]
 
 
 def _spec_path(tmp_path: Path) -> Path:
@@ -72,8 +79,21 @@ def test_torchrun_over_two_gloo_processes_matches_one_process(tmp_path):
     spec_path = _spec_path(tmp_path)
     overrides = MICRO + ARMS
     run_study(load_spec(spec_path, overrides), tmp_path / "one", device="cpu", executor="inline", show_progress=False)
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "mxlab.experiment.ddp", str(spec_path), "--device", "cpu", "--out", str(tmp_path / "two")]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "mxlab.experiment.ddp",
+        str(spec_path),
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path / "two"),
+    ]
     command += [item for override in overrides for item in ("--set", override)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     finished = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -89,8 +109,11 @@ def test_torchrun_over_two_gloo_processes_matches_one_process(tmp_path):
 
 def test_a_checkpoint_written_at_world_size_two_resumes_at_one(tmp_path):
     spec_path = _spec_path(tmp_path)
-    short = load_spec(spec_path, MICRO + ['arms=["mx-fwd-dgrad"]', 'baseline="mx-fwd-dgrad"', "train.max_steps=2",
-                                          'train.precision="fp32"', *SGD])
+    short = load_spec(
+        spec_path,
+        MICRO
+        + ['arms=["mx-fwd-dgrad"]', 'baseline="mx-fwd-dgrad"', "train.max_steps=2", 'train.precision="fp32"', *SGD],
+    )
     result = run_study(short, tmp_path / "two", device="cpu", executor="local", nproc_per_node=2, show_progress=False)
     assert result.trained == ["mx-fwd-dgrad/seed0"] and not result.failed
     run_dir = tmp_path / "two/runs/mx-fwd-dgrad/seed0"
@@ -111,7 +134,9 @@ def test_a_checkpoint_written_at_world_size_two_resumes_at_one(tmp_path):
 def test_gpu_two_ranks_sharing_one_gpu_match_one_process(tmp_path):
     spec = load_spec(_spec_path(tmp_path), MICRO + ARMS)
     run_study(spec, tmp_path / "one", device="cuda", executor="inline", show_progress=False)
-    result = run_study(spec, tmp_path / "two", device="cuda", gpus=1, executor="local", nproc_per_node=2, show_progress=False)
+    result = run_study(
+        spec, tmp_path / "two", device="cuda", gpus=1, executor="local", nproc_per_node=2, show_progress=False
+    )
     assert sorted(result.trained) == ["bf16/seed0", "mx-fwd-dgrad/seed0"] and not result.failed
     for arm in ("bf16", "mx-fwd-dgrad"):
         run = f"runs/{arm}/seed0"

@@ -1,4 +1,5 @@
 """The runner with the real data, model, recipes and report, on a micro configuration of the quickstart."""
+
 from __future__ import annotations
 
 import json
@@ -51,7 +52,9 @@ def test_cli_run_report_and_compare(tmp_path):
 
     out = tmp_path / "study"
     overrides = MICRO + ["train.diagnostics_every=2"]
-    args = ["run", str(QUICKSTART), "--device", "cpu", "--out", str(out)] + [item for o in overrides for item in ("--set", o)]
+    args = ["run", str(QUICKSTART), "--device", "cpu", "--out", str(out)] + [
+        item for o in overrides for item in ("--set", o)
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "report.md" in result.output and "report.html" in result.output
@@ -70,7 +73,9 @@ def test_cli_run_report_and_compare(tmp_path):
     assert "towers.ctr.out" in plan["quantized"]
     assert json.loads((out / "runs/bf16/seed0/plan.json").read_text())["quantized"] == []
     assert (out / "report.md").is_file() and (out / "report.html").is_file()
-    numerics = [json.loads(line) for line in (out / "runs/mxfp8-rceil-sr/seed0/numerics.jsonl").read_text().splitlines()]
+    numerics = [
+        json.loads(line) for line in (out / "runs/mxfp8-rceil-sr/seed0/numerics.jsonl").read_text().splitlines()
+    ]
     assert {record["step"] for record in numerics} == {2, 4}
     assert {"module", "gemm", "sqnr_db", "saturated_frac"} <= set(numerics[0])
     assert any(record["module"] == "towers.ctr.out" and record["gemm"] == "wgrad" for record in numerics)
@@ -196,7 +201,9 @@ def test_pairing_with_the_real_source_and_model(tmp_path, monkeypatch):
 
         def recorded(batch_size, seed, epoch):
             for batch in train_batches(batch_size, seed, epoch):
-                digest = hashlib.sha256(batch.history_items.numpy().tobytes() + batch.click.numpy().tobytes()).hexdigest()
+                digest = hashlib.sha256(
+                    batch.history_items.numpy().tobytes() + batch.click.numpy().tobytes()
+                ).hexdigest()
                 served.append((seed, digest))
                 yield batch
 
@@ -216,5 +223,8 @@ def test_pairing_with_the_real_source_and_model(tmp_path, monkeypatch):
 
     runs = [served[index * 3 : index * 3 + 3] for index in range(4)]  # (seed0 bf16, seed0 mx, seed1 bf16, seed1 mx)
     assert runs[0] == runs[1] and runs[2] == runs[3] and runs[0] != runs[2]
-    assert all(torch.equal(initial[0][key], initial[1][key]) and torch.equal(initial[2][key], initial[3][key]) for key in initial[0])
+    assert all(
+        torch.equal(initial[0][key], initial[1][key]) and torch.equal(initial[2][key], initial[3][key])
+        for key in initial[0]
+    )
     assert not all(torch.equal(initial[0][key], initial[2][key]) for key in initial[0])

@@ -1,5 +1,6 @@
 """The executors on the real tiny model: a killed local worker is recorded and resumed; Ray matches local
 bit for bit, and a Ray worker killed mid-run is retried from its checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ def _eval_bytes(run_dir: Path) -> dict[str, bytes]:
         return {key: npz[key].tobytes() for key in npz.files}
 
 
-def _kill_when_running(run_dir: Path, at_step: int, killed: list[int], timeout_s: float = 120.0,
-                       before_step: int = 40) -> threading.Thread:
+def _kill_when_running(
+    run_dir: Path, at_step: int, killed: list[int], timeout_s: float = 120.0, before_step: int = 40
+) -> threading.Thread:
     """Kill (SIGKILL) the process that trains `run_dir` once its progress.json shows a step in
     [at_step, before_step): well before its last step, so the kill never lands on a run that has finished."""
 
@@ -74,7 +76,9 @@ def test_a_killed_local_worker_is_recorded_and_the_study_goes_on(tmp_path):
     assert {path.name: path.stat().st_mtime_ns for path in (out / "runs/bf16/seed1").iterdir()} == stamps
 
     reference = tmp_path / "reference"
-    run_study(load_spec(QUICKSTART, LONGER + ["seeds=[0]"]), reference, device="cpu", executor="inline", show_progress=False)
+    run_study(
+        load_spec(QUICKSTART, LONGER + ["seeds=[0]"]), reference, device="cpu", executor="inline", show_progress=False
+    )
     assert _eval_bytes(reference / "runs/bf16/seed0") == _eval_bytes(out / "runs/bf16/seed0")
 
 
@@ -118,7 +122,9 @@ def _overlap(first: Path, second: Path) -> bool:
 
 def test_two_runs_per_device_train_at_once_and_give_the_same_bits(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.max_steps=48"])
-    result = run_study(spec, tmp_path / "shared", device="cpu", executor="local", runs_per_device=2, show_progress=False)
+    result = run_study(
+        spec, tmp_path / "shared", device="cpu", executor="local", runs_per_device=2, show_progress=False
+    )
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"] and not result.failed
     runs = tmp_path / "shared/runs/bf16"
     assert _overlap(runs / "seed0", runs / "seed1")
@@ -133,8 +139,15 @@ def test_runs_per_device_refuses_zero_and_ddp(tmp_path):
     with pytest.raises(ValueError, match="runs-per-device must be >= 1, got 0"):
         run_study(spec, tmp_path / "a", device="cpu", executor="local", runs_per_device=0, show_progress=False)
     with pytest.raises(ValueError, match="does not combine with --runs-per-device 2"):
-        run_study(spec, tmp_path / "b", device="cpu", executor="local", nproc_per_node=2, runs_per_device=2,
-                  show_progress=False)
+        run_study(
+            spec,
+            tmp_path / "b",
+            device="cpu",
+            executor="local",
+            nproc_per_node=2,
+            runs_per_device=2,
+            show_progress=False,
+        )
     with pytest.raises(ValueError, match="execution.runs_per_device must be >= 1, got 0"):
         load_spec(QUICKSTART, MICRO + ["execution.runs_per_device=0"])
 
@@ -149,8 +162,9 @@ def test_gpu_local_executor_runs_on_the_gpus_asked_for(tmp_path):
     assert execution["devices"] == ["cuda:0"] and execution["gpus"] == 1
     for label in result.trained:
         assert json.loads((tmp_path / "out/runs" / label / "config.json").read_text())["device"] == "cuda:0"
-    shared = run_study(spec, tmp_path / "shared", device="cuda", gpus=1, executor="local", runs_per_device=2,
-                       show_progress=False)
+    shared = run_study(
+        spec, tmp_path / "shared", device="cuda", gpus=1, executor="local", runs_per_device=2, show_progress=False
+    )
     assert sorted(shared.trained) == sorted(result.trained) and not shared.failed
     first_two = [tmp_path / "shared/runs" / label for label in ("bf16/seed0", "mxfp8-rceil-sr/seed0")]  # the job order
     assert _overlap(*first_two)
@@ -164,5 +178,8 @@ def test_a_fork_study_gives_the_same_bits_inline_local_and_on_ray(local_ray, tmp
         result = run_study(spec, tmp_path / executor, device="cpu", executor=executor, show_progress=False)
         assert not result.failed and sorted(result.trained) == sorted(RUNS), executor
     for run in RUNS:
-        assert _eval_bytes(tmp_path / "inline/runs" / run) == _eval_bytes(tmp_path / "local/runs" / run) \
-            == _eval_bytes(tmp_path / "ray/runs" / run), run
+        assert (
+            _eval_bytes(tmp_path / "inline/runs" / run)
+            == _eval_bytes(tmp_path / "local/runs" / run)
+            == _eval_bytes(tmp_path / "ray/runs" / run)
+        ), run

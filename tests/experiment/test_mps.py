@@ -3,6 +3,7 @@
 A stand-in `nvidia-cuda-mps-control` on PATH records how it was called (arguments, standard input,
 the pipe folder it was given) and, like the real one, creates the `control` pipe on `-d`.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The code's commit as a study records it, and the placebo arm's data order."""
+
 import re
 import subprocess
 from types import SimpleNamespace
@@ -36,5 +37,7 @@ def test_package_hash_changes_with_a_file(tmp_path):
 
 def test_placebo_arm_gets_its_own_data_order_from_scratch_and_other_arms_the_seed():
     assert data_order_seed(SimpleNamespace(arm="placebo", seed=3, fork_dir=None)) == 3 + PLACEBO_DATA_SEED_OFFSET
-    assert data_order_seed(SimpleNamespace(arm="placebo", seed=3, fork_dir="runs/_fork/seed3")) == 3  # pairs swapped instead
+    assert (
+        data_order_seed(SimpleNamespace(arm="placebo", seed=3, fork_dir="runs/_fork/seed3")) == 3
+    )  # pairs swapped instead
     assert data_order_seed(SimpleNamespace(arm="mxfp8-rceil", seed=3, fork_dir=None)) == 3

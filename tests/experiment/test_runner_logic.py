@@ -1,4 +1,5 @@
 """The runner's own logic on small stand-in data/model/recipe modules: pairing, resume, divergence, refusal."""
+
 from __future__ import annotations
 
 import json
@@ -135,8 +136,15 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
         run_study(changed, interrupted, device="cpu", resume=True, executor="inline", show_progress=False)
 
     steps_seen: list[tuple[str, int]] = []
-    result = run_study(spec, interrupted, device="cpu", resume=True, executor="inline", show_progress=False,
-                       on_step=lambda job, step: steps_seen.append((job.arm, step)))
+    result = run_study(
+        spec,
+        interrupted,
+        device="cpu",
+        resume=True,
+        executor="inline",
+        show_progress=False,
+        on_step=lambda job, step: steps_seen.append((job.arm, step)),
+    )
     assert result.already_done == ["base/seed0"] and result.trained == ["noisy/seed0"]
     assert {path.name: path.stat().st_mtime_ns for path in finished.iterdir()} == stamps
     assert steps_seen[0] == ("noisy", 5) and steps_seen[-1][1] == 12  # continued from step 4
@@ -147,8 +155,10 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
         assert a.keys() == b.keys()
         for key in a:
             assert a[key].tobytes() == b[key].tobytes(), (arm, key)
-    strip = lambda path: [{k: v for k, v in json.loads(line).items() if k not in ("time_s", "examples_per_s")}
-                          for line in path.read_text().splitlines()]
+    strip = lambda path: [
+        {k: v for k, v in json.loads(line).items() if k not in ("time_s", "examples_per_s")}
+        for line in path.read_text().splitlines()
+    ]
     assert strip(reference / "runs/noisy/seed0/metrics.jsonl") == strip(killed / "metrics.jsonl")
 
 
@@ -169,7 +179,9 @@ def test_divergence_is_recorded_and_the_study_goes_on(source, spec_path, tmp_pat
 
 def test_loss_scale_collapse_is_a_divergence_but_skipped_steps_are_not(source, spec_path, tmp_path):
     # gradients overflow from step 3 on; the dynamic scaler skips and halves 4 -> 2 -> 1 -> 0.5 (< floor 1)
-    spec = load_spec(spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]", "train.min_loss_scale=1.0"])
+    spec = load_spec(
+        spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]", "train.min_loss_scale=1.0"]
+    )
     run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
     done = json.loads((tmp_path / "out/runs/collapsing/seed0/done.json").read_text())
     assert done["status"] == "diverged" and "loss scale 0.5" in done["reason"]
@@ -189,7 +201,21 @@ def test_sweep_layers_command_ranks_every_module(source, spec_path, tmp_path):
 
     out = tmp_path / "study"
     result = CliRunner().invoke(
-        app, ["sweep-layers", str(spec_path), "--recipe", "noisy", "--seeds", "0", "--steps", "2", "--device", "cpu", "--out", str(out)]
+        app,
+        [
+            "sweep-layers",
+            str(spec_path),
+            "--recipe",
+            "noisy",
+            "--seeds",
+            "0",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "Layer sensitivity of `noisy`" in result.output
@@ -206,16 +232,48 @@ def test_sweep_layers_command_ranks_every_module(source, spec_path, tmp_path):
     assert all(f"`{module}`" in table for module in modules)
     assert "Noise floor: not measured (one seed)" in table
 
-    two_seeds = CliRunner().invoke(app, ["sweep-layers", str(spec_path), "--recipe", "noisy", "--seeds", "0,1", "--steps", "2",
-                                         "--device", "cpu", "--out", str(tmp_path / "two")])
+    two_seeds = CliRunner().invoke(
+        app,
+        [
+            "sweep-layers",
+            str(spec_path),
+            "--recipe",
+            "noisy",
+            "--seeds",
+            "0,1",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "two"),
+        ],
+    )
     assert two_seeds.exit_code == 0, two_seeds.output
     noise = json.loads((tmp_path / "two/sweep/sweep.json").read_text())["noise_floor_ne_pct"]
     assert noise > 0 and f"moves NE by {noise:.3f}%" in two_seeds.output
 
-    again = CliRunner().invoke(app, ["sweep-layers", str(spec_path), "--recipe", "noisy", "--seeds", "0", "--steps", "2",
-                                     "--device", "cpu", "--out", str(out)])
+    again = CliRunner().invoke(
+        app,
+        [
+            "sweep-layers",
+            str(spec_path),
+            "--recipe",
+            "noisy",
+            "--seeds",
+            "0",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
+    )
     assert again.exit_code == 2 and "--resume" in again.output
-    bad = CliRunner().invoke(app, ["sweep-layers", str(spec_path), "--recipe", "nope", "--device", "cpu", "--out", str(out)])
+    bad = CliRunner().invoke(
+        app, ["sweep-layers", str(spec_path), "--recipe", "nope", "--device", "cpu", "--out", str(out)]
+    )
     assert bad.exit_code == 2 and "unknown arm/recipe 'nope'" in bad.output
 
 
@@ -225,8 +283,15 @@ def test_run_command_refuses_bad_input_before_training(source, spec_path, tmp_pa
     from mxlab.cli import app
 
     runner = CliRunner()
-    result = runner.invoke(app, ["run", str(spec_path), "--device", "cpu", "--out", str(tmp_path / "o"), "--set", 'arms=["base", "missing"]'])
-    assert result.exit_code == 2 and "unknown arm/recipe 'missing'" in result.output and "available recipes" in result.output
+    result = runner.invoke(
+        app,
+        ["run", str(spec_path), "--device", "cpu", "--out", str(tmp_path / "o"), "--set", 'arms=["base", "missing"]'],
+    )
+    assert (
+        result.exit_code == 2
+        and "unknown arm/recipe 'missing'" in result.output
+        and "available recipes" in result.output
+    )
     assert not (tmp_path / "o").exists() and source.served == []
     result = runner.invoke(app, ["run", str(spec_path), "--device", "tpu"])
     assert result.exit_code == 2 and "unknown device 'tpu'" in result.output

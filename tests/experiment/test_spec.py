@@ -1,4 +1,5 @@
 """Spec loading: validation errors name the offending value and the accepted ones; --set overrides."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -58,19 +59,40 @@ def test_valid_spec_resolves_arms_defaults_and_recipe_paths(spec_dir):
     "edit, message",
     [
         (lambda t: 'colour = "red"\n' + t, r"unknown key 'colour'.*accepted keys: name, description, seeds"),
-        (lambda t: t.replace("lr = 1e-2", "lr = 1e-2\nlearning_rate = 3"), r"unknown key 'train\.learning_rate'; accepted keys in \[train\]: batch_size, lr, epochs"),
+        (
+            lambda t: t.replace("lr = 1e-2", "lr = 1e-2\nlearning_rate = 3"),
+            r"unknown key 'train\.learning_rate'; accepted keys in \[train\]: batch_size, lr, epochs",
+        ),
         (lambda t: t.replace("lr = 1e-2", 'lr = "fast"'), r"train\.lr must be a number, got 'fast'"),
         (lambda t: t.replace("batch_size = 32", "batch_size = 32.5"), r"train\.batch_size must be an integer"),
-        (lambda t: t.replace('"base", "other"]', '"base", "nope"]'), r"unknown arm/recipe 'nope'.*available recipes: base, other, third"),
-        (lambda t: t.replace('source = "synthetic"', 'source = "imagenet"'), r"unknown data source 'imagenet'.*synthetic, movielens-100k, criteo"),
-        (lambda t: t.replace('baseline = "base"', 'baseline = "third"'), r"baseline 'third' is not one of the arms: base, other"),
+        (
+            lambda t: t.replace('"base", "other"]', '"base", "nope"]'),
+            r"unknown arm/recipe 'nope'.*available recipes: base, other, third",
+        ),
+        (
+            lambda t: t.replace('source = "synthetic"', 'source = "imagenet"'),
+            r"unknown data source 'imagenet'.*synthetic, movielens-100k, criteo",
+        ),
+        (
+            lambda t: t.replace('baseline = "base"', 'baseline = "third"'),
+            r"baseline 'third' is not one of the arms: base, other",
+        ),
         (lambda t: t.replace("seeds = [0, 1]", "seeds = [0, 0]"), r"seeds must be distinct"),
         (lambda t: t.replace("seeds = [0, 1]", 'seeds = ["a"]'), r"seeds\[0\] must be an integer"),
         (lambda t: t.replace('arms = ["base", "other"]', 'arms = ["base", "base"]'), r"repeated: base"),
         (lambda t: t.replace('name = "tiny"\n', ""), r"missing 'name'"),
-        (lambda t: t + "[report]\nauc_threshold = 0.1\n", r"unknown report setting\(s\) \['auc_threshold'\]; accepted: .*auc_regression"),
-        (lambda t: t.replace("lr = 1e-2", 'lr = 1e-2\noptimizer = "lion"'), r"optimizer 'lion' is not one of: adam, adamw, sgd, adagrad"),
-        (lambda t: t + "[report]\nauc_regression = -1\n", r"\[report\]: report setting auc_regression=-1.0 must be >= 0"),
+        (
+            lambda t: t + "[report]\nauc_threshold = 0.1\n",
+            r"unknown report setting\(s\) \['auc_threshold'\]; accepted: .*auc_regression",
+        ),
+        (
+            lambda t: t.replace("lr = 1e-2", 'lr = 1e-2\noptimizer = "lion"'),
+            r"optimizer 'lion' is not one of: adam, adamw, sgd, adagrad",
+        ),
+        (
+            lambda t: t + "[report]\nauc_regression = -1\n",
+            r"\[report\]: report setting auc_regression=-1.0 must be >= 0",
+        ),
     ],
 )
 def test_invalid_specs_are_refused_with_the_value_and_the_accepted_ones(spec_dir, edit, message):
@@ -88,7 +110,14 @@ def test_malformed_toml_and_missing_file(spec_dir):
 def test_overrides_are_toml_typed_and_dotted(spec_dir):
     spec = load_spec(
         write(spec_dir, VALID),
-        ["train.epochs=2", "seeds=[0]", "data.source=movielens-100k", "train.lr=0.5", 'arms=["base"]', "model.tower_dims=[8, 4]"],
+        [
+            "train.epochs=2",
+            "seeds=[0]",
+            "data.source=movielens-100k",
+            "train.lr=0.5",
+            'arms=["base"]',
+            "model.tower_dims=[8, 4]",
+        ],
     )
     assert spec.train.epochs == 2 and spec.seeds == (0,) and spec.data["source"] == "movielens-100k"
     assert spec.train.lr == 0.5 and spec.arms == ("base",) and spec.model["tower_dims"] == [8, 4]

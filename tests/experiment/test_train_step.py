@@ -1,4 +1,5 @@
 """The training step reads nothing back to the host; the loop reads the losses once per interval."""
+
 from __future__ import annotations
 
 import linecache
@@ -59,11 +60,15 @@ def test_the_train_step_of_the_model_reads_nothing_back(source, monkeypatch, pre
     batches = list(source.train_batches(64, 0, 0))[:3]
     before = [parameter.detach().clone() for parameter in model.parameters()]
     calls = _count_host_reads(monkeypatch)
-    results = [train_step(model, batch, optimizer, scaler, esmm_loss, device=torch.device("cpu"), precision=precision)
-               for batch in batches]
+    results = [
+        train_step(model, batch, optimizer, scaler, esmm_loss, device=torch.device("cpu"), precision=precision)
+        for batch in batches
+    ]
     assert calls == []
     monkeypatch.undo()
-    assert all(result.shape == (3,) and result.dtype == torch.float32 and not result.requires_grad for result in results)
+    assert all(
+        result.shape == (3,) and result.dtype == torch.float32 and not result.requires_grad for result in results
+    )
     loss, ctr, ctcvr = results[-1].tolist()
     assert loss == pytest.approx(ctr + ctcvr, rel=1e-6) and 0 < ctr < 2
     assert any(not torch.equal(old, new) for old, new in zip(before, model.parameters()))  # it did train
@@ -77,10 +82,19 @@ def test_pending_steps_are_read_in_one_transfer(monkeypatch):
     pending = [first_pending, PendingStep.after(2, 1, torch.tensor([float("nan"), 1.0, 2.0]), scaler, 8, 0.25)]
     transfers = []
     original = torch.Tensor.cpu
-    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: transfers.append(self.shape) or original(self, *a, **k))
+    monkeypatch.setattr(
+        torch.Tensor, "cpu", lambda self, *a, **k: transfers.append(self.shape) or original(self, *a, **k)
+    )
     first, second = read_pending(pending)
     assert len(transfers) == 1 and read_pending([]) == []
-    assert (first.step, first.epoch, first.losses, first.scale, first.skipped, first.examples) == (1, 0, [1.0, 0.25, 0.75], 8.0, 0, 16)
+    assert (first.step, first.epoch, first.losses, first.scale, first.skipped, first.examples) == (
+        1,
+        0,
+        [1.0, 0.25, 0.75],
+        8.0,
+        0,
+        16,
+    )
     assert second.losses[1:] == [1.0, 2.0] and second.losses[0] != second.losses[0]
     assert (second.scale, second.skipped, second.seconds) == (2.0, 3, 0.25)
 
@@ -95,7 +109,9 @@ def test_the_loop_reads_losses_every_log_every_steps_and_at_checkpoints(monkeypa
     (tmp_path / "logic.toml").write_text(SPEC)
     read_at: list[list[int]] = []
     original = train_module.read_pending
-    monkeypatch.setattr(train_module, "read_pending", lambda pending: read_at.append([p.step for p in pending]) or original(pending))
+    monkeypatch.setattr(
+        train_module, "read_pending", lambda pending: read_at.append([p.step for p in pending]) or original(pending)
+    )
     spec = load_spec(tmp_path / "logic.toml", ['arms=["base"]', 'baseline="base"', "seeds=[0]"])
     run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
     # 96 examples / 16 = 6 steps per epoch, 2 epochs; log_every 3, checkpoint_every 4; epoch ends at 6 and 12
@@ -127,7 +143,10 @@ def test_the_model_and_step_do_not_sync_on_cuda(source):
             torch.cuda.set_sync_debug_mode("default")
     syncs = [(record.filename, record.lineno) for record in caught if "synchroniz" in str(record.message)]
     print("syncs:", sorted(set(syncs)))
-    mine = [(file, line) for file, line in syncs
-            if ("mxlab/models/" in file or "mxlab/experiment/" in file)
-            and not any(name in linecache.getline(file, line) for name in (".backward(", "scaler.step("))]
+    mine = [
+        (file, line)
+        for file, line in syncs
+        if ("mxlab/models/" in file or "mxlab/experiment/" in file)
+        and not any(name in linecache.getline(file, line) for name in (".backward(", "scaler.step("))
+    ]
     assert mine == []

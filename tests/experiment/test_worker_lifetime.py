@@ -5,6 +5,7 @@ driver is SIGKILLed exits by itself; a run that fails before training with CUDA'
 unavailable" starts once more, other failures do not. The drivers of the signal tests are fresh
 interpreters that spawn their workers (as on GPUs).
 """
+
 from __future__ import annotations
 
 import json
@@ -80,6 +81,7 @@ def busy_once_worker(job, device: str, connection, threads: int = 0) -> None:
 
 def other_error_worker(job, device: str, connection, threads: int = 0) -> None:
     """The real worker entry; every start fails with an error other than a busy device."""
+
     def run_job(job, device, **kwargs):
         _attempt(job)
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
@@ -90,6 +92,7 @@ def other_error_worker(job, device: str, connection, threads: int = 0) -> None:
 
 def busy_after_training_began_worker(job, device: str, connection, threads: int = 0) -> None:
     """The real worker entry; every start fails with the busy error after training began (progress.json written)."""
+
     def run_job(job, device, **kwargs):
         _attempt(job)
         worker.FileProgress(job.run_dir).start(job.label, 2, 0)
@@ -123,8 +126,13 @@ def _start_driver(target: str, runs_root: Path) -> tuple[subprocess.Popen, int]:
     code = f"from tests.experiment.test_worker_lifetime import drive; drive({target!r}, {str(runs_root)!r})"
     runs_root.mkdir(parents=True)
     with (runs_root / "driver.log").open("wb") as log:  # a file, not a pipe: a worker left running would hold that open
-        driver = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                  env={**os.environ, "PYTHONPATH": str(ROOT)})
+        driver = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     pid_file = _pid_file(_jobs(runs_root)[0])
     deadline = time.monotonic() + 30
     while not pid_file.is_file():
@@ -149,7 +157,9 @@ def test_sigterm_to_the_driver_terminates_and_joins_its_worker(tmp_path):
         assert _alive(worker_pid)
         driver.send_signal(signal.SIGTERM)  # to the driver alone: its worker (no handler of its own) sees nothing
         driver.wait(timeout=10)
-        assert driver.returncode == 130, (tmp_path / "runs/driver.log").read_text()  # KeyboardInterrupt, after the clean-up
+        assert driver.returncode == 130, (
+            tmp_path / "runs/driver.log"
+        ).read_text()  # KeyboardInterrupt, after the clean-up
         assert not _alive(worker_pid), "the driver exited and left its worker running"
     finally:
         _end(driver, worker_pid)
@@ -196,8 +206,10 @@ def test_a_run_whose_device_was_busy_at_its_start_is_tried_once_more(tmp_path, m
     assert done["status"] == "finished" and done["steps"] == 2
 
 
-@pytest.mark.parametrize("target, reason", [(other_error_worker, "illegal memory access"),
-                                            (busy_after_training_began_worker, "busy or unavailable")])
+@pytest.mark.parametrize(
+    "target, reason",
+    [(other_error_worker, "illegal memory access"), (busy_after_training_began_worker, "busy or unavailable")],
+)
 def test_other_failures_are_not_tried_again(target, reason, tmp_path, monkeypatch):
     results, attempts, lines = _run_locally(target, tmp_path, monkeypatch)
     assert results["bf16/seed0"].status == "failed" and reason in results["bf16/seed0"].reason

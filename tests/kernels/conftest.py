@@ -1,5 +1,6 @@
 """Kernel tests run the Triton kernels on CUDA when there is a device, else on the CPU under
 TRITON_INTERPRET=1 (set here before Triton decorates the kernels)."""
+
 import os
 
 import pytest

@@ -1,18 +1,21 @@
 """qmatmul with a random Hadamard transform: MX operands take the fused Hadamard + cast kernel and
 give the same products and gradients as transforming in PyTorch and then quantizing."""
+
 import pytest
 import torch
 
-from mxlab.numerics import quant as quant_module
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant, qmatmul, set_gemm_observer
+from mxlab.numerics import quant as quant_module
 
 
 def _hadamard_precision(rounding: str) -> MatmulPrecision:
     mx = OperandQuant("e4m3", scale_mode="rceil", rounding=rounding)
     grad = OperandQuant("e5m2", scale_mode="rceil", rounding=rounding)
     return MatmulPrecision(
-        fwd=GemmQuant(mx, mx, hadamard=32), grad_a=GemmQuant(grad, mx, hadamard=32),
-        grad_b=GemmQuant(mx, grad, hadamard=32), seed=21,
+        fwd=GemmQuant(mx, mx, hadamard=32),
+        grad_a=GemmQuant(grad, mx, hadamard=32),
+        grad_b=GemmQuant(mx, grad, hadamard=32),
+        seed=21,
     )
 
 

@@ -19,7 +19,9 @@ def _one_thread(_fixed_torch_threads):
 
 @pytest.fixture(scope="module")
 def source():
-    return make_source({"source": "synthetic", "train_examples": 3072, "eval_examples": 2048, "n_users": 300, "base_ctr": 0.2}, 64)
+    return make_source(
+        {"source": "synthetic", "train_examples": 3072, "eval_examples": 2048, "n_users": 300, "base_ctr": 0.2}, 64
+    )
 
 
 def _model(info, seed=0, **overrides):
@@ -34,7 +36,9 @@ def test_shapes_dtypes_and_loss(source):
     assert output.ctr_logit.shape == (64,) and output.cvr_logit.shape == (64,)
     assert output.ctr_logit.dtype == torch.float32 and torch.isfinite(output.cvr_logit).all()
     losses = esmm_loss(output, batch)
-    assert set(losses) == {"loss", "ctr", "ctcvr"} and all(v.dtype == torch.float32 and v.dim() == 0 for v in losses.values())
+    assert set(losses) == {"loss", "ctr", "ctcvr"} and all(
+        v.dtype == torch.float32 and v.dim() == 0 for v in losses.values()
+    )
     # the ESMM terms against a direct float64 computation
     p_ctr = torch.sigmoid(output.ctr_logit.double())
     p_ctcvr = p_ctr * torch.sigmoid(output.cvr_logit.double())
@@ -55,14 +59,26 @@ def test_no_leakage_between_examples_or_from_padding(source, activation, causal)
         base = model(batch)
         # give example 3 a different and much longer history; nobody else may notice
         lengths = batch.history_lengths().tolist()
-        items = [batch.history_items[batch.history_offsets[i]:batch.history_offsets[i + 1]] for i in range(16)]
+        items = [batch.history_items[batch.history_offsets[i] : batch.history_offsets[i + 1]] for i in range(16)]
         items[3] = torch.randint(0, source.info.n_items, (64,))
         lengths[3] = 64
         offsets = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
-        changed = JaggedBatch(**{**batch.__dict__, "history_items": torch.cat(items),
-                                 "history_actions": torch.zeros(int(offsets[-1]), dtype=torch.int64), "history_offsets": offsets})
-        changed.history_actions = torch.cat([batch.history_actions[batch.history_offsets[i]:batch.history_offsets[i + 1]]
-                                             if i != 3 else torch.zeros(64, dtype=torch.int64) for i in range(16)])
+        changed = JaggedBatch(
+            **{
+                **batch.__dict__,
+                "history_items": torch.cat(items),
+                "history_actions": torch.zeros(int(offsets[-1]), dtype=torch.int64),
+                "history_offsets": offsets,
+            }
+        )
+        changed.history_actions = torch.cat(
+            [
+                batch.history_actions[batch.history_offsets[i] : batch.history_offsets[i + 1]]
+                if i != 3
+                else torch.zeros(64, dtype=torch.int64)
+                for i in range(16)
+            ]
+        )
         after = model(changed)
         others = torch.arange(16) != 3
         torch.testing.assert_close(after.ctr_logit[others], base.ctr_logit[others], rtol=0, atol=2e-5)
@@ -71,24 +87,44 @@ def test_no_leakage_between_examples_or_from_padding(source, activation, causal)
         # one example alone (no padding around it) gives the same output as inside the batch
         for index in (0, 5):
             alone = model(batch.take(torch.tensor([index])))
-            torch.testing.assert_close(alone.ctr_logit, base.ctr_logit[index:index + 1], rtol=0, atol=2e-5)
+            torch.testing.assert_close(alone.ctr_logit, base.ctr_logit[index : index + 1], rtol=0, atol=2e-5)
 
 
 def test_gradients_reach_every_parameter(source):
     batch = next(source.train_batches(128, 0, 0))
     model = _model(source.info).train()
     esmm_loss(model(batch), batch)["loss"].backward()
-    missing = [name for name, parameter in model.named_parameters() if parameter.grad is None or parameter.grad.abs().sum() == 0]
+    missing = [
+        name
+        for name, parameter in model.named_parameters()
+        if parameter.grad is None or parameter.grad.abs().sum() == 0
+    ]
     assert missing == []
 
 
 def test_every_gemm_is_a_named_linear_or_jagged_attention(source):
     model = _model(source.info, layers=2)
     modules = dict(model.named_modules())
-    for name in ["history.blocks.0.attn.qkv", "history.blocks.1.attn.out", "history.blocks.0.mlp.fc1", "history.blocks.1.mlp.fc2",
-                 "pma.attn.q", "pma.attn.kv", "pma.attn.out", "cross.attn.q", "cross.attn.kv", "cross.attn.out",
-                 "interaction.input", "interaction.layers.0.down", "interaction.layers.0.up",
-                 "towers.ctr.fc0", "towers.ctr.out", "towers.cvr.fc0", "towers.cvr.out", "dense_proj"]:
+    for name in [
+        "history.blocks.0.attn.qkv",
+        "history.blocks.1.attn.out",
+        "history.blocks.0.mlp.fc1",
+        "history.blocks.1.mlp.fc2",
+        "pma.attn.q",
+        "pma.attn.kv",
+        "pma.attn.out",
+        "cross.attn.q",
+        "cross.attn.kv",
+        "cross.attn.out",
+        "interaction.input",
+        "interaction.layers.0.down",
+        "interaction.layers.0.up",
+        "towers.ctr.fc0",
+        "towers.ctr.out",
+        "towers.cvr.fc0",
+        "towers.cvr.out",
+        "dense_proj",
+    ]:
         assert isinstance(modules[name], nn.Linear), name
     for name in ["history.blocks.0.attn.core", "pma.attn.core", "cross.attn.core"]:
         assert isinstance(modules[name], JaggedAttention) and modules[name].policy is None
@@ -107,12 +143,28 @@ def test_same_seed_same_model_and_outputs(source):
 
 
 def test_empty_histories_and_sources_without_candidate_or_dense():
-    info = DataInfo(n_dense=0, field_cardinalities=(5, 7), n_items=1, n_actions=1, has_truth=False, name="criteo",
-                    candidate_field=None, has_conversion=False, has_history=False)
-    batch = JaggedBatch(dense=torch.zeros(4, 0), sparse=torch.tensor([[1, 2], [0, 6], [4, 0], [2, 2]]),
-                        history_items=torch.zeros(0, dtype=torch.int64), history_actions=torch.zeros(0, dtype=torch.int64),
-                        history_offsets=torch.zeros(5, dtype=torch.int64), click=torch.tensor([1.0, 0, 0, 1]),
-                        conversion=torch.zeros(4), user_id=torch.arange(4), has_conversion=False)
+    info = DataInfo(
+        n_dense=0,
+        field_cardinalities=(5, 7),
+        n_items=1,
+        n_actions=1,
+        has_truth=False,
+        name="criteo",
+        candidate_field=None,
+        has_conversion=False,
+        has_history=False,
+    )
+    batch = JaggedBatch(
+        dense=torch.zeros(4, 0),
+        sparse=torch.tensor([[1, 2], [0, 6], [4, 0], [2, 2]]),
+        history_items=torch.zeros(0, dtype=torch.int64),
+        history_actions=torch.zeros(0, dtype=torch.int64),
+        history_offsets=torch.zeros(5, dtype=torch.int64),
+        click=torch.tensor([1.0, 0, 0, 1]),
+        conversion=torch.zeros(4),
+        user_id=torch.arange(4),
+        has_conversion=False,
+    )
     model = _model(info).train()
     output = model(batch)
     assert torch.isfinite(output.ctr_logit).all() and output.ctr_logit[0] != output.ctr_logit[1]
@@ -157,8 +209,20 @@ def test_config_validation_and_presets():
         validate_model_config({"size": "huge"})
     with pytest.raises(ValueError, match="activation 'relu'"):
         validate_model_config({"activation": "relu"})
-    assert {"dim", "layers", "heads", "max_history", "activation", "rotary", "causal", "pma_seeds", "cross_layers",
-            "tower_dims", "dropout", "size"} <= set(MODEL_CONFIG_KEYS)
+    assert {
+        "dim",
+        "layers",
+        "heads",
+        "max_history",
+        "activation",
+        "rotary",
+        "causal",
+        "pma_seeds",
+        "cross_layers",
+        "tower_dims",
+        "dropout",
+        "size",
+    } <= set(MODEL_CONFIG_KEYS)
 
 
 def test_h200_preset_runs_long_histories():
@@ -203,8 +267,11 @@ def test_under_bf16_autocast_an_mx_model_runs_every_module_in_the_baselines_dtyp
 
     def output_dtypes(model):
         dtypes = {}
-        hooks = [module.register_forward_hook(lambda _m, _a, out, name=name: dtypes.__setitem__(name, out.dtype))
-                 for name, module in model.named_modules() if name]
+        hooks = [
+            module.register_forward_hook(lambda _m, _a, out, name=name: dtypes.__setitem__(name, out.dtype))
+            for name, module in model.named_modules()
+            if name
+        ]
         with torch.autocast("cpu", dtype=torch.bfloat16):
             model(batch)
         for hook in hooks:
@@ -222,10 +289,16 @@ def test_under_bf16_autocast_an_mx_model_runs_every_module_in_the_baselines_dtyp
 def test_esmm_loss_is_finite_with_finite_gradients_at_extreme_logits():
     logits = torch.tensor([30.0, -30.0, 0.0, 12.0, -80.0], requires_grad=True)
     cvr = torch.tensor([30.0, 20.0, -5.0, 40.0, -80.0], requires_grad=True)
-    batch = JaggedBatch(dense=torch.zeros(5, 1), sparse=torch.zeros(5, 1, dtype=torch.int64),
-                        history_items=torch.zeros(0, dtype=torch.int64), history_actions=torch.zeros(0, dtype=torch.int64),
-                        history_offsets=torch.zeros(6, dtype=torch.int64), click=torch.tensor([0.0, 1, 1, 1, 0]),
-                        conversion=torch.tensor([0.0, 1, 0, 1, 0]), user_id=torch.arange(5))
+    batch = JaggedBatch(
+        dense=torch.zeros(5, 1),
+        sparse=torch.zeros(5, 1, dtype=torch.int64),
+        history_items=torch.zeros(0, dtype=torch.int64),
+        history_actions=torch.zeros(0, dtype=torch.int64),
+        history_offsets=torch.zeros(6, dtype=torch.int64),
+        click=torch.tensor([0.0, 1, 1, 1, 0]),
+        conversion=torch.tensor([0.0, 1, 0, 1, 0]),
+        user_id=torch.arange(5),
+    )
     losses = esmm_loss(ModelOutput(logits, cvr), batch)
     losses["loss"].backward()
     assert torch.isfinite(losses["loss"]) and torch.isfinite(logits.grad).all() and torch.isfinite(cvr.grad).all()
@@ -240,8 +313,10 @@ def test_rms_norm_keeps_the_input_dtype_under_autocast_and_refuses_two_normalize
     x = torch.randn(5, 2, 16, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y = norm(x)
-    expected = torch.nn.functional.rms_norm(x.float(), (16,), norm.weight.bfloat16().float(), torch.finfo(torch.float32).eps)
+    expected = torch.nn.functional.rms_norm(
+        x.float(), (16,), norm.weight.bfloat16().float(), torch.finfo(torch.float32).eps
+    )
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y.float(), expected, atol=0, rtol=2 ** -7)
+    torch.testing.assert_close(y.float(), expected, atol=0, rtol=2**-7)
     with pytest.raises(ValueError, match=r"normalizes the last dim only; got normalized_shape \(2, 16\)"):
         RMSNorm((2, 16))(x)

@@ -13,7 +13,7 @@ def _naive(q, k, v, q_lengths, k_lengths, causal, activation):
     """Loop over examples with torch's own attention; empty key sets give zeros."""
     outputs, qs, ks = [], 0, 0
     for lq, lk in zip(q_lengths, k_lengths):
-        qi, ki, vi = (t.transpose(0, 1) for t in (q[qs:qs + lq], k[ks:ks + lk], v[ks:ks + lk]))
+        qi, ki, vi = (t.transpose(0, 1) for t in (q[qs : qs + lq], k[ks : ks + lk], v[ks : ks + lk]))
         if lq and not lk:
             outputs.append(torch.zeros(lq, q.shape[1], q.shape[2], dtype=q.dtype))
         elif lq:
@@ -85,7 +85,9 @@ def test_no_leakage_between_sequences_or_from_padding():
     assert k3.grad[3:].abs().max() == 0 and k3.grad[:3].abs().max() > 0
 
 
-@pytest.mark.parametrize("q_lengths,k_lengths,causal", [([2, 3, 1], [5, 0, 4], False), ([130, 0, 7, 200], [130, 0, 7, 200], True)])
+@pytest.mark.parametrize(
+    "q_lengths,k_lengths,causal", [([2, 3, 1], [5, 0, 4], False), ([130, 0, 7, 200], [130, 0, 7, 200], True)]
+)
 def test_flex_backend_matches_reference_on_cpu(q_lengths, k_lengths, causal):
     pytest.importorskip("torch.nn.attention.flex_attention")
     torch.manual_seed(3)
@@ -104,6 +106,7 @@ def test_length_block_mask_visits_exactly_the_tiles_with_real_pairs():
 
     q_lengths, k_lengths = torch.tensor([130, 0, 7, 300]), torch.tensor([260, 5, 0, 300])
     for causal in (False, True):
+
         def mask_mod(b, h, q_idx, kv_idx):
             keep = (kv_idx < k_lengths[b]) & (q_idx < q_lengths[b])
             return keep & (kv_idx <= q_idx) if causal else keep
@@ -153,7 +156,9 @@ def test_policy_routes_both_products_through_qmatmul(monkeypatch):
     assert [precision for precision, _ in seen_forward] == ["precision-for-pv"]
     p = seen[1][3]  # (n, heads, Lq, Lk): example 0 has 2 queries and keys; its padding row and column are exactly 0
     assert p.shape[-2:] == (3, 3)
-    assert torch.equal(p[0, :, :, 2], torch.zeros_like(p[0, :, :, 2])) and torch.equal(p[0, :, 2, :], torch.zeros_like(p[0, :, 2, :]))
+    assert torch.equal(p[0, :, :, 2], torch.zeros_like(p[0, :, :, 2])) and torch.equal(
+        p[0, :, 2, :], torch.zeros_like(p[0, :, 2, :])
+    )
     assert (p[0, :, :2, :2] > 0).all()
     blocks = seen_forward[0][1]  # (n, heads, key blocks, Lq, 32): keys padded to one block of 32
     assert blocks.shape[-3:] == (1, 3, 32)
@@ -179,8 +184,13 @@ def test_rotary_is_relative_and_positions_restart_per_sequence():
     assert segment_positions(offsets).tolist() == [0, 1, 0, 1, 2]
     torch.manual_seed(5)
     q, k = torch.randn(1, 1, 8), torch.randn(1, 1, 8)
+
     def score(pq, pk):
-        return (rotary_embedding(q, rotary_table(torch.tensor([pq]), 8)) * rotary_embedding(k, rotary_table(torch.tensor([pk]), 8))).sum()
+        return (
+            rotary_embedding(q, rotary_table(torch.tensor([pq]), 8))
+            * rotary_embedding(k, rotary_table(torch.tensor([pk]), 8))
+        ).sum()
+
     torch.testing.assert_close(score(3, 1), score(10, 8))
     assert not torch.allclose(score(3, 1), score(3, 2))
     with pytest.raises(ValueError, match="even head_dim"):
@@ -197,9 +207,12 @@ def test_triton_backend_dispatch(monkeypatch):
     calls = []
     fake = types.ModuleType("mxlab.kernels.attention")
     fake.unsupported_reason = lambda q, policy, activation: None if q.dtype == torch.bfloat16 else f"dtype {q.dtype}"
-    fake.check_jagged_offsets = lambda qo, ko, total_q, total_k, device, causal: calls.append(("checked", total_q, total_k))
-    fake.jagged_attention_checked = (lambda q, k, v, qo, ko, *, causal, activation, policy, seeds:
-                                     calls.append((causal, activation, policy)) or q * 2)
+    fake.check_jagged_offsets = lambda qo, ko, total_q, total_k, device, causal: calls.append(
+        ("checked", total_q, total_k)
+    )
+    fake.jagged_attention_checked = lambda q, k, v, qo, ko, *, causal, activation, policy, seeds: (
+        calls.append((causal, activation, policy)) or q * 2
+    )
     monkeypatch.setattr(attention_module, "_triton_kernel", lambda: fake)
     q = torch.randn(3, 1, 32, dtype=torch.bfloat16)
     attention = JaggedAttention(backend="triton")
@@ -241,19 +254,19 @@ def test_mx_softmax_follows_the_one_pass_contract_forward_and_backward():
     attention = JaggedAttention(backend="reference")
     attention.policy = _mx_attention_policy()
     out = attention(q, k, v, _offsets([3]), _offsets([70]))
-    dq, = torch.autograd.grad(out, (q,), grad)
+    (dq,) = torch.autograd.grad(out, (q,), grad)
 
     def quant(x, axis):
         return fake_quantize(x.float(), "e4m3", axis=axis, pad=True)
 
     qf, kf, vf, g = q[:, 0].detach().float(), k[:, 0].detach().float(), v[:, 0].detach().float(), grad[:, 0].float()
-    s = (quant(qf, -1) @ quant(kf, -1).T).bfloat16().float() * dim ** -0.5
+    s = (quant(qf, -1) @ quant(kf, -1).T).bfloat16().float() * dim**-0.5
     m, l = s.amax(-1, keepdim=True), torch.exp(s - s.amax(-1, keepdim=True)).sum(-1, keepdim=True)
     v_keys, acc, running = quant(vf, 0), torch.zeros(3, dim), torch.full((3, 1), -float("inf"))
     for start in range(0, 70, 32):
-        block = s[:, start:start + 32]
+        block = s[:, start : start + 32]
         new = torch.maximum(running, block.amax(-1, keepdim=True))
-        acc = acc * torch.exp(running - new) + quant(torch.exp(block - new), -1) @ v_keys[start:start + 32]
+        acc = acc * torch.exp(running - new) + quant(torch.exp(block - new), -1) @ v_keys[start : start + 32]
         running = new
     expected = (acc / l).bfloat16()
     assert torch.equal(running, m)
@@ -261,14 +274,16 @@ def test_mx_softmax_follows_the_one_pass_contract_forward_and_backward():
 
     p = torch.exp(s - m) / l
     dp = quant(g, -1) @ quant(vf, -1).T
-    ds = (p * (dp - (g * out[:, 0].detach().float()).sum(-1, keepdim=True)) * dim ** -0.5).bfloat16().float()
+    ds = (p * (dp - (g * out[:, 0].detach().float()).sum(-1, keepdim=True)) * dim**-0.5).bfloat16().float()
     expected_dq = (quant(ds, -1) @ quant(kf, 0)).bfloat16()
     close = (dq[:, 0].float() - expected_dq.float()).abs() <= 2.0**-7 * expected_dq.float().abs() + 1e-6
     assert close.float().mean() >= 0.9  # a flipped rounding of dS moves a few elements by more than an ulp
     p_row_term = (p * dp).sum(-1, keepdim=True)  # plain softmax autograd's row term gives another dQ
-    other_ds = (p * (dp - p_row_term) * dim ** -0.5).bfloat16().float()
+    other_ds = (p * (dp - p_row_term) * dim**-0.5).bfloat16().float()
     other_dq = (quant(other_ds, -1) @ quant(kf, 0)).bfloat16()
-    assert ((other_dq.float() - expected_dq.float()).abs() > 2.0**-7 * expected_dq.float().abs() + 1e-6).float().mean() > 0.5
+    assert (
+        (other_dq.float() - expected_dq.float()).abs() > 2.0**-7 * expected_dq.float().abs() + 1e-6
+    ).float().mean() > 0.5
 
 
 def test_a_policy_with_a_high_precision_pv_product_keeps_the_plain_softmax(monkeypatch):

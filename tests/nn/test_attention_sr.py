@@ -4,6 +4,7 @@
 rounded operand the counters of docs/numerics.md ("Jagged attention"), so its bits depend neither on the
 length buckets nor on the chunking of the padded score tensors.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,7 +24,9 @@ def _policy(rounding: str = "nearest_even", grad_rounding: str = "stochastic") -
     fwd = OperandQuant("e4m3", 32, "rceil", rounding)
     grad = OperandQuant("e5m2", 32, "rceil", grad_rounding)
     recipe = AttentionRecipe(fwd, grad, fwd, grad)
-    return AttentionPolicy(qk=recipe.product_precision("qk", "attention", 1), pv=recipe.product_precision("pv", "attention", 2))
+    return AttentionPolicy(
+        qk=recipe.product_precision("qk", "attention", 1), pv=recipe.product_precision("pv", "attention", 2)
+    )
 
 
 def _offsets(lengths: list[int]) -> torch.Tensor:
@@ -47,12 +50,22 @@ def test_qmatmul_with_linear_index_counters_is_qmatmul_without(block, rounding, 
     counters = tuple(torch.arange(shape.numel()).view(shape) for shape in (a.shape, b.shape, grad.shape))
     expected = _forward_backward(a, b, grad, lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block)))
     seeds = _precision(rounding, grad_rounding, block).next_call_seeds()
-    counted = _forward_backward(a, b, grad, lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block), counters=counters, seeds=seeds))
+    counted = _forward_backward(
+        a,
+        b,
+        grad,
+        lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block), counters=counters, seeds=seeds),
+    )
     for name, actual, reference in zip(("out", "grad_a", "grad_b"), counted, expected):
         assert torch.equal(actual, reference), name
     if rounding == "stochastic":  # and the counters matter: shifted counters give other bits
         shifted = tuple(counter + 1 for counter in counters)
-        moved = _forward_backward(a, b, grad, lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block), counters=shifted, seeds=seeds))
+        moved = _forward_backward(
+            a,
+            b,
+            grad,
+            lambda x, y: qmatmul(x, y, _precision(rounding, grad_rounding, block), counters=shifted, seeds=seeds),
+        )
         assert not torch.equal(moved[0], expected[0]) and not torch.equal(moved[1], expected[1])
 
 
@@ -93,7 +106,9 @@ def test_reference_stochastic_rounding_does_not_depend_on_buckets_or_chunks(caus
     policy = _policy("stochastic", "stochastic")
     one_bucket = _attention(JaggedAttention(backend="reference", min_bucket_length=128), policy, causal, activation)
     policy.qk.calls = policy.pv.calls = 0
-    split = _attention(JaggedAttention(backend="reference", min_bucket_length=1, max_scores_per_chunk=1), policy, causal, activation)
+    split = _attention(
+        JaggedAttention(backend="reference", min_bucket_length=1, max_scores_per_chunk=1), policy, causal, activation
+    )
     assert policy.qk.calls == policy.pv.calls == 1, "one set of seeds per call, however many chunks"
     next_call = _attention(JaggedAttention(backend="reference", min_bucket_length=128), policy, causal, activation)
     for name, a, b, c in zip(("out", "dq", "dk", "dv"), one_bucket, split, next_call):
@@ -116,4 +131,6 @@ def test_deterministic_policies_still_take_qmatmul(monkeypatch):
     policy = _policy("nearest_even", "nearest_even")
     _attention(JaggedAttention(backend="reference"), policy, False, "softmax")
     assert policy.qk.calls >= 1  # qmatmul drew its seeds
-    assert counted_calls and not any(call.get("counters") is not None for call in counted_calls)  # no product was given counters
+    assert counted_calls and not any(
+        call.get("counters") is not None for call in counted_calls
+    )  # no product was given counters

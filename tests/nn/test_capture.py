@@ -1,5 +1,6 @@
 """Emulated MX layers under CUDA-graph capture: a deterministic recipe's layer replays its eager bits; a layer
 whose calls draw seeds (stochastic rounding, random Hadamard) refuses to be captured."""
+
 import pytest
 import torch
 from torch import nn
@@ -11,8 +12,9 @@ from mxlab.recipe import apply_recipe, load_recipe
 def _precision(rounding: str = "nearest_even", hadamard=None) -> MatmulPrecision:
     operand = OperandQuant("e4m3", 32, "rceil")
     grad = OperandQuant("e4m3", 32, "rceil", rounding)
-    return MatmulPrecision(GemmQuant(operand, operand, hadamard), GemmQuant(grad, operand), GemmQuant(operand, grad),
-                           name="layer")
+    return MatmulPrecision(
+        GemmQuant(operand, operand, hadamard), GemmQuant(grad, operand), GemmQuant(operand, grad), name="layer"
+    )
 
 
 def test_seeds_are_refused_only_while_a_graph_is_captured_and_only_where_a_call_draws_them(monkeypatch):

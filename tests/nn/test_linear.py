@@ -4,13 +4,21 @@ from torch import nn
 
 from mxlab.nn.linear import QLinear
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
-from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
 from mxlab.numerics.quant import fake_quantize
+from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
 
 
 def fq(x, quant, axis, seed=None):
-    return fake_quantize(x.float(), quant.fmt, block=quant.block, axis=axis if quant.block == 32 else -1,
-                         scale_mode=quant.scale_mode, rounding=quant.rounding, seed=seed, pad=True)
+    return fake_quantize(
+        x.float(),
+        quant.fmt,
+        block=quant.block,
+        axis=axis if quant.block == 32 else -1,
+        scale_mode=quant.scale_mode,
+        rounding=quant.rounding,
+        seed=seed,
+        pad=True,
+    )
 
 
 def linear_precision(weight_block=32, grad_rounding="nearest_even", grad_fmt="e4m3", wgrad_fmt="e4m3", seed=3):
@@ -20,8 +28,11 @@ def linear_precision(weight_block=32, grad_rounding="nearest_even", grad_fmt="e4
     wgrad_input = OperandQuant(wgrad_fmt, 32, "floor", "nearest_even")
     wgrad_grad = OperandQuant(wgrad_fmt if wgrad_fmt in ("bf16", "fp32") else grad_fmt, 32, "floor", grad_rounding)
     return MatmulPrecision(
-        GemmQuant(activation, weight), GemmQuant(grad, weight), GemmQuant(wgrad_input, wgrad_grad),
-        labels=("fwd", "dgrad", "wgrad"), seed=seed,
+        GemmQuant(activation, weight),
+        GemmQuant(grad, weight),
+        GemmQuant(wgrad_input, wgrad_grad),
+        labels=("fwd", "dgrad", "wgrad"),
+        seed=seed,
     )
 
 
@@ -186,17 +197,22 @@ def test_bias_keeps_a_bfloat16_output_bfloat16():
     assert layer(torch.randn(8, 32, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("weight_block, grad_rounding, expected_calls", [
-    ((32, 32), "nearest_even", 5),  # the forward's 32x32 weight tiles serve dgrad too
-    (32, "nearest_even", 6),
-    ((32, 32), "stochastic", 5),  # stochastic gradients; the weight still rounds to nearest
-])
+@pytest.mark.parametrize(
+    "weight_block, grad_rounding, expected_calls",
+    [
+        ((32, 32), "nearest_even", 5),  # the forward's 32x32 weight tiles serve dgrad too
+        (32, "nearest_even", 6),
+        ((32, 32), "stochastic", 5),  # stochastic gradients; the weight still rounds to nearest
+    ],
+)
 def test_square_weight_tiles_are_quantized_once_per_step(monkeypatch, weight_block, grad_rounding, expected_calls):
     import mxlab.numerics.quant
 
     calls = []
     original = mxlab.numerics.quant.fake_quantize
-    monkeypatch.setattr(mxlab.numerics.quant, "fake_quantize", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs))
+    monkeypatch.setattr(
+        mxlab.numerics.quant, "fake_quantize", lambda *args, **kwargs: calls.append(1) or original(*args, **kwargs)
+    )
     layer = QLinear(32, 32, precision=linear_precision(weight_block, grad_rounding))
     run(layer, torch.randn(64, 32), torch.randn(64, 32))
     assert len(calls) == expected_calls

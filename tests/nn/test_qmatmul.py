@@ -1,16 +1,24 @@
 import pytest
 import torch
 
-from mxlab.numerics.hadamard import random_hadamard
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant, qmatmul
-from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
+from mxlab.numerics.hadamard import random_hadamard
 from mxlab.numerics.quant import fake_quantize
+from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
 
 
 def fq(x, quant, axis, seed=None):
     """Reference fake-quantization of one operand, in float32."""
-    return fake_quantize(x.float(), quant.fmt, block=quant.block, axis=axis, scale_mode=quant.scale_mode,
-                         rounding=quant.rounding, seed=seed, pad=True)
+    return fake_quantize(
+        x.float(),
+        quant.fmt,
+        block=quant.block,
+        axis=axis,
+        scale_mode=quant.scale_mode,
+        rounding=quant.rounding,
+        seed=seed,
+        pad=True,
+    )
 
 
 def mx_precision(fmt="e4m3", grad_fmt="e4m3", scale_mode="rceil", grad_rounding="nearest_even", seed=11):

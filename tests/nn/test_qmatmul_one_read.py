@@ -1,6 +1,7 @@
 """An operand quantized along both of its dims from one read (`_one_read_pair`) gives the bits of two casts:
 the output gradient for both backward GEMMs, and a b of at most an eighth of a's size (a linear layer's
 weight) for the forward and the grad of a."""
+
 import pytest
 import torch
 
@@ -59,8 +60,11 @@ def _compare(monkeypatch, device: str, fused_expected: int, precision_factory=_p
     calls = []
     rowcol = quant.fake_quantize_rowcol
     monkeypatch.setattr(quant, "rowcol_in_one_read", lambda x, fmt, rounding="nearest_even": True)
-    monkeypatch.setattr(quant, "fake_quantize_rowcol",
-                        lambda x, *args, **kw: calls.append((tuple(x.shape), kw.get("column_sums", False))) or rowcol(x, *args, **kw))
+    monkeypatch.setattr(
+        quant,
+        "fake_quantize_rowcol",
+        lambda x, *args, **kw: calls.append((tuple(x.shape), kw.get("column_sums", False))) or rowcol(x, *args, **kw),
+    )
     got = _product_and_grads(precision_factory(), a, b, bias, g)
     assert len(calls) == fused_expected
     assert [sums for shape, sums in calls] == [shape == tuple(g.shape) for shape, _ in calls]  # g's call sums it

@@ -1,11 +1,12 @@
 """The BF16 tensor-core path of emulated GEMMs: its exactness claim (CPU) and its use on CUDA (GPU)."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mxlab.numerics.formats import FORMATS
 from mxlab.nn import qmatmul as qm
+from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.quant import fake_quantize
 from mxlab.numerics.reference import SCALE_MODES
 
@@ -13,12 +14,14 @@ from mxlab.numerics.reference import SCALE_MODES
 def _adversarial_bfloat16(generator: torch.Generator) -> torch.Tensor:
     """(64, 256) bfloat16: normal values over a wide exponent range, bfloat16 subnormals, the largest
     finite values, zeros and single outliers in otherwise tiny blocks."""
-    x = torch.randn(64, 256, generator=generator) * torch.exp2(torch.randint(-140, 120, (64, 1), generator=generator).float())
+    x = torch.randn(64, 256, generator=generator) * torch.exp2(
+        torch.randint(-140, 120, (64, 1), generator=generator).float()
+    )
     x[0, :32] = torch.finfo(torch.bfloat16).max * torch.linspace(-1, 1, 32)
-    x[1, :32] = torch.tensor(2.0 ** -133) * torch.arange(32)  # bfloat16 subnormals
+    x[1, :32] = torch.tensor(2.0**-133) * torch.arange(32)  # bfloat16 subnormals
     x[2, :32] = 0.0
-    x[3, :32] = 2.0 ** -130
-    x[3, 5] = 2.0 ** -100
+    x[3, :32] = 2.0**-130
+    x[3, 5] = 2.0**-100
     return x.to(torch.bfloat16)
 
 
@@ -38,9 +41,9 @@ def test_mx_values_of_bfloat16_inputs_are_exact_in_bfloat16(fmt: str, scale_mode
 
 
 def test_exactness_check_rejects_values_bfloat16_would_round() -> None:
-    assert qm._exact_in_bfloat16(torch.tensor([0.0, 1.5, -3.0 * 2.0 ** -126, 2.0 ** 120]))
-    assert not qm._exact_in_bfloat16(torch.tensor([1.0, 9.0 * 2.0 ** -135]))  # bfloat16 subnormal, 4 bits: rounds
-    assert not qm._exact_in_bfloat16(torch.tensor([2.0 ** -140]))
+    assert qm._exact_in_bfloat16(torch.tensor([0.0, 1.5, -3.0 * 2.0**-126, 2.0**120]))
+    assert not qm._exact_in_bfloat16(torch.tensor([1.0, 9.0 * 2.0**-135]))  # bfloat16 subnormal, 4 bits: rounds
+    assert not qm._exact_in_bfloat16(torch.tensor([2.0**-140]))
 
 
 def test_operand_dtypes_and_factors_on_the_cpu() -> None:
@@ -82,16 +85,18 @@ def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.d
     out = qm.qmatmul(a, b, precision)
     factor = 1.0 if a_factor is None else float(a_factor.double() * b_factor.double())
     exact = (a_q.double() @ b_q.double()) * factor
-    bound = 512 * 2.0 ** -23 * (a_q.double().abs() @ b_q.double().abs()) * abs(factor)  # float32 accumulation, any order
-    assert bool(((out.double() - exact).abs() <= bound + exact.abs() * 2.0 ** -8).all())
+    bound = 512 * 2.0**-23 * (a_q.double().abs() @ b_q.double().abs()) * abs(factor)  # float32 accumulation, any order
+    assert bool(((out.double() - exact).abs() <= bound + exact.abs() * 2.0**-8).all())
     if dtype == torch.float32:  # float32 result: only accumulation order separates it from a float32 GEMM
-        assert bool(((out.double() - exact).abs() <= bound + exact.abs() * 2.0 ** -23).all())
+        assert bool(((out.double() - exact).abs() <= bound + exact.abs() * 2.0**-23).all())
     out.backward(torch.randn_like(out))
     assert a.grad is not None and torch.isfinite(a.grad).all() and b.grad is not None
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m, k, n", [(4096, 1024, 256), (256, 65536, 256)])  # the second: a wgrad's long contraction (split-K)
+@pytest.mark.parametrize(
+    "m, k, n", [(4096, 1024, 256), (256, 65536, 256)]
+)  # the second: a wgrad's long contraction (split-K)
 def test_cuda_bfloat16_result_is_the_float32_accumulator_rounded_once(m: int, k: int, n: int) -> None:
     """bfloat16 operands, bfloat16 result: cuBLAS writes bfloat16 from its float32 accumulator, the bias
     added there; equal to the float32 product plus bias rounded once, but for accumulation order (split-K
@@ -107,8 +112,8 @@ def test_cuda_bfloat16_result_is_the_float32_accumulator_rounded_once(m: int, k:
     b_q, _ = qm._quantized_operand(b, operand, -2, 0)
     expected = (torch.mm(a_q, b_q, out_dtype=torch.float32) + bias.float()).bfloat16()
     assert out.dtype == torch.bfloat16
-    ulp = torch.finfo(torch.bfloat16).eps * expected.float().abs().clamp_min(2.0 ** -126)
-    order = k * 2.0 ** -23 * (a_q.float().abs() @ b_q.float().abs())  # two float32 accumulation orders
+    ulp = torch.finfo(torch.bfloat16).eps * expected.float().abs().clamp_min(2.0**-126)
+    order = k * 2.0**-23 * (a_q.float().abs() @ b_q.float().abs())  # two float32 accumulation orders
     assert bool(((out.float() - expected.float()).abs() <= ulp + order).all())
     assert (out == expected).float().mean().item() > 0.99
     assert torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction  # the setting is restored

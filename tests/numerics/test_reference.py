@@ -1,4 +1,5 @@
 """The reference's internal formulations agree with each other and with plain Python."""
+
 import pytest
 import torch
 
@@ -36,7 +37,9 @@ def test_random_bits_look_uniform():
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
 def test_fast_float32_path_equals_exact_path(fmt, scale_mode, rounding):
     generator = torch.Generator().manual_seed(5)
-    x = torch.randn(3000, 32, generator=generator) * torch.exp2(torch.randint(-140, 120, (3000, 1), generator=generator).float())
+    x = torch.randn(3000, 32, generator=generator) * torch.exp2(
+        torch.randint(-140, 120, (3000, 1), generator=generator).float()
+    )
     x[::7, 3] = 0.0
     x[::5, 4] = -0.0
     x[::11] = torch.randn(32, generator=generator) * 2.0**-135
@@ -47,7 +50,9 @@ def test_fast_float32_path_equals_exact_path(fmt, scale_mode, rounding):
     bits = reference.random_bits24(torch.arange(x.numel()).view(x.shape), seed=9)
     exact = reference._fake_quantize_exact(x, scale_exp, element_format, rounding, bits)
     zero_block = (x == 0).all(dim=1)
-    guard = ((scale_exp + element_format.emin >= -127) & (scale_exp + element_format.emax <= 100)).squeeze(1) | zero_block
+    guard = ((scale_exp + element_format.emin >= -127) & (scale_exp + element_format.emax <= 100)).squeeze(
+        1
+    ) | zero_block
     assert guard.sum() > 1000 and (~guard).sum() > 100  # both sides of the guard are exercised
     fast = reference._fake_quantize_fp32(x[guard], scale_exp[guard], element_format, rounding, bits[guard])
     assert torch.equal(fast, exact[guard]) and torch.equal(torch.signbit(fast), torch.signbit(exact[guard]))
@@ -66,7 +71,9 @@ def test_zero_blocks_keep_the_fast_path(fmt):
     assert zero.sum() == 2 and reference._fast_path_applies(x, scale_exp, nonfinite, zero, FORMATS[fmt], "nearest_even")
     x[3] = 2.0**-140  # a nonzero block whose scale is below the guard still takes the exact path
     scale_exp, nonfinite = reference._block_scales(x, (1,), FORMATS[fmt], "rceil")
-    assert reference._fast_path_applies(x, scale_exp, nonfinite, zero, FORMATS[fmt], "nearest_even") == (FORMATS[fmt].emin >= 0)
+    assert reference._fast_path_applies(x, scale_exp, nonfinite, zero, FORMATS[fmt], "nearest_even") == (
+        FORMATS[fmt].emin >= 0
+    )
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))

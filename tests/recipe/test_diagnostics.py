@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from mxlab.recipe.diagnostics import NumericsMonitor, append_jsonl, operand_stats, sqnr_db
 from mxlab.nn import qmatmul as qmatmul_module
 from mxlab.nn.linear import QLinear
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
+from mxlab.recipe.diagnostics import NumericsMonitor, append_jsonl, operand_stats, sqnr_db
 
 
 def mx_layer(in_features=32, out_features=32, scale_mode="floor", fmt="e4m3"):
@@ -52,13 +52,15 @@ def test_planted_overflow_is_counted_as_saturation_and_lowers_sqnr():
     with monitor.sampling(10) as sampled:
         assert sampled
         out = layer(x)
-    record, = monitor.drain()
+    (record,) = monitor.drain()
     quantized_elements = 64 * 32 + 32 * 32
     assert record["saturated_frac"] == pytest.approx(1 / quantized_elements)
     assert record["flushed_frac"] == pytest.approx(1 / quantized_elements)
     assert out[0, 0].item() == 448.0
     reference = x @ torch.eye(32)
-    expected_sqnr = 10 * np.log10((reference.double() ** 2).sum().item() / ((out.double() - reference.double()) ** 2).sum().item())
+    expected_sqnr = 10 * np.log10(
+        (reference.double() ** 2).sum().item() / ((out.double() - reference.double()) ** 2).sum().item()
+    )
     assert record["sqnr_db"] == pytest.approx(expected_sqnr)
     assert record["amax_a"] == 500.0
     # rceil picks a scale with no saturation for the same block
@@ -74,7 +76,7 @@ def test_subnormals_and_scale_exponents_of_one_operand():
     quant = OperandQuant("e4m3", scale_mode="floor")
     x = torch.zeros(1, 32)
     x[0, 0] = 448.0  # amax in [256, 512): scale exponent 8 - 8 = 0
-    x[0, 1] = 2.0 ** -8  # below E4M3's min normal 2^-6 at scale 1: a subnormal element
+    x[0, 1] = 2.0**-8  # below E4M3's min normal 2^-6 at scale 1: a subnormal element
     x_q = qmatmul_module._fake_quantize_operand(x, quant, -1, 0)
     stats = operand_stats(x, x_q, quant, -1)
     assert stats.subnormal == 1 and stats.saturated == 0 and stats.flushed == 0
@@ -98,7 +100,7 @@ def test_monitor_is_off_between_samples_and_records_attention_products():
     with monitor.sampling(4):
         qmatmul_module.qmatmul(q, q.transpose(-1, -2), qk)
         qmatmul_module.qmatmul(q, q.transpose(-1, -2), qk)  # a second bucket folds into the same record
-    record, = monitor.drain()
+    (record,) = monitor.drain()
     assert (record["module"], record["gemm"], record["calls"]) == ("attn", "qk", 2)
     assert qmatmul_module._observer is None
 
@@ -123,11 +125,11 @@ def test_a_large_operand_with_identical_row_groups_gives_the_full_figures_from_t
     height = 1 if axis == -1 and block == 32 else 32  # a sampled unit: one row, or a block of 32 rows
     generator = torch.Generator().manual_seed(3)
     group = torch.randn(height, 96, generator=generator) * 4
-    group[0, 0], group[-1, 1], group[0, 2] = 500.0, 1e-9, 2.0 ** -9  # saturates, flushes, subnormal at its scale
+    group[0, 0], group[-1, 1], group[0, 2] = 500.0, 1e-9, 2.0**-9  # saturates, flushes, subnormal at its scale
     x = group.repeat(2048 // height, 1)  # 2048 rows: identical groups
     x_q = qmatmul_module._fake_quantize_operand(x, quant, axis, 0)
     bounded = operand_stats(x, x_q, quant, axis, sample_rows=64)
-    full = operand_stats(x, x_q, quant, axis, sample_rows=10 ** 9)
+    full = operand_stats(x, x_q, quant, axis, sample_rows=10**9)
     assert (bounded.rows, bounded.rows_total, bounded.elements) == (64, 2048, 64 * 96)
     assert (full.rows, full.elements) == (2048, 2048 * 96)
     assert _stats_fields(bounded) == pytest.approx(_stats_fields(full)) and bounded.saturated > 0
@@ -141,7 +143,7 @@ def test_rows_along_blocks_are_taken_whole_blocks_and_the_partial_last_block_cou
     x = torch.ones(1000, 8)  # blocks of 32 along the 1000 rows: 31 full blocks and one of 8 rows
     x[992, 3] = 1000.0  # in the partial block: its floor scale is 2^(9 - 8) = 2, 1000 / 2 > 448 saturates
     x_q = qmatmul_module._fake_quantize_operand(x, quant, -2, 0)
-    stats = operand_stats(x, x_q, quant, -2, sample_rows=10 ** 6)
+    stats = operand_stats(x, x_q, quant, -2, sample_rows=10**6)
     assert (stats.rows, stats.elements, stats.saturated) == (1000, 8000, 1)
     assert sum(stats.scale_exponents.values()) == 32 * 8
     few = operand_stats(x, x_q, quant, -2, sample_rows=64)  # 2 of the 32 blocks: rows 0-31 and 512-543
@@ -164,14 +166,14 @@ def test_a_monitor_record_says_how_many_rows_it_read_and_its_sqnr_is_that_of_tho
     monitor = NumericsMonitor(layer, every=1, sample_rows=64)
     with monitor.sampling(0):
         out = layer(x)
-    record, = monitor.drain()
+    (record,) = monitor.drain()
     # input: 64 of 4096 rows; weight (64 x 32 as multiplied, blocks of 32 along its 64 rows): all 64
     assert (record["rows_sampled"], record["rows"]) == (64 + 64, 4096 + 64)
     assert (record["out_rows_sampled"], record["out_rows"]) == (64, 4096)
     rows = torch.arange(64) * 4096 // 64
     reference = (x[rows] @ layer.weight.detach().T).double()
     noise = ((out.detach()[rows].double() - reference) ** 2).sum()
-    assert record["sqnr_db"] == pytest.approx(10 * math.log10(float((reference ** 2).sum() / noise)))
+    assert record["sqnr_db"] == pytest.approx(10 * math.log10(float((reference**2).sum() / noise)))
     assert record["amax_a"] == float(x.abs().max())
     with pytest.raises(ValueError, match="sample_rows"):
         NumericsMonitor(layer, every=1, sample_rows=0)

@@ -1,4 +1,5 @@
 """Where recipes are found: a path, the caller's folders, $MXLAB_RECIPES, then the shipped recipes."""
+
 from pathlib import Path
 
 import pytest

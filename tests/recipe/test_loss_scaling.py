@@ -37,7 +37,9 @@ def test_dynamic_backs_off_on_inf_skips_the_step_and_grows_after_the_interval():
 
 def test_dynamic_matches_torch_grad_scaler_on_the_same_gradient_sequence():
     gradients = [1.0, float("inf"), 1.0, 1.0, float("nan"), 1.0, 1.0, 1.0, 1.0, float("inf"), 1.0]
-    ours = make_loss_scaler({"policy": "dynamic", "init_scale": 256, "growth_interval": 2, "growth_factor": 4, "backoff_factor": 0.25})
+    ours = make_loss_scaler(
+        {"policy": "dynamic", "init_scale": 256, "growth_interval": 2, "growth_factor": 4, "backoff_factor": 0.25}
+    )
     theirs = torch.amp.GradScaler("cpu", init_scale=256, growth_factor=4, backoff_factor=0.25, growth_interval=2)
 
     def train_step(scale, step, gradient):
@@ -92,7 +94,9 @@ def test_config_validation_names_the_bad_key():
 def mx_layer(scale_mode="floor"):
     e4m3 = OperandQuant("e4m3", scale_mode=scale_mode)
     gemm = GemmQuant(e4m3, e4m3)
-    return QLinear(32, 32, bias=False, precision=MatmulPrecision(gemm, gemm, gemm, labels=("fwd", "dgrad", "wgrad"), name="layer"))
+    return QLinear(
+        32, 32, bias=False, precision=MatmulPrecision(gemm, gemm, gemm, labels=("fwd", "dgrad", "wgrad"), name="layer")
+    )
 
 
 def test_per_layer_scale_is_absorbed_by_mx_block_scales():

@@ -24,8 +24,17 @@ from mxlab.recipe import (
 
 RECIPE_DIR = Path(__file__).resolve().parents[2] / "experiments" / "recipes"
 SHIPPED = [
-    "bf16", "mxfp8-floor", "mxfp8-rceil", "mxfp8-rceil-sr", "mxfp8-square32", "mxfp8-wgrad-bf16",
-    "mxfp8-tail-bf16", "mxfp8-e5m2-grad", "mxfp8-hadamard", "mxfp4-all", "fp8-tensor",
+    "bf16",
+    "mxfp8-floor",
+    "mxfp8-rceil",
+    "mxfp8-rceil-sr",
+    "mxfp8-square32",
+    "mxfp8-wgrad-bf16",
+    "mxfp8-tail-bf16",
+    "mxfp8-e5m2-grad",
+    "mxfp8-hadamard",
+    "mxfp4-all",
+    "fp8-tensor",
 ]
 DIM, HEADS = 32, 2
 
@@ -137,14 +146,18 @@ def test_apply_recipe_hits_exactly_the_expected_modules():
 
 
 def test_first_matching_rule_wins_and_padding_is_recorded(tmp_path):
-    recipe = recipe_from_text(tmp_path, MX_POLICY + """
+    recipe = recipe_from_text(
+        tmp_path,
+        MX_POLICY
+        + """
 [[rules]]
 match = "towers.ctr.*"
 policy = "mx"
 [[rules]]
 match = "towers.*"
 policy = "hp"
-""")
+""",
+    )
     plan = apply_recipe(TinyGem(), recipe)
     entries = {entry.module: entry for entry in plan.entries}
     assert entries["towers.ctr.out"].quantized and entries["towers.ctr.out"].rule == "towers.ctr.*"
@@ -173,14 +186,26 @@ def test_a_rule_matching_nothing_is_an_error_listing_the_names(tmp_path):
         (MX_POLICY + '[[rules]]\nmatch = "towers.*"\npolicy = "fp7"\n', r"unknown policy 'fp7'; policies: mx, hp"),
         (MX_POLICY.replace('default = "mx"', 'default = "mxx"'), r"unknown policy 'mxx'"),
         (MX_POLICY.replace('all = "e4m3"', 'all = "e4m4"'), r"unknown format 'e4m4'; accepted: e4m3"),
-        (MX_POLICY.replace('scale_mode = "rceil"', 'scale_mode = "round"'), r"unknown scale_mode 'round'; accepted: floor"),
+        (
+            MX_POLICY.replace('scale_mode = "rceil"', 'scale_mode = "round"'),
+            r"unknown scale_mode 'round'; accepted: floor",
+        ),
         (MX_POLICY + "fwdd = 'e4m3'\n", r"\[policies.hp\]: unknown key\(s\) 'fwdd'; accepted: all, fwd"),
         (MX_POLICY + "[policies.x]\nfwd = 'e4m3'\n", r"precision of dgrad is not given"),
-        (MX_POLICY + "[policies.x]\nall = 'e4m3'\nfwd = {input = 'e4m3', grad_output = 'e4m3'}\n", r"unknown key\(s\) 'grad_output'"),
-        (MX_POLICY + "[policies.x]\nall = 'e4m3'\nrounding = {fwd = 'stochastic', bwd = 'x'}\n", r"'bwd'.*accepted: fwd, grad"),
+        (
+            MX_POLICY + "[policies.x]\nall = 'e4m3'\nfwd = {input = 'e4m3', grad_output = 'e4m3'}\n",
+            r"unknown key\(s\) 'grad_output'",
+        ),
+        (
+            MX_POLICY + "[policies.x]\nall = 'e4m3'\nrounding = {fwd = 'stochastic', bwd = 'x'}\n",
+            r"'bwd'.*accepted: fwd, grad",
+        ),
         (MX_POLICY + "[attention]\nqk = 'e4m3'\n", r"pv is not given"),
         (MX_POLICY + "[loss_scaling]\npolicy = 'adaptive'\n", r"unknown loss_scaling policy 'adaptive'"),
-        ('name = "x"\ndefault = "a"\n[policies.a]\nall = "e4m3"\nblock = 16\n', r"unknown block 16; accepted: 32 or \[32, 32\]"),
+        (
+            'name = "x"\ndefault = "a"\n[policies.a]\nall = "e4m3"\nblock = 16\n',
+            r"unknown block 16; accepted: 32 or \[32, 32\]",
+        ),
         ('name = "x"\ndefault = "a"\nextra = 1\n[policies.a]\nall = "e4m3"\n', r"unknown key\(s\) 'extra'"),
     ],
 )
@@ -292,7 +317,7 @@ def test_backends_are_converters_run_te_first_and_swaps_go_through_replace_modul
     assert list(converters_for(recipe)) == ["te", "mxlab"]  # mxlab, which refuses nothing, runs last
     model = TinyGem()
     target = Target("towers.ctr.out", model.towers.ctr.out, "linear", recipe.policies[recipe.default], "default")
-    entry, = MXLabConverter(recipe.attention).convert(model, [target], seed=3)
+    (entry,) = MXLabConverter(recipe.attention).convert(model, [target], seed=3)
     assert entry.module == "towers.ctr.out" and entry.quantized and isinstance(model.towers.ctr.out, QLinear)
     with pytest.raises(ValueError, match="not \\['x'\\]"):
         MXLabConverter().convert(model, [Target("x", nn.ReLU(), "relu", None, "default")])

@@ -6,6 +6,7 @@ contract: which modules are swapped, that their forward runs inside TE's autocas
 recipe and a padded token count, and how state_dict keys map. The `gpu` tests at the end run
 the real TE (install it as shared/te/README.md describes) and are skipped without CUDA or TE.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,12 +23,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from mxlab.recipe.backends import te as te_backend
 from mxlab.recipe import apply_recipe, load_recipe, parse_recipe
+from mxlab.recipe.backends import te as te_backend
 from mxlab.recipe.backends.te import BackendUnavailableError, TEHandle, TEPolicy
 
-SHIPPED_TE_RECIPES = {"te-fp8-current": "fp8_current", "te-fp8-delayed": "fp8_delayed",
-                      "te-fp8-block": "fp8_block", "te-mxfp8": "mxfp8"}
+SHIPPED_TE_RECIPES = {
+    "te-fp8-current": "fp8_current",
+    "te-fp8-delayed": "fp8_delayed",
+    "te-fp8-block": "fp8_block",
+    "te-mxfp8": "mxfp8",
+}
 MXFP8_REFUSAL = "Device compute capability 10.0 or higher required for MXFP8 execution."
 
 
@@ -110,13 +115,23 @@ def fake_te(monkeypatch):
 @pytest.fixture
 def no_te(monkeypatch):
     """Transformer Engine absent, whatever is installed: its imports fail."""
-    for name in ("transformer_engine", "transformer_engine.pytorch", "transformer_engine.common", "transformer_engine.common.recipe"):
+    for name in (
+        "transformer_engine",
+        "transformer_engine.pytorch",
+        "transformer_engine.common",
+        "transformer_engine.common.recipe",
+    ):
         monkeypatch.setitem(sys.modules, name, None)
 
 
-def te_recipe(te_recipe_name: str = "fp8_current", **policy) -> "object":
-    return parse_recipe({"name": "te-test", "default": "te",
-                         "policies": {"te": {"backend": "te", "te_recipe": te_recipe_name, **policy}}})
+def te_recipe(te_recipe_name: str = "fp8_current", **policy) -> object:
+    return parse_recipe(
+        {
+            "name": "te-test",
+            "default": "te",
+            "policies": {"te": {"backend": "te", "te_recipe": te_recipe_name, **policy}},
+        }
+    )
 
 
 def small_model() -> nn.Sequential:
@@ -140,26 +155,52 @@ def test_te_policy_formats_follow_te_defaults():
     assert te_recipe("fp8_current", fp8_format="e4m3").policies["te"].operand_formats()["grad_output"] == "E4M3"
 
 
-@pytest.mark.parametrize("policy, message", [
-    ({"backend": "te", "te_recipe": "fp8"}, r"unknown TE recipe 'fp8'; accepted: fp8_current, fp8_delayed, fp8_block, mxfp8"),
-    ({"backend": "te"}, r"unknown TE recipe None; accepted: fp8_current"),
-    ({"backend": "cutlass", "te_recipe": "fp8_current"}, r"unknown backend 'cutlass'; accepted: te"),
-    ({"backend": "te", "te_recipe": "fp8_current", "all": "e4m3"}, r"unknown key\(s\) 'all' for backend = \"te\""),
-    ({"backend": "te", "te_recipe": "fp8_current", "fp8_format": "e5m2"}, r"fp8_format: unknown 'e5m2'; accepted: hybrid, e4m3"),
-    ({"backend": "te", "te_recipe": "fp8_current", "unaligned": "pad"}, r"unaligned: unknown 'pad'; accepted: error, high_precision"),
-    ({"backend": "te", "te_recipe": "fp8_current", "amax_history_len": 16}, r"apply to te_recipe = \"fp8_delayed\" only"),
-    ({"backend": "te", "te_recipe": "fp8_delayed", "amax_history_len": 0}, r"amax_history_len: must be a positive integer"),
-    ({"backend": "te", "te_recipe": "fp8_delayed", "amax_compute_algo": "mean"}, r"unknown 'mean'; accepted: max, most_recent"),
-])
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        (
+            {"backend": "te", "te_recipe": "fp8"},
+            r"unknown TE recipe 'fp8'; accepted: fp8_current, fp8_delayed, fp8_block, mxfp8",
+        ),
+        ({"backend": "te"}, r"unknown TE recipe None; accepted: fp8_current"),
+        ({"backend": "cutlass", "te_recipe": "fp8_current"}, r"unknown backend 'cutlass'; accepted: te"),
+        ({"backend": "te", "te_recipe": "fp8_current", "all": "e4m3"}, r"unknown key\(s\) 'all' for backend = \"te\""),
+        (
+            {"backend": "te", "te_recipe": "fp8_current", "fp8_format": "e5m2"},
+            r"fp8_format: unknown 'e5m2'; accepted: hybrid, e4m3",
+        ),
+        (
+            {"backend": "te", "te_recipe": "fp8_current", "unaligned": "pad"},
+            r"unaligned: unknown 'pad'; accepted: error, high_precision",
+        ),
+        (
+            {"backend": "te", "te_recipe": "fp8_current", "amax_history_len": 16},
+            r"apply to te_recipe = \"fp8_delayed\" only",
+        ),
+        (
+            {"backend": "te", "te_recipe": "fp8_delayed", "amax_history_len": 0},
+            r"amax_history_len: must be a positive integer",
+        ),
+        (
+            {"backend": "te", "te_recipe": "fp8_delayed", "amax_compute_algo": "mean"},
+            r"unknown 'mean'; accepted: max, most_recent",
+        ),
+    ],
+)
 def test_te_policy_validation_names_the_value_and_the_accepted_ones(policy, message):
     with pytest.raises(ValueError, match=message):
         parse_recipe({"name": "bad", "default": "te", "policies": {"te": policy}})
 
 
 def test_te_and_mxlab_policies_mix_in_one_recipe():
-    recipe = parse_recipe({"name": "mixed", "default": "mx",
-                           "policies": {"mx": {"all": "e4m3"}, "te": {"backend": "te", "te_recipe": "fp8_delayed"}},
-                           "rules": [{"match": "0", "policy": "te"}]})
+    recipe = parse_recipe(
+        {
+            "name": "mixed",
+            "default": "mx",
+            "policies": {"mx": {"all": "e4m3"}, "te": {"backend": "te", "te_recipe": "fp8_delayed"}},
+            "rules": [{"match": "0", "policy": "te"}],
+        }
+    )
     assert not isinstance(recipe.policies["mx"], TEPolicy) and isinstance(recipe.policies["te"], TEPolicy)
     assert te_backend.te_recipe_names(recipe) == ["fp8_delayed"]
 
@@ -200,20 +241,26 @@ def test_a_cpu_device_on_a_cuda_machine_is_refused(monkeypatch):
 
 
 def test_mxfp8_below_compute_capability_10_is_refused_with_te_reason(monkeypatch):
-    handle = TEHandle(pytorch=FakeTE(mxfp8_supported=False), recipe=_fake_recipe_module(), version="fake", requires_cuda=True)
+    handle = TEHandle(
+        pytorch=FakeTE(mxfp8_supported=False), recipe=_fake_recipe_module(), version="fake", requires_cuda=True
+    )
     monkeypatch.setattr(te_backend, "load_transformer_engine", lambda: handle)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA H200")
     reason = te_backend.recipe_unavailable_reason(load_recipe("te-mxfp8"), device="cuda:0")
-    assert reason == (f"TE recipe 'mxfp8' (MXFP8BlockScaling) cannot run on NVIDIA H200 (compute capability 9.0): {MXFP8_REFUSAL}")
+    assert reason == (
+        f"TE recipe 'mxfp8' (MXFP8BlockScaling) cannot run on NVIDIA H200 (compute capability 9.0): {MXFP8_REFUSAL}"
+    )
     assert te_backend.recipe_unavailable_reason(load_recipe("te-fp8-current"), device="cuda:0") is None
 
 
 def test_unaligned_modules_are_refused_by_default_naming_module_and_fixes(fake_te):
     model = small_model()
-    with pytest.raises(ValueError, match=r"2 \(out_features 1; fp8_current needs multiples of 16\).*unaligned = \"high_precision\""):
+    with pytest.raises(
+        ValueError, match=r"2 \(out_features 1; fp8_current needs multiples of 16\).*unaligned = \"high_precision\""
+    ):
         apply_recipe(model, te_recipe())
     assert type(model[0]) is nn.Linear  # refused before any swap
 
@@ -231,12 +278,20 @@ def test_apply_recipe_swaps_aligned_linears_for_te_and_the_plan_says_so(fake_te)
     assert model[0].weight is not reference[0].weight
     entries = {entry.module: entry for entry in plan.entries}
     assert entries["0"].backend == "te" and entries["0"].quantized
-    assert entries["2"].backend == "mxlab" and not entries["2"].quantized and "out_features 1 not a multiple of 16" in entries["2"].note
+    assert (
+        entries["2"].backend == "mxlab"
+        and not entries["2"].quantized
+        and "out_features 1 not a multiple of 16" in entries["2"].note
+    )
     assert plan.to_dict()["backends"] == {"0": "te"}
     assert "backend te" in plan.table()
     te_recipe_object = model[0].mxlab_te_recipe
     assert type(te_recipe_object).__name__ == "DelayedScaling"
-    assert te_recipe_object.kwargs == {"fp8_format": FakeFormat.HYBRID, "amax_history_len": 16, "amax_compute_algo": "max"}
+    assert te_recipe_object.kwargs == {
+        "fp8_format": FakeFormat.HYBRID,
+        "amax_history_len": 16,
+        "amax_compute_algo": "max",
+    }
 
 
 def test_te_forward_runs_under_te_autocast_with_tokens_padded_and_matches_the_plain_model(fake_te):
@@ -275,8 +330,11 @@ def test_shipped_te_recipe_on_the_tiny_gem_model_keeps_unaligned_layers_high_pre
     esmm_loss(model(batch), batch)["loss"].backward()
     te_modules = [module for module in model.modules() if te_backend.is_te_module(module)]
     assert all(module.calls and module.weight.grad is not None for module in te_modules)
-    assert all(rows % 16 == 0 and type(recipe).__name__ == "Float8CurrentScaling"
-               for module in te_modules for (rows, _), recipe in module.calls)
+    assert all(
+        rows % 16 == 0 and type(recipe).__name__ == "Float8CurrentScaling"
+        for module in te_modules
+        for (rows, _), recipe in module.calls
+    )
 
 
 # --------------------------------------------------------------------------------- state_dict
@@ -302,15 +360,23 @@ def test_state_dict_maps_both_ways_between_te_and_plain_models(fake_te):
     assert torch.equal(other_te[0].extra_loaded, torch.tensor([0.0]))  # its own extra state, kept
 
     with pytest.raises(ValueError, match=r"missing \['0.bias'\]"):
-        te_backend.plain_state_dict_to_te({k: v for k, v in plain_model.state_dict().items() if k != "0.bias"}, other_te)
+        te_backend.plain_state_dict_to_te(
+            {k: v for k, v in plain_model.state_dict().items() if k != "0.bias"}, other_te
+        )
 
 
 # --------------------------------------------------------------------------------- runner
 def test_the_runner_records_an_arm_te_cannot_run_as_skipped(no_te, tmp_path):
     from mxlab.experiment.train import RunJob, run_is_done, train_run
 
-    job = RunJob(arm="te-fp8-current", seed=0, recipe=load_recipe("te-fp8-current"), recipe_source="te-fp8-current",
-                 run_dir=tmp_path / "runs" / "te-fp8-current" / "seed0", spec=types.SimpleNamespace(train=None))
+    job = RunJob(
+        arm="te-fp8-current",
+        seed=0,
+        recipe=load_recipe("te-fp8-current"),
+        recipe_source="te-fp8-current",
+        run_dir=tmp_path / "runs" / "te-fp8-current" / "seed0",
+        spec=types.SimpleNamespace(train=None),
+    )
     result = train_run(job, source=None, device="cpu")
     assert result.status == "skipped" and "pip install 'mxlab[te]'" in result.reason
     done = json.loads((job.run_dir / "done.json").read_text())
@@ -322,8 +388,8 @@ def test_the_runner_records_an_arm_te_cannot_run_as_skipped(no_te, tmp_path):
 def test_check_te_refuses_without_te_or_cuda_and_says_how_to_install(no_te):
     from typer.testing import CliRunner
 
-    from mxlab.recipe.backends.te_check import run_te_check
     from mxlab.cli import app
+    from mxlab.recipe.backends.te_check import run_te_check
 
     with pytest.raises(BackendUnavailableError, match=r"pip install 'mxlab\[te\]'"):
         run_te_check()
@@ -339,18 +405,22 @@ def test_check_te_classifies_every_difference():
     same = torch.tensor([1.0, -2.0, 0.0])
     assert classify_differences(same, same.clone(), True, e4m3, 1.0, 1.0) == []
     assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([1.125, 2.0]), True, e4m3, 1.0, 1.0) == [
-        "one_step: 1 elements one FP8 step apart (rounding of x * scale)"]
+        "one_step: 1 elements one FP8 step apart (rounding of x * scale)"
+    ]
     assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 2.0]), True, e4m3, 1.0, 1.0) == [
-        "unexplained: 1 elements"]
+        "unexplained: 1 elements"
+    ]
     assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([float("nan"), 2.0]), True, e4m3, 1.0, 1.0) == [
-        "nonfinite: 1 elements NaN/Inf in one result only"]
-    assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 3.0]), False, e4m3, 0.5, 0.75)[0].startswith(
-        "scale: 2 elements follow a different scale")
+        "nonfinite: 1 elements NaN/Inf in one result only"
+    ]
+    assert classify_differences(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 3.0]), False, e4m3, 0.5, 0.75)[
+        0
+    ].startswith("scale: 2 elements follow a different scale")
 
 
 def test_check_te_tie_case_lies_exactly_halfway_between_e4m3_neighbours():
-    from mxlab.recipe.backends.te_check import make_case
     from mxlab.numerics.quant import fake_quantize
+    from mxlab.recipe.backends.te_check import make_case
 
     x = make_case("ties", 64, 64, torch.Generator().manual_seed(0)).float()
     assert x.abs().max() == 448.0  # per-tensor scale 448 / amax = 1
@@ -393,7 +463,9 @@ def _te_importable() -> bool:
         return False
 
 
-needs_te = pytest.mark.skipif(not (torch.cuda.is_available() and _te_importable()), reason="needs CUDA and Transformer Engine")
+needs_te = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _te_importable()), reason="needs CUDA and Transformer Engine"
+)
 
 
 def _te_study_spec(tmp_path: Path, arms: list[str], train_examples: int, eval_examples: int = 4096) -> Path:
@@ -409,7 +481,7 @@ def _te_study_spec(tmp_path: Path, arms: list[str], train_examples: int, eval_ex
         f'name = "te-tiny"\nseeds = [0]\nbaseline = "bf16"\narms = {json.dumps(arms)}\n'
         f'[data]\nsource = "synthetic"\ntrain_examples = {train_examples}\neval_examples = {eval_examples}\n'
         '[model]\nsize = "tiny"\nmax_history = 32\n'
-        '[train]\nbatch_size = 256\nlr = 3e-3\nepochs = 1\neval_batch_size = 2048\nlog_every = 2\n'
+        "[train]\nbatch_size = 256\nlr = 3e-3\nepochs = 1\neval_batch_size = 2048\nlog_every = 2\n"
     )
     return spec_path
 
@@ -419,7 +491,9 @@ def test_a_study_trains_a_te_arm_and_skips_one_the_gpu_cannot_run_with_the_reaso
     from mxlab.experiment import load_spec
     from mxlab.experiment.runner import run_study
 
-    spec = load_spec(_te_study_spec(tmp_path, ["bf16", "te-fp8-current", "te-mxfp8"], train_examples=256, eval_examples=2048))
+    spec = load_spec(
+        _te_study_spec(tmp_path, ["bf16", "te-fp8-current", "te-mxfp8"], train_examples=256, eval_examples=2048)
+    )
     run_study(spec, tmp_path / "study", device="cpu", executor="inline", show_progress=False)
     from mxlab.report import write_report
 
@@ -487,7 +561,9 @@ def test_gpu_check_te_per_tensor_fp8_is_bit_identical_or_every_difference_is_exp
     per_tensor = [row for row in report.operands if row.scheme.startswith("fp8_current")]
     assert per_tensor, report.table()
     for row in per_tensor:
-        assert row.identical_fraction == 1.0 or (row.differences and "unexplained" not in " ".join(row.differences)), report.table()
+        assert row.identical_fraction == 1.0 or (row.differences and "unexplained" not in " ".join(row.differences)), (
+            report.table()
+        )
     random_rows = [row for row in per_tensor if row.case in ("normal", "heavy_tail")]
     assert all(row.identical_fraction == 1.0 for row in random_rows), report.table()
     assert all(row.rel_error_te_vs_mxlab < 0.02 for row in report.gemms if row.scheme == "fp8_current"), report.table()

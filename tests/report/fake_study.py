@@ -9,6 +9,7 @@ Every arm's predictions are built from the true probabilities in logit space:
 - kind "improve": logit(truth) + seed noise of a smaller sd;
 - kind "diverged": the run of ``diverged_seed`` is recorded as diverged (no eval.npz); other seeds as "same".
 """
+
 from __future__ import annotations
 
 import json
@@ -71,13 +72,16 @@ def make_fake_study(
             (run / "plan.txt").write_text(
                 f"module            fwd    dgrad  wgrad\n"
                 f"towers.ctr.fc1    {'bf16' if arm == baseline else 'e4m3'}   {'bf16' if arm == baseline else 'e4m3'}   bf16\n"
-                f"towers.cvr.fc1    {'bf16' if arm == baseline else 'e4m3'}   bf16   bf16\n")
+                f"towers.cvr.fc1    {'bf16' if arm == baseline else 'e4m3'}   bf16   bf16\n"
+            )
             (run / "plan.json").write_text(json.dumps({"towers.ctr.fc1": "mx" if arm != baseline else "hp"}))
             _write_metrics(run / "metrics.jsonl", run_rng, arm_number, dynamic_scale=arm != baseline)
             if with_numerics and arm != baseline:
                 _write_numerics(run / "numerics.jsonl", run_rng, degrade=kind == "regress")
             if kind == "diverged" and seed == diverged_seed:
-                (run / "done.json").write_text(json.dumps({"status": "diverged", "diverged_at_step": 37, "steps": 37, "wall_s": 1.0}))
+                (run / "done.json").write_text(
+                    json.dumps({"status": "diverged", "diverged_at_step": 37, "steps": 37, "wall_s": 1.0})
+                )
                 continue
             if kind == "regress":
                 ctr_logit, cvr_logit = base_logits[seed]
@@ -90,14 +94,26 @@ def make_fake_study(
             if arm == baseline:
                 base_logits[seed] = (ctr_logit, cvr_logit)
             p_ctr, p_cvr = _sigmoid(ctr_logit).astype(np.float32), _sigmoid(cvr_logit).astype(np.float32)
-            np.savez(run / "eval.npz", click=click, conversion=conversion, p_ctr=p_ctr, p_cvr=p_cvr,
-                     p_ctcvr=p_ctr * p_cvr, user_id=users, true_ctr=true_ctr.astype(np.float32),
-                     true_cvr=true_cvr.astype(np.float32))
-            (run / "done.json").write_text(json.dumps({"status": "finished", "diverged_at_step": None, "steps": 100, "wall_s": 2.5}))
+            np.savez(
+                run / "eval.npz",
+                click=click,
+                conversion=conversion,
+                p_ctr=p_ctr,
+                p_cvr=p_cvr,
+                p_ctcvr=p_ctr * p_cvr,
+                user_id=users,
+                true_ctr=true_ctr.astype(np.float32),
+                true_cvr=true_cvr.astype(np.float32),
+            )
+            (run / "done.json").write_text(
+                json.dumps({"status": "finished", "diverged_at_step": None, "steps": 100, "wall_s": 2.5})
+            )
     return directory
 
 
-def _write_metrics(path: Path, rng: np.random.Generator, arm_number: int, dynamic_scale: bool, steps: int = 100) -> None:
+def _write_metrics(
+    path: Path, rng: np.random.Generator, arm_number: int, dynamic_scale: bool, steps: int = 100
+) -> None:
     scale = 65536.0
     lines = []
     for step in range(0, steps, 5):
@@ -105,9 +121,21 @@ def _write_metrics(path: Path, rng: np.random.Generator, arm_number: int, dynami
         skipped = bool(dynamic_scale and step in (20, 60))
         if skipped:
             scale /= 2
-        lines.append(json.dumps({"step": step, "epoch": 0, "loss": loss, "loss_ctr": 0.7 * loss, "loss_ctcvr": 0.3 * loss,
-                                 "loss_scale": scale if dynamic_scale else 1.0, "skipped": skipped,
-                                 "examples_per_s": 5000.0, "time_s": step * 0.05}))
+        lines.append(
+            json.dumps(
+                {
+                    "step": step,
+                    "epoch": 0,
+                    "loss": loss,
+                    "loss_ctr": 0.7 * loss,
+                    "loss_ctcvr": 0.3 * loss,
+                    "loss_scale": scale if dynamic_scale else 1.0,
+                    "skipped": skipped,
+                    "examples_per_s": 5000.0,
+                    "time_s": step * 0.05,
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -119,9 +147,18 @@ def _write_numerics(path: Path, rng: np.random.Generator, degrade: bool) -> None
             gemms = ("qk", "pv") if module == "history.attn" else ("fwd", "dgrad", "wgrad")
             for gemm in gemms:
                 sqnr = 31.0 - (6.0 if degrade and gemm == "dgrad" else 0.0) + rng.normal(0, 0.5)
-                lines.append(json.dumps({
-                    "step": step, "module": module, "gemm": gemm, "sqnr_db": sqnr,
-                    "saturated_frac": 1e-4 if degrade else 0.0, "flushed_frac": 2e-3 if gemm == "wgrad" else 1e-4,
-                    "subnormal_frac": 1e-3, "scale_exp_hist": {"-3": 10, "-2": 5},
-                }))
+                lines.append(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "module": module,
+                            "gemm": gemm,
+                            "sqnr_db": sqnr,
+                            "saturated_frac": 1e-4 if degrade else 0.0,
+                            "flushed_frac": 2e-3 if gemm == "wgrad" else 1e-4,
+                            "subnormal_frac": 1e-3,
+                            "scale_exp_hist": {"-3": 10, "-2": 5},
+                        }
+                    )
+                )
     path.write_text("\n".join(lines) + "\n")

@@ -1,18 +1,28 @@
 """The convergence gate and the design line of a report."""
+
 from __future__ import annotations
 
 from mxlab.report.convergence import convergence_warning, design_text
 
 
 def _series(values_by_seed):
-    return {"bf16": {seed: [(10 * (i + 1), {"ctr.ne": v, "ctcvr.ne": v}) for i, v in enumerate(values)]
-                     for seed, values in values_by_seed.items()}}
+    return {
+        "bf16": {
+            seed: [(10 * (i + 1), {"ctr.ne": v, "ctcvr.ne": v}) for i, v in enumerate(values)]
+            for seed, values in values_by_seed.items()
+        }
+    }
 
 
 def test_a_baseline_still_falling_by_more_than_half_the_seed_spread_has_not_converged():
     # last values 0.90, 0.92, 0.94: SD 0.02, bound 0.01; mean fall 0.03 -> not converged
     warning = convergence_warning(_series({0: [0.93, 0.90], 1: [0.95, 0.92], 2: [0.97, 0.94]}), "bf16")
-    assert warning is not None and "bf16 has not converged" in warning and "0.03" in warning and "0.5 x the between-seed SD 0.02" in warning
+    assert (
+        warning is not None
+        and "bf16 has not converged" in warning
+        and "0.03" in warning
+        and "0.5 x the between-seed SD 0.02" in warning
+    )
 
 
 def test_a_plateaued_baseline_passes_and_other_arms_do_not_count():
@@ -29,5 +39,7 @@ def test_one_seed_falls_back_to_a_relative_bound():
 
 def test_design_text_names_the_design():
     assert "from scratch" in design_text({"arms": ["bf16"]})
-    fork = design_text({"arms": ["bf16", "post:mxfp8-rceil"], "design": {"kind": "fork", "from": "bf16", "warmup_steps": 64}})
+    fork = design_text(
+        {"arms": ["bf16", "post:mxfp8-rceil"], "design": {"kind": "fork", "from": "bf16", "warmup_steps": 64}}
+    )
     assert "**fork**" in fork and "trained 64 steps" in fork and "post:mxfp8-rceil" in fork

@@ -13,8 +13,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    directory = make_fake_study(tmp_path_factory.mktemp("report") / "study", arms=ARMS, seeds=(0, 1, 2, 3),
-                                n_examples=10000, n_users=1000)
+    directory = make_fake_study(
+        tmp_path_factory.mktemp("report") / "study", arms=ARMS, seeds=(0, 1, 2, 3), n_examples=10000, n_users=1000
+    )
     runs_before = {p: p.stat().st_mtime_ns for p in (directory / "runs").rglob("*")}
     written = write_report(directory)
     runs_after = {p: p.stat().st_mtime_ns for p in (directory / "runs").rglob("*")}
@@ -23,8 +24,15 @@ def rendered(tmp_path_factory):
 
 def test_report_files_are_written_and_runs_untouched(rendered):
     directory, written, before, after = rendered
-    assert set(written) == {"report.md", "report.html", "summary.json", "figures/forest.png", "figures/reliability.png",
-                            "figures/training.png", "figures/numerics.png"}
+    assert set(written) == {
+        "report.md",
+        "report.html",
+        "summary.json",
+        "figures/forest.png",
+        "figures/reliability.png",
+        "figures/training.png",
+        "figures/numerics.png",
+    }
     for name, path in written.items():
         assert path == directory / name and path.stat().st_size > 1000
         if name.endswith(".png"):
@@ -36,13 +44,26 @@ def test_report_files_are_written_and_runs_untouched(rendered):
 def test_markdown_report_opens_with_the_ship_table(rendered):
     directory, *_ = rendered
     text = (directory / "report.md").read_text()
-    assert text.index("## Ship table") < text.index("## Truth ceiling") < text.index("figures/forest.png") < text.index("## Details")
-    for needle in ("Secondary metrics: unadjusted 95% intervals, no verdict", "Controls: placebo and A/A noise floor",
-                   "tests of two fitted models, not of the recipe", "Method and conventions", "commit 0123abc",
-                   "mxlab run experiments/study.toml", "towers.ctr.fc1    e4m3", "smallest detectable regression",
-                   "**mx-diverged diverged** (seed 1 at step 37)", "its verdicts rest on seeds [0, 2, 3]",
-                   "**This study is too small for its margin on ctr.ne**",
-                   "**The runs ended at a constant learning rate**"):
+    assert (
+        text.index("## Ship table")
+        < text.index("## Truth ceiling")
+        < text.index("figures/forest.png")
+        < text.index("## Details")
+    )
+    for needle in (
+        "Secondary metrics: unadjusted 95% intervals, no verdict",
+        "Controls: placebo and A/A noise floor",
+        "tests of two fitted models, not of the recipe",
+        "Method and conventions",
+        "commit 0123abc",
+        "mxlab run experiments/study.toml",
+        "towers.ctr.fc1    e4m3",
+        "smallest detectable regression",
+        "**mx-diverged diverged** (seed 1 at step 37)",
+        "its verdicts rest on seeds [0, 2, 3]",
+        "**This study is too small for its margin on ctr.ne**",
+        "**The runs ended at a constant learning rate**",
+    ):
         assert needle in text, needle
     assert "neutral" not in text.split("## Details")[0]
     ship = text.split("## Ship table")[1].split("##")[0]
@@ -66,7 +87,9 @@ def test_summary_json_holds_verdicts_and_re_renders_without_runs(rendered, tmp_p
     directory, *_ = rendered
     summary = json.loads((directory / "summary.json").read_text())
     assert summary["verdicts"]["mx-regress"]["ctr.ne"] == "regression"
-    comparison = next(c for c in summary["comparisons"] if (c["arm"], c["metric"]) == ("mx-regress", "ctr.calibration_error"))
+    comparison = next(
+        c for c in summary["comparisons"] if (c["arm"], c["metric"]) == ("mx-regress", "ctr.calibration_error")
+    )
     assert comparison["delta"] > 0 and comparison["verdict"] is None and comparison["level"] == 0.95
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -79,23 +102,38 @@ def test_summary_json_holds_verdicts_and_re_renders_without_runs(rendered, tmp_p
     assert again["verdicts"] == summary["verdicts"] and again["comparisons"] == summary["comparisons"]
     # a figure drawn from the runs by the earlier render stays, is shown, and is listed with the files
     assert (copy / "figures" / "training.png").is_file() and "figures/training.png" in again["files"]
-    assert "figures/training.png" in (copy / "report.md").read_text() and "figures/reliability.png" not in again["files"]
+    assert (
+        "figures/training.png" in (copy / "report.md").read_text() and "figures/reliability.png" not in again["files"]
+    )
 
 
 def test_compare_studies_shows_spec_and_verdict_differences(tmp_path):
-    a = make_fake_study(tmp_path / "a", arms={"bf16": "same", "mx": "regress"}, seeds=(0, 1, 2, 3),
-                        n_examples=10000, n_users=1000)
-    b = make_fake_study(tmp_path / "b", arms={"bf16": "same", "mx": "same"}, seeds=(0, 1, 2, 3), n_examples=10000, n_users=1000,
-                        report={"ne_regression_pct": 0.5})
+    a = make_fake_study(
+        tmp_path / "a", arms={"bf16": "same", "mx": "regress"}, seeds=(0, 1, 2, 3), n_examples=10000, n_users=1000
+    )
+    b = make_fake_study(
+        tmp_path / "b",
+        arms={"bf16": "same", "mx": "same"},
+        seeds=(0, 1, 2, 3),
+        n_examples=10000,
+        n_users=1000,
+        report={"ne_regression_pct": 0.5},
+    )
     text = compare_studies(a, b)
-    assert "| report.ne_regression_pct | \"(absent)\" | 0.5 |" in text
-    assert re.search(r"\| mx \| ctr.ne \| regression: \+[\d.]+% .*\| (inconclusive|non-inferior): .*\(changed\) \|", text)
+    assert '| report.ne_regression_pct | "(absent)" | 0.5 |' in text
+    assert re.search(
+        r"\| mx \| ctr.ne \| regression: \+[\d.]+% .*\| (inconclusive|non-inferior): .*\(changed\) \|", text
+    )
     assert "The two specs are identical." in compare_studies(a, a)
 
 
 def test_document_rendering_escapes():
-    blocks = [Heading("T", 1), Paragraph("a **b** `c<d>`"), BulletList(["x | y"]),
-              Table(["h|1", "h2"], [["<script>", "v"]], ["regression"])]
+    blocks = [
+        Heading("T", 1),
+        Paragraph("a **b** `c<d>`"),
+        BulletList(["x | y"]),
+        Table(["h|1", "h2"], [["<script>", "v"]], ["regression"]),
+    ]
     markdown = render_markdown(blocks)
     assert "| h\\|1 | h2 |" in markdown
     page = render_html(blocks, "t", base_dir=None)
@@ -126,7 +164,11 @@ def test_the_environment_names_the_code_and_device_each_run_was_trained_with(tmp
         for seed in (0, 1, 2):
             done_path = directory / "runs" / arm / f"seed{seed}" / "done.json"
             commit = "aaa111" if seed == 0 else "bbb222"
-            trained = None if (arm, seed) == ("mx", 2) else {"code": {"commit": commit, "dirty": False, "source": "git"}, "device": "GPU X"}
+            trained = (
+                None
+                if (arm, seed) == ("mx", 2)
+                else {"code": {"commit": commit, "dirty": False, "source": "git"}, "device": "GPU X"}
+            )
             done_path.write_text(json.dumps({**json.loads(done_path.read_text()), "trained_with": trained}))
     write_report(directory)
     environment = (directory / "report.md").read_text().split("## Environment and reproduction")[1]
@@ -157,13 +199,24 @@ def test_a_baseline_seed_that_trained_badly_is_named_in_the_warnings():
 
     ctcvr = [0.869, 0.8557, 0.8601, 0.9512, 0.8571, 0.9363, 0.861, 0.8541]  # gem-mxfp8's BF16, 2026-12-03
     ctr = [0.9027, 0.893, 0.8945, 0.9384, 0.89, 0.9429, 0.8979, 0.8927]
-    run_metrics = {"bf16": {seed: {"ctr": {"ne": a}, "ctcvr": {"ne": b}} for seed, (a, b) in enumerate(zip(ctr, ctcvr))}}
-    analysis = SimpleNamespace(study=SimpleNamespace(baseline="bf16"), inputs=SimpleNamespace(run_metrics=run_metrics),
-                               settings=SimpleNamespace(primary=("ctr.excess_ne", "ctcvr.excess_ne", "ctcvr.ne")))
+    run_metrics = {
+        "bf16": {seed: {"ctr": {"ne": a}, "ctcvr": {"ne": b}} for seed, (a, b) in enumerate(zip(ctr, ctcvr))}
+    }
+    analysis = SimpleNamespace(
+        study=SimpleNamespace(baseline="bf16"),
+        inputs=SimpleNamespace(run_metrics=run_metrics),
+        settings=SimpleNamespace(primary=("ctr.excess_ne", "ctcvr.excess_ne", "ctcvr.ne")),
+    )
     warnings = _baseline_outlier_warnings(analysis)
     assert len(warnings) == 1  # CTCVR once (excess NE is NE shifted); CTR's seeds 3 and 5 stay under the cut for 8
     assert warnings[0].startswith("**The baseline's ctcvr.ne is an outlier on seed(s) 3, 5**")
     assert "seed 5 at 0.9363" in warnings[0] and "1% of studies" in warnings[0]
     steady = {"bf16": {seed: {"ctr": {"ne": 0.9 + 0.001 * seed}, "ctcvr": {"ne": 0.86}} for seed in range(8)}}
-    assert _baseline_outlier_warnings(SimpleNamespace(study=analysis.study, inputs=SimpleNamespace(run_metrics=steady),
-                                                      settings=analysis.settings)) == []
+    assert (
+        _baseline_outlier_warnings(
+            SimpleNamespace(
+                study=analysis.study, inputs=SimpleNamespace(run_metrics=steady), settings=analysis.settings
+            )
+        )
+        == []
+    )

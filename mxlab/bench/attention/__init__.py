@@ -22,9 +22,17 @@ MX kernel with other tile sizes (the note names them). `mxlab.bench.sass.attenti
 Modules: `shapes` (shapes, records, lengths, FLOPs, the MX policy, padding), `baselines` (FlexAttention,
 padded SDPA), `run` (the run), `precompile` (tile candidates, compiling ahead).
 """
+
 from mxlab.bench.attention.precompile import precompile_kernels
 from mxlab.bench.attention.run import run_attention_bench
 from mxlab.bench.attention.shapes import AttentionBenchResult, Measurement, Shape, sample_lengths, useful_flops
 
-__all__ = ["AttentionBenchResult", "Measurement", "Shape", "precompile_kernels", "run_attention_bench", "sample_lengths",
-           "useful_flops"]
+__all__ = [
+    "AttentionBenchResult",
+    "Measurement",
+    "Shape",
+    "precompile_kernels",
+    "run_attention_bench",
+    "sample_lengths",
+    "useful_flops",
+]

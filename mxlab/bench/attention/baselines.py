@@ -1,18 +1,28 @@
 """The baselines of `mxlab bench attention` on one shape: FlexAttention with a document mask over the packed
 tokens, and padded SDPA with a key mask."""
+
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from mxlab.bench.attention.shapes import padded, padding_slots
 
 
-def flex_document_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor, q_offsets: torch.Tensor,
-                       lengths: torch.Tensor, offsets: torch.Tensor, causal: bool,
-                       compiled_flex: Callable[..., torch.Tensor]) -> Callable[[], torch.Tensor]:
+def flex_document_mask(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_lengths: torch.Tensor,
+    q_offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    offsets: torch.Tensor,
+    causal: bool,
+    compiled_flex: Callable[..., torch.Tensor],
+) -> Callable[[], torch.Tensor]:
     """The forward of FlexAttention over the packed tokens as one batch entry, a document mask keeping each
     query to its own sequence's keys (and, causal, the earlier ones). Builds the block mask now."""
     from torch.nn.attention.flex_attention import create_block_mask
@@ -35,14 +45,17 @@ def flex_document_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_leng
         block_mask = create_block_mask(document_mask, None, None, q.shape[0], total, device=device, _compile=True)
 
     def flex() -> torch.Tensor:
-        out = compiled_flex(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask)
+        out = compiled_flex(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], block_mask=block_mask
+        )
         return out[0].transpose(0, 1)
 
     return flex
 
 
-def padded_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor, lengths: torch.Tensor,
-                causal: bool) -> Callable[[], torch.Tensor]:
+def padded_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lengths: torch.Tensor, lengths: torch.Tensor, causal: bool
+) -> Callable[[], torch.Tensor]:
     """The forward of SDPA on zero-padded (batch, heads, width, head_dim) copies, with the key mask as an additive
     BF16 bias (SDPA picks its cuDNN kernel for it), unpadded back to the packed queries."""
     import torch.nn.functional as F

@@ -1,11 +1,13 @@
 """Tile sizes `mxlab bench attention` times besides the defaults, and `precompile_kernels`: every kernel variant
 the tests and the bench use compiled ahead, in parallel processes (Triton compiles one variant at a time per
 process; its cache on disk is shared)."""
+
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import astuple
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -42,7 +44,7 @@ def sweep_candidates() -> list[Any]:
     ]
 
 
-def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional[tuple]) -> str:
+def _compile_one(mode: str, causal: bool, activation: str, tile_fields: tuple | None) -> str:
     """Run the kernel once, forward + backward, on a tiny batch with the benchmark's heads and head
     dim, so that its compiled variants land in Triton's on-disk cache. Returns what it did.
     (Tiles travel as a tuple of TileSizes fields: a worker imports the kernels only here.)"""
@@ -52,14 +54,27 @@ def _compile_one(mode: str, causal: bool, activation: str, tile_fields: Optional
     device = torch.device("cuda")
     lengths = torch.tensor([40, 70, 5], device=device)
     offsets = offsets_of(lengths)
-    q, k, v = (torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (
+        torch.randn(int(offsets[-1]), HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3)
+    )
     policy = mx_policy() if mode == "mxfp8" else None
-    out = jagged_attention(q, k, v, offsets, offsets, causal=causal, activation=activation, policy=policy, _launch=launch)
+    out = jagged_attention(
+        q, k, v, offsets, offsets, causal=causal, activation=activation, policy=policy, _launch=launch
+    )
     out.backward(torch.ones_like(out))
     q_cross = torch.randn(3 * CROSS_TOKENS, HEADS, HEAD_DIM, device=device, dtype=torch.bfloat16, requires_grad=True)
     if not causal:
-        cross = jagged_attention(q_cross, k, v, offsets_of(torch.full_like(lengths, CROSS_TOKENS)), offsets, activation=activation,
-                                 policy=policy, _launch=launch)
+        cross = jagged_attention(
+            q_cross,
+            k,
+            v,
+            offsets_of(torch.full_like(lengths, CROSS_TOKENS)),
+            offsets,
+            activation=activation,
+            policy=policy,
+            _launch=launch,
+        )
         cross.backward(torch.ones_like(cross))
     torch.cuda.synchronize()
     return f"{mode} causal={causal} {activation} {tiles_text(launch.tiles) if launch.tiles is not None else 'default tiles'}"
@@ -75,13 +90,19 @@ def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Calla
 
     jobs: list[tuple] = [
         (mode, causal, activation, None)
-        for mode in ("bf16", "mxfp8") for causal in (False, True) for activation in ("softmax", "silu")
+        for mode in ("bf16", "mxfp8")
+        for causal in (False, True)
+        for activation in ("softmax", "silu")
     ]
     jobs += [("bf16", False, "softmax", astuple(DEFAULT_MX_TILES))]
     jobs += [("mxfp8", False, "softmax", astuple(tiles)) for tiles in mx_tile_candidates()]
     if sweep:
-        jobs += [(mode, False, "softmax", astuple(tiles)) for tiles in sweep_candidates() for mode in ("bf16", "mxfp8")
-                 if mode == "bf16" or mx_tiles_problem(tiles, softmax=True) is None]
+        jobs += [
+            (mode, False, "softmax", astuple(tiles))
+            for tiles in sweep_candidates()
+            for mode in ("bf16", "mxfp8")
+            if mode == "bf16" or mx_tiles_problem(tiles, softmax=True) is None
+        ]
     started = time.perf_counter()
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=min(processes, len(jobs)), mp_context=context) as pool:

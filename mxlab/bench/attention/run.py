@@ -1,11 +1,13 @@
 """The run of `mxlab bench attention`: every shape, the kernel's rows (BF16, MX, their variants), the baselines'
 rows, and the speed-ups, printed as they come and written as JSON after every shape."""
+
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -43,8 +45,15 @@ class _Recorder:
         """Median events time of `step` (forward + backward, or the forward alone with flops / 3.5)."""
         self.record(shape, method, events_ms(step, self.warmup, self.repeat), flops, note)
 
-    def record(self, shape: Shape, method: str, ms: Optional[float], flops: float, note: str = "",
-               host_ms: Optional[float] = None) -> None:
+    def record(
+        self,
+        shape: Shape,
+        method: str,
+        ms: float | None,
+        flops: float,
+        note: str = "",
+        host_ms: float | None = None,
+    ) -> None:
         tflops = flops / (ms * 1e-3) / 1e12 if ms else None
         self.result.measurements.append(Measurement(shape.name, method, ms, tflops, note, host_ms))
         shown = f"{ms:9.3f} ms {tflops:7.1f} useful TFLOP/s" if ms else f"{'-':>9}    {'':>7}"
@@ -55,19 +64,37 @@ class _Recorder:
         `method graph`: the same step replayed from a CUDA graph (device time only)."""
         try:
             wall_ms, host_ms = loop_ms(step, self.warmup, LOOP_STEPS)
-            self.record(shape, f"{method} loop", wall_ms, flops, f"{LOOP_STEPS} steps, one sync; host enqueue {host_ms:.3f} ms/step",
-                        host_ms)
+            self.record(
+                shape,
+                f"{method} loop",
+                wall_ms,
+                flops,
+                f"{LOOP_STEPS} steps, one sync; host enqueue {host_ms:.3f} ms/step",
+                host_ms,
+            )
         except Exception as error:  # report, keep the other numbers
             self.record(shape, f"{method} loop", None, flops, f"failed: {type(error).__name__}: {error}"[:200])
         try:
-            self.record(shape, f"{method} graph", graph_ms(step, self.warmup, self.repeat), flops, "CUDA graph replay: device time")
+            self.record(
+                shape,
+                f"{method} graph",
+                graph_ms(step, self.warmup, self.repeat),
+                flops,
+                "CUDA graph replay: device time",
+            )
         except Exception as error:
             torch.cuda.synchronize()
             self.record(shape, f"{method} graph", None, flops, f"failed: {type(error).__name__}: {error}"[:200])
 
 
-def _kernel_rows(rec: _Recorder, shape: Shape, kernel: Callable[..., torch.Tensor], step: Callable[..., Callable[[], None]],
-                 flops: float, sweep_tiles: bool) -> None:
+def _kernel_rows(
+    rec: _Recorder,
+    shape: Shape,
+    kernel: Callable[..., torch.Tensor],
+    step: Callable[..., Callable[[], None]],
+    flops: float,
+    sweep_tiles: bool,
+) -> None:
     """The kernel's rows on one shape: BF16 and MX everywhere; on the self shape also the integer convert,
     stochastic gradients, other MX tiles, the BF16 kernel with MX tiles, the host split and the sweep."""
     from mxlab.kernels.attention import DEFAULT_MX_TILES, mx_tiles_problem
@@ -76,15 +103,27 @@ def _kernel_rows(rec: _Recorder, shape: Shape, kernel: Callable[..., torch.Tenso
     rec.time(shape, "kernel bf16", step(), flops)
     rec.time(shape, "kernel mxfp8", step(mx), flops)
     if shape.name == "self":  # what the hardware FP8 convert saves, what stochastic gradients cost
-        rec.time(shape, "kernel mxfp8 integer convert", step(mx, hw_fp8=False), flops,
-                 "integer quantization steps, no FP8 convert instructions")
+        rec.time(
+            shape,
+            "kernel mxfp8 integer convert",
+            step(mx, hw_fp8=False),
+            flops,
+            "integer quantization steps, no FP8 convert instructions",
+        )
         rec.time(shape, "kernel mxfp8 SR grads", step(sr), flops, "dO and dS rounded stochastically")
         for tiles in mx_tile_candidates():
             rec.time(shape, "kernel mxfp8 tiles", step(mx, tiles), flops, tiles_text(tiles))
-            rec.time(shape, "kernel mxfp8 tiles fwd only", lambda t=tiles: kernel(mx, t), flops / 3.5, tiles_text(tiles))
+            rec.time(
+                shape, "kernel mxfp8 tiles fwd only", lambda t=tiles: kernel(mx, t), flops / 3.5, tiles_text(tiles)
+            )
         rec.time(shape, "kernel bf16 MX tiles", step(None, DEFAULT_MX_TILES), flops, tiles_text(DEFAULT_MX_TILES))
-        rec.time(shape, "kernel bf16 MX tiles fwd only", lambda: kernel(None, DEFAULT_MX_TILES), flops / 3.5,
-                 tiles_text(DEFAULT_MX_TILES))
+        rec.time(
+            shape,
+            "kernel bf16 MX tiles fwd only",
+            lambda: kernel(None, DEFAULT_MX_TILES),
+            flops / 3.5,
+            tiles_text(DEFAULT_MX_TILES),
+        )
     if shape.name in ("self", "self-causal"):  # forward alone: where the time goes
         rec.time(shape, "kernel bf16 fwd only", kernel, flops / 3.5)
         rec.time(shape, "kernel mxfp8 fwd only", lambda: kernel(mx), flops / 3.5)
@@ -101,14 +140,28 @@ def _kernel_rows(rec: _Recorder, shape: Shape, kernel: Callable[..., torch.Tenso
                     ms = events_ms(step(policy, tiles), 1, 5)
                     fwd_ms = events_ms(lambda: kernel(policy, tiles), 1, 5)
                 except Exception as error:  # a tile that does not fit shared memory: report it, go on
-                    rec.record(shape, f"  sweep {mode}", None, flops, f"{tiles_text(tiles)} failed: {type(error).__name__}")
+                    rec.record(
+                        shape, f"  sweep {mode}", None, flops, f"{tiles_text(tiles)} failed: {type(error).__name__}"
+                    )
                     continue
                 rec.record(shape, f"  sweep {mode}", ms, flops, f"{tiles_text(tiles)} fwd {fwd_ms:.3f} ms")
 
 
-def _baseline_rows(rec: _Recorder, shape: Shape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad: torch.Tensor,
-                   q_lengths: torch.Tensor, q_offsets: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor,
-                   kernel_out: torch.Tensor, compiled_flex: Callable[..., torch.Tensor], flops: float) -> None:
+def _baseline_rows(
+    rec: _Recorder,
+    shape: Shape,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad: torch.Tensor,
+    q_lengths: torch.Tensor,
+    q_offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    offsets: torch.Tensor,
+    kernel_out: torch.Tensor,
+    compiled_flex: Callable[..., torch.Tensor],
+    flops: float,
+) -> None:
     """FlexAttention and padded SDPA on one softmax shape; records kernel-vs-flex differences as checks."""
     inputs = [q, k, v]
     try:
@@ -147,27 +200,43 @@ def _summarize(result: AttentionBenchResult, shapes: tuple[Shape, ...]) -> None:
                 kernel_ms = by_key.get((shape.name, f"{method} {timing}"))
                 flex_timed_ms = by_key.get((shape.name, f"flex document mask {timing}"))
                 if kernel_ms and flex_timed_ms:
-                    result.ratios[f"{shape.name}: {method} {timing} / flex {timing} speed-up"] = flex_timed_ms / kernel_ms
+                    result.ratios[f"{shape.name}: {method} {timing} / flex {timing} speed-up"] = (
+                        flex_timed_ms / kernel_ms
+                    )
 
 
 def _new_result(lengths: torch.Tensor, warmup: int, repeat: int, seed: int) -> AttentionBenchResult:
     total, max_length = int(lengths.sum()), int(lengths.max())
     return AttentionBenchResult(
         environment={
-            "device": torch.cuda.get_device_name(lengths.device), "torch": torch.__version__,
-            "triton": __import__("triton").__version__, "python": platform.python_version(),
-            "warmup": warmup, "repeat": repeat, "seed": seed,
+            "device": torch.cuda.get_device_name(lengths.device),
+            "torch": torch.__version__,
+            "triton": __import__("triton").__version__,
+            "python": platform.python_version(),
+            "warmup": warmup,
+            "repeat": repeat,
+            "seed": seed,
         },
         lengths={
-            "n": float(lengths.numel()), "mean": float(lengths.double().mean()), "max": float(max_length),
-            "min": float(lengths.min()), "total_tokens": float(total),
+            "n": float(lengths.numel()),
+            "mean": float(lengths.double().mean()),
+            "max": float(max_length),
+            "min": float(lengths.min()),
+            "total_tokens": float(total),
             "padded_fraction_useful": float((lengths.double() ** 2).sum() / (lengths.numel() * max_length**2)),
         },
     )
 
 
-def run_attention_bench(json_path: Optional[Path] = None, *, seed: int = 0, warmup: int = 3, repeat: int = 10,
-                        sweep_tiles: bool = False, print_fn: Callable[[str], None] = print) -> AttentionBenchResult:
+def run_attention_bench(
+    json_path: Path | None = None,
+    *,
+    seed: int = 0,
+    warmup: int = 3,
+    repeat: int = 10,
+    sweep_tiles: bool = False,
+    print_fn: Callable[[str], None] = print,
+) -> AttentionBenchResult:
     """Time the kernel (BF16 and MX) and the baselines on every shape; return (and optionally
     write as JSON) the measurements. Refuses to run without CUDA (RuntimeError)."""
     if not torch.cuda.is_available():
@@ -186,7 +255,11 @@ def run_attention_bench(json_path: Optional[Path] = None, *, seed: int = 0, warm
         return torch.randn(*shape, device=device, dtype=dtype, generator=generator).requires_grad_()
 
     total = int(offsets[-1])
-    history_q, history_k, history_v = randn(total, HEADS, HEAD_DIM), randn(total, HEADS, HEAD_DIM), randn(total, HEADS, HEAD_DIM)
+    history_q, history_k, history_v = (
+        randn(total, HEADS, HEAD_DIM),
+        randn(total, HEADS, HEAD_DIM),
+        randn(total, HEADS, HEAD_DIM),
+    )
     compiled_flex = torch.compile(flex_attention)
     result = _new_result(lengths, warmup, repeat, seed)
     rec = _Recorder(result, warmup, repeat, print_fn)
@@ -204,10 +277,26 @@ def run_attention_bench(json_path: Optional[Path] = None, *, seed: int = 0, warm
         flops = useful_flops(q_lengths, lengths, shape.causal, HEADS, HEAD_DIM)
         grad = torch.randn(q.shape, device=device, dtype=dtype, generator=generator)
 
-        def kernel(policy: Any = None, tiles: Any = None, hw_fp8: bool = True, shape: Shape = shape, q: torch.Tensor = q,
-                   q_offsets: torch.Tensor = q_offsets) -> torch.Tensor:
-            return jagged_attention(q, k, v, q_offsets, offsets, causal=shape.causal, activation=shape.activation, policy=policy,
-                                    seeds=call_seeds(policy), _launch=AttentionLaunch(tiles=tiles, hw_fp8=hw_fp8))
+        def kernel(
+            policy: Any = None,
+            tiles: Any = None,
+            hw_fp8: bool = True,
+            shape: Shape = shape,
+            q: torch.Tensor = q,
+            q_offsets: torch.Tensor = q_offsets,
+        ) -> torch.Tensor:
+            return jagged_attention(
+                q,
+                k,
+                v,
+                q_offsets,
+                offsets,
+                causal=shape.causal,
+                activation=shape.activation,
+                policy=policy,
+                seeds=call_seeds(policy),
+                _launch=AttentionLaunch(tiles=tiles, hw_fp8=hw_fp8),
+            )
 
         def step(policy: Any = None, tiles: Any = None, hw_fp8: bool = True, q: torch.Tensor = q) -> Callable[[], None]:
             return fwd_bwd(lambda: kernel(policy, tiles, hw_fp8), [q, k, v], grad)
@@ -216,7 +305,9 @@ def run_attention_bench(json_path: Optional[Path] = None, *, seed: int = 0, warm
             kernel_out = kernel()
         _kernel_rows(rec, shape, kernel, step, flops, sweep_tiles)
         if shape.activation == "softmax":
-            _baseline_rows(rec, shape, q, k, v, grad, q_lengths, q_offsets, lengths, offsets, kernel_out, compiled_flex, flops)
+            _baseline_rows(
+                rec, shape, q, k, v, grad, q_lengths, q_offsets, lengths, offsets, kernel_out, compiled_flex, flops
+            )
         del kernel_out
         torch.cuda.empty_cache()
         _summarize(result, SHAPES)

@@ -1,9 +1,11 @@
 """What `mxlab bench attention` measures: its shapes, its records, the jagged histories it draws, useful FLOPs,
 the MX policy it times, and the padding of the padded-SDPA baseline."""
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -42,10 +44,10 @@ class Measurement:
 
     shape: str
     method: str
-    ms: Optional[float]
-    useful_tflops: Optional[float]
+    ms: float | None
+    useful_tflops: float | None
     note: str = ""
-    host_ms: Optional[float] = None  # loop rows: host time to enqueue one step
+    host_ms: float | None = None  # loop rows: host time to enqueue one step
 
 
 @dataclass
@@ -85,6 +87,7 @@ def fwd_bwd(fn: Callable[[], torch.Tensor], inputs: list[torch.Tensor], grad: to
     """One forward + backward step. Gradients come from `torch.autograd.grad`, not `.backward()`:
     no accumulation into the leaves' `.grad`, whose AccumulateGrad nodes would tie the step to
     the stream they were created on and break CUDA graph capture on a side stream."""
+
     def step() -> None:
         torch.autograd.grad(fn(), inputs, grad)
 
@@ -104,8 +107,10 @@ def mx_policy(fmt: str = "e4m3", scale_mode: str = "floor", grad_rounding: str =
 
 def tiles_text(tiles: Any) -> str:
     """A TileSizes in one line, for notes."""
-    return (f"fwd {tiles.fwd_m}x{tiles.fwd_n} dkdv {tiles.dkdv_m}x{tiles.dkdv_n} dq {tiles.dq_m}x{tiles.dq_n} "
-            f"w{tiles.num_warps} s{tiles.num_stages}{' fused-dq' if tiles.fused_dq else ''}")
+    return (
+        f"fwd {tiles.fwd_m}x{tiles.fwd_n} dkdv {tiles.dkdv_m}x{tiles.dkdv_n} dq {tiles.dq_m}x{tiles.dq_n} "
+        f"w{tiles.num_warps} s{tiles.num_stages}{' fused-dq' if tiles.fused_dq else ''}"
+    )
 
 
 def padding_slots(lengths: torch.Tensor, width: int) -> torch.Tensor:

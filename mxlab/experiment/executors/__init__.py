@@ -4,9 +4,11 @@ An executor has one method, `run(jobs, progress) -> {label: RunResult}`: it trai
 given (the runner passes only runs without a finished record), records a crashed run as failed
 in its done.json, and goes on with the others. `make_executor` builds one from its name.
 """
+
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from mxlab.experiment.executors.local import InlineExecutor, LocalExecutor
 from mxlab.experiment.executors.progress import StudyProgress
@@ -16,19 +18,35 @@ from mxlab.experiment.spec import EXECUTORS
 __all__ = ["EXECUTORS", "InlineExecutor", "LocalExecutor", "RayExecutor", "StudyProgress", "make_executor"]
 
 
-def make_executor(name: str, devices: Sequence[str], *, ray_address: str | None = None, gpus: int = 0,
-                  nproc_per_node: int = 1, cpus_per_run: int = 1, max_retries: int = 3, runs_per_device: int = 1) -> Any:
+def make_executor(
+    name: str,
+    devices: Sequence[str],
+    *,
+    ray_address: str | None = None,
+    gpus: int = 0,
+    nproc_per_node: int = 1,
+    cpus_per_run: int = 1,
+    max_retries: int = 3,
+    runs_per_device: int = 1,
+) -> Any:
     """The executor `name` ('local' or 'ray') for `devices`; refuses another name, DDP on Ray, and
     DDP with more than one run per device."""
     if nproc_per_node > 1 and runs_per_device > 1:
-        raise ValueError("--nproc-per-node trains one run at a time over the devices; it does not combine with "
-                         f"--runs-per-device {runs_per_device}")
+        raise ValueError(
+            "--nproc-per-node trains one run at a time over the devices; it does not combine with "
+            f"--runs-per-device {runs_per_device}"
+        )
     if name == "local":
         return LocalExecutor(devices, nproc_per_node=nproc_per_node, runs_per_device=runs_per_device)
     if name == "ray":
         if nproc_per_node > 1:
             raise ValueError("--nproc-per-node runs on the local executor only; use --executor local (or torchrun)")
         on_gpu = any(device.startswith("cuda") for device in devices)
-        return RayExecutor(address=ray_address, gpus=(gpus or len(devices)) if on_gpu else 0,
-                           cpus_per_run=cpus_per_run, max_retries=max_retries, runs_per_device=runs_per_device)
+        return RayExecutor(
+            address=ray_address,
+            gpus=(gpus or len(devices)) if on_gpu else 0,
+            cpus_per_run=cpus_per_run,
+            max_retries=max_retries,
+            runs_per_device=runs_per_device,
+        )
     raise ValueError(f"unknown executor {name!r}; accepted: {', '.join(EXECUTORS)}")

@@ -5,11 +5,13 @@ Ranks that share a GPU (more processes than GPUs, e.g. a check on one GPU) reduc
 Every rank reads the same global batch order and trains on its shard (mxlab.experiment.distributed);
 rank 0 writes the run folder, so a checkpoint written at one world size resumes at another.
 """
+
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -71,12 +73,19 @@ def train_data_parallel(job: RunJob, nproc: int, devices: Sequence[str], *, prog
         preload_worker_modules()
 
     Path(job.run_dir).mkdir(parents=True, exist_ok=True)
-    context = mp.start_processes(_rank_main, args=(job, nproc, free_port(), list(devices)), nprocs=nproc,
-                                 join=False, start_method="spawn" if on_gpu else "forkserver")
+    context = mp.start_processes(
+        _rank_main,
+        args=(job, nproc, free_port(), list(devices)),
+        nprocs=nproc,
+        join=False,
+        start_method="spawn" if on_gpu else "forkserver",
+    )
     try:
         while not context.join(timeout=0.25):
             if progress is not None:
                 progress.poll(job.label, job.run_dir)
     except Exception as error:
-        raise RuntimeError(f"{job.label} over {nproc} processes failed: {str(error).strip().splitlines()[-1]}") from error
+        raise RuntimeError(
+            f"{job.label} over {nproc} processes failed: {str(error).strip().splitlines()[-1]}"
+        ) from error
     return read_result(job.run_dir)

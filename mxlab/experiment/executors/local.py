@@ -11,6 +11,7 @@ stop `LocalExecutor.run` as Ctrl-C does (KeyboardInterrupt), so its workers are 
 before the driver exits; a worker whose driver is killed outright exits by itself (mxlab.experiment.worker).
 `InlineExecutor` runs every job in this process, one after another (the Python API's step hooks need it).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,13 +21,21 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 from mxlab.experiment.executors.progress import StudyProgress, describe
 from mxlab.experiment.train import RunJob, RunResult, StepHook, train_run
-from mxlab.experiment.worker import (PROGRESS, cached_source, describe_error, preload_worker_modules, process_main,
-                                    read_result, record_failure)
+from mxlab.experiment.worker import (
+    PROGRESS,
+    cached_source,
+    describe_error,
+    preload_worker_modules,
+    process_main,
+    read_result,
+    record_failure,
+)
 
 POLL_S = 0.25
 BUSY = "busy or unavailable"  # CUDA's error when another process holds a GPU in exclusive-process mode
@@ -38,7 +47,9 @@ STOP_SIGNALS = ("SIGTERM", "SIGHUP")
 class InlineExecutor:
     """Every job in this process on `device`, in order; an exception stops the study (a kill, in tests)."""
 
-    def __init__(self, device: str = "cpu", *, source: Any = None, on_step: Callable[[RunJob, int], None] | None = None) -> None:
+    def __init__(
+        self, device: str = "cpu", *, source: Any = None, on_step: Callable[[RunJob, int], None] | None = None
+    ) -> None:
         self.device, self.source, self.on_step = device, source, on_step
 
     def run(self, jobs: Sequence[RunJob], progress: StudyProgress) -> dict[str, RunResult]:
@@ -47,7 +58,9 @@ class InlineExecutor:
         for job in jobs:
             source = self.source if self.source is not None else cached_source(job.spec)
             hook: StepHook | None = (lambda step, job=job: self.on_step(job, step)) if self.on_step else None
-            results[job.label] = train_run(job, source, self.device, progress=progress.run_progress(job.label), on_step=hook)
+            results[job.label] = train_run(
+                job, source, self.device, progress=progress.run_progress(job.label), on_step=hook
+            )
             progress.run_done(job.label, describe(results[job.label]))
         return results
 
@@ -151,13 +164,17 @@ class LocalExecutor:
         # runs at once share the cores: torch's default of one thread per core in each would oversubscribe them
         threads = max(1, (os.cpu_count() or 1) // len(free)) if len(free) > 1 else 0
         active: dict[str, tuple[Any, Any, RunJob, str]] = {}
-        retries: list[tuple[float, RunJob, str]] = []  # (when, job, its device): a run whose device was busy at its start
+        retries: list[
+            tuple[float, RunJob, str]
+        ] = []  # (when, job, its device): a run whose device was busy at its start
         retried: set[str] = set()
         results: dict[str, RunResult] = {}
 
         def start(job: RunJob, device: str) -> None:
             receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=process_main, args=(job, device, sender, threads), name=f"mxlab-{job.label}")
+            process = context.Process(
+                target=process_main, args=(job, device, sender, threads), name=f"mxlab-{job.label}"
+            )
             active[job.label] = (process, receiver, job, device)  # before start: an interrupt in it still stops it
             process.start()
             sender.close()
@@ -180,18 +197,28 @@ class LocalExecutor:
                         process.join()
                         del active[label]
                         status, payload = answer
-                        if (status == "failed" and BUSY in payload and label not in retried
-                                and not _started_training(job.run_dir, process.pid)):
+                        if (
+                            status == "failed"
+                            and BUSY in payload
+                            and label not in retried
+                            and not _started_training(job.run_dir, process.pid)
+                        ):
                             retried.add(label)  # the device rests, then this run starts on it once more
                             retries.append((time.monotonic() + BUSY_RETRY_PAUSE_S, job, device))
-                            progress.log(f"{label}: its device {device} was busy at the start ({payload}); "
-                                         f"trying once more in {BUSY_RETRY_PAUSE_S:g} s")
+                            progress.log(
+                                f"{label}: its device {device} was busy at the start ({payload}); "
+                                f"trying once more in {BUSY_RETRY_PAUSE_S:g} s"
+                            )
                             continue
                         free.append(device)
                         if status == "ok":
                             results[label] = read_result(job.run_dir)
                         elif status == "failed":
-                            results[label] = read_result(job.run_dir) if (Path(job.run_dir) / "done.json").is_file() else record_failure(job.run_dir, payload)
+                            results[label] = (
+                                read_result(job.run_dir)
+                                if (Path(job.run_dir) / "done.json").is_file()
+                                else record_failure(job.run_dir, payload)
+                            )
                         else:
                             results[label] = record_failure(job.run_dir, payload)
                         progress.run_done(label, describe(results[label]))
@@ -199,7 +226,9 @@ class LocalExecutor:
                 stop.stopping = True  # a signal now must not cut the clean-up short
                 raise
             finally:
-                _stop_workers([process for process, _, _, _ in active.values()])  # interrupted: stop the runs still going
+                _stop_workers(
+                    [process for process, _, _, _ in active.values()]
+                )  # interrupted: stop the runs still going
         return results
 
     @staticmethod

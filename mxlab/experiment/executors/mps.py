@@ -5,6 +5,7 @@ mostly take turns; with the MPS daemon running, their kernels run side by side (
 gives the measured gain). Worker processes find the daemon through CUDA_MPS_PIPE_DIRECTORY, which
 `mps_daemon` sets in this process's environment before any worker is spawned.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 from unittest import mock
 
 CONTROL = "nvidia-cuda-mps-control"
@@ -33,7 +34,9 @@ def check_mps_devices(devices: Sequence[str], executor: str) -> None:
     """Refuses (ValueError) MPS without a CUDA device or with the Ray executor (its workers are not this
     process's children, so they would not find the daemon)."""
     if executor == "ray" or not any(device.startswith("cuda") for device in devices):
-        raise ValueError(f"--mps needs CUDA devices and the local executor; got devices {list(devices)}, executor {executor!r}")
+        raise ValueError(
+            f"--mps needs CUDA devices and the local executor; got devices {list(devices)}, executor {executor!r}"
+        )
 
 
 @contextlib.contextmanager
@@ -50,8 +53,10 @@ def mps_daemon(enabled: bool) -> Iterator[str]:
         return
     control = shutil.which(CONTROL)
     if control is None:
-        raise ValueError(f"mps = true needs {CONTROL} (the CUDA driver's MPS control daemon) on PATH; none was found. "
-                         "Run without --mps, or install the driver's MPS tools")
+        raise ValueError(
+            f"mps = true needs {CONTROL} (the CUDA driver's MPS control daemon) on PATH; none was found. "
+            "Run without --mps, or install the driver's MPS tools"
+        )
     root = Path(tempfile.mkdtemp(prefix="mxlab-mps-"))
     env_values = {"CUDA_MPS_PIPE_DIRECTORY": str(root / "pipe"), "CUDA_MPS_LOG_DIRECTORY": str(root / "log")}
     for folder in env_values.values():
@@ -60,7 +65,9 @@ def mps_daemon(enabled: bool) -> Iterator[str]:
         with mock.patch.dict(os.environ, env_values):  # workers inherit it; restored on exit
             started = subprocess.run([control, "-d"], capture_output=True, text=True, timeout=TIMEOUT_S)
             if started.returncode != 0:
-                raise RuntimeError(f"{CONTROL} -d exited with {started.returncode}: {(started.stderr or started.stdout).strip()}")
+                raise RuntimeError(
+                    f"{CONTROL} -d exited with {started.returncode}: {(started.stderr or started.stdout).strip()}"
+                )
             try:
                 yield "started"
             finally:

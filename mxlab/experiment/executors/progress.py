@@ -3,6 +3,7 @@
 The same on every executor: a run in this process reports through `run_progress(label)`; a run in
 another process or on another host writes RUN/progress.json, which `poll` reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,14 @@ class StudyProgress:
 
     def __init__(self, total_runs: int, enabled: bool = True) -> None:
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self.progress = Progress(
             TextColumn("{task.description:<28}"),
@@ -35,7 +43,7 @@ class StudyProgress:
         self.lines: dict[str, Any] = {}
         self.enabled = enabled
 
-    def __enter__(self) -> "StudyProgress":
+    def __enter__(self) -> StudyProgress:
         self.progress.start()
         return self
 
@@ -51,9 +59,13 @@ class StudyProgress:
         """Show (or add) the live line of run `label`."""
         if label not in self.lines:
             self.lines[label] = self.progress.add_task(label, total=total, completed=step, loss="-", speed="")
-        self.progress.update(self.lines[label], total=total, completed=step,
-                             loss="-" if loss is None else f"{loss:.4f}",
-                             speed="" if examples_per_s is None else f"{examples_per_s:,.0f} ex/s")
+        self.progress.update(
+            self.lines[label],
+            total=total,
+            completed=step,
+            loss="-" if loss is None else f"{loss:.4f}",
+            speed="" if examples_per_s is None else f"{examples_per_s:,.0f} ex/s",
+        )
 
     def poll(self, label: str, run_dir: Path) -> None:
         """Update run `label`'s line from RUN/progress.json (no-op while there is none yet)."""
@@ -61,7 +73,9 @@ class StudyProgress:
             state = json.loads((Path(run_dir) / PROGRESS).read_text())
         except (OSError, ValueError):
             return
-        self.update(label, int(state.get("step", 0)), int(state.get("total", 0)), state.get("loss"), state.get("examples_per_s"))
+        self.update(
+            label, int(state.get("step", 0)), int(state.get("total", 0)), state.get("loss"), state.get("examples_per_s")
+        )
 
     def run_done(self, label: str, status: str) -> None:
         """Remove run `label`'s line, count it done and log its outcome."""
@@ -71,7 +85,7 @@ class StudyProgress:
         self.progress.advance(self.study_task)
         self.log(f"{label}: {status}")
 
-    def run_progress(self, label: str) -> "_LineProgress":
+    def run_progress(self, label: str) -> _LineProgress:
         """A RunProgress (mxlab.experiment.train) that drives run `label`'s line from this process."""
         return _LineProgress(self, label)
 

@@ -6,11 +6,13 @@ same path). A worker that dies mid-run is retried by Ray (`max_retries`); the re
 from the run's last checkpoint, and a task whose run is already done only reads its record back.
 An exception inside a run is recorded in its done.json as failed, like the local executor does.
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from mxlab.experiment.executors.progress import StudyProgress, describe
 from mxlab.experiment.train import RunJob, RunResult
@@ -23,7 +25,9 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise ValueError("executor 'ray' needs the ray package: pip install 'ray>=2.60' (or pip install -e '.[test]')") from None
+        raise ValueError(
+            "executor 'ray' needs the ray package: pip install 'ray>=2.60' (or pip install -e '.[test]')"
+        ) from None
     return ray
 
 
@@ -42,11 +46,21 @@ class RayExecutor:
     cuda; else num_cpus=`cpus_per_run` on the CPU.
     """
 
-    def __init__(self, *, address: str | None = None, gpus: int = 0, cpus_per_run: int = 1,
-                 max_retries: int = 3, num_cpus: int | None = None, runs_per_device: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        gpus: int = 0,
+        cpus_per_run: int = 1,
+        max_retries: int = 3,
+        num_cpus: int | None = None,
+        runs_per_device: int = 1,
+    ) -> None:
         if gpus < 0 or cpus_per_run < 1 or max_retries < 0 or runs_per_device < 1:
-            raise ValueError("ray executor: need gpus >= 0, cpus_per_run >= 1, max_retries >= 0, runs_per_device >= 1; "
-                             f"got {gpus}, {cpus_per_run}, {max_retries}, {runs_per_device}")
+            raise ValueError(
+                "ray executor: need gpus >= 0, cpus_per_run >= 1, max_retries >= 0, runs_per_device >= 1; "
+                f"got {gpus}, {cpus_per_run}, {max_retries}, {runs_per_device}"
+            )
         self.address, self.gpus, self.cpus_per_run = address or None, gpus, cpus_per_run
         self.max_retries, self.num_cpus, self.runs_per_device = max_retries, num_cpus, runs_per_device
 
@@ -65,8 +79,14 @@ class RayExecutor:
         resources = {"num_gpus": 1 / self.runs_per_device} if self.gpus else {"num_cpus": self.cpus_per_run}
         remote = ray.remote(max_retries=self.max_retries, retry_exceptions=False, **resources)(_task)
         device = "cuda" if self.gpus else "cpu"
-        jobs = [dataclasses.replace(job, run_dir=Path(job.run_dir).resolve(),  # workers may start elsewhere
-                                    fork_dir=Path(job.fork_dir).resolve() if job.fork_dir is not None else None) for job in jobs]
+        jobs = [
+            dataclasses.replace(
+                job,
+                run_dir=Path(job.run_dir).resolve(),  # workers may start elsewhere
+                fork_dir=Path(job.fork_dir).resolve() if job.fork_dir is not None else None,
+            )
+            for job in jobs
+        ]
         pending = {remote.remote(job, device): job for job in jobs}
         results: dict[str, RunResult] = {}
         try:

@@ -17,6 +17,7 @@ reachable module's policy and hands each converter the targets of its backend:
 This module holds the interface only, so that the backends and the recipe schema can import it
 without importing each other.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,9 +1,8 @@
 """The `mxlab` backend: mxlab's own emulation. Linear layers become QLinear (sharing their
 Parameters), JaggedAttention modules get an AttentionPolicy; an all-high-precision policy leaves a
 module as it was."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from torch import nn
 
@@ -23,7 +22,7 @@ class MXLabConverter:
 
     name = BACKEND_NAME
 
-    def __init__(self, attention: Optional[AttentionRecipe] = None) -> None:
+    def __init__(self, attention: AttentionRecipe | None = None) -> None:
         self.attention = attention
 
     def convert(self, model: nn.Module, targets: list[Target], *, seed: int = 0) -> list[PlanEntry]:
@@ -33,8 +32,10 @@ class MXLabConverter:
         wrong = [target.name for target in targets if target.kind not in ("linear", "attention")]
         if wrong:
             raise ValueError(f"the mxlab backend converts linear and attention modules, not {wrong}")
-        return [self._linear(model, target, seed) if target.kind == "linear" else self._attention(target, seed)
-                for target in targets]
+        return [
+            self._linear(model, target, seed) if target.kind == "linear" else self._attention(target, seed)
+            for target in targets
+        ]
 
     @staticmethod
     def _linear(model: nn.Module, target: Target, seed: int) -> PlanEntry:
@@ -47,7 +48,9 @@ class MXLabConverter:
             replace_module(model, name, module)
         quantized = precision is not None
         padded = module.padded_dims if isinstance(module, QLinear) else []
-        return PlanEntry(name, "linear", policy.name, target.rule, quantized, policy.describe() if quantized else {}, padded)
+        return PlanEntry(
+            name, "linear", policy.name, target.rule, quantized, policy.describe() if quantized else {}, padded
+        )
 
     def _attention(self, target: Target, seed: int) -> PlanEntry:
         name, policy = target.name, target.policy

@@ -23,12 +23,14 @@ installed (with how to install it), no CUDA device, a TE recipe the GPU cannot r
 reason, e.g. "Device compute capability 10.0 or higher required for MXFP8 execution."). The
 runner records an arm refused this way as skipped (done.json status "skipped" with the reason).
 """
+
 from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -73,7 +75,7 @@ class TEHandle:
     version: str
     requires_cuda: bool = True
 
-    def __deepcopy__(self, memo: dict) -> "TEHandle":  # a handle to imported modules: copies share it
+    def __deepcopy__(self, memo: dict) -> TEHandle:  # a handle to imported modules: copies share it
         return self
 
     def __reduce__(self) -> Any:  # pickled (a model sent to a worker): imported again on the other side
@@ -105,11 +107,18 @@ def load_transformer_engine() -> TEHandle:
 
 def te_recipe_support(handle: TEHandle, te_recipe: str) -> tuple[bool, str]:
     """(can this GPU run `te_recipe`, TE's reason when not), from TE's own is_*_available checks."""
-    check_name = {"fp8_current": "is_fp8_available", "fp8_delayed": "is_fp8_available",
-                  "fp8_block": "is_fp8_block_scaling_available", "mxfp8": "is_mxfp8_available"}[te_recipe]
+    check_name = {
+        "fp8_current": "is_fp8_available",
+        "fp8_delayed": "is_fp8_available",
+        "fp8_block": "is_fp8_block_scaling_available",
+        "mxfp8": "is_mxfp8_available",
+    }[te_recipe]
     check = getattr(handle.pytorch, check_name, None)
     if check is None:
-        return False, f"this Transformer Engine ({handle.version}) has no {check_name}; mxlab pins transformer-engine {TE_VERSION_PIN}"
+        return (
+            False,
+            f"this Transformer Engine ({handle.version}) has no {check_name}; mxlab pins transformer-engine {TE_VERSION_PIN}",
+        )
     try:
         result = check(return_reason=True)
     except TypeError:  # an older signature without return_reason
@@ -123,12 +132,16 @@ def _device_words(device: torch.device | str | None) -> str:
     """The CUDA device's name and compute capability, for messages ("this machine" without CUDA)."""
     if not torch.cuda.is_available():
         return "this machine"
-    index = torch.device(device).index if device is not None and torch.device(device).index is not None else torch.cuda.current_device()
+    index = (
+        torch.device(device).index
+        if device is not None and torch.device(device).index is not None
+        else torch.cuda.current_device()
+    )
     major, minor = torch.cuda.get_device_capability(index)
     return f"{torch.cuda.get_device_name(index)} (compute capability {major}.{minor})"
 
 
-def unavailable_reason(te_recipes: Iterable[str], device: torch.device | str | None = None) -> Optional[str]:
+def unavailable_reason(te_recipes: Iterable[str], device: torch.device | str | None = None) -> str | None:
     """None when TE can run every recipe in `te_recipes` here (on `device` when given); else the reason.
 
     Reasons, all found before any training: TE cannot be imported (with how to install it), no CUDA
@@ -144,13 +157,15 @@ def unavailable_reason(te_recipes: Iterable[str], device: torch.device | str | N
         return None
     reasons = []
     try:
-        handle: Optional[TEHandle] = load_transformer_engine()
+        handle: TEHandle | None = load_transformer_engine()
     except BackendUnavailableError as error:
         handle = None
         reasons.append(str(error))
     if handle is None or handle.requires_cuda:
         if not torch.cuda.is_available():
-            reasons.append("Transformer Engine runs on CUDA GPUs only and torch.cuda.is_available() is False on this machine")
+            reasons.append(
+                "Transformer Engine runs on CUDA GPUs only and torch.cuda.is_available() is False on this machine"
+            )
         elif device is not None and torch.device(device).type != "cuda":
             reasons.append(f"Transformer Engine runs on CUDA GPUs only; the run's device is {device}")
     if reasons or handle is None:
@@ -158,12 +173,14 @@ def unavailable_reason(te_recipes: Iterable[str], device: torch.device | str | N
     for name in names:
         supported, reason = te_recipe_support(handle, name)
         if not supported:
-            return (f"TE recipe {name!r} ({TE_RECIPE_CLASSES[name]}) cannot run on {_device_words(device)}: "
-                    f"{reason or 'Transformer Engine reports it unsupported'}")
+            return (
+                f"TE recipe {name!r} ({TE_RECIPE_CLASSES[name]}) cannot run on {_device_words(device)}: "
+                f"{reason or 'Transformer Engine reports it unsupported'}"
+            )
     return None
 
 
-def recipe_unavailable_reason(recipe: Any, device: torch.device | str | None = None) -> Optional[str]:
+def recipe_unavailable_reason(recipe: Any, device: torch.device | str | None = None) -> str | None:
     """None when every TE policy of an mxlab Recipe can run here (or it has none); else the reason."""
     return unavailable_reason(te_recipe_names(recipe), device)
 
@@ -182,18 +199,25 @@ def build_te_recipe(policy: TEPolicy, handle: TEHandle) -> Any:
     fp8_format = getattr(recipes.Format, policy.fp8_format.upper())
     cls = getattr(recipes, policy.te_recipe_class)
     if policy.te_recipe == "fp8_delayed":
-        return cls(fp8_format=fp8_format, amax_history_len=policy.amax_history_len, amax_compute_algo=policy.amax_compute_algo)
+        return cls(
+            fp8_format=fp8_format, amax_history_len=policy.amax_history_len, amax_compute_algo=policy.amax_compute_algo
+        )
     return cls(fp8_format=fp8_format)
 
 
 # --------------------------------------------------------------------------------- modules
 def unaligned_dims(linear: nn.Linear, alignment: int) -> list[str]:
     """Which of in_features / out_features are not multiples of `alignment` (empty: TE can run it)."""
-    return [f"{label} {size}" for label, size in (("in_features", linear.in_features), ("out_features", linear.out_features))
-            if size % alignment]
+    return [
+        f"{label} {size}"
+        for label, size in (("in_features", linear.in_features), ("out_features", linear.out_features))
+        if size % alignment
+    ]
 
 
-def check_te_linears(linears: list[tuple[str, nn.Linear, TEPolicy]], device: torch.device | str | None = None) -> TEHandle:
+def check_te_linears(
+    linears: list[tuple[str, nn.Linear, TEPolicy]], device: torch.device | str | None = None
+) -> TEHandle:
     """Check, before any module is swapped, that TE can take these (name, linear, policy) triples.
 
     Returns the TEHandle. Refuses: TE unavailable here (BackendUnavailableError), a module whose
@@ -209,13 +233,13 @@ def check_te_linears(linears: list[tuple[str, nn.Linear, TEPolicy]], device: tor
     if refused:
         raise ValueError(
             f"Transformer Engine cannot run these modules: {'; '.join(refused)}. Send them to a high-precision "
-            f"policy with a rule (e.g. [[rules]] match = \"towers.*.out\" policy = \"hp\" with [policies.hp] all = \"bf16\"), "
-            f"or set unaligned = \"high_precision\" in the TE policy to keep every such module unquantized"
+            f'policy with a rule (e.g. [[rules]] match = "towers.*.out" policy = "hp" with [policies.hp] all = "bf16"), '
+            f'or set unaligned = "high_precision" in the TE policy to keep every such module unquantized'
         )
     return handle
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _te_linear_class(base: type) -> type:
     """A subclass of `base` (te.Linear) whose forward runs under TE's autocast with the module's own recipe."""
 
@@ -232,7 +256,9 @@ def _te_linear_class(base: type) -> type:
 def _te_forward(module: nn.Module, base_forward: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     handle: TEHandle = module.mxlab_te_handle
     if handle.requires_cuda and not x.is_cuda:
-        raise RuntimeError(f"{module.mxlab_te_name}: a Transformer Engine module runs on CUDA only; its input is on {x.device}")
+        raise RuntimeError(
+            f"{module.mxlab_te_name}: a Transformer Engine module runs on CUDA only; its input is on {x.device}"
+        )
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     flat = x.reshape(rows, x.shape[-1])
     pad = -rows % module.mxlab_te_alignment if rows else module.mxlab_te_alignment
@@ -257,8 +283,13 @@ def make_te_linear(name: str, linear: nn.Linear, policy: TEPolicy, handle: TEHan
     # TE initializes its own weights (overwritten below) from the RNGs: restore them, so that a TE arm
     # draws the same random numbers afterwards as the other arms of its seed
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], device_type="cuda"):
-        module = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                     params_dtype=linear.weight.dtype, device=device)
+        module = cls(
+            linear.in_features,
+            linear.out_features,
+            bias=linear.bias is not None,
+            params_dtype=linear.weight.dtype,
+            device=device,
+        )
     with torch.no_grad():
         module.weight.copy_(linear.weight)
         if linear.bias is not None:
@@ -283,7 +314,9 @@ def te_module_names(model: nn.Module) -> list[str]:
     return [name for name, module in model.named_modules() if is_te_module(module)]
 
 
-def apply_te_policy(model: nn.Module, name: str, linear: nn.Linear, policy: TEPolicy, rule: str, handle: TEHandle) -> PlanEntry:
+def apply_te_policy(
+    model: nn.Module, name: str, linear: nn.Linear, policy: TEPolicy, rule: str, handle: TEHandle
+) -> PlanEntry:
     """Swap `linear` (at `name` in `model`) for a TE module under `policy`; returns its PlanEntry.
 
     A module whose feature sizes TE cannot run (allowed only with unaligned = "high_precision")
@@ -293,8 +326,17 @@ def apply_te_policy(model: nn.Module, name: str, linear: nn.Linear, policy: TEPo
     if bad:
         if isinstance(linear, nn.Linear) and hasattr(linear, "precision"):
             linear.precision = None  # a QLinear from an earlier recipe: back to plain nn.Linear numerics
-        return PlanEntry(name, "linear", policy.name, rule, False, {}, [], backend="mxlab",
-                         note=f"kept high precision: {', '.join(bad)} not a multiple of {policy.alignment} ({policy.te_recipe})")
+        return PlanEntry(
+            name,
+            "linear",
+            policy.name,
+            rule,
+            False,
+            {},
+            [],
+            backend="mxlab",
+            note=f"kept high precision: {', '.join(bad)} not a multiple of {policy.alignment} ({policy.te_recipe})",
+        )
     replace_module(model, name, make_te_linear(name, linear, policy, handle))
     return PlanEntry(name, "linear", policy.name, rule, True, policy.describe(), [], backend=BACKEND_NAME)
 
@@ -314,11 +356,13 @@ class TEConverter:
         """
         wrong = [target.name for target in targets if target.kind != "linear" or not is_te_policy(target.policy)]
         if wrong:
-            raise ValueError(f"the te backend converts linear modules under a backend = \"te\" policy only, not {wrong}")
+            raise ValueError(f'the te backend converts linear modules under a backend = "te" policy only, not {wrong}')
         if not targets:
             return []
         handle = check_te_linears([(target.name, target.module, target.policy) for target in targets])
-        return [apply_te_policy(model, target.name, target.module, target.policy, target.rule, handle) for target in targets]
+        return [
+            apply_te_policy(model, target.name, target.module, target.policy, target.rule, handle) for target in targets
+        ]
 
 
 # --------------------------------------------------------------------------------- state_dict
@@ -334,7 +378,9 @@ def te_state_dict_to_plain(state_dict: dict[str, Any], te_modules: Iterable[str]
     for key, value in state_dict.items():
         prefix, _, leaf = key.rpartition(".")
         owner = f"{prefix}." if prefix else ""
-        if owner in prefixes and (leaf == "_extra_state" or (leaf == "bias" and isinstance(value, torch.Tensor) and value.numel() == 0)):
+        if owner in prefixes and (
+            leaf == "_extra_state" or (leaf == "bias" and isinstance(value, torch.Tensor) and value.numel() == 0)
+        ):
             continue
         plain[key] = value
     return plain
@@ -348,20 +394,47 @@ def plain_state_dict_to_te(state_dict: dict[str, Any], model: nn.Module) -> dict
     those of the plain model, listing the missing and unexpected keys.
     """
     current = model.state_dict()
-    te_only = {key: value for key, value in current.items()
-               if key not in te_state_dict_to_plain({key: value}, te_module_names(model))}
+    te_only = {
+        key: value
+        for key, value in current.items()
+        if key not in te_state_dict_to_plain({key: value}, te_module_names(model))
+    }
     expected = set(current) - set(te_only)
     missing = sorted(expected - set(state_dict))
     unexpected = sorted(set(state_dict) - expected)
     if missing or unexpected:
-        raise ValueError(f"state_dict does not match the model without TE modules: missing {missing[:10]}, unexpected {unexpected[:10]}")
+        raise ValueError(
+            f"state_dict does not match the model without TE modules: missing {missing[:10]}, unexpected {unexpected[:10]}"
+        )
     return {**te_only, **state_dict}
 
 
 __all__ = [
-    "AMAX_COMPUTE_ALGOS", "BACKENDS", "BackendUnavailableError", "INSTALL_HINT", "TEConverter", "TEHandle", "TEPolicy",
-    "TE_ALIGNMENT", "TE_RECIPES", "TE_RECIPE_CLASSES", "apply_te_policy", "build_te_recipe", "check_te_linears", "is_te_module", "is_te_policy",
-    "load_transformer_engine", "make_te_linear", "parse_backend_policy", "plain_state_dict_to_te",
-    "recipe_unavailable_reason", "require_te", "te_module_names", "te_recipe_names", "te_recipe_support", "te_state_dict_to_plain",
-    "unaligned_dims", "unavailable_reason",
+    "AMAX_COMPUTE_ALGOS",
+    "BACKENDS",
+    "BackendUnavailableError",
+    "INSTALL_HINT",
+    "TEConverter",
+    "TEHandle",
+    "TEPolicy",
+    "TE_ALIGNMENT",
+    "TE_RECIPES",
+    "TE_RECIPE_CLASSES",
+    "apply_te_policy",
+    "build_te_recipe",
+    "check_te_linears",
+    "is_te_module",
+    "is_te_policy",
+    "load_transformer_engine",
+    "make_te_linear",
+    "parse_backend_policy",
+    "plain_state_dict_to_te",
+    "recipe_unavailable_reason",
+    "require_te",
+    "te_module_names",
+    "te_recipe_names",
+    "te_recipe_support",
+    "te_state_dict_to_plain",
+    "unaligned_dims",
+    "unavailable_reason",
 ]

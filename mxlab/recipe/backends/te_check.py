@@ -25,11 +25,13 @@ only), `unexplained` (anything else).
 
 Refuses, before running anything, on a machine without CUDA or without TE (with how to install it).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 import torch
 
@@ -81,16 +83,37 @@ class TECheckReport:
 
     def table(self) -> str:
         """The report as fixed-width text tables."""
-        lines = [f"Transformer Engine {self.te_version} on {self.device}; GEMMs M x K x N = {' x '.join(map(str, self.shape))}", ""]
+        lines = [
+            f"Transformer Engine {self.te_version} on {self.device}; GEMMs M x K x N = {' x '.join(map(str, self.shape))}",
+            "",
+        ]
         lines.append("Quantized operands: fraction bit-identical (elements, scales), and the differences explained")
         rows = [["case", "scheme", "elements", "identical", "scales", "differences"]]
-        rows += [[r.case, r.scheme, str(r.elements), f"{r.identical_fraction:.6f}", f"{r.scales_identical_fraction:.6f}",
-                  "; ".join(r.differences) or "-"] for r in self.operands]
+        rows += [
+            [
+                r.case,
+                r.scheme,
+                str(r.elements),
+                f"{r.identical_fraction:.6f}",
+                f"{r.scales_identical_fraction:.6f}",
+                "; ".join(r.differences) or "-",
+            ]
+            for r in self.operands
+        ]
         lines += _format_rows(rows)
         lines += ["", "GEMM outputs: relative Frobenius error"]
         rows = [["case", "scheme", "gemm", "TE vs mxlab", "TE vs FP32", "mxlab vs FP32"]]
-        rows += [[r.case, r.scheme, r.gemm, f"{r.rel_error_te_vs_mxlab:.3e}", f"{r.rel_error_te_vs_fp32:.3e}",
-                  f"{r.rel_error_mxlab_vs_fp32:.3e}"] for r in self.gemms]
+        rows += [
+            [
+                r.case,
+                r.scheme,
+                r.gemm,
+                f"{r.rel_error_te_vs_mxlab:.3e}",
+                f"{r.rel_error_te_vs_fp32:.3e}",
+                f"{r.rel_error_mxlab_vs_fp32:.3e}",
+            ]
+            for r in self.gemms
+        ]
         lines += _format_rows(rows)
         for scheme, reason in self.not_run.items():
             lines.append(f"not run: {scheme}: {reason}")
@@ -105,7 +128,7 @@ def _format_rows(rows: list[list[str]]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------- refusal
-def te_check_refusal() -> Optional[str]:
+def te_check_refusal() -> str | None:
     """None when `mxlab check te` can run here; else why not and how to get there."""
     reasons = []
     try:
@@ -113,18 +136,24 @@ def te_check_refusal() -> Optional[str]:
     except BackendUnavailableError as error:
         reasons.append(str(error))
     if not torch.cuda.is_available():
-        reasons.append("it compares against TE's CUDA kernels and torch.cuda.is_available() is False on this machine; "
-                       "run it on a GPU machine (Hopper for per-tensor FP8, compute capability 10.0 for MXFP8)")
+        reasons.append(
+            "it compares against TE's CUDA kernels and torch.cuda.is_available() is False on this machine; "
+            "run it on a GPU machine (Hopper for per-tensor FP8, compute capability 10.0 for MXFP8)"
+        )
     return "; ".join(reasons) if reasons else None
 
 
 # --------------------------------------------------------------------------------- inputs
-def make_case(case: str, rows: int, cols: int, generator: torch.Generator, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def make_case(
+    case: str, rows: int, cols: int, generator: torch.Generator, dtype: torch.dtype = torch.bfloat16
+) -> torch.Tensor:
     """The (rows, cols) test tensor of `case` (one of CASES) on the CPU, in `dtype`."""
     if case == "normal":
         x = torch.randn(rows, cols, generator=generator)
     elif case == "heavy_tail":
-        x = torch.randn(rows, cols, generator=generator).sign() * torch.exp(2.0 * torch.randn(rows, cols, generator=generator))
+        x = torch.randn(rows, cols, generator=generator).sign() * torch.exp(
+            2.0 * torch.randn(rows, cols, generator=generator)
+        )
     elif case == "outlier":
         x = torch.randn(rows, cols, generator=generator)
         x[rows // 3, cols // 5] = 1e4
@@ -155,8 +184,14 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 # --------------------------------------------------------------------------------- operand checks
-def classify_differences(te_values: torch.Tensor, mx_values: torch.Tensor, scales_agree: bool, fp8_dtype: torch.dtype,
-                         te_scale_inv: float, mx_scale_inv: float) -> list[str]:
+def classify_differences(
+    te_values: torch.Tensor,
+    mx_values: torch.Tensor,
+    scales_agree: bool,
+    fp8_dtype: torch.dtype,
+    te_scale_inv: float,
+    mx_scale_inv: float,
+) -> list[str]:
     """The differing elements of two dequantized float32 tensors of one per-tensor FP8 scheme, by explanation:
     "CLASS: count ..." for the classes scale, one_step, nonfinite, unexplained (empty: bit-identical)."""
     te_bits, mx_bits = te_values.view(torch.int32), mx_values.view(torch.int32)
@@ -165,7 +200,9 @@ def classify_differences(te_values: torch.Tensor, mx_values: torch.Tensor, scale
     if count == 0:
         return []
     if not scales_agree:
-        return [f"scale: {count} elements follow a different scale (scale_inv TE {te_scale_inv!r}, mxlab {mx_scale_inv!r})"]
+        return [
+            f"scale: {count} elements follow a different scale (scale_inv TE {te_scale_inv!r}, mxlab {mx_scale_inv!r})"
+        ]
     nonfinite = differ & (~torch.isfinite(te_values) | ~torch.isfinite(mx_values))
     finite = differ & ~nonfinite
     one_step = torch.zeros_like(differ)
@@ -203,7 +240,9 @@ def compare_per_tensor(handle: TEHandle, x: torch.Tensor, fmt: str, case: str) -
 
     te_dtype = tex.DType.kFloat8E4M3 if fmt == "e4m3" else tex.DType.kFloat8E5M2
     fp8_dtype = PER_TENSOR_FP8[f"fp8_tensor_{fmt}"]
-    quantizer = _quantizer_class(handle, "Float8CurrentScalingQuantizer", "float8_tensor")(te_dtype, x.device, rowwise=True, columnwise=False)
+    quantizer = _quantizer_class(handle, "Float8CurrentScalingQuantizer", "float8_tensor")(
+        te_dtype, x.device, rowwise=True, columnwise=False
+    )
     quantized = quantizer(x)
     te_values = quantized.dequantize(dtype=torch.float32)
     te_scale_inv = float(quantized._scale_inv.float().reshape(-1)[0])
@@ -213,7 +252,9 @@ def compare_per_tensor(handle: TEHandle, x: torch.Tensor, fmt: str, case: str) -
     scales_agree = te_scale_inv == mx_scale_inv or (math.isnan(te_scale_inv) and math.isnan(mx_scale_inv))
     identical = (te_values.view(torch.int32) == mx_values.view(torch.int32)).float().mean().item()
     differences = classify_differences(te_values, mx_values, scales_agree, fp8_dtype, te_scale_inv, mx_scale_inv)
-    return OperandComparison(case, f"fp8_current {fmt}", x.numel(), identical, 1.0 if scales_agree else 0.0, differences)
+    return OperandComparison(
+        case, f"fp8_current {fmt}", x.numel(), identical, 1.0 if scales_agree else 0.0, differences
+    )
 
 
 def _mx_parts(quantized: Any, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -230,7 +271,9 @@ def compare_mxfp8(handle: TEHandle, x: torch.Tensor, case: str) -> list[OperandC
     from mxlab.numerics.quant import quantize
 
     rows, cols = x.shape
-    quantized = _quantizer_class(handle, "MXFP8Quantizer", "mxfp8_tensor")(tex.DType.kFloat8E4M3, rowwise=True, columnwise=True)(x)
+    quantized = _quantizer_class(handle, "MXFP8Quantizer", "mxfp8_tensor")(
+        tex.DType.kFloat8E4M3, rowwise=True, columnwise=True
+    )(x)
     swizzled = bool(getattr(quantized, "_with_gemm_swizzled_scales", False))  # scales in the GEMM's tiled layout
     out = []
     for rowwise in (True, False):
@@ -244,9 +287,18 @@ def compare_mxfp8(handle: TEHandle, x: torch.Tensor, case: str) -> list[OperandC
             same = te_codes == mx.codes
             if swizzled:
                 differing = int((~same).sum())
-                out.append(OperandComparison(case, f"mxfp8 {'rowwise' if rowwise else 'columnwise'} {mode}", x.numel(),
-                                             same.float().mean().item(), float("nan"),
-                                             [f"unclassified: {differing} elements (TE's scales are swizzled for the GEMM; not compared)"] if differing else []))
+                out.append(
+                    OperandComparison(
+                        case,
+                        f"mxfp8 {'rowwise' if rowwise else 'columnwise'} {mode}",
+                        x.numel(),
+                        same.float().mean().item(),
+                        float("nan"),
+                        [f"unclassified: {differing} elements (TE's scales are swizzled for the GEMM; not compared)"]
+                        if differing
+                        else [],
+                    )
+                )
                 continue
             same_scales = te_scales == mx.scales
             differences = []
@@ -258,18 +310,27 @@ def compare_mxfp8(handle: TEHandle, x: torch.Tensor, case: str) -> list[OperandC
                     differences.append(f"scale: {with_scale} elements in blocks whose E8M0 scale differs")
                 if same_scale:
                     differences.append(f"unexplained: {same_scale} elements differ under the same scale")
-            out.append(OperandComparison(case, f"mxfp8 {'rowwise' if rowwise else 'columnwise'} {mode}", x.numel(),
-                                         same.float().mean().item(), same_scales.float().mean().item(), differences))
+            out.append(
+                OperandComparison(
+                    case,
+                    f"mxfp8 {'rowwise' if rowwise else 'columnwise'} {mode}",
+                    x.numel(),
+                    same.float().mean().item(),
+                    same_scales.float().mean().item(),
+                    differences,
+                )
+            )
     return out
 
 
 # --------------------------------------------------------------------------------- GEMM checks
-def compare_linear(handle: TEHandle, x: torch.Tensor, weight: torch.Tensor, grad_output: torch.Tensor, scheme: str,
-                   case: str) -> list[GemmComparison]:
+def compare_linear(
+    handle: TEHandle, x: torch.Tensor, weight: torch.Tensor, grad_output: torch.Tensor, scheme: str, case: str
+) -> list[GemmComparison]:
     """te.Linear forward+backward under `scheme`'s TE recipe against QLinear emulating it, and both against FP32."""
     from mxlab.nn.linear import QLinear
-    from mxlab.recipe.library import load_recipe
     from mxlab.recipe.backends.te import TEPolicy, build_te_recipe
+    from mxlab.recipe.library import load_recipe
 
     te = handle.pytorch
     rows, in_features = x.shape
@@ -296,9 +357,17 @@ def compare_linear(handle: TEHandle, x: torch.Tensor, weight: torch.Tensor, grad
     exact = {"fwd": x32 @ w32.t(), "dgrad": g32 @ w32, "wgrad": g32.t() @ x32}
     te_out = {"fwd": te_y.detach(), "dgrad": te_x.grad, "wgrad": te_linear.weight.grad}
     mx_out = {"fwd": mx_y.detach(), "dgrad": mx_x.grad, "wgrad": mx_linear.weight.grad}
-    return [GemmComparison(case, scheme, gemm, relative_error(te_out[gemm], mx_out[gemm]),
-                           relative_error(te_out[gemm], exact[gemm]), relative_error(mx_out[gemm], exact[gemm]))
-            for gemm in ("fwd", "dgrad", "wgrad")]
+    return [
+        GemmComparison(
+            case,
+            scheme,
+            gemm,
+            relative_error(te_out[gemm], mx_out[gemm]),
+            relative_error(te_out[gemm], exact[gemm]),
+            relative_error(mx_out[gemm], exact[gemm]),
+        )
+        for gemm in ("fwd", "dgrad", "wgrad")
+    ]
 
 
 def _attempt(report: TECheckReport, scheme: str, action: Callable[[], Any]) -> Any:
@@ -309,7 +378,9 @@ def _attempt(report: TECheckReport, scheme: str, action: Callable[[], Any]) -> A
         return None
 
 
-def run_te_check(*, seed: int = 0, shape: tuple[int, int, int] = DEFAULT_SHAPE, device: str | None = None) -> TECheckReport:
+def run_te_check(
+    *, seed: int = 0, shape: tuple[int, int, int] = DEFAULT_SHAPE, device: str | None = None
+) -> TECheckReport:
     """Compare mxlab's emulation with TE's kernels (see the module docstring); returns the TECheckReport.
 
     Refuses (BackendUnavailableError, before running anything) without CUDA or TE, and (ValueError)
@@ -323,7 +394,9 @@ def run_te_check(*, seed: int = 0, shape: tuple[int, int, int] = DEFAULT_SHAPE, 
     handle = load_transformer_engine()
     device = device or f"cuda:{torch.cuda.current_device()}"
     rows, in_features, out_features = shape
-    report = TECheckReport(device=torch.cuda.get_device_name(torch.device(device)), te_version=handle.version, shape=shape)
+    report = TECheckReport(
+        device=torch.cuda.get_device_name(torch.device(device)), te_version=handle.version, shape=shape
+    )
     mxfp8_ok, mxfp8_reason = te_recipe_support(handle, "mxfp8")
     generator = torch.Generator().manual_seed(seed)
     for case in CASES:
@@ -338,22 +411,43 @@ def run_te_check(*, seed: int = 0, shape: tuple[int, int, int] = DEFAULT_SHAPE, 
         if case in ("normal", "heavy_tail", "outlier"):
             weight = make_case("normal", out_features, in_features, generator).to(device) * 0.05
             grad_output = make_case(case, rows, out_features, generator).to(device) * 1e-3
-            gemms = _attempt(report, "fp8_current GEMMs", lambda: compare_linear(handle, x, weight, grad_output, "fp8_current", case))
+            gemms = _attempt(
+                report, "fp8_current GEMMs", lambda: compare_linear(handle, x, weight, grad_output, "fp8_current", case)
+            )
             report.gemms.extend(gemms or [])
             if mxfp8_ok:
-                gemms = _attempt(report, "mxfp8 GEMMs", lambda: compare_linear(handle, x, weight, grad_output, "mxfp8", case))
+                gemms = _attempt(
+                    report, "mxfp8 GEMMs", lambda: compare_linear(handle, x, weight, grad_output, "mxfp8", case)
+                )
                 report.gemms.extend(gemms or [])
     if not mxfp8_ok:
         report.not_run["mxfp8 operands and GEMMs"] = mxfp8_reason
     return report
 
 
-__all__ = ["CASES", "GemmComparison", "check_te_main", "OperandComparison", "TECheckReport", "classify_differences", "compare_linear",
-           "compare_mxfp8", "compare_per_tensor", "make_case", "relative_error", "run_te_check", "te_check_refusal"]
+__all__ = [
+    "CASES",
+    "GemmComparison",
+    "check_te_main",
+    "OperandComparison",
+    "TECheckReport",
+    "classify_differences",
+    "compare_linear",
+    "compare_mxfp8",
+    "compare_per_tensor",
+    "make_case",
+    "relative_error",
+    "run_te_check",
+    "te_check_refusal",
+]
 
 
-def check_te_main(seed: int = 0, json_path: Optional[str] = None, echo: Callable[[str], None] = print,
-                  echo_error: Callable[[str], None] = print) -> int:
+def check_te_main(
+    seed: int = 0,
+    json_path: str | None = None,
+    echo: Callable[[str], None] = print,
+    echo_error: Callable[[str], None] = print,
+) -> int:
     """`mxlab check te`: run the check and print its tables (returns 0), or say why it cannot run here (returns 2)."""
     try:
         report = run_te_check(seed=seed)

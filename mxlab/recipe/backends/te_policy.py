@@ -22,6 +22,7 @@ amax_compute_algo = "max"      # fp8_delayed only (optional): max | most_recent
 
 This module only parses and describes; it imports neither torch's TE nor the rest of the recipe package.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -116,12 +117,16 @@ def parse_backend_policy(name: str, table: Any) -> TEPolicy:
         raise ValueError(f"{where}: must be a table, got {table!r}")
     backend = table.get("backend")
     if backend not in BACKENDS:
-        raise ValueError(f"{where}.backend: unknown backend {backend!r}; accepted: {', '.join(BACKENDS)} "
-                         f"(leave backend out for mxlab's own emulation)")
+        raise ValueError(
+            f"{where}.backend: unknown backend {backend!r}; accepted: {', '.join(BACKENDS)} "
+            f"(leave backend out for mxlab's own emulation)"
+        )
     unknown = [key for key in table if key not in TE_POLICY_KEYS]
     if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} for backend = \"te\"; "
-                         f"accepted: {', '.join(TE_POLICY_KEYS)} (TE's recipe fixes every GEMM's operands)")
+        raise ValueError(
+            f'{where}: unknown key(s) {", ".join(map(repr, unknown))} for backend = "te"; '
+            f"accepted: {', '.join(TE_POLICY_KEYS)} (TE's recipe fixes every GEMM's operands)"
+        )
     te_recipe = table.get("te_recipe")
     if te_recipe not in TE_RECIPES:
         raise ValueError(f"{where}.te_recipe: unknown TE recipe {te_recipe!r}; accepted: {', '.join(TE_RECIPES)}")
@@ -133,7 +138,9 @@ def parse_backend_policy(name: str, table: Any) -> TEPolicy:
         raise ValueError(f"{where}.unaligned: unknown {unaligned!r}; accepted: {', '.join(UNALIGNED_CHOICES)}")
     delayed_keys = [key for key in ("amax_history_len", "amax_compute_algo") if key in table]
     if delayed_keys and te_recipe != "fp8_delayed":
-        raise ValueError(f"{where}: {', '.join(delayed_keys)} apply to te_recipe = \"fp8_delayed\" only, not {te_recipe!r}")
+        raise ValueError(
+            f'{where}: {", ".join(delayed_keys)} apply to te_recipe = "fp8_delayed" only, not {te_recipe!r}'
+        )
     history = table.get("amax_history_len", 1024)
     if isinstance(history, bool) or not isinstance(history, int) or history < 1:
         raise ValueError(f"{where}.amax_history_len: must be a positive integer, got {history!r}")
@@ -152,4 +159,3 @@ def te_recipe_names(recipe: Any) -> list[str]:
     """The TE recipe names (fp8_current, ...) that the policies of an mxlab Recipe use, sorted."""
     policies = getattr(recipe, "policies", None) or {}
     return sorted({policy.te_recipe for policy in policies.values() if is_te_policy(policy)})
-

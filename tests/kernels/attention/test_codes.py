@@ -1,4 +1,5 @@
 """The attention's operand codes: looked up once per policy spec, refusing what the kernels cannot run."""
+
 import os
 from types import SimpleNamespace
 

@@ -26,6 +26,7 @@ Tolerances, derived from what differs between the two implementations:
   cancel (softmax gradients) sum |terms| stays within a few times max |reference|, so the test
   asserts |difference| <= 2^-6 max |reference| elementwise and a norm below 2^-7 of the reference's.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,11 +39,11 @@ if not torch.cuda.is_available():
 
 
 from mxlab.kernels import attention as jagged_attention_module  # noqa: E402  (after TRITON_INTERPRET is set)
+from mxlab.kernels.attention import AttentionLaunch  # noqa: E402
 from mxlab.kernels.attention import api as attention_api  # noqa: E402
 from mxlab.kernels.attention import codes as attention_codes  # noqa: E402
 from mxlab.kernels.attention import launch as attention_launch  # noqa: E402
 from mxlab.kernels.attention import tiles as attention_tiles  # noqa: E402
-from mxlab.kernels.attention import AttentionLaunch  # noqa: E402
 
 jagged_attention = jagged_attention_module.jagged_attention
 unsupported_reason = jagged_attention_module.unsupported_reason
@@ -50,12 +51,12 @@ unsupported_reason = jagged_attention_module.unsupported_reason
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from mxlab.numerics.formats import get_format  # noqa: E402
 from mxlab.kernels import _mx_device  # noqa: E402
 from mxlab.kernels._mx_device import fake_quant_tile, score_random_bits  # noqa: E402
 from mxlab.nn.attention import JaggedAttention, call_seeds  # noqa: E402
-from mxlab.numerics.seeding import seed_key  # noqa: E402
 from mxlab.nn.qmatmul import OperandQuant  # noqa: E402
+from mxlab.numerics.formats import get_format  # noqa: E402
+from mxlab.numerics.seeding import seed_key  # noqa: E402
 from mxlab.recipe import AttentionPolicy, AttentionRecipe  # noqa: E402
 
 # Masked lanes compute exp of -inf-like arguments; NumPy (the interpreter) warns, the GPU does not.
@@ -66,8 +67,13 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() and not INTERPRETED el
 FLIP_SHARE = 0.10
 
 
-def _policy(fwd: str = "e4m3", grad: str = "e4m3", scale_mode: str = "floor", rounding: str = "nearest_even",
-            grad_rounding: str | None = None) -> AttentionPolicy:
+def _policy(
+    fwd: str = "e4m3",
+    grad: str = "e4m3",
+    scale_mode: str = "floor",
+    rounding: str = "nearest_even",
+    grad_rounding: str | None = None,
+) -> AttentionPolicy:
     fwd_quant = OperandQuant(fwd, 32, scale_mode, rounding)
     grad_quant = OperandQuant(grad, 32, scale_mode, grad_rounding or rounding)
     recipe = AttentionRecipe(fwd_quant, grad_quant, fwd_quant, grad_quant)
@@ -92,8 +98,17 @@ def _inputs(q_lengths: list[int], k_lengths: list[int], heads: int, head_dim: in
 def _kernel_call(q, k, v, q_offsets, k_offsets, policy, tiles=None, hw_fp8=True, **options):
     """The kernel on these inputs as mxlab.nn.attention runs it: this call's seeds drawn from the policy
     (`call_seeds`, which advances each product's call counter when an operand rounds stochastically)."""
-    return jagged_attention(q, k, v, q_offsets, k_offsets, policy=policy, seeds=call_seeds(policy),
-                            _launch=AttentionLaunch(tiles=tiles, hw_fp8=hw_fp8), **options)
+    return jagged_attention(
+        q,
+        k,
+        v,
+        q_offsets,
+        k_offsets,
+        policy=policy,
+        seeds=call_seeds(policy),
+        _launch=AttentionLaunch(tiles=tiles, hw_fp8=hw_fp8),
+        **options,
+    )
 
 
 def _run_both(q, k, v, grad, q_offsets, k_offsets, causal, activation, policy, tiles=None):
@@ -120,7 +135,9 @@ def _assert_exact_up_to_accumulation(name: str, actual: torch.Tensor, expected: 
     difference = (a - e).abs()
     beyond_ulp = difference > _ulp(torch.maximum(a.abs(), e.abs()), expected.dtype)
     share = beyond_ulp.float().mean().item() if beyond_ulp.numel() else 0.0
-    assert share <= FLIP_SHARE, f"{name}: {share:.1%} of elements differ by more than one ulp (max {difference.max().item():.3e})"
+    assert share <= FLIP_SHARE, (
+        f"{name}: {share:.1%} of elements differ by more than one ulp (max {difference.max().item():.3e})"
+    )
     norm_ratio = (difference.norm() / e.norm().clamp(min=1e-30)).item()
     assert norm_ratio <= 2.0**-mbits, f"{name}: relative norm of the difference {norm_ratio:.3e} > 2^-{mbits}"
 
@@ -148,10 +165,46 @@ FUSED_DQ_TILES = jagged_attention_module.TileSizes(32, 32, 32, 32, 32, 32, 1, 1,
 MX_CASES = [
     # id, q lengths, k lengths, causal, activation, heads, policy arguments, tiles
     ("self-causal-softmax-e4m3-floor", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(), None),
-    ("self-silu-e4m3-even-away", SELF_LENGTHS, SELF_LENGTHS, False, "silu", 1, dict(scale_mode="even", rounding="nearest_away"), None),
-    ("cross-softmax-e4m3-e5m2grad-rceil-wide-3heads", CROSS_Q, CROSS_K, False, "softmax", 3, dict(grad="e5m2", scale_mode="rceil"), WIDE_TILES),
-    ("pma-silu-e3m2-e2m3grad-ceil-tz", PMA_Q, PMA_K, False, "silu", 1, dict(fwd="e3m2", grad="e2m3", scale_mode="ceil", rounding="toward_zero"), None),
-    ("self-causal-softmax-int8-wide", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(fwd="int8", grad="e2m1"), WIDE_TILES),
+    (
+        "self-silu-e4m3-even-away",
+        SELF_LENGTHS,
+        SELF_LENGTHS,
+        False,
+        "silu",
+        1,
+        dict(scale_mode="even", rounding="nearest_away"),
+        None,
+    ),
+    (
+        "cross-softmax-e4m3-e5m2grad-rceil-wide-3heads",
+        CROSS_Q,
+        CROSS_K,
+        False,
+        "softmax",
+        3,
+        dict(grad="e5m2", scale_mode="rceil"),
+        WIDE_TILES,
+    ),
+    (
+        "pma-silu-e3m2-e2m3grad-ceil-tz",
+        PMA_Q,
+        PMA_K,
+        False,
+        "silu",
+        1,
+        dict(fwd="e3m2", grad="e2m3", scale_mode="ceil", rounding="toward_zero"),
+        None,
+    ),
+    (
+        "self-causal-softmax-int8-wide",
+        SELF_LENGTHS,
+        SELF_LENGTHS,
+        True,
+        "softmax",
+        1,
+        dict(fwd="int8", grad="e2m1"),
+        WIDE_TILES,
+    ),
     ("self-causal-softmax-fused-dq", SELF_LENGTHS, SELF_LENGTHS, True, "softmax", 1, dict(), FUSED_DQ_TILES),
     ("cross-silu-fused-dq", CROSS_Q, CROSS_K, False, "silu", 1, dict(), FUSED_DQ_TILES),
 ]
@@ -162,7 +215,9 @@ def test_mx_mode_matches_reference(case):
     _, q_lengths, k_lengths, causal, activation, heads, policy_arguments, tiles = case
     policy = _policy(**policy_arguments)
     q, k, v, grad = _inputs(q_lengths, k_lengths, heads, 32, seed=len(case[0]))
-    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, policy, tiles)
+    kernel, reference = _run_both(
+        q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, policy, tiles
+    )
     mbits = min(get_format(policy_arguments.get(key, "e4m3")).mbits for key in ("fwd", "grad"))
     for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
         _assert_exact_up_to_accumulation(name, actual, expected, mbits)
@@ -183,7 +238,9 @@ def test_bf16_mode_matches_reference(case, fused_dq):
     _, q_lengths, k_lengths, causal, activation = case
     q, k, v, grad = _inputs(q_lengths, k_lengths, 2, 32, seed=len(case[0]))
     tiles = FUSED_DQ_TILES if fused_dq else None
-    kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, None, tiles)
+    kernel, reference = _run_both(
+        q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), causal, activation, None, tiles
+    )
     for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
         if activation == "silu":  # exact semantics: only the accumulation order differs
             _assert_exact_up_to_accumulation(name, actual, expected, 7)
@@ -191,11 +248,17 @@ def test_bf16_mode_matches_reference(case, fused_dq):
             _assert_bf16_flash_close(name, actual, expected)
 
 
-@pytest.mark.parametrize("dtype, mx, activation", [(torch.float32, True, "softmax"), (torch.float16, False, "silu")], ids=["float32-mx", "float16-bf16mode-silu"])
+@pytest.mark.parametrize(
+    "dtype, mx, activation",
+    [(torch.float32, True, "softmax"), (torch.float16, False, "silu")],
+    ids=["float32-mx", "float16-bf16mode-silu"],
+)
 def test_other_input_dtypes_match_reference(dtype, mx, activation):
     lengths = [5, 33]
     q, k, v, grad = _inputs(lengths, lengths, 1, 32, seed=7, dtype=dtype)
-    kernel, reference = _run_both(q, k, v, grad, _offsets(lengths), _offsets(lengths), True, activation, _policy() if mx else None)
+    kernel, reference = _run_both(
+        q, k, v, grad, _offsets(lengths), _offsets(lengths), True, activation, _policy() if mx else None
+    )
     for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
         _assert_exact_up_to_accumulation(name, actual, expected, 3 if mx else 10)
 
@@ -205,15 +268,20 @@ def test_empty_histories_and_empty_query_sets_give_zeros():
     q, k, v, grad = _inputs(q_lengths, k_lengths, 1, 32, seed=3)
     for policy in (None, _policy()):
         for activation in ("softmax", "silu"):
-            kernel, reference = _run_both(q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), False, activation, policy)
+            kernel, reference = _run_both(
+                q, k, v, grad, _offsets(q_lengths), _offsets(k_lengths), False, activation, policy
+            )
             out, dq, dk, dv = kernel
             assert torch.equal(out[:3].float(), torch.zeros(3, 1, 32)), "queries without keys must get exact zeros"
             assert torch.equal(dq[:3].float(), torch.zeros(3, 1, 32))
-            assert torch.equal(dk[:5].float(), torch.zeros(5, 1, 32)) and torch.equal(dv[:5].float(), torch.zeros(5, 1, 32)), \
-                "keys of an example without queries must get zero gradients"
+            assert torch.equal(dk[:5].float(), torch.zeros(5, 1, 32)) and torch.equal(
+                dv[:5].float(), torch.zeros(5, 1, 32)
+            ), "keys of an example without queries must get zero gradients"
             assert out[3:].abs().sum() > 0 and dk[5:].abs().sum() > 0
             reference_out, reference_dq, reference_dk, reference_dv = reference
-            assert torch.equal(reference_out[:3], out[:3]) and torch.equal(reference_dq[:3], dq[:3]), "the reference agrees"
+            assert torch.equal(reference_out[:3], out[:3]) and torch.equal(reference_dq[:3], dq[:3]), (
+                "the reference agrees"
+            )
             assert torch.equal(reference_dk[:5], dk[:5]) and torch.equal(reference_dv[:5], dv[:5])
 
 
@@ -246,9 +314,15 @@ def test_unwritten_outputs_are_exact_zeros_not_uninitialized_memory(nan_filled_e
             out = _kernel_call(q, k, v, _offsets(q_lengths), _offsets(k_lengths), policy, tiles, activation=activation)
             dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
             for name, tensor in (("out", out), ("dq", dq), ("dk", dk), ("dv", dv)):
-                assert torch.isfinite(tensor).all(), f"{name}: rows left unwritten ({activation}, policy {policy is not None})"
-            assert torch.equal(out[:3].float(), torch.zeros(3, 2, 32)) and torch.equal(dq[:3].float(), torch.zeros(3, 2, 32))
-            assert torch.equal(dk[:33].float(), torch.zeros(33, 2, 32)) and torch.equal(dv[:33].float(), torch.zeros(33, 2, 32))
+                assert torch.isfinite(tensor).all(), (
+                    f"{name}: rows left unwritten ({activation}, policy {policy is not None})"
+                )
+            assert torch.equal(out[:3].float(), torch.zeros(3, 2, 32)) and torch.equal(
+                dq[:3].float(), torch.zeros(3, 2, 32)
+            )
+            assert torch.equal(dk[:33].float(), torch.zeros(33, 2, 32)) and torch.equal(
+                dv[:33].float(), torch.zeros(33, 2, 32)
+            )
             assert out[3:].abs().sum() > 0 and dk[33:].abs().sum() > 0 and dq[3:].abs().sum() > 0
 
 
@@ -393,7 +467,9 @@ def test_host_sets_the_hardware_switch_per_operand_where_the_cast_kernels_would(
     capability["value"] = (8, 9)  # Triton 3.6 converts float32 -> FP8 there in two roundings
     assert set(switches(_policy()).values()) == {0}
     capability["value"] = (9, 0)
-    assert set(vars(attention_codes._codes(_policy(), None)).values()) == set(vars(attention_codes._codes(_policy(), torch.device("cpu"))).values())
+    assert set(vars(attention_codes._codes(_policy(), None)).values()) == set(
+        vars(attention_codes._codes(_policy(), torch.device("cpu"))).values()
+    )
     assert all(code >> 24 == 0 for code in vars(attention_codes._codes(_policy(), None)).values())
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert set(switches(_policy()).values()) == {0}
@@ -451,11 +527,21 @@ def test_attention_kernels_compile_the_hardware_switch_to_the_fp8_conversion_for
     import subprocess
     import sys
 
-    cases = [("forward", "e4m3", "hardware"), ("prequantize", "e5m2", "hardware"), ("forward", "e4m3", "integer"),
-             ("dkdv", "e4m3", "stochastic"), ("prequantize", "e4m3", "stochastic")]
+    cases = [
+        ("forward", "e4m3", "hardware"),
+        ("prequantize", "e5m2", "hardware"),
+        ("forward", "e4m3", "integer"),
+        ("dkdv", "e4m3", "stochastic"),
+        ("prequantize", "e4m3", "stochastic"),
+    ]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", COMPILE_ATTENTION_SCRIPT, json.dumps(cases)],
-                            capture_output=True, text=True, env=environment, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_ATTENTION_SCRIPT, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     instructions = json.loads(result.stdout.strip().splitlines()[-1])
     expected = [[f"cvt.rn.satfinite.{fmt}x2.f32"] if mode == "hardware" else [] for _, fmt, mode in cases]
@@ -493,7 +579,11 @@ def test_mx_mode_keeps_exactly_what_bf16_mode_keeps_for_the_backward(rounding):
     bf16_saved = _saved_between_forward_and_backward(q, k, v, offsets, offsets, None)
     mx_saved = _saved_between_forward_and_backward(q, k, v, offsets, offsets, _policy(rounding=rounding))
     for saved in (bf16_saved, mx_saved):
-        assert any(tensor is q for tensor in saved) and any(tensor is k for tensor in saved) and any(tensor is v for tensor in saved)
+        assert (
+            any(tensor is q for tensor in saved)
+            and any(tensor is k for tensor in saved)
+            and any(tensor is v for tensor in saved)
+        )
     describe = lambda tensors: sorted((str(t.dtype), tuple(t.shape)) for t in tensors)  # noqa: E731
     assert describe(mx_saved) == describe(bf16_saved)
     assert [t.dtype for t in mx_saved].count(torch.bfloat16) == 4
@@ -502,10 +592,36 @@ def test_mx_mode_keeps_exactly_what_bf16_mode_keeps_for_the_backward(rounding):
 SR_LENGTHS = [31, 0, 1, 33]
 SR_CASES = [
     # id, q lengths, k lengths, causal, activation, heads, policy arguments, tiles
-    ("self-causal-softmax-all-sr", SR_LENGTHS, SR_LENGTHS, True, "softmax", 2, dict(rounding="stochastic", scale_mode="rceil"), None),
-    ("cross-silu-grad-sr-e5m2-fused-dq", CROSS_Q, CROSS_K, False, "silu", 1,
-     dict(grad="e5m2", grad_rounding="stochastic", scale_mode="rceil"), FUSED_DQ_TILES),
-    ("pma-softmax-all-sr-e2m1-wide", PMA_Q, PMA_K, False, "softmax", 1, dict(fwd="e2m1", grad="e3m2", rounding="stochastic"), WIDE_TILES),
+    (
+        "self-causal-softmax-all-sr",
+        SR_LENGTHS,
+        SR_LENGTHS,
+        True,
+        "softmax",
+        2,
+        dict(rounding="stochastic", scale_mode="rceil"),
+        None,
+    ),
+    (
+        "cross-silu-grad-sr-e5m2-fused-dq",
+        CROSS_Q,
+        CROSS_K,
+        False,
+        "silu",
+        1,
+        dict(grad="e5m2", grad_rounding="stochastic", scale_mode="rceil"),
+        FUSED_DQ_TILES,
+    ),
+    (
+        "pma-softmax-all-sr-e2m1-wide",
+        PMA_Q,
+        PMA_K,
+        False,
+        "softmax",
+        1,
+        dict(fwd="e2m1", grad="e3m2", rounding="stochastic"),
+        WIDE_TILES,
+    ),
 ]
 
 
@@ -559,8 +675,10 @@ def test_stochastic_prequantized_operands_equal_the_reference_bits():
     lengths = [31, 0, 1, 33, 70]
     tokens, heads, head_dim = sum(lengths), 2, 64
     generator = torch.Generator().manual_seed(8)
-    x = (torch.randn(tokens, heads, head_dim, generator=generator)
-         * torch.exp2(torch.randint(-30, 10, (tokens, heads, head_dim), generator=generator).float())).to(DEVICE)
+    x = (
+        torch.randn(tokens, heads, head_dim, generator=generator)
+        * torch.exp2(torch.randint(-30, 10, (tokens, heads, head_dim), generator=generator).float())
+    ).to(DEVICE)
     quant = OperandQuant("e4m3", 32, "even", "stochastic")
     code = attention_codes.operand_code("e4m3", "even", "stochastic")
     seeds = (12345, 2**32 - 7)
@@ -577,8 +695,9 @@ def test_stochastic_prequantized_operands_equal_the_reference_bits():
 
 
 @triton.jit
-def _score_tile_kernel(X, Y, first_row, head, heads, seed_key, AXIS: tl.constexpr, CODE: tl.constexpr,
-                       KEYS_FIRST: tl.constexpr):
+def _score_tile_kernel(
+    X, Y, first_row, head, heads, seed_key, AXIS: tl.constexpr, CODE: tl.constexpr, KEYS_FIRST: tl.constexpr
+):
     """Y = fake_quant_tile of the (32, 64) float32 score tile X of query rows first_row.. and keys 0..63 (AXIS 0:
     along the queries); KEYS_FIRST quantizes its transpose, the (64, 32) tile of keys x queries, as dK/dV does."""
     rows = tl.arange(0, 32)
@@ -620,8 +739,17 @@ def test_every_block_is_true_exactly_when_every_flag_is_set(axis):
         assert out.item() == int(expected), (axis, unset)
 
 
-@pytest.mark.parametrize("fmt, axis, keys_first", [("e5m2", 0, False), ("e5m2", 1, False), ("int8", 1, False),
-                                                   ("e2m3", 0, False), ("e5m2", 0, True), ("e2m3", 1, True)])
+@pytest.mark.parametrize(
+    "fmt, axis, keys_first",
+    [
+        ("e5m2", 0, False),
+        ("e5m2", 1, False),
+        ("int8", 1, False),
+        ("e2m3", 0, False),
+        ("e5m2", 0, True),
+        ("e2m3", 1, True),
+    ],
+)
 def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis, keys_first):
     """P and dS tiles: `score_random_bits` + `fake_quant_tile` against the reference's score counter
     (key * 2^32 + query_row * heads + head), bit for bit (axis 0: blocks along the queries, 1: along the
@@ -630,7 +758,9 @@ def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis, keys_
     from mxlab.nn.qmatmul import _counted_stochastic_fake_quantize as _stochastic_fake_quantize
 
     generator = torch.Generator().manual_seed(axis)
-    x = torch.randn(32, 64, generator=generator) * torch.exp2(torch.randint(-40, 8, (32, 64), generator=generator).float())
+    x = torch.randn(32, 64, generator=generator) * torch.exp2(
+        torch.randint(-40, 8, (32, 64), generator=generator).float()
+    )
     x[5, :] = 0.0
     x[:, 7] = torch.randn(32, generator=generator) * 2.0**-130  # float32 subnormals, with or without larger neighbours
     x[9, :] = torch.randn(64, generator=generator) * 2.0**-140
@@ -639,7 +769,9 @@ def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis, keys_
     code = attention_codes.operand_code(fmt, "floor", "stochastic")
     for first_row, heads, head, seed in ((0, 1, 0, 3), (2**30 + 17, 3, 2, 2**31 + 5)):
         y = torch.empty_like(x)
-        _score_tile_kernel[(1,)](x, y, first_row, head, heads, seed_key(seed), AXIS=axis, CODE=code, KEYS_FIRST=keys_first)
+        _score_tile_kernel[(1,)](
+            x, y, first_row, head, heads, seed_key(seed), AXIS=axis, CODE=code, KEYS_FIRST=keys_first
+        )
         rows = torch.arange(first_row, first_row + 32, device=DEVICE)[None, :]
         counter = score_counter(rows, heads, 64)[0, head]
         expected = _stochastic_fake_quantize(x, quant, axis, seed, counter)
@@ -657,7 +789,9 @@ def test_in_kernel_fast_path_tiles_equal_the_reference_bits(fmt, rounding, scale
     from mxlab.numerics.quant import fake_quantize
 
     generator = torch.Generator().manual_seed(len(fmt))
-    x = torch.randn(32, 64, generator=generator) * torch.exp2(torch.randint(-20, 20, (32, 1), generator=generator).float())
+    x = torch.randn(32, 64, generator=generator) * torch.exp2(
+        torch.randint(-20, 20, (32, 1), generator=generator).float()
+    )
     x[5, :] = 0.0
     x[6, :16] = -0.0
     x[7, :] *= torch.exp2(-torch.arange(64, dtype=torch.float32) / 4)  # values far below their block's largest
@@ -672,8 +806,9 @@ def test_in_kernel_fast_path_tiles_equal_the_reference_bits(fmt, rounding, scale
             expected = _stochastic_fake_quantize(x, quant, axis, 11, counter)
         else:
             expected = fake_quantize(x, fmt, axis=axis, scale_mode=scale_mode)
-        assert torch.equal(y.view(torch.int32), expected.view(torch.int32)), \
+        assert torch.equal(y.view(torch.int32), expected.view(torch.int32)), (
             f"axis {axis}: {(y.view(torch.int32) != expected.view(torch.int32)).sum().item()} elements differ"
+        )
 
 
 @pytest.mark.gpu
@@ -763,7 +898,9 @@ def test_benchmark_cross_and_pma_shapes_match_reference_on_gpu(mode, queries, fu
     lengths, _, k, v, _ = _benchmark_inputs()
     q, _, _, grad = _inputs([queries] * len(lengths), [0] * len(lengths), 4, 64, seed=1)
     policy = _policy() if mode == "mxfp8" else None
-    kernel, reference = _run_both(q, k, v, grad, _offsets([queries] * len(lengths)), _offsets(lengths), False, "softmax", policy)
+    kernel, reference = _run_both(
+        q, k, v, grad, _offsets([queries] * len(lengths)), _offsets(lengths), False, "softmax", policy
+    )
     for name, actual, expected in zip(("out", "dq", "dk", "dv"), kernel, reference):
         if policy is not None:
             _assert_exact_up_to_accumulation(name, actual, expected, 3)
@@ -781,8 +918,12 @@ HARDWARE_FP8_POLICIES = [
 @pytest.mark.gpu
 @BENCHMARK_SIZE
 @pytest.mark.parametrize("activation, causal", [("softmax", False), ("softmax", True), ("silu", False)])
-@pytest.mark.parametrize("policy_id, policy_arguments", HARDWARE_FP8_POLICIES, ids=[case[0] for case in HARDWARE_FP8_POLICIES])
-def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(policy_id, policy_arguments, activation, causal):
+@pytest.mark.parametrize(
+    "policy_id, policy_arguments", HARDWARE_FP8_POLICIES, ids=[case[0] for case in HARDWARE_FP8_POLICIES]
+)
+def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(
+    policy_id, policy_arguments, activation, causal
+):
     """Same kernels, same accumulation order: the outputs and gradients must be equal bit for bit."""
     lengths, q, k, v, grad = _benchmark_inputs()
     policy = _policy(**policy_arguments)
@@ -821,8 +962,12 @@ def test_hardware_prequantized_operands_equal_the_reference_bits_on_gpu(fmt):
         rows = x[begin:end].float()
         padded = torch.cat([rows, rows.new_zeros(-rows.shape[0] % 32, *rows.shape[1:])])
         blocks = padded.reshape(padded.shape[0] // 32, 32, *padded.shape[1:])
-        expected_t = reference.fake_quantize_blocks(blocks, (1,), FORMATS[fmt], "rceil", "nearest_even").reshape(padded.shape)
-        assert torch.equal(along_t[begin:end].float().view(torch.int32), expected_t[: end - begin].view(torch.int32)), f"sequence {sequence}"
+        expected_t = reference.fake_quantize_blocks(blocks, (1,), FORMATS[fmt], "rceil", "nearest_even").reshape(
+            padded.shape
+        )
+        assert torch.equal(along_t[begin:end].float().view(torch.int32), expected_t[: end - begin].view(torch.int32)), (
+            f"sequence {sequence}"
+        )
 
 
 SR_GPU_POLICIES = [
@@ -835,8 +980,9 @@ SR_GPU_POLICIES = [
 @BENCHMARK_SIZE
 @pytest.mark.parametrize("activation, causal", [("softmax", False), ("softmax", True), ("silu", False)])
 @pytest.mark.parametrize("policy_id, policy_arguments", SR_GPU_POLICIES, ids=[case[0] for case in SR_GPU_POLICIES])
-def test_benchmark_size_stochastic_rounding_matches_reference_on_gpu(policy_id, policy_arguments, activation, causal,
-                                                                     full_precision_reductions):
+def test_benchmark_size_stochastic_rounding_matches_reference_on_gpu(
+    policy_id, policy_arguments, activation, causal, full_precision_reductions
+):
     lengths, q, k, v, grad = _benchmark_inputs()
     offsets = _offsets(lengths)
     arguments = (q, k, v, grad, offsets, offsets, causal, activation)
@@ -876,11 +1022,15 @@ def test_stochastic_operands_equal_the_reference_bits_on_gpu():
     counter = torch.arange(x.numel(), device=x.device).view(x.shape)
     assert torch.equal(along_d.float(), _stochastic_fake_quantize(x, quant, -1, 5, counter))
     for begin, end in zip(offsets[:-1].tolist(), offsets[1:].tolist()):
-        assert torch.equal(along_t[begin:end].float(), _stochastic_fake_quantize(x[begin:end], quant, 0, 6, counter[begin:end]))
+        assert torch.equal(
+            along_t[begin:end].float(), _stochastic_fake_quantize(x[begin:end], quant, 0, 6, counter[begin:end])
+        )
     scores = x.float().reshape(-1, 64)[:32].contiguous()
     y = torch.empty_like(scores)
     _score_tile_kernel[(1,)](scores, y, 1000, 3, 4, seed_key(9), AXIS=1, CODE=code, KEYS_FIRST=False)
-    expected = _stochastic_fake_quantize(scores, quant, 1, 9, score_counter(torch.arange(1000, 1032, device=x.device)[None], 4, 64)[0, 3])
+    expected = _stochastic_fake_quantize(
+        scores, quant, 1, 9, score_counter(torch.arange(1000, 1032, device=x.device)[None], 4, 64)[0, 3]
+    )
     assert torch.equal(y, expected)
 
 

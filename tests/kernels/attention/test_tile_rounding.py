@@ -2,6 +2,7 @@
 `_nearest_scaled`, through `fake_quant_tile`: the attention's P, dS and pre-quantized copies) against the reference
 bit for bit, at every block scale, on each element's own stochastic decision and on nearest-even ties; the cast
 kernels' stochastic fake-quantize on the same decisions."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,7 @@ ROWS, COLS = 32, 64
 
 
 @triton.jit
-def _tile_kernel(X, Y, seed_key, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr,
-                            CODE: tl.constexpr):
+def _tile_kernel(X, Y, seed_key, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.constexpr, CODE: tl.constexpr):
     """Y = fake_quant_tile of one (ROWS, COLS) float32 tile of X, blocks along AXIS, random bits (stochastic codes)
     from the elements' linear indices (`token_random_bits`)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -45,22 +45,34 @@ def _wide_input(fmt: str, seed: int) -> torch.Tensor:
     x = adversarial_input(128, COLS, fmt, torch.float32, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     exponents = torch.randint(-140, 121, (128, 1), generator=generator).float()
-    wide = (x.double() * torch.exp2(exponents.double())).float()  # float32 rounding of the moved values: still adversarial
-    wide[96:100] = torch.randn(4, COLS, generator=generator) * 1e-40  # float32 subnormals, a block of their own along the columns
-    wide[100:104, :32] = 3.3e38 * torch.rand(4, 32, generator=generator) ** 2  # rceil: the largest may round to infinity
+    wide = (
+        x.double() * torch.exp2(exponents.double())
+    ).float()  # float32 rounding of the moved values: still adversarial
+    wide[96:100] = (
+        torch.randn(4, COLS, generator=generator) * 1e-40
+    )  # float32 subnormals, a block of their own along the columns
+    wide[100:104, :32] = (
+        3.3e38 * torch.rand(4, 32, generator=generator) ** 2
+    )  # rceil: the largest may round to infinity
     wide[100, 0], wide[5, 7], wide[70, 40] = 3.3e38, float("nan"), -float("inf")
     return wide
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in multiply:RuntimeWarning")  # the interpreter, on rceil's infinities
+@pytest.mark.filterwarnings(
+    "ignore:overflow encountered in multiply:RuntimeWarning"
+)  # the interpreter, on rceil's infinities
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
 @pytest.mark.parametrize("scale_mode", ["floor", "rceil"])
 @pytest.mark.parametrize("axis", [0, 1])
 @pytest.mark.parametrize("fmt", FLOAT_FORMATS)
 def test_tiles_equal_the_reference_at_every_scale(fmt, axis, scale_mode, rounding):
     x = _wide_input(fmt, seed=FLOAT_FORMATS.index(fmt) * 4 + axis * 2 + (scale_mode == "rceil"))
-    assert (x.isnan().any() and x.isinf().any() and (x.abs() < 2.0 ** -126).logical_and(x != 0).any()
-            and (x.abs() > 2.0 ** 100).any())
+    assert (
+        x.isnan().any()
+        and x.isinf().any()
+        and (x.abs() < 2.0**-126).logical_and(x != 0).any()
+        and (x.abs() > 2.0**100).any()
+    )
     _check_tile(x, fmt, axis, scale_mode, rounding, seed=1234 + axis)
 
 
@@ -68,12 +80,15 @@ def _check_tile(x: torch.Tensor, fmt: str, axis: int, scale_mode: str, rounding:
     """`_tile_kernel` on x (128 x COLS, float32, on DEVICE) against the reference, bit for bit (without the
     hardware FP8 conversion: that path has its own tests)."""
     y = torch.empty_like(x, device=DEVICE)
-    _tile_kernel[(x.shape[0] // ROWS,)](x.to(DEVICE), y, seed_key(seed), ROWS=ROWS, COLS=COLS, AXIS=axis,
-                                        CODE=operand_code(fmt, scale_mode, rounding))
+    _tile_kernel[(x.shape[0] // ROWS,)](
+        x.to(DEVICE), y, seed_key(seed), ROWS=ROWS, COLS=COLS, AXIS=axis, CODE=operand_code(fmt, scale_mode, rounding)
+    )
     along = axis if axis == 0 else -1
     if rounding == "stochastic":
         counter = torch.arange(x.numel()).view(x.shape)
-        expected = _counted_stochastic_fake_quantize(x, OperandQuant(fmt, 32, scale_mode, rounding), along, seed, counter)
+        expected = _counted_stochastic_fake_quantize(
+            x, OperandQuant(fmt, 32, scale_mode, rounding), along, seed, counter
+        )
     else:
         expected = reference_fake_quantize(x, fmt, axis=along, scale_mode=scale_mode, rounding=rounding)
     assert_same_bits(y.cpu(), expected, f"{fmt} axis {axis} {scale_mode} {rounding}")
@@ -95,9 +110,15 @@ def _boundary_input(fmt: str, axis: int, seed: int) -> torch.Tensor:
     delta = torch.randint(-1, 2, shape, generator=generator)
     regime = torch.randint(0, 3, shape, generator=generator)  # 0: element-normal, 1: element-subnormal, 2: shift 24
     k = 23 - element.mbits
-    binade = torch.where(regime == 0, torch.randint(element.emin, element.emax, shape, generator=generator),
-                         torch.where(regime == 1, element.emin - torch.randint(1, element.mbits + 1, shape, generator=generator),
-                                     torch.full(shape, element.emin - element.mbits - 1)))
+    binade = torch.where(
+        regime == 0,
+        torch.randint(element.emin, element.emax, shape, generator=generator),
+        torch.where(
+            regime == 1,
+            element.emin - torch.randint(1, element.mbits + 1, shape, generator=generator),
+            torch.full(shape, element.emin - element.mbits - 1),
+        ),
+    )
     shift = torch.where(regime == 2, 24, k + (element.emin - binade).clamp(min=0))
     dropped = ((r >> (24 - shift.clamp(max=23))) + delta).clamp(min=0)
     dropped = torch.minimum(dropped, (1 << shift.clamp(max=23)) - 1)
@@ -107,7 +128,7 @@ def _boundary_input(fmt: str, axis: int, seed: int) -> torch.Tensor:
     sign = torch.randint(0, 2, shape, generator=generator) << 31
     x = (bits | sign).to(torch.int64).to(torch.int32).view(torch.float32).clone()
     first = (torch.arange(shape[0]) % 32 == 0)[:, None] if axis == 0 else (torch.arange(COLS) % 32 == 0)[None, :]
-    return torch.where(first, torch.tensor(1.5 * 2.0 ** element.emax), x)
+    return torch.where(first, torch.tensor(1.5 * 2.0**element.emax), x)
 
 
 @pytest.mark.parametrize("scale_mode", ["floor", "rceil"])
@@ -133,13 +154,13 @@ def _tie_input(fmt: str, axis: int, seed: int) -> torch.Tensor:
     normal_bits = ((binade + 127) << 23) | (kept << k) | (1 << (k - 1))
     halves = torch.randint(0, 2 << element.mbits, shape, generator=generator) * 2 + 1  # odd: (n + 1/2) * 2 steps
     subnormal = halves.double() * 2.0 ** (element.emin - element.mbits - 1)
-    subnormal_bits = torch.where(subnormal < 2.0 ** element.emin, subnormal.float().view(torch.int32).long(), normal_bits)
+    subnormal_bits = torch.where(subnormal < 2.0**element.emin, subnormal.float().view(torch.int32).long(), normal_bits)
     bits = torch.where(torch.rand(shape, generator=generator) < 0.5, normal_bits, subnormal_bits)
     bits = bits + torch.randint(-1, 2, shape, generator=generator)  # on the tie, or one ulp below or above it
     sign = torch.randint(0, 2, shape, generator=generator) << 31
     x = (bits | sign).to(torch.int32).view(torch.float32).clone()
     first = (torch.arange(shape[0]) % 32 == 0)[:, None] if axis == 0 else (torch.arange(COLS) % 32 == 0)[None, :]
-    return torch.where(first, torch.tensor(1.5 * 2.0 ** element.emax), x)
+    return torch.where(first, torch.tensor(1.5 * 2.0**element.emax), x)
 
 
 @pytest.mark.parametrize("scale_mode", ["floor", "rceil"])

@@ -3,6 +3,7 @@
 CPU runs use the Triton interpreter at small sizes; `-m gpu` runs large and awkward sizes on CUDA.
 Every comparison is on bit patterns (codes, scale bytes, value bits), with NaN where NaN.
 """
+
 import os
 from contextlib import contextmanager
 
@@ -86,7 +87,9 @@ def awkward_rows(rows: int, width: int, dtype: torch.dtype, seed: int = 0) -> to
     Inf, zeros, -0, values beyond every format's max, float32 subnormals); blocks of tiny
     values (scale exponents clamped at -127); blocks near the dtype's max."""
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(rows, width, generator=g) * torch.exp2(torch.randint(-30, 30, (rows, width // 32), generator=g).float()).repeat_interleave(32, 1)
+    x = torch.randn(rows, width, generator=g) * torch.exp2(
+        torch.randint(-30, 30, (rows, width // 32), generator=g).float()
+    ).repeat_interleave(32, 1)
     x[:, ::7] *= 1.0 / 1024
     x = x.double()
     for start in range(8, rows, 32):
@@ -144,11 +147,12 @@ def test_rowwise_every_format_scale_and_rounding(kernels, device, fmt, scale_mod
     check_fake_quantize(kernels, x, fmt, tile=row_tile(kernels), **options)
 
 
-HALF_CASES = [(torch.bfloat16, fmt, "floor", "nearest_even") for fmt in FMTS] + [
-    (torch.float16, fmt, "rceil", "stochastic") for fmt in FMTS
-] + [(torch.float16, fmt, "floor", "nearest_even") for fmt in ("e4m3", "int8")] + [
-    (torch.bfloat16, fmt, "rceil", "stochastic") for fmt in ("e4m3", "int8")
-]
+HALF_CASES = (
+    [(torch.bfloat16, fmt, "floor", "nearest_even") for fmt in FMTS]
+    + [(torch.float16, fmt, "rceil", "stochastic") for fmt in FMTS]
+    + [(torch.float16, fmt, "floor", "nearest_even") for fmt in ("e4m3", "int8")]
+    + [(torch.bfloat16, fmt, "rceil", "stochastic") for fmt in ("e4m3", "int8")]
+)
 
 
 @pytest.mark.parametrize("dtype, fmt, scale_mode, rounding", HALF_CASES)
@@ -184,7 +188,10 @@ def test_columnwise(kernels, device, fmt, scale_mode, rounding):
 
 
 @pytest.mark.parametrize("hardware_shape", [False, True], ids=["default-launch", "hardware-path-shape"])
-@pytest.mark.parametrize("fmt, rounding", [("e4m3", "nearest_even"), ("e4m3", "stochastic"), ("int8", "stochastic"), ("e2m1", "nearest_even")])
+@pytest.mark.parametrize(
+    "fmt, rounding",
+    [("e4m3", "nearest_even"), ("e4m3", "stochastic"), ("int8", "stochastic"), ("e2m1", "nearest_even")],
+)
 def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rounding, hardware_shape):
     """Both-at-once casts from the one-pass column kernel, at the call's default launch and at the hardware path's
     shape."""
@@ -194,10 +201,12 @@ def test_rowcol_from_one_read_equals_two_quantizations(kernels, device, fmt, rou
         x = awkward_rows(64, 64, torch.bfloat16, seed=5)[:50, :45]
         x[:32] = torch.randn(32, 45, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     x = x.to(device)
-    options = dict(scale_mode="rceil", rounding=rounding, seed=7 if rounding == "stochastic" else None,
-                   pad=fmt != "e2m1")
-    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(x, FORMATS[fmt], **with_launch(dict(tile=tile)),
-                                                                               **options)
+    options = dict(
+        scale_mode="rceil", rounding=rounding, seed=7 if rounding == "stochastic" else None, pad=fmt != "e2m1"
+    )
+    (row_codes, row_scales), (col_codes, col_scales) = kernels.quantize_rowcol(
+        x, FORMATS[fmt], **with_launch(dict(tile=tile)), **options
+    )
     expected_row = reference_quantize(x.cpu(), fmt, axis=-1, **options)
     expected_col = reference_quantize(x.cpu(), fmt, axis=0, **options)
     assert_same_bits(row_codes.cpu(), expected_row[0], "row codes")
@@ -219,7 +228,9 @@ def test_rowcol_column_sums_are_the_columns_float32_sums(kernels, device, hardwa
     g = torch.Generator().manual_seed(8)
     x = (torch.randn(77, 45, generator=g) * 2.0 ** torch.randint(-8, 9, (77, 45), generator=g)).to(torch.bfloat16)
     options = dict(scale_mode="rceil", pad=True, _launch=launch)
-    along_last, along_first, sums = kernels.fake_quantize_rowcol(x.to(device), FORMATS["e4m3"], column_sums=True, **options)
+    along_last, along_first, sums = kernels.fake_quantize_rowcol(
+        x.to(device), FORMATS["e4m3"], column_sums=True, **options
+    )
     want_last, want_first = kernels.fake_quantize_rowcol(x.to(device), FORMATS["e4m3"], **options)
     assert_same_bits(along_last.cpu(), want_last.cpu(), "along last")
     assert_same_bits(along_first.cpu(), want_first.cpu(), "along first")
@@ -297,7 +308,9 @@ def test_tile_config_refuses_bad_values(kernels):
 @pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
 def test_square_tiles_batched_and_padded(kernels, device, fmt, rounding):
     x = awkward_rows(64, 64, torch.float32, seed=6).reshape(2, 32, 64)[:, :, :45].to(device)  # non-contiguous
-    options = dict(block=(32, 32), scale_mode="floor", rounding=rounding, pad=True, seed=11 if rounding == "stochastic" else None)
+    options = dict(
+        block=(32, 32), scale_mode="floor", rounding=rounding, pad=True, seed=11 if rounding == "stochastic" else None
+    )
     check_quantize(kernels, x, fmt, **options)
     check_fake_quantize(kernels, x, fmt, **options)
 
@@ -386,7 +399,16 @@ def sprinkle_specials(x: torch.Tensor, seed: int) -> torch.Tensor:
     """NaN, Inf, zeros, subnormals and beyond-max values at random places of a float32 tensor."""
     g = torch.Generator().manual_seed(seed)
     flat = x.view(-1)
-    for value, count in [(float("nan"), 5), (float("inf"), 5), (-float("inf"), 5), (0.0, 5000), (-0.0, 5000), (1e-40, 500), (-3e-39, 500), (1e30, 50)]:
+    for value, count in [
+        (float("nan"), 5),
+        (float("inf"), 5),
+        (-float("inf"), 5),
+        (0.0, 5000),
+        (-0.0, 5000),
+        (1e-40, 500),
+        (-3e-39, 500),
+        (1e30, 50),
+    ]:
         flat[torch.randint(0, flat.numel(), (count,), generator=g)] = value
     return x
 
@@ -401,7 +423,11 @@ def big_input(rows: int, cols: int, dtype: torch.dtype, seed: int) -> torch.Tens
 # one compiled kernel per case, so the list stays short: every scale mode with nearest-even and
 # stochastic rounding for e4m3, two option sets for the other formats, then float32/float16 inputs
 GPU_ROWWISE_CASES = (
-    [("e4m3", scale_mode, rounding, torch.bfloat16) for scale_mode in SCALE_MODES for rounding in ("nearest_even", "stochastic")]
+    [
+        ("e4m3", scale_mode, rounding, torch.bfloat16)
+        for scale_mode in SCALE_MODES
+        for rounding in ("nearest_even", "stochastic")
+    ]
     + [("e4m3", "even", "nearest_away", torch.bfloat16), ("e4m3", "ceil", "toward_zero", torch.bfloat16)]
     + [(fmt, "rceil", "stochastic", torch.bfloat16) for fmt in FMTS if fmt != "e4m3"]
     + [(fmt, "floor", "nearest_even", torch.bfloat16) for fmt in FMTS if fmt != "e4m3"]

@@ -5,6 +5,7 @@ fmt, axis=axis)` (and `quantize` for codes) on the PyTorch reference backend. CP
 interpreter at small sizes; `-m gpu` runs a few million elements per case on CUDA, including the hardware
 FP8 conversion path. Comparisons are on bit patterns, with NaN where NaN.
 """
+
 import itertools
 import json
 import os
@@ -151,30 +152,68 @@ MAIN_CASES = [
 
 @pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("fmt, scale_mode, rounding, dtype", MAIN_CASES)
-def test_fake_quantize_every_format_scale_rounding_axis_and_dtype(kernels, device, fmt, scale_mode, rounding, axis,
-                                                                   dtype):
+def test_fake_quantize_every_format_scale_rounding_axis_and_dtype(
+    kernels, device, fmt, scale_mode, rounding, axis, dtype
+):
     x, tile = case_input(kernels, axis, dtype, FMTS.index(fmt), device)
-    check_values(kernels, x, fmt, axis=axis, hadamard_seed=11 + FMTS.index(fmt), scale_mode=scale_mode,
-                 rounding=rounding, seed=stochastic_seed(rounding), tile=tile)
+    check_values(
+        kernels,
+        x,
+        fmt,
+        axis=axis,
+        hadamard_seed=11 + FMTS.index(fmt),
+        scale_mode=scale_mode,
+        rounding=rounding,
+        seed=stochastic_seed(rounding),
+        tile=tile,
+    )
 
 
 @pytest.mark.parametrize("axis", [-1, 0])
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1", "int8"])
-@pytest.mark.parametrize("scale_mode, rounding", [("ceil", "nearest_away"), ("even", "toward_zero"),
-                                                  ("even", "stochastic")])
+@pytest.mark.parametrize(
+    "scale_mode, rounding", [("ceil", "nearest_away"), ("even", "toward_zero"), ("even", "stochastic")]
+)
 def test_other_scale_modes_and_roundings(kernels, device, fmt, scale_mode, rounding, axis):
     x, tile = case_input(kernels, axis, torch.float32, 3, device)
-    check_values(kernels, x, fmt, axis=axis, hadamard_seed=5, scale_mode=scale_mode, rounding=rounding,
-                 seed=stochastic_seed(rounding), tile=tile)
+    check_values(
+        kernels,
+        x,
+        fmt,
+        axis=axis,
+        hadamard_seed=5,
+        scale_mode=scale_mode,
+        rounding=rounding,
+        seed=stochastic_seed(rounding),
+        tile=tile,
+    )
 
 
 @pytest.mark.parametrize("axis", [-1, 0])
-@pytest.mark.parametrize("fmt, rounding", [("e4m3", "nearest_even"), ("e5m2", "stochastic"), ("e3m2", "nearest_even"),
-                                           ("e2m3", "stochastic"), ("e2m1", "nearest_even"), ("int8", "stochastic")])
+@pytest.mark.parametrize(
+    "fmt, rounding",
+    [
+        ("e4m3", "nearest_even"),
+        ("e5m2", "stochastic"),
+        ("e3m2", "nearest_even"),
+        ("e2m3", "stochastic"),
+        ("e2m1", "nearest_even"),
+        ("int8", "stochastic"),
+    ],
+)
 def test_codes_and_scales(kernels, device, fmt, rounding, axis):
     x, tile = case_input(kernels, axis, torch.bfloat16, 4, device)
-    check_codes(kernels, x, fmt, axis=axis, hadamard_seed=6, scale_mode="rceil", rounding=rounding,
-                seed=stochastic_seed(rounding), tile=tile)
+    check_codes(
+        kernels,
+        x,
+        fmt,
+        axis=axis,
+        hadamard_seed=6,
+        scale_mode="rceil",
+        rounding=rounding,
+        seed=stochastic_seed(rounding),
+        tile=tile,
+    )
 
 
 @pytest.mark.parametrize("fmt", ["e4m3", "int8"])
@@ -227,8 +266,12 @@ def test_seeds_change_the_transform_and_the_rounding(kernels, device):
     fmt = FORMATS["e2m1"]
     first = kernels.hadamard_fake_quantize(x, fmt, hadamard_seed=1, rounding="stochastic", seed=1)
     assert torch.equal(first, kernels.hadamard_fake_quantize(x, fmt, hadamard_seed=1, rounding="stochastic", seed=1))
-    assert not torch.equal(first, kernels.hadamard_fake_quantize(x, fmt, hadamard_seed=2, rounding="stochastic", seed=1))
-    assert not torch.equal(first, kernels.hadamard_fake_quantize(x, fmt, hadamard_seed=1, rounding="stochastic", seed=2))
+    assert not torch.equal(
+        first, kernels.hadamard_fake_quantize(x, fmt, hadamard_seed=2, rounding="stochastic", seed=1)
+    )
+    assert not torch.equal(
+        first, kernels.hadamard_fake_quantize(x, fmt, hadamard_seed=1, rounding="stochastic", seed=2)
+    )
 
 
 def test_kernels_refuse_bad_input(kernels, device):
@@ -344,8 +387,13 @@ def test_hadamard_kernels_compile_for_sm90_without_contraction_or_flush(kernels)
         ("e4m3", col, False, bits.KIND_FP16, bits.ROUND_STOCHASTIC),
     ]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(cases)], capture_output=True, text=True,
-                            env=environment, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     instructions = json.loads(result.stdout.strip().splitlines()[-1])
     for (fmt, _, hw_fp8, _, _), ops in zip(cases, instructions):
@@ -378,8 +426,9 @@ GPU_CASES = (
 @pytest.mark.parametrize("fmt, scale_mode, rounding, dtype", GPU_CASES)
 def test_gpu_large_against_reference(kernels, fmt, scale_mode, rounding, dtype, axis):
     x = large_input(axis, dtype, seed=FMTS.index(fmt))
-    options = dict(axis=axis, hadamard_seed=2**40 + 3, scale_mode=scale_mode, rounding=rounding,
-                   seed=stochastic_seed(rounding))
+    options = dict(
+        axis=axis, hadamard_seed=2**40 + 3, scale_mode=scale_mode, rounding=rounding, seed=stochastic_seed(rounding)
+    )
     check_values(kernels, x, fmt, **options)
     check_codes(kernels, x, fmt, **options)
 
@@ -437,8 +486,9 @@ def test_gpu_hardware_fp8_path(kernels, fmt, axis):
     assert_same_bits(hardware, integer, "hardware vs integer fast path")
     check_codes(kernels, x, fmt, **options)
     view = launch._make_view(x, 32, axis, False)
-    out = launch.launch_cast(view, FORMATS[fmt], "floor", "nearest_even", None, want_codes=True, want_values=True,
-                             hadamard_seed=1)
+    out = launch.launch_cast(
+        view, FORMATS[fmt], "floor", "nearest_even", None, want_codes=True, want_values=True, hadamard_seed=1
+    )
     assert (HARDWARE_INSTRUCTION[fmt] in out["kernel"].asm["ptx"]) == capable
 
 

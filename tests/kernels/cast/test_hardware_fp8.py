@@ -5,6 +5,7 @@ a GPU), a PyTorch model of its arithmetic against the reference, and hand-checke
 integer path. With `-m gpu`: the path itself against the reference and the integer fast path, bit for
 bit, on adversarial inputs for every layout and input dtype, and a check that a capable GPU runs it.
 """
+
 import json
 import os
 import subprocess
@@ -14,7 +15,13 @@ import pytest
 import torch
 
 from mxlab.numerics.formats import FORMATS, decode_code
-from tests.kernels.cast.test_casts import assert_same_bits, numerics_only, reference_fake_quantize, reference_quantize, with_launch
+from tests.kernels.cast.test_casts import (
+    assert_same_bits,
+    numerics_only,
+    reference_fake_quantize,
+    reference_quantize,
+    with_launch,
+)
 
 FP8_FORMATS = ["e4m3", "e5m2"]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -90,7 +97,9 @@ def adversarial_input(rows: int, cols: int, fmt_name: str, dtype: torch.dtype, s
         col = tile_col * 32 + int(torch.randint(0, min(32, cols - tile_col * 32), (1,), generator=g))
         x[row, col] = float("nan")
     for tile_row, tile_col in (kind == 1).nonzero().tolist():  # an Inf of either sign
-        x[tile_row * 32, min(cols - 1, tile_col * 32 + 5)] = float("inf") if (tile_row + tile_col) % 2 else -float("inf")
+        x[tile_row * 32, min(cols - 1, tile_col * 32 + 5)] = (
+            float("inf") if (tile_row + tile_col) % 2 else -float("inf")
+        )
     zero_tiles = (kind == 2).repeat_interleave(32, 0).repeat_interleave(32, 1)[:rows, :cols]
     x[zero_tiles] = torch.where(signs[zero_tiles] < 0, -0.0, 0.0).to(dtype)
     subnormal_tiles = (kind == 3).repeat_interleave(32, 0).repeat_interleave(32, 1)[:rows, :cols]
@@ -98,8 +107,9 @@ def adversarial_input(rows: int, cols: int, fmt_name: str, dtype: torch.dtype, s
         fast_low = fast_scale_range(fmt_name)[0]
         anchor = torch.ldexp(signs * pick, torch.full_like(pick, float(fast_low))).to(dtype)
         x[subnormal_tiles] = anchor[subnormal_tiles]
-    subnormal_bits = torch.randint(1, 1 << (23 if dtype == torch.float32 else 7 if dtype == torch.bfloat16 else 10),
-                                   (rows, cols), generator=g).to(bits.dtype)
+    subnormal_bits = torch.randint(
+        1, 1 << (23 if dtype == torch.float32 else 7 if dtype == torch.bfloat16 else 10), (rows, cols), generator=g
+    ).to(bits.dtype)
     subnormal_bits = torch.where(signs < 0, subnormal_bits | torch.iinfo(bits.dtype).min, subnormal_bits)
     sprinkle = subnormal_tiles & ~diagonal & (torch.rand(rows, cols, generator=g) < 0.3)
     bits[sprinkle] = subnormal_bits[sprinkle]
@@ -109,7 +119,9 @@ def adversarial_input(rows: int, cols: int, fmt_name: str, dtype: torch.dtype, s
 def test_adversarial_input_has_what_it_promises():
     x = adversarial_input(256, 256, "e4m3", torch.bfloat16, seed=0)
     magnitudes, _ = adversarial_magnitudes("e4m3")
-    assert 464.0 in magnitudes.tolist() and 2.0**-10 in magnitudes.tolist()  # tie past the max, half the smallest subnormal
+    assert (
+        464.0 in magnitudes.tolist() and 2.0**-10 in magnitudes.tolist()
+    )  # tie past the max, half the smallest subnormal
     assert x.isnan().any() and x.isinf().any()
     assert ((x == 0) & torch.signbit(x)).any()
     bits = x.view(torch.int16) & 0x7FFF
@@ -194,8 +206,13 @@ def test_hardware_branch_compiles_to_the_fp8_conversion_for_sm90(kernel_module):
         ("e4m3", row, True, False, True, bf16, stochastic),  # the switch does not touch stochastic rounding
     ]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, json.dumps(cases)], capture_output=True,
-                            text=True, env=environment, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT, json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     conversions = json.loads(result.stdout.strip().splitlines()[-1])
     for (fmt, layout, hw_fp8, _, _, _, rounding), instructions in zip(cases, conversions):
@@ -212,8 +229,9 @@ def expand_blocks(per_block: torch.Tensor, block: int | tuple[int, int], axis: i
     return per_block.repeat_interleave(32, axis)
 
 
-def hardware_path_model(x: torch.Tensor, fmt_name: str, block, axis: int, finite_tile: bool = False,
-                        scale_mode: str = "floor"):
+def hardware_path_model(
+    x: torch.Tensor, fmt_name: str, block, axis: int, finite_tile: bool = False, scale_mode: str = "floor"
+):
     """(codes, values, fast) of the hardware path in PyTorch: scale bytes from the reference, then
     float32(x) * 2^-S, clamp to the max normal (satfinite), torch's nearest-even FP8 conversion, and
     float32(fp8) * 2^S (2^-127: the float32 subnormal); `fast` marks the elements whose blocks take the fast path
@@ -311,16 +329,47 @@ def test_model_of_the_hardware_path_equals_the_reference_at_every_scale(fmt, axi
 # (fmt, value, code) with S = 0: every block below holds one value of the format's top binade
 HAND_CHECKED = {
     "e4m3": [
-        (448.0, 0x7E), (464.0, 0x7E), (465.0, 0x7E), (511.0, 0x7E), (440.0, 0x7E), (424.0, 0x7D),
-        (432.0, 0x7E), (400.0, 0x7C),  # ties 416|448 -> 448 and 384|416 -> 384 (even mantissas)
-        (2.0**-10, 0x00), (2.0**-10 * (1 + 2.0**-20), 0x01), (3 * 2.0**-10, 0x02), (5 * 2.0**-10, 0x02),
-        (15 * 2.0**-10, 0x08), (2.0**-6, 0x08), (-(2.0**-11), 0x80), (-0.0, 0x80), (0.0, 0x00), (-(2.0**-200), 0x80),
-        (1e-45, 0x00), (-1e-45, 0x80), (-448.0, 0xFE), (-500.0, 0xFE), (1.0625, 0x38), (1.0625 + 2.0**-20, 0x39),
+        (448.0, 0x7E),
+        (464.0, 0x7E),
+        (465.0, 0x7E),
+        (511.0, 0x7E),
+        (440.0, 0x7E),
+        (424.0, 0x7D),
+        (432.0, 0x7E),
+        (400.0, 0x7C),  # ties 416|448 -> 448 and 384|416 -> 384 (even mantissas)
+        (2.0**-10, 0x00),
+        (2.0**-10 * (1 + 2.0**-20), 0x01),
+        (3 * 2.0**-10, 0x02),
+        (5 * 2.0**-10, 0x02),
+        (15 * 2.0**-10, 0x08),
+        (2.0**-6, 0x08),
+        (-(2.0**-11), 0x80),
+        (-0.0, 0x80),
+        (0.0, 0x00),
+        (-(2.0**-200), 0x80),
+        (1e-45, 0x00),
+        (-1e-45, 0x80),
+        (-448.0, 0xFE),
+        (-500.0, 0xFE),
+        (1.0625, 0x38),
+        (1.0625 + 2.0**-20, 0x39),
     ],
     "e5m2": [
-        (57344.0, 0x7B), (61440.0, 0x7B), (61439.0, 0x7B), (65000.0, 0x7B), (-60000.0, 0xFB),
-        (2.0**-17, 0x00), (-(2.0**-17), 0x80), (3 * 2.0**-17, 0x02), (2.0**-17 * (1 + 2.0**-20), 0x01),
-        (2.0**-14, 0x04), (1.125, 0x3C), (1.375, 0x3E), (-0.0, 0x80), (-1e-45, 0x80), (0.0, 0x00),
+        (57344.0, 0x7B),
+        (61440.0, 0x7B),
+        (61439.0, 0x7B),
+        (65000.0, 0x7B),
+        (-60000.0, 0xFB),
+        (2.0**-17, 0x00),
+        (-(2.0**-17), 0x80),
+        (3 * 2.0**-17, 0x02),
+        (2.0**-17 * (1 + 2.0**-20), 0x01),
+        (2.0**-14, 0x04),
+        (1.125, 0x3C),
+        (1.375, 0x3E),
+        (-0.0, 0x80),
+        (-1e-45, 0x80),
+        (0.0, 0x00),
     ],
 }
 
@@ -363,8 +412,9 @@ def layout_call(kernels, x: torch.Tensor, fmt: str, layout: str, want: str, **op
 
 def reference_call(x: torch.Tensor, fmt: str, layout: str, want: str, **options):
     options = numerics_only(options)
-    where = dict(row=[dict(axis=-1)], column=[dict(axis=0)], tile=[dict(block=(32, 32))],
-                 both=[dict(axis=-1), dict(axis=0)])[layout]
+    where = dict(
+        row=[dict(axis=-1)], column=[dict(axis=0)], tile=[dict(block=(32, 32))], both=[dict(axis=-1), dict(axis=0)]
+    )[layout]
     if want == "codes":
         return tuple(part for extra in where for part in reference_quantize(x, fmt, **extra, **options))
     return tuple(reference_fake_quantize(x, fmt, **extra, **options) for extra in where)
@@ -391,14 +441,26 @@ def test_gpu_capable_device_runs_the_hardware_conversion(kernels, fmt, layout):
     assert kernels.hardware_fp8_applies(x.device, FORMATS[fmt], "nearest_even") == capable
     if not capable:
         pytest.skip(f"compute capability {torch.cuda.get_device_capability()} < 9.0: the integer path runs")
-    view_arguments = dict(row=(32, -1, None), column=(32, 0, None), both=(32, 0, bits.LAYOUT_BOTH),
-                          tile=((32, 32), -1, None))[layout]
+    view_arguments = dict(
+        row=(32, -1, None), column=(32, 0, None), both=(32, 0, bits.LAYOUT_BOTH), tile=((32, 32), -1, None)
+    )[layout]
     block, axis, forced_layout = view_arguments
     view = launch._make_view(x, block, axis, False, layout=forced_layout)
-    for rounding, hw_fp8, expected in (("nearest_even", True, True), ("nearest_even", False, False),
-                                       ("stochastic", True, False)):
-        out = launch.launch_cast(view, FORMATS[fmt], "floor", rounding, 5, want_codes=True, want_values=True,
-                                 options=CastLaunch(hw_fp8=hw_fp8))
+    for rounding, hw_fp8, expected in (
+        ("nearest_even", True, True),
+        ("nearest_even", False, False),
+        ("stochastic", True, False),
+    ):
+        out = launch.launch_cast(
+            view,
+            FORMATS[fmt],
+            "floor",
+            rounding,
+            5,
+            want_codes=True,
+            want_values=True,
+            options=CastLaunch(hw_fp8=hw_fp8),
+        )
         ptx = out["kernel"].asm["ptx"]
         assert (HARDWARE_INSTRUCTION[fmt] in ptx) == expected, (rounding, hw_fp8)
         assert "cvt.rz.f16.f32" not in ptx

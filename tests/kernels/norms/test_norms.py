@@ -1,5 +1,6 @@
 """The norm kernels (LayerNorm, RMSNorm) against the float32 formulas, forward and backward (on CUDA
 when there is a device, else in the Triton interpreter; tests/kernels/conftest.py)."""
+
 import os
 
 import pytest
@@ -14,7 +15,7 @@ from mxlab.kernels import norms  # noqa: E402  (after TRITON_INTERPRET is set)
 EPS = 1e-5
 # bfloat16: one unit in the last place on CUDA; two in the interpreter, whose float32 -> bfloat16
 # conversion truncates (the parameters' and the output's) where the GPU rounds to nearest
-BF16_RTOL = 2 ** -7 if torch.cuda.is_available() else 2 ** -6
+BF16_RTOL = 2**-7 if torch.cuda.is_available() else 2**-6
 
 
 def _compare(kind, x, rtol):
@@ -44,8 +45,9 @@ def _compare(kind, x, rtol):
     # the reference's parameter gradients leave the casts to `dtype` rounded to it; the kernel's are float32
     rows = x.numel() // n
     for mine_p, ref_p in zip([p for p in (weight, bias) if p is not None], params_ref):
-        torch.testing.assert_close(mine_p.grad, ref_p.grad, atol=1e-3 * rows ** 0.5,
-                                   rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-4)
+        torch.testing.assert_close(
+            mine_p.grad, ref_p.grad, atol=1e-3 * rows**0.5, rtol=2**-7 if dtype == torch.bfloat16 else 1e-4
+        )
 
 
 def _strided(shape, dtype, device):

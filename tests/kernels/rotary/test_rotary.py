@@ -1,5 +1,6 @@
 """The one-pass rotary kernel against the PyTorch formula of mxlab.nn.attention, forward and backward
 (on CUDA when there is a device, else in the Triton interpreter; tests/kernels/conftest.py)."""
+
 import os
 
 import pytest
@@ -34,7 +35,7 @@ def test_kernel_matches_the_pytorch_formula_forward_and_backward_on_strided_inpu
     got = rotary.rotate(view[:, 1], table.cos, table.sin)
     got.backward(grad)
     assert got.dtype == dtype and got.is_contiguous()
-    tolerance = {"atol": 0, "rtol": 2 ** -7} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-6}
+    tolerance = {"atol": 0, "rtol": 2**-7} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-6}
     torch.testing.assert_close(got, expected, **tolerance)
     torch.testing.assert_close(view.grad[:, 1], leaf.grad, **tolerance)
     assert not view.grad[:, 0].any() and not view.grad[:, 2].any()  # the other slices of the strided input get none
@@ -66,5 +67,5 @@ def test_gpu_model_shape_matches_the_pytorch_formula():
     expected.backward(grad)
     # One bfloat16 ulp, or, where the two terms cancel, their float32 rounding (the kernel may fuse a product
     # and a sum into one FMA): terms below 2^4 here, so under 2 x 2^4 x 2^-24 = 2^-19.
-    torch.testing.assert_close(got, expected, atol=2 ** -19, rtol=2 ** -7)
-    torch.testing.assert_close(qkv.grad, reference.grad, atol=2 ** -19, rtol=2 ** -7)
+    torch.testing.assert_close(got, expected, atol=2**-19, rtol=2**-7)
+    torch.testing.assert_close(qkv.grad, reference.grad, atol=2**-19, rtol=2**-7)
