@@ -1,4 +1,4 @@
-# The two set-up commands: `make demo` (the main job) and `make test`.
+# The two set-up commands: `make demo` (the main job) and `make test` (formatter and linter check, then the tests).
 # Each creates or updates .venv by itself on a fresh machine. `make demo` resumes: a second
 # run re-renders the report from the finished runs (make clean starts afresh).
 PYTHON ?= python3
@@ -22,6 +22,8 @@ demo: $(STAMP)
 	$(VENV)/bin/mxlab run experiments/quickstart.toml --device cpu --resume
 
 test: $(STAMP)
+	$(VENV)/bin/ruff format --check --quiet . || (echo "ruff format: run '$(VENV)/bin/ruff format .'" && false)
+	$(VENV)/bin/ruff check --quiet .
 	$(PY) -m pytest -q -n auto tests
 
 clean:

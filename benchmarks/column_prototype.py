@@ -110,7 +110,6 @@ def main():
     fmt = get_format("e4m3")
     ref_c, ref_s = K.quantize(x, fmt, axis=0)
     (rr_c, rr_s), _ = K.quantize_rowcol(x, fmt)
-    results = []
     n = x.numel()
     if dev == "cuda":
         from triton.testing import do_bench_cudagraph as bench

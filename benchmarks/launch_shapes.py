@@ -35,7 +35,7 @@ def run(name, fn, moved, tiles):
         )
 
 
-for rep in range(2):
+for _rep in range(2):
     run(
         "default row fake-quantize",
         lambda t: kernels.fake_quantize(x, fmt, tile=t),

@@ -92,7 +92,7 @@ def unpack(study: Path, tars: list[Path]) -> None:
     for tar_path in tars:
         with tarfile.open(tar_path) as tar:
             members = [(m.name.rsplit("/", 1), tar.extractfile(m).read()) for m in tar.getmembers()]
-        for (key, name), data in members:  # shared.npz first: a tar's pred.npz may need it
+        for (_key, name), data in members:  # shared.npz first: a tar's pred.npz may need it
             if name == "shared.npz":
                 (study / "shared.npz").write_bytes(data)
         for (key, name), data in members:

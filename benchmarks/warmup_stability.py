@@ -93,7 +93,7 @@ def main() -> None:
                     + f"   ({time.perf_counter() - started:.0f} s)",
                     flush=True,
                 )
-        for name, variant in result["variants"].items():
+        for variant in result["variants"].values():
             runs = variant["runs"]
             variant["outliers"] = {
                 m: sorted(outlying_values({s: r[m] for s, r in runs.items() if m in r})) for m in METRICS

@@ -103,9 +103,7 @@ def _norm_bwd(
     tl.store(dw_ptr + tl.program_id(0) * BLOCK_N + cols, tl.sum(g * normalized, axis=0))
 
 
-def unsupported_reason(
-    x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None
-) -> str | None:
+def unsupported_reason(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> str | None:
     """Why `layer_norm` (with a bias) or `rms_norm` (without) cannot run these inputs (a sentence), or None."""
     if x.dim() not in (2, 3):
         return f"x must be (rows, dim) or (tokens, heads, dim), got shape {tuple(x.shape)}"
@@ -133,9 +131,7 @@ def _launch_shape(x: torch.Tensor) -> tuple[int, int, int, int, int, int]:
 
 class _NormFunction(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float
-    ) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float) -> torch.Tensor:  # type: ignore[override]
         rows, heads, stride_t, stride_h, block_n, block_r = _launch_shape(x)
         out = torch.empty(x.shape, device=x.device, dtype=x.dtype)
         rstd = torch.empty(rows, device=x.device, dtype=torch.float32)

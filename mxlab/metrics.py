@@ -50,12 +50,14 @@ METRIC_CONVENTIONS: dict[str, str] = {
     "tasks": "ctr on all impressions (p_ctr vs click); cvr on clicked impressions only (p_cvr vs conversion); "
     "ctcvr on all impressions (p_ctcvr = p_ctr * p_cvr vs conversion)",
     "auc": "exact Mann-Whitney AUC with mid-ranks (a tie counts one half)",
-    "log_loss": f"mean binary cross-entropy in nats, predictions clipped to [{PROBABILITY_CLIP:g}, 1 - {PROBABILITY_CLIP:g}]",
+    "log_loss": "mean binary cross-entropy in nats, predictions clipped to "
+    f"[{PROBABILITY_CLIP:g}, 1 - {PROBABILITY_CLIP:g}]",
     "ne": "normalized entropy = log loss / entropy of the eval set's base rate for that task "
     "(the log loss of always predicting the base rate); lower is better, 1 = no better than the base rate",
     "calibration": "sum(prediction) / sum(label); 1 is perfect, above 1 over-predicts",
     "ece": f"expected calibration error over {ECE_BINS} equal-count bins of sorted predictions, weighted by bin size",
-    "gauc": "per-user AUC weighted by the user's impressions; single-class users skipped (n/a when no user has both classes)",
+    "gauc": "per-user AUC weighted by the user's impressions; single-class users skipped "
+    "(n/a when no user has both classes)",
     "mae_truth": "mean |prediction - true probability| (synthetic data only)",
     "calibration_truth": "sum(prediction) / sum(true probability) (synthetic data only)",
 }

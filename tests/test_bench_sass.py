@@ -13,7 +13,8 @@ pytest.importorskip("triton")
 
 
 def _attention_sass_rows(*arguments: str) -> tuple[dict[str, str], str]:
-    """`mxlab bench attention-sass ARGUMENTS` in a fresh process: its rows by kernel name (the last of each), and stdout."""
+    """`mxlab bench attention-sass ARGUMENTS` in a fresh process: its rows by kernel name (the last of each),
+    and stdout."""
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run(
         [sys.executable, "-m", "mxlab.cli", "bench", "attention-sass", *arguments],

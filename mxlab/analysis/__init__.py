@@ -9,7 +9,6 @@ from mxlab.analysis.compare import (
     analyze_study,
     conclude,
     inputs_from_runs,
-    worse_when,
 )
 from mxlab.analysis.power import NoiseModel, SimulationResult, fit_noise_model, simulate
 from mxlab.analysis.stats import (

@@ -14,6 +14,7 @@ Hadamard transform in PyTorch followed by the fake-quantize kernel (float32 valu
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -274,7 +275,8 @@ def run_quant_bench(
         x = make_input(rows, cols)
         destination = torch.empty_like(x)
         copy_bytes = 2 * x.numel() * x.element_size()
-        record(rows, cols, "copy (device to device)", do_bench_graph_ms(lambda: destination.copy_(x)), copy_bytes)
+        copy_ms = do_bench_graph_ms(functools.partial(destination.copy_, x))
+        record(rows, cols, "copy (device to device)", copy_ms, copy_bytes)
         copy_rates[(rows, cols)] = copy_bytes / measurements[-1].ms / 1e6
         for name, (fn, moved) in _operations(x, kernels, element_format).items():
             if "integer" in name and index > 0:
@@ -285,7 +287,8 @@ def run_quant_bench(
             for entry in sweep:
                 entry["ratio_to_copy"] = entry["gb_per_s"] / copy_rates[(rows, cols)]
                 console.print(
-                    f"  sweep {entry['op']:28s} {entry['tile']}  {entry['ms']:.4f} ms  {entry['ratio_to_copy']:.3f} x copy"
+                    f"  sweep {entry['op']:28s} {entry['tile']}  "
+                    f"{entry['ms']:.4f} ms  {entry['ratio_to_copy']:.3f} x copy"
                 )
         del x, destination
         torch.cuda.empty_cache()

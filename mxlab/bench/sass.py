@@ -478,8 +478,8 @@ def attention_sass_counts(
 ) -> list[KernelSassCount]:
     """Static sm_90 counts (registers, spills, instructions, per-loop instruction classes) of every kernel one
     MX forward + backward of the attention bench's self shape launches (BF16 4 x 64, softmax, not causal, `fmt`
-    with `scale_mode` scales, operands nearest-even and gradients (dO, dS) `grad_rounding`, the hardware FP8 path as on an H200
-    where it applies unless hw_fp8=False). The launches are the real ones
+    with `scale_mode` scales, operands nearest-even and gradients (dO, dS) `grad_rounding`, the hardware FP8 path as on
+    an H200 where it applies unless hw_fp8=False). The launches are the real ones
     with each `[grid](...)` replaced by a compile for GPUTarget("cuda", 90, 32), so specialization and constexprs
     are what an H200 run gets. Refuses (RuntimeError) to run under TRITON_INTERPRET=1 or without Triton's ptxas."""
     import os
@@ -546,7 +546,8 @@ def print_attention_sass_counts(counts: list[KernelSassCount], print_fn: Callabl
     )
     for count in counts:
         loops = "; ".join(
-            f"{row['static']}/{row['path']} ({row['mma']} {row['mufu']} {row['fp8/bf16 convert']} {row['shuffle']} {row['shared']} "
+            f"{row['static']}/{row['path']} ({row['mma']} {row['mufu']} "
+            f"{row['fp8/bf16 convert']} {row['shuffle']} {row['shared']} "
             f"{row['barrier']} {row['local (spill)']})"
             for row in count.loops
         )

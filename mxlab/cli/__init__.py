@@ -8,8 +8,6 @@ Each command imports its module lazily, so `mxlab --help` stays fast. Help is pl
 
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from mxlab.cli.command import Command
@@ -54,7 +52,7 @@ def recipe_command(
         typer.echo(describe_recipe(load_recipe(name)))
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 def _register() -> None:

@@ -22,7 +22,7 @@ def _exiting_on_bad_input(body: Callable[[], Any]) -> Any:
         return body()
     except (RuntimeError, ValueError) as error:
         typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
 
 
 @app.command("attention", cls=Command)

@@ -27,7 +27,8 @@ def run_command(
         None,
         "--executor",
         metavar="NAME",
-        help="local (a worker process per run, one per GPU) | ray (a Ray task per run); default: the spec's [execution].",
+        help="local (a worker process per run, one per GPU) | ray (a "
+        "Ray task per run); default: the spec's [execution].",
     ),
     ray_address: str | None = typer.Option(
         None, "--ray-address", metavar="ADDRESS", help="Ray cluster to join (e.g. auto); default: start a local Ray."
@@ -118,9 +119,7 @@ def sweep_layers_command(
         metavar="RECIPE",
         help="Recipe to sweep (a name in the spec's recipes/ folder, or a .toml path).",
     ),
-    seeds: str | None = typer.Option(
-        None, "--seeds", metavar="SEEDS", help="Seeds, e.g. 0,1 (default: the spec's)."
-    ),
+    seeds: str | None = typer.Option(None, "--seeds", metavar="SEEDS", help="Seeds, e.g. 0,1 (default: the spec's)."),
     steps: int | None = typer.Option(
         None, "--steps", metavar="N", min=1, help="Training steps per run (default min(200, the spec's))."
     ),

@@ -64,7 +64,8 @@ class CriteoConfig:
             raise ValueError(f"criteo train_examples must be >= 1; got {self.train_examples}")
         if self.eval_examples < 0 or self.shuffle_buffer < 1:
             raise ValueError(
-                f"criteo eval_examples must be >= 0 and shuffle_buffer >= 1; got {self.eval_examples}, {self.shuffle_buffer}"
+                "criteo eval_examples must be >= 0 and shuffle_buffer "
+                f">= 1; got {self.eval_examples}, {self.shuffle_buffer}"
             )
 
     def table_sizes(self) -> tuple[int, ...]:
@@ -93,7 +94,8 @@ def parse_line(line: str, table_sizes: tuple[int, ...], where: str) -> tuple[int
     columns = line.rstrip("\r\n").split("\t")
     if len(columns) != N_COLUMNS:
         raise ValueError(
-            f"{where}: expected {N_COLUMNS} tab-separated columns (label, {N_INTEGER} integers, {N_CATEGORICAL} categoricals), got {len(columns)}"
+            f"{where}: expected {N_COLUMNS} tab-separated columns (label, {N_INTEGER} "
+            f"integers, {N_CATEGORICAL} categoricals), got {len(columns)}"
         )
     if columns[0] not in ("0", "1"):
         raise ValueError(f"{where}: label {columns[0]!r} is not 0 or 1")

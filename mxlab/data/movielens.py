@@ -245,7 +245,8 @@ class MovieLensSource(DataSource):
         if config.train_examples is not None:
             if config.train_examples > train_index.size:
                 raise ValueError(
-                    f"movielens-100k train_examples = {config.train_examples} but the training period has {train_index.size}"
+                    f"movielens-100k train_examples = {config.train_examples} "
+                    f"but the training period has {train_index.size}"
                 )
             train_index = train_index[train_index.size - config.train_examples :]
         if config.eval_examples is not None:

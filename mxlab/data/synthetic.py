@@ -106,7 +106,8 @@ class SyntheticConfig:
                 raise ValueError(f"synthetic {name} must be >= 1; got {getattr(self, name)}")
         if self.n_topics < 2 or self.n_items < self.n_topics:
             raise ValueError(
-                f"synthetic needs n_topics >= 2 and n_items >= n_topics; got n_topics={self.n_topics}, n_items={self.n_items}"
+                "synthetic needs n_topics >= 2 and n_items >= n_topics; "
+                f"got n_topics={self.n_topics}, n_items={self.n_items}"
             )
         for name in ("base_ctr", "base_cvr"):
             if not 0.0 < getattr(self, name) < 1.0:
@@ -129,7 +130,7 @@ SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
         "base_cvr": 0.05,
         "history_length_sigma": 1.5,
         "eval_impressions_per_user": 200,
-    },
+    }
 }
 
 

@@ -8,14 +8,7 @@ from __future__ import annotations
 
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, load_spec, parse_override
 
-__all__ = [
-    "ExperimentSpec",
-    "TrainConfig",
-    "load_spec",
-    "parse_override",
-    "run_study",
-    "sweep_layers",
-]
+__all__ = ["ExperimentSpec", "TrainConfig", "load_spec", "parse_override", "run_study", "sweep_layers"]
 
 
 def __getattr__(name: str):

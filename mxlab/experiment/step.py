@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
@@ -50,7 +51,7 @@ def train_step(
     *,
     device: torch.device,
     precision: str,
-    sampling: ContextManager[Any] | None = None,
+    sampling: AbstractContextManager[Any] | None = None,
     loss_weight: float = 1.0,
 ) -> torch.Tensor:
     """One step: zero the gradients, forward under `autocast(device, precision)`, `loss_fn`, the

@@ -90,7 +90,8 @@ def _run_deltas(run_dir: Path, baseline_dir: Path) -> dict[str, float] | None:
 
 
 def _baseline_noise_floor(baseline_dir: Path, seeds: Sequence[int]) -> float | None:
-    """Mean |NE delta %| of the baseline of one seed against the baseline of another (all pairs, all tasks); None with one seed."""
+    """Mean |NE delta %| of the baseline of one seed against the baseline of another (all pairs, all tasks);
+    None with one seed."""
     if len(seeds) < 2:
         return None
     metrics = {seed: _ne_and_auc(baseline_dir / f"seed{seed}" / "eval.npz") for seed in seeds}
@@ -126,19 +127,24 @@ def _format_table(
     lines = [
         f"# Layer sensitivity of `{recipe}`",
         "",
-        f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}), {steps} training steps per run{start}. Deltas against the "
+        f"{len(seeds)} seed(s) ({', '.join(map(str, seeds))}), "
+        f"{steps} training steps per run{start}. Deltas against the "
         "baseline arm of the same seed, mean over seeds: NE in % (positive = worse), AUC absolute (negative = worse). "
-        "`only` quantizes this module alone (every other module BF16); `all but` quantizes every module except this one. "
-        "`recovers` is the NE the full recipe loses minus what all-but-this loses: what keeping this module in BF16 wins back.",
+        "`only` quantizes this module alone (every other module "
+        "BF16); `all but` quantizes every module except this one. "
+        "`recovers` is the NE the full recipe loses minus what "
+        "all-but-this loses: what keeping this module in BF16 wins back.",
         "",
         f"Full recipe (every module quantized): NE {full['ne_pct_mean']:+.3f}% (mean over tasks), "
         f"CTR AUC {full['auc_ctr']:+.5f}.",
         "",
         (
-            f"Noise floor: the baseline against itself under another seed moves NE by {noise_floor:.3f}% (mean |delta| over "
+            "Noise floor: the baseline against itself under another "
+            f"seed moves NE by {noise_floor:.3f}% (mean |delta| over "
             "tasks and seed pairs); layer deltas of that size are not distinguishable from seed noise."
             if noise_floor is not None
-            else "Noise floor: not measured (one seed); run with several seeds (--seeds 0,1,2) before trusting small differences."
+            else "Noise floor: not measured (one seed); run with several seeds (--seeds 0,1,2) "
+            "before trusting small differences."
         ),
         "",
         "| rank | module | only: NE % | only: CTR AUC | all but: NE % | all but: CTR AUC | recovers NE % | diverged |",
@@ -277,7 +283,8 @@ def sweep_layers(
     baseline_missing = [seed for seed in seeds if not (runs_root / spec.baseline / f"seed{seed}" / "eval.npz").exists()]
     if baseline_missing:
         raise RuntimeError(
-            f"the baseline arm {spec.baseline!r} diverged for seeds {baseline_missing}; the sweep has nothing to compare against"
+            f"the baseline arm {spec.baseline!r} diverged for seeds "
+            f"{baseline_missing}; the sweep has nothing to compare against"
         )
     full, _ = _mean_deltas(per_seed(recipe_name))
     layers = []

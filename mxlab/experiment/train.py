@@ -29,9 +29,7 @@ from mxlab.experiment.checkpoint import (
     rng_state,
     start_from_fork,
 )
-from mxlab.experiment.checkpoint import (
-    save_checkpoint as write_checkpoint,
-)
+from mxlab.experiment.checkpoint import save_checkpoint as write_checkpoint
 from mxlab.experiment.data_order import data_order_seed, training_batches
 from mxlab.experiment.distributed import World
 from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
@@ -262,7 +260,8 @@ def train_run(
     train.log_every steps, at each checkpoint and at the end, and checked step by step then (so a
     divergence is recorded at the step it happened; up to log_every - 1 more steps were queued).
     `on_step(step)` is called after every step (after its checkpoint); an exception from it stops
-    the run with its files as they were at the last checkpoint (how tests simulate a kill). Refuses a run folder that already has done.json.
+    the run with its files as they were at the last checkpoint (how tests simulate a kill).
+    Refuses a run folder that already has done.json.
     A job with `fork_dir` and no checkpoint of its own starts from that run's final checkpoint
     (`start_from_fork`: weights, optimizer state unless post-training, data position; `step_limits`);
     a post-training job takes no step and only evaluates.
@@ -467,7 +466,8 @@ def train_run(
                     with autocast(
                         device, train.precision
                     ):  # into this step's record (eval_every is a multiple of log_every);
-                        # every rank evaluates, so stochastic-rounding counters stay the same across a data-parallel group
+                        # every rank evaluates, so stochastic-rounding counters stay the same across
+                        # a data-parallel group
                         metrics[-1]["heldout"] = held_out_metrics(
                             model, source, train.eval_batch_size, device, train.eval_slice
                         )

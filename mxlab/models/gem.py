@@ -123,7 +123,8 @@ class ModelConfig:
                 raise ValueError(f"[model] {name} must be >= 1; got {getattr(self, name)}")
         if self.layers < 0 or self.cross_layers < 0 or any(width < 1 for width in self.tower_dims):
             raise ValueError(
-                f"[model] layers and cross_layers must be >= 0 and tower_dims positive; got {self.layers}, {self.cross_layers}, {self.tower_dims}"
+                "[model] layers and cross_layers must be >= 0 and tower_dims "
+                f"positive; got {self.layers}, {self.cross_layers}, {self.tower_dims}"
             )
         if self.dim % self.heads:
             raise ValueError(f"[model] dim ({self.dim}) must be a multiple of heads ({self.heads})")

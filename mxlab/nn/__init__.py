@@ -5,11 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_EXPORTS = {
-    "QLinear": "mxlab.nn.linear",
-    "qmatmul": "mxlab.nn.qmatmul",
-    "JaggedAttention": "mxlab.nn.attention",
-}
+_EXPORTS = {"QLinear": "mxlab.nn.linear", "qmatmul": "mxlab.nn.qmatmul", "JaggedAttention": "mxlab.nn.attention"}
 
 
 def __getattr__(name: str) -> Any:

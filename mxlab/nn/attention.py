@@ -148,7 +148,8 @@ class JaggedAttention(nn.Module):
             raise ValueError(f"unknown attention backend {backend!r}; accepted: {', '.join(BACKENDS)}")
         if min_bucket_length < 1 or max_scores_per_chunk < 1:
             raise ValueError(
-                f"min_bucket_length ({min_bucket_length}) and max_scores_per_chunk ({max_scores_per_chunk}) must be positive"
+                f"min_bucket_length ({min_bucket_length}) and "
+                f"max_scores_per_chunk ({max_scores_per_chunk}) must be positive"
             )
         self.backend = backend
         self.min_bucket_length = int(min_bucket_length)
@@ -220,7 +221,8 @@ class JaggedAttention(nn.Module):
         seeds = call_seeds(self.policy)
         if seeds is not None and q.shape[0] * q.shape[1] >= 1 << 32:
             raise ValueError(
-                f"stochastic rounding of the scores counts query rows x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}"
+                "stochastic rounding of the scores counts query rows "
+                f"x heads in 32 bits; got {q.shape[0]} x {q.shape[1]}"
             )
         lengths = torch.maximum(q_lengths, k_lengths)
         buckets = _bucket_ids(lengths, self.min_bucket_length)

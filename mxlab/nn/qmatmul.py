@@ -470,9 +470,7 @@ class _QMatmulFunction(torch.autograd.Function):
         return grad_a, grad_b, grad_bias, None, None, None
 
     @staticmethod
-    def _backward(
-        ctx: Any, g: torch.Tensor
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    def _backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """(grad of a, grad of b, g.sum(0) in float32 where the one-read cast of g computed it, else None)."""
         a, b = ctx.saved_tensors
         precision: MatmulPrecision = ctx.precision

@@ -106,11 +106,7 @@ def scale_exponents(amax: torch.Tensor, fmt: ElementFormat, scale_mode: str) -> 
 
 # ----------------------------------------------------------------------------- elements
 def _rounded_magnitudes(
-    x: torch.Tensor,
-    scale_exp: torch.Tensor,
-    fmt: ElementFormat,
-    rounding: str,
-    random_bits: torch.Tensor | None,
+    x: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat, rounding: str, random_bits: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rounded magnitudes n (float64 integers, before saturation) and quantum exponents qe.
 

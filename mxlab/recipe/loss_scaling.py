@@ -173,13 +173,17 @@ class LossScaler:
     @property
     def scale_history(self) -> list[tuple[int, float]]:
         """(step, scale) at every change of the scale, starting with (0, initial scale) (reads the device)."""
+        self._fold_pending()
+        return list(self._history)
+
+    def _fold_pending(self) -> None:
+        """Move the scales recorded on the device into the host history (one sync)."""
         if self._pending:
             values = torch.stack([value for _, value in self._pending]).tolist()
             for (step, _), value in zip(self._pending, values):
                 if value != self._history[-1][1]:
                     self._history.append((step, float(value)))
             self._pending = []
-        return list(self._history)
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss multiplied by the current scale (the same tensor under the `none` policy)."""
@@ -229,7 +233,7 @@ class LossScaler:
         self._update(found)
         self._pending.append((self.steps, self._scale.clone()))
         if len(self._pending) >= PENDING_LIMIT:
-            self.scale_history  # folds the pending values (one sync per PENDING_LIMIT steps)
+            self._fold_pending()  # one sync per PENDING_LIMIT steps
         self.steps += 1
         return found == 0
 
@@ -374,9 +378,7 @@ class PerLayerLossScaler(DynamicLossScaler):
         }
 
 
-def make_loss_scaler(
-    config: LossScalingConfig | dict[str, Any] | None, model: nn.Module | None = None
-) -> LossScaler:
+def make_loss_scaler(config: LossScalingConfig | dict[str, Any] | None, model: nn.Module | None = None) -> LossScaler:
     """The loss scaler for `config` (a LossScalingConfig, a `[loss_scaling]` table, or None for none).
 
     `per_layer` needs the model after `apply_recipe` (it sets a scale on each quantized product)

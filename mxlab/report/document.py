@@ -12,7 +12,6 @@ import html
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 
 @dataclass
@@ -55,7 +54,7 @@ class Details:
     blocks: list[Block]
 
 
-Block = Union[Heading, Paragraph, BulletList, Table, CodeBlock, Figure, Details]
+Block = Heading | Paragraph | BulletList | Table | CodeBlock | Figure | Details
 
 _INLINE = re.compile(r"(\*\*[^*]+\*\*|`[^`]+`)")
 

@@ -13,17 +13,15 @@ from mxlab.experiment import load_spec
 from mxlab.experiment.runner import run_study, study_jobs
 from tests.experiment.test_end_to_end import MICRO, QUICKSTART
 
-FORK = (
-    MICRO
-    + [
-        'arms=["bf16", "mxfp8-rceil", "post:mxfp8-rceil"]',
-        "train.fork_from=bf16",
-        "train.fork_steps=4",  # warm-up steps 1-4 (checkpoint at 3); arms steps 5-8 (checkpoint at 6), across the epoch end at 6
-        "train.checkpoint_every=3",
-        "train.eval_every=2",
-        "train.eval_slice=128",
-    ]
-)
+FORK = MICRO + [
+    'arms=["bf16", "mxfp8-rceil", "post:mxfp8-rceil"]',
+    "train.fork_from=bf16",
+    # warm-up steps 1-4 (checkpoint at 3); arms steps 5-8 (checkpoint at 6), across the epoch end at 6
+    "train.fork_steps=4",
+    "train.checkpoint_every=3",
+    "train.eval_every=2",
+    "train.eval_slice=128",
+]
 RUNS = ("_fork/seed0", "bf16/seed0", "mxfp8-rceil/seed0", "post:mxfp8-rceil/seed0")
 
 

@@ -50,7 +50,8 @@ def spec_path(tmp_path: Path) -> Path:
     (tmp_path / "recipes" / "noisy.toml").write_text('name = "noisy"\nnoise = 0.01\n')
     (tmp_path / "recipes" / "poisoned.toml").write_text('name = "poisoned"\npoison_at_step = 5\n')
     (tmp_path / "recipes" / "collapsing.toml").write_text(
-        'name = "collapsing"\noverflow_from_step = 3\n[loss_scaling]\npolicy = "dynamic"\ninit_scale = 4.0\nbackoff_factor = 0.5\n'
+        'name = "collapsing"\noverflow_from_step = 3\n'
+        '[loss_scaling]\npolicy = "dynamic"\ninit_scale = 4.0\nbackoff_factor = 0.5\n'
     )
     path = tmp_path / "logic.toml"
     path.write_text(SPEC)

@@ -1,8 +1,8 @@
 """Stochastic rounding in the reference jagged attention: layout-independent counters, one seed set per call.
 
-`qmatmul(..., counters=, seeds=)` draws stochastic bits from explicit counters; the reference attention path gives every stochastically
-rounded operand the counters of docs/numerics.md ("Jagged attention"), so its bits depend neither on the
-length buckets nor on the chunking of the padded score tensors.
+`qmatmul(..., counters=, seeds=)` draws stochastic bits from explicit counters; the reference attention path gives
+every stochastically rounded operand the counters of docs/numerics.md ("Jagged attention"), so its bits depend
+neither on the length buckets nor on the chunking of the padded score tensors.
 """
 
 from __future__ import annotations

@@ -4,12 +4,7 @@ from torch import nn
 
 from mxlab.nn.linear import QLinear
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
-from mxlab.recipe.loss_scaling import (
-    DynamicLossScaler,
-    LossScalingConfig,
-    make_loss_scaler,
-    parse_loss_scaling,
-)
+from mxlab.recipe.loss_scaling import DynamicLossScaler, LossScalingConfig, make_loss_scaler, parse_loss_scaling
 
 
 def one_parameter_step(scaler, gradient_value):

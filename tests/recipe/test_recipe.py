@@ -55,7 +55,8 @@ class Block(nn.Module):
 
 
 class TinyGem(nn.Module):
-    """GEM-shaped names: history.blocks.N.attn.{qkv,core,proj}, history.blocks.N.mlp.*, towers.{ctr,cvr}.{hidden,out}."""
+    """GEM-shaped names: history.blocks.N.attn.{qkv,core,proj}, history.blocks.N.mlp.*,
+    towers.{ctr,cvr}.{hidden,out}."""
 
     def __init__(self, layers: int = 2) -> None:
         super().__init__()

@@ -71,7 +71,8 @@ def make_fake_study(
             run.mkdir(parents=True, exist_ok=True)
             (run / "plan.txt").write_text(
                 f"module            fwd    dgrad  wgrad\n"
-                f"towers.ctr.fc1    {'bf16' if arm == baseline else 'e4m3'}   {'bf16' if arm == baseline else 'e4m3'}   bf16\n"
+                f"towers.ctr.fc1    {'bf16' if arm == baseline else 'e4m3'} "
+                f"  {'bf16' if arm == baseline else 'e4m3'}   bf16\n"
                 f"towers.cvr.fc1    {'bf16' if arm == baseline else 'e4m3'}   bf16   bf16\n"
             )
             (run / "plan.json").write_text(json.dumps({"towers.ctr.fc1": "mx" if arm != baseline else "hp"}))

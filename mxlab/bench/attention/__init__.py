@@ -10,7 +10,8 @@ loop's throughput; the note gives the host's enqueue time per step) and "graph" 
 step from a CUDA graph (device time alone): their gap is the host overhead.
 
 Useful FLOPs count only pairs inside a sequence: 4 * Lq * Lk * D per head forward (causal: the
-pairs j <= i), x 3.5 for forward + backward ("fwd only" rows: the forward's share alone). The kernel's MX mode (MXFP8 e4m3 operands, floor
+pairs j <= i), x 3.5 for forward + backward ("fwd only" rows: the forward's share alone).
+The kernel's MX mode (MXFP8 e4m3 operands, floor
 scales, nearest-even) is timed on the same shapes; its useful FLOPs are the same. On the self shape
 two more MX rows: "integer convert" (`AttentionLaunch(hw_fp8=False)`: the integer quantization steps where the GPU's FP8
 convert would run; the same bits) and "SR grads" (dO and dS rounded stochastically, in the kernel).

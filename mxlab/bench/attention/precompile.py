@@ -77,7 +77,8 @@ def _compile_one(mode: str, causal: bool, activation: str, tile_fields: tuple | 
         )
         cross.backward(torch.ones_like(cross))
     torch.cuda.synchronize()
-    return f"{mode} causal={causal} {activation} {tiles_text(launch.tiles) if launch.tiles is not None else 'default tiles'}"
+    tiles = tiles_text(launch.tiles) if launch.tiles is not None else "default tiles"
+    return f"{mode} causal={causal} {activation} {tiles}"
 
 
 def precompile_kernels(sweep: bool = False, processes: int = 12, print_fn: Callable[[str], None] = print) -> None:

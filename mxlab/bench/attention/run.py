@@ -46,13 +46,7 @@ class _Recorder:
         self.record(shape, method, events_ms(step, self.warmup, self.repeat), flops, note)
 
     def record(
-        self,
-        shape: Shape,
-        method: str,
-        ms: float | None,
-        flops: float,
-        note: str = "",
-        host_ms: float | None = None,
+        self, shape: Shape, method: str, ms: float | None, flops: float, note: str = "", host_ms: float | None = None
     ) -> None:
         tflops = flops / (ms * 1e-3) / 1e12 if ms else None
         self.result.measurements.append(Measurement(shape.name, method, ms, tflops, note, host_ms))
@@ -264,7 +258,8 @@ def run_attention_bench(
     result = _new_result(lengths, warmup, repeat, seed)
     rec = _Recorder(result, warmup, repeat, print_fn)
     print_fn(
-        f"jagged attention bench: {lengths.numel()} sequences, lengths mean {result.lengths['mean']:.1f} max {int(lengths.max())}, "
+        f"jagged attention bench: {lengths.numel()} sequences, lengths "
+        f"mean {result.lengths['mean']:.1f} max {int(lengths.max())}, "
         f"{HEADS} heads x {HEAD_DIM}, BF16, forward + backward ({result.environment['device']})"
     )
     for shape in SHAPES:

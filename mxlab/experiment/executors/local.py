@@ -85,7 +85,8 @@ def _exit_reason(code: int | None) -> str:
 
 class _Stop:
     """A signal handler that raises KeyboardInterrupt once; later signals, and any while `stopping`, are ignored
-    (`timeout` sends SIGTERM to the driver and then to its process group: the second must not cut the clean-up short)."""
+    (`timeout` sends SIGTERM to the driver and then to its process group: the second must not cut the clean-up
+    short)."""
 
     def __init__(self) -> None:
         self.stopping = False

@@ -8,8 +8,8 @@ Tolerances, derived from what differs between the two implementations:
 - MX mode and SiLU: the kernel computes the reference's operands with the reference's roundings;
   only the order of float32 accumulation differs (tiles versus one matmul, the softmax sum,
   the backward's row term), and in MX softmax the rounding of the running maximum's rescale factors
-  (applied step by step in the kernel, at once in the reference). A float32 result that is not near a rounding boundary then rounds
-  to the same output value, or to a neighbour: at most one unit in the last place (ulp) of the
+  (applied step by step in the kernel, at once in the reference). A float32 result that is not near a rounding
+  boundary then rounds to the same output value, or to a neighbour: at most one unit in the last place (ulp) of the
   output dtype. Near a boundary (a float32 value within a few float32 ulps of a tie of a later
   rounding: S or dS to BF16, P or dS to the MX grid) one rounding may flip by one step, which
   moves one quantized element by one quantum and perturbs the outputs along one row or column
@@ -488,15 +488,17 @@ def conversions(kernel, runtime, constants, num_warps):
     signature = {name: runtime.get(name, "constexpr") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 2})
-    return sorted({line.split()[0] for line in compiled.asm["ptx"].splitlines() if line.strip().startswith("cvt.") and "satfinite" in line})
+    lines = compiled.asm["ptx"].splitlines()
+    return sorted({line.split()[0] for line in lines if line.strip().startswith("cvt.") and "satfinite" in line})
 
 pointers = {name: "*bf16" for name in ("QD", "KD", "VT", "VD", "O", "X", "OUT", "DOT_WITH",
                                        "QT", "KT", "DOD", "DOT", "DK", "DV")}
 pointers.update({name: "*fp32" for name in ("M", "L", "ROW_DOTS", "DELTA", "DQ_ACC")})
 pointers.update({name: "*i64" for name in ("q_offsets", "k_offsets", "offsets")})
 pointers.update({name: "*i32" for name in ("tile_seq", "tile_start")})
-pointers.update({name: "i32" for name in ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "total_q", "stride_t", "width", "tokens",
-                                          "p_seed_key", "seed_key", "pm_seed_key", "dsm_seed_key", "dsn_seed_key")})
+_INT_ARGUMENTS = ("stride_qt", "stride_qh", "stride_kt", "stride_kh", "total_q", "stride_t", "width", "tokens")
+_SEED_ARGUMENTS = ("p_seed_key", "seed_key", "pm_seed_key", "dsm_seed_key", "dsn_seed_key")
+pointers.update({name: "i32" for name in _INT_ARGUMENTS + _SEED_ARGUMENTS})
 pointers["sm_scale"] = "fp32"
 common = dict(HEAD_DIM=64, CAUSAL=False, SILU=False, QUANT=True, S_DTYPE=tl.bfloat16, OP_DTYPE=tl.bfloat16,
               DOT_DTYPE=tl.bfloat16, BY_BITS=False)

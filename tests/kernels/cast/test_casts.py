@@ -316,8 +316,7 @@ def test_square_tiles_batched_and_padded(kernels, device, fmt, rounding):
 
 
 @pytest.mark.parametrize(
-    "shape, axis, pad",
-    [((45, 70), -1, True), ((45, 70), 0, True), ((3, 32, 5), 1, False), ((2, 3, 64), -1, False)],
+    "shape, axis, pad", [((45, 70), -1, True), ((45, 70), 0, True), ((3, 32, 5), 1, False), ((2, 3, 64), -1, False)]
 )
 def test_padding_and_other_axes(kernels, device, shape, axis, pad):
     x = (torch.randn(shape, generator=torch.Generator().manual_seed(8)) * 3).to(device)

@@ -286,7 +286,7 @@ def test_kernels_refuse_bad_input(kernels, device):
     assert kernels.unsupported_reason(x, 32, -1, hadamard=32) is None
 
 
-# ----------------------------------------------------------------------------- mxlab.numerics.quant.hadamard_fake_quantize
+# ------------------------------------------------------------------ mxlab.numerics.quant.hadamard_fake_quantize
 def test_public_function_dispatches_to_the_kernel(kernels, device):
     x = (torch.randn(40, 64, generator=torch.Generator().manual_seed(15)) * 7).to(torch.bfloat16).to(device)
     options = dict(scale_mode="rceil", rounding="stochastic", seed=21)
