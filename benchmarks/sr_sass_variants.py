@@ -48,7 +48,7 @@ def _compile_and_print(rounding: str, no_hash: bool) -> None:
             return (hashed >> 8).to(tl.int32)
 
         attention_device.score_random_bits = score_random_bits
-    from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
+    from mxlab.bench.attention.sass import attention_sass_counts, print_attention_sass_counts
 
     print_attention_sass_counts(
         [count for count in attention_sass_counts(grad_rounding=rounding) if "_bwd_" in count.kernel]

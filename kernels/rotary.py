@@ -1,9 +1,9 @@
 """Rotary position embeddings in one pass: read x (tokens, heads, head_dim), write the rotated x.
 
-The PyTorch formula (`mxlab.nn.attention.rotary_embedding`) makes float32 copies of both halves,
+The PyTorch formula (`mxlab.nn.rotary.rotary_embedding`) makes float32 copies of both halves,
 four products, a difference, a sum, a concatenation and a cast, forward and backward: about twenty
 passes over a (tokens, heads, head_dim) tensor. Here one program reads a tile of tokens of one head
-once, rotates it in float32 registers with the same cos / sin table (`mxlab.nn.attention.rotary_table`)
+once, rotates it in float32 registers with the same cos / sin table (`mxlab.nn.rotary.rotary_table`)
 and writes it once in x's dtype; the backward is the same kernel with the angle negated (a rotation's
 transpose). The result agrees with the PyTorch formula to float32 rounding (the kernel may fuse a
 product into the difference) before the cast to x's dtype.

@@ -64,7 +64,7 @@ def bench_attention_sass_command(
 
     Example: mxlab bench attention-sass --fmt e2m1 --scale-mode rceil
     """
-    from mxlab.bench.sass import attention_sass_counts, print_attention_sass_counts
+    from mxlab.bench.attention.sass import attention_sass_counts, print_attention_sass_counts
 
     rounding = "stochastic" if stochastic_gradients else "nearest_even"
     _exiting_on_bad_input(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from mxlab.experiment.checkpoint import save_checkpoint as write_checkpoint
 from mxlab.experiment.data_order import data_order_seed, training_batches
 from mxlab.experiment.distributed import World
 from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
+from mxlab.experiment.metrics_log import LogInterval, median_step_ms
 from mxlab.experiment.optim import learning_rate, make_optimizer
 from mxlab.experiment.provenance import trained_with
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
@@ -127,12 +127,6 @@ class RunResult:
         }
 
 
-def median_step_ms(records: list[dict[str, Any]], batch_size: int) -> float | None:
-    """The median over metrics records of ms per step (batch_size / examples_per_s); None without a timed record."""
-    times = [1000.0 * batch_size / r["examples_per_s"] for r in records if r.get("examples_per_s", 0) > 0]
-    return statistics.median(times) if times else None
-
-
 def run_is_done(run_dir: Path) -> bool:
     """True when `run_dir` holds a done.json of a finished or diverged run (a skipped or failed run is tried again)."""
     path = Path(run_dir) / DONE
@@ -201,45 +195,6 @@ def _plan_text(plan: Any) -> str:
 def _plan_dict(plan: Any) -> Any:
     to_dict = getattr(plan, "to_dict", None)
     return to_dict() if callable(to_dict) else {"plan": str(plan)}
-
-
-class _LogInterval:
-    """Loss sums and example counts since the last metrics record (part of the checkpoint)."""
-
-    def __init__(self) -> None:
-        self.losses: list[list[float]] = []
-        self.examples = 0
-        self.seconds = 0.0
-
-    def state(self) -> dict[str, Any]:
-        return {"losses": self.losses, "examples": self.examples, "seconds": self.seconds}
-
-    def load(self, state: dict[str, Any]) -> None:
-        self.losses, self.examples, self.seconds = state["losses"], state["examples"], state["seconds"]
-
-    def mean(self, index: int) -> float:
-        values = [entry[index] for entry in self.losses]
-        return float(sum(values) / len(values)) if values else float("nan")
-
-    def add(self, entry: ReadStep) -> None:
-        """Count one step read back from the device."""
-        self.losses.append(entry.losses)
-        self.examples += entry.examples
-        self.seconds += entry.seconds
-
-    def record(self, entry: ReadStep, time_s: float) -> dict[str, Any]:
-        """The metrics.jsonl record of this interval, ending at `entry`: mean losses, loss scale, throughput."""
-        return {
-            "step": entry.step,
-            "epoch": entry.epoch,
-            "loss": self.mean(0),
-            "loss_ctr": self.mean(1),
-            "loss_ctcvr": self.mean(2),
-            "loss_scale": entry.scale,
-            "skipped": entry.skipped,
-            "examples_per_s": self.examples / self.seconds if self.seconds > 0 else 0.0,
-            "time_s": time_s,
-        }
 
 
 def train_run(
@@ -332,7 +287,7 @@ def train_run(
     nonfinite_streak, elapsed_before = 0, 0.0
     metrics: list[dict[str, Any]] = []
     numerics: list[dict[str, Any]] = []
-    interval = _LogInterval()
+    interval = LogInterval()
     resumed_from: int | None = None
     fork_position: tuple[int, int] | None = (
         None  # the fork warm-up's (epoch, batches taken in it): where the arm's data begins
@@ -416,7 +371,7 @@ def train_run(
             if entry.step % train.log_every == 0 or diverged_at is not None or (max_steps and entry.step >= max_steps):
                 metrics.append(interval.record(entry, elapsed_before + (time.perf_counter() - started)))
                 progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
-                interval = _LogInterval()
+                interval = LogInterval()
             if diverged_at is not None:
                 step = entry.step
                 return
@@ -491,7 +446,7 @@ def train_run(
                 or read_pending([PendingStep.after(step, min(epoch, epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
             )
             metrics.append(interval.record(closing, elapsed_before + (time.perf_counter() - started)))
-            interval = _LogInterval()
+            interval = LogInterval()
         if status == "finished" and world.writes:
             save_checkpoint()
             with autocast(device, train.precision):

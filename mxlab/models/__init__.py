@@ -14,9 +14,9 @@ from mxlab.models.gem import (
     ModelConfig,
     ModelOutput,
     build_model,
-    esmm_loss,
     validate_model_config,
 )
+from mxlab.models.losses import esmm_loss
 
 __all__ = [
     "DEFAULT_MAX_HISTORY",

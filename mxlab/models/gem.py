@@ -46,15 +46,9 @@ from torch import nn
 
 from mxlab.data.batch import DataInfo, JaggedBatch
 from mxlab.data.config import config_keys, dataclass_from_config
-from mxlab.nn.attention import (
-    ACTIVATIONS,
-    JaggedAttention,
-    RotaryTable,
-    rotary_embedding,
-    rotary_table,
-    segment_positions,
-)
+from mxlab.nn.attention import ACTIVATIONS, JaggedAttention
 from mxlab.nn.norms import layer_norm, rms_norm
+from mxlab.nn.rotary import RotaryTable, rotary_embedding, rotary_table, segment_positions
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
@@ -474,31 +468,6 @@ def build_model(model_config: dict, info: DataInfo) -> GEMModel:
     return GEMModel(config, info)
 
 
-def _log1mexp(log_p: torch.Tensor) -> torch.Tensor:
-    """log(1 - exp(log_p)) for log_p < 0, accurate on both sides of -log 2; log_p is capped at
-    -1e-12, so one example costs at most about 27.6 nats."""
-    log_p = log_p.clamp(max=-1e-12)
-    near_zero = log_p > -math.log(2.0)
-    # each branch only sees inputs where it is finite, so no inf/NaN reaches the gradient
-    log_p_near, log_p_far = torch.where(near_zero, log_p, -1.0), torch.where(near_zero, -1.0, log_p)
-    return torch.where(near_zero, torch.log(-torch.expm1(log_p_near)), torch.log1p(-torch.exp(log_p_far)))
-
-
-def esmm_loss(output: ModelOutput, batch: JaggedBatch) -> dict[str, torch.Tensor]:
-    """Return {loss, ctr, ctcvr} (float32 scalars): binary cross-entropies of p_ctr against
-    clicks and of p_ctcvr = p_ctr * p_cvr against click-and-convert, over all impressions;
-    ``loss = ctr + ctcvr``, or ``ctr`` alone when the batch has no conversion labels
-    (``batch.has_conversion`` False; ctcvr is still reported)."""
-    ctr_logit, cvr_logit = output.ctr_logit.float(), output.cvr_logit.float()
-    click = batch.click.float()
-    converted = click * batch.conversion.float()
-    ctr = F.binary_cross_entropy_with_logits(ctr_logit, click)
-    log_ctcvr = F.logsigmoid(ctr_logit) + F.logsigmoid(cvr_logit)
-    ctcvr = -(converted * log_ctcvr + (1.0 - converted) * _log1mexp(log_ctcvr)).mean()
-    loss = ctr + ctcvr if batch.has_conversion else ctr
-    return {"loss": loss, "ctr": ctr, "ctcvr": ctcvr}
-
-
 __all__ = [
     "DEFAULT_MAX_HISTORY",
     "GEMModel",
@@ -507,6 +476,5 @@ __all__ = [
     "ModelOutput",
     "PRESETS",
     "build_model",
-    "esmm_loss",
     "validate_model_config",
 ]

@@ -2,7 +2,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mxlab.nn.attention import JaggedAttention, rotary_embedding, rotary_table, segment_positions
+from mxlab.nn.attention import JaggedAttention
+from mxlab.nn.rotary import rotary_embedding, rotary_table, segment_positions
 
 
 def _offsets(lengths):

@@ -17,7 +17,7 @@ two more MX rows: "integer convert" (`AttentionLaunch(hw_fp8=False)`: the intege
 convert would run; the same bits) and "SR grads" (dO and dS rounded stochastically, in the kernel).
 
 On the self shape, "kernel bf16 MX tiles" is the BF16 kernel with the MX tile sizes, "kernel mxfp8 tiles" the
-MX kernel with other tile sizes (the note names them). `mxlab.bench.sass.attention_sass_counts`
+MX kernel with other tile sizes (the note names them). `mxlab.bench.attention.sass.attention_sass_counts`
 (`mxlab bench attention-sass`) gives the static sm_90 counts of the same kernels without a GPU.
 
 Modules: `shapes` (shapes, records, lengths, FLOPs, the MX policy, padding), `baselines` (FlexAttention,

@@ -10,7 +10,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from mxlab.kernels import rotary  # noqa: E402  (after TRITON_INTERPRET is set)
-from mxlab.nn.attention import RotaryTable, rotary_embedding, rotary_table, segment_positions  # noqa: E402
+from mxlab.nn.rotary import RotaryTable, rotary_embedding, rotary_table, segment_positions  # noqa: E402
 
 
 def _torch_rotary(x, table):
