@@ -38,11 +38,8 @@ from mxlab.models import build_model
 
 BFLOAT16_BYTES = 2
 PROBE_EXAMPLES = 32
-DEFAULT_LINEAR = (
-    "65536x512x512=0.246",
-    "65536x1024x1024=0.623",
-    "65536x4096x4096=9.531",
-)  # H200, 6fb8af0: git show d1a37a9:reports/benchmarks/bench_linear.txt
+# H200, 6fb8af0: git show d1a37a9:reports/benchmarks/bench_linear.txt
+DEFAULT_LINEAR = ("65536x512x512=0.246", "65536x1024x1024=0.623", "65536x4096x4096=9.531")
 
 
 def linear_rows(spec, info, batch) -> list[tuple[str, int, int, int]]:
