@@ -3,7 +3,7 @@
 # mxfp4-all at the h200 preset) on this tree, then with the files under OTHER copied over it (same relative paths),
 # then on this tree again, whose two runs show the machine's drift. The tree is restored at the end, also when a run
 # fails. Each run gets a third of SECONDS. Writes OUT_PREFIX_{base,other,base2}.txt and prints the arms' rows.
-# The A/Bs in reports/benchmarks/ab_session14.txt ran this way (OTHER: a branch's changed files).
+# The A/Bs of docs/performance.md and reports/benchmarks/ab_*.txt ran this way (OTHER: a branch's changed files).
 #
 #   bash benchmarks/ab_step.sh OTHER OUT_PREFIX [SECONDS]     e.g.  bash benchmarks/ab_step.sh ab/branch $OUT/ab 540
 set -u

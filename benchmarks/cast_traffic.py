@@ -38,7 +38,8 @@ from mxlab.models import build_model
 
 BFLOAT16_BYTES = 2
 PROBE_EXAMPLES = 32
-DEFAULT_LINEAR = ("65536x512x512=0.246", "65536x1024x1024=0.623", "65536x4096x4096=9.531")  # bench_linear.txt, H200
+# H200, 6fb8af0: git show d1a37a9:reports/benchmarks/bench_linear.txt
+DEFAULT_LINEAR = ("65536x512x512=0.246", "65536x1024x1024=0.623", "65536x4096x4096=9.531")
 
 
 def linear_rows(spec, info, batch) -> list[tuple[str, int, int, int]]:
@@ -80,9 +81,11 @@ def main() -> None:
         "--bandwidth-gbs",
         type=float,
         default=4241.0,
-        help="device-to-device copy bandwidth (H200: reports/benchmarks/bench_quant.txt)",
+        help="device-to-device copy bandwidth (H200: reports/benchmarks/bench_quant.h200.txt)",
     )
-    parser.add_argument("--bf16-ms", type=float, default=197.0, help="the BF16 step (bench_step.txt)")
+    parser.add_argument(
+        "--bf16-ms", type=float, default=197.0, help="the BF16 step (reports/benchmarks/bench_step.h200.txt)"
+    )
     parser.add_argument(
         "--other-ms",
         type=float,
@@ -93,14 +96,14 @@ def main() -> None:
         "--measured-cast-ms",
         type=float,
         default=47.6,
-        help="the cast kernels' time per step (anatomy_h200_session23.txt, rceil)",
+        help="the cast kernels' time per step (reports/benchmarks/anatomy_mx_arms.h200.txt, rceil)",
     )
     parser.add_argument(
         "--linear",
         action="append",
         default=None,
         metavar="MxKxN=BF16_MS",
-        help="a linear layer and its BF16 fwd+bwd ms (default: bench_linear.txt's three shapes)",
+        help="a linear layer and its BF16 fwd+bwd ms (default: the H200's bench linear at 6fb8af0, three shapes)",
     )
     args = parser.parse_args()
 

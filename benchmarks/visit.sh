@@ -1,47 +1,57 @@
 #!/usr/bin/env bash
-# One command of a GPU visit: install this tree (once per warm machine), then run the named jobs in
-# order, each under what is left of SECONDS, each writing under $OUT (a folder per visit elsewhere).
+# One command of a GPU machine: install this tree (once per warm machine), then run the named jobs in
+# order, each under what is left of SECONDS, each writing under $OUT.
 #
 #   bash benchmarks/visit.sh SECONDS JOB...
 #
-# jobs:
-#   tests[=PATHS]   GPU tests (pytest -m gpu -n 8 --dist loadgroup: the xdist_group-marked benchmark-size tests share one worker) of PATHS (comma-separated; default: tests) -> gpu_tests.txt
-#   bench           mxlab bench step, the six gem-synthetic arms at the h200 preset -> bench_step.txt/.json
-#   anatomy[=ARMS]  benchmarks/step_anatomy.py (default arms bf16,mxfp8-rceil) -> anatomy.txt/.json
-#   attention       mxlab bench attention -> bench_attention.txt/.json
-#   linear          mxlab bench linear -> bench_linear.txt/.json
-#   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab_*.txt
-#   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu.txt/.json
-#   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.txt/.json
+# jobs (CARD: h100, h200, ... from nvidia-smi; each .txt starts with its command, commit, device and date,
+# ready to be copied to reports/benchmarks/ under the same name):
+#   tests[=PATHS]   GPU tests (pytest -m gpu -n 8 --dist loadgroup: the xdist_group-marked benchmark-size tests share one worker) of PATHS (comma-separated; default: tests) -> gpu_tests.CARD.txt
+#   bench           mxlab bench step, the six gem-synthetic arms at the h200 preset -> bench_step.CARD.txt/.json
+#   anatomy[=ARMS]  benchmarks/step_anatomy.py (default arms bf16,mxfp8-rceil) -> anatomy.CARD.txt/.json
+#   attention       mxlab bench attention -> bench_attention.CARD.txt/.json
+#   linear          mxlab bench linear -> bench_linear.CARD.txt/.json
+#   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab.txt, ab_{base,other,base2}.txt
+#   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
+#   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
 # Records the commit it ran in visit.txt: $COMMIT (the tree sent carries no .git), else git rev-parse HEAD.
 set -u
-if [ $# -lt 2 ]; then sed -n 2,18p "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,17p "$0" >&2; exit 2; fi
 seconds=$1; shift
 out=${OUT:?set OUT to the folder results go to}
 start=$(date +%s)
 left() { echo $(( seconds - ($(date +%s) - start) )); }
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-{ echo "commit: ${COMMIT:-$(git rev-parse HEAD 2>/dev/null)}"; git status --short 2>/dev/null | head -20
+commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}
+device=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+card=$(echo "$device" | grep -o -E 'H[0-9]+' | head -1 | tr 'A-Z' 'a-z'); card=${card:-gpu}
+{ echo "commit: $commit"; git status --short 2>/dev/null | head -20
   nvidia-smi --query-gpu=name,memory.used --format=csv,noheader; } > "$out/visit.txt"
 if ! python3 -c "import mxlab.kernels, mxlab, sys; sys.exit(0 if mxlab.__file__.startswith('$PWD') else 1)" 2>/dev/null; then
   python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$out/visit.txt" 2>&1
 fi
+# run_to FILE CMD...: FILE gets a header line (the command, commit, device, date), then the command's output.
+run_to() {
+  local file=$1; shift
+  echo "# PYTORCH_CUDA_ALLOC_CONF=$PYTORCH_CUDA_ALLOC_CONF $* (tree of $commit, one $device, $(date -u +%Y-%m-%d), via benchmarks/visit.sh)" > "$file"
+  timeout "$budget" "$@" >> "$file" 2>&1
+}
 for job in "$@"; do
   name=${job%%=*}; arg=${job#*=}; [ "$arg" = "$job" ] && arg=
   budget=$(left)
   if [ "$budget" -lt 20 ]; then echo "$job: skipped, $budget s left" | tee -a "$out/visit.txt"; continue; fi
   t0=$(date +%s)
   case $name in
-    tests) paths=${arg:-tests}; timeout "$budget" python3 -m pytest -q -m gpu -n 8 --dist loadgroup ${paths//,/ } > "$out/gpu_tests.txt" 2>&1 ;;
-    bench) timeout "$budget" python3 -m mxlab.cli bench step --spec experiments/gem-synthetic.toml --preset h200 \
-             --batch 4096 --max-history 1024 --warmup 3 --steps 10 --batches 2 --json "$out/bench_step.json" > "$out/bench_step.txt" 2>&1 ;;
-    anatomy) timeout "$budget" python3 benchmarks/step_anatomy.py --preset h200 --batch 4096 --max-history 1024 \
-             --arms "${arg:-bf16,mxfp8-rceil}" --profile-steps 2 --json "$out/anatomy.json" > "$out/anatomy.txt" 2>&1 ;;
-    attention) timeout "$budget" python3 -m mxlab.cli bench attention --json "$out/bench_attention.json" > "$out/bench_attention.txt" 2>&1 ;;
-    linear) timeout "$budget" python3 -m mxlab.cli bench linear --json "$out/bench_linear.json" > "$out/bench_linear.txt" 2>&1 ;;
-    gelu) timeout "$budget" python3 benchmarks/gelu_cast_probe.py --json "$out/gelu.json" > "$out/gelu.txt" 2>&1 ;;
-    quant) timeout "$budget" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 --size 1482752x1024 \
-             --no-compile --json "$out/bench_quant.json" > "$out/bench_quant.txt" 2>&1 ;;
+    tests) paths=${arg:-tests}; run_to "$out/gpu_tests.$card.txt" python3 -m pytest -q -m gpu -n 8 --dist loadgroup ${paths//,/ } ;;
+    bench) run_to "$out/bench_step.$card.txt" python3 -m mxlab.cli bench step --spec experiments/gem-synthetic.toml --preset h200 \
+             --batch 4096 --max-history 1024 --warmup 3 --steps 10 --batches 2 --json "$out/bench_step.$card.json" ;;
+    anatomy) run_to "$out/anatomy.$card.txt" python3 benchmarks/step_anatomy.py --preset h200 --batch 4096 --max-history 1024 \
+             --arms "${arg:-bf16,mxfp8-rceil}" --profile-steps 2 --json "$out/anatomy.$card.json" ;;
+    attention) run_to "$out/bench_attention.$card.txt" python3 -m mxlab.cli bench attention --json "$out/bench_attention.$card.json" ;;
+    linear) run_to "$out/bench_linear.$card.txt" python3 -m mxlab.cli bench linear --json "$out/bench_linear.$card.json" ;;
+    gelu) run_to "$out/gelu_cast_probe.$card.txt" python3 benchmarks/gelu_cast_probe.py --json "$out/gelu_cast_probe.$card.json" ;;
+    quant) run_to "$out/bench_quant.$card.txt" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 \
+             --size 1482752x1024 --no-compile --json "$out/bench_quant.$card.json" ;;
     ab) bash benchmarks/ab_step.sh "$arg" "$out/ab" "$budget" > "$out/ab.txt" 2>&1 ;;
     *) echo "unknown job: $job" >> "$out/visit.txt"; continue ;;
   esac

@@ -95,8 +95,8 @@ class _JaggedAttentionFunction(torch.autograd.Function):
             # Each orientation in its own launch: along the head dim the cast kernels' row fake-quantize, along the
             # tokens `_prequantize`. On the H200 at the h200 step's history shape one launch for both orientations
             # took 1.21 ms (e4m3, nearest even) and 4.0 ms (stochastic, with the row dots)
-            # (reports/benchmarks/prequantize_by_code.txt); the two launches apart took 0.37 + 0.62 ms for e4m3
-            # (prequantize_sweep_session13.txt, prequantize_by_code.txt). Stochastic apart: not timed.
+            # (docs/performance.md, "The attention's pre-quantization launches"); the two launches apart took
+            # 0.37 + 0.62 ms for e4m3 (same section). Stochastic apart: not timed.
             q_d, k_d = _head_dim_quantized(q, casts.q_d, casts.launch), _head_dim_quantized(k, casts.k_d, casts.launch)
             v_d = _head_dim_quantized(v, casts.v_d, casts.launch)
             do_d = _head_dim_quantized(grad_out, casts.do_d, casts.launch)

@@ -304,7 +304,7 @@ def _jagged_attention_bwd_dkdv(
     the keys) into the float32 DQ_ACC with atomics, instead of the separate dQ kernel.
     MX works on the (keys, queries) tile, so P and dS are quantized along its rows (on the H200 the MX
     arms' steps ran 0.3-2.2% faster); BF16 keeps the (queries, keys) tile, whose step ran 4% faster than on
-    the other (reports/benchmarks/ab_session14.txt, A/B 2)."""
+    the other (docs/performance.md, "Design decisions timed by A/B")."""
     head, q_begin, q_len, k_begin, k_len, n_keys, start_n, offs_n, key_ok, q_offset, k_offset = _sequence_tile(
         q_offsets, k_offsets, tile_seq, tile_start, stride_qt, stride_qh, stride_kt, stride_kh, BLOCK_N, True
     )

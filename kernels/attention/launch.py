@@ -66,7 +66,7 @@ def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> 
     row fake-quantize of the (tokens, heads * head_dim) view: blocks of 32 never cross a head, and the
     stochastic counter is the element's index in that view, as the reference counts it. On the H200 at the h200
     step's history shape: 0.373 ms, where `_prequantize` took 0.975 ms for the same copy when it still had a
-    head-dim mode (reports/benchmarks/prequantize_sweep_session13.txt)."""
+    head-dim mode (docs/performance.md, "The attention's pre-quantization launches")."""
     rows = fake_quantize(
         x.view(x.shape[0], -1),
         cast.fmt,
@@ -82,7 +82,7 @@ def _head_dim_quantized(x: torch.Tensor, cast: _RowCast, launch: CastLaunch) -> 
 # Columns (heads x head_dim) of one `_prequantize` program: 128, or one head when it is wider (the row dots
 # sum whole heads; every supported head dim is a power of two up to 256). On the H200 at the h200 step's
 # history shape, 128-column programs beat 256-column ones for every code and axis (0.25-0.88x the time,
-# reports/benchmarks/prequantize_by_code.txt).
+# docs/performance.md, "The attention's pre-quantization launches").
 _PREQUANTIZE_COLUMNS = 128
 
 
@@ -90,7 +90,7 @@ def _prequantize_warps(columns: int, code: int, row_dot: bool = False) -> int:
     """One warp per 64 columns, two for the row dots beside a code without the hardware FP8 conversion: at one
     warp per 64 those programs take 255 registers (stochastic) and 171 (e2m1), at two 114 and 79
     (`mxlab bench attention-sass`; not timed). Without the row dots one warp per 64 ran fastest on the H200 for
-    every code (reports/benchmarks/prequantize_by_code.txt, with the quantization steps of that tree)."""
+    every code (docs/performance.md, "The attention's pre-quantization launches"; the quantization steps of 40b21d0)."""
     if _interpreting():
         return 1
     return max(1, columns // (32 if row_dot and not _hardware_fp8(code) else 64))

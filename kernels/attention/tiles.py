@@ -42,11 +42,12 @@ DEFAULT_TILES = TileSizes(fwd_m=128, fwd_n=64, dkdv_m=64, dkdv_n=64, dq_m=64, dq
 # query tiles of 32 in dK/dV (P and dS along queries): no reshapes, no register spills on sm_90.
 # dK/dV capped at 168 registers, the most that keeps three 4-warp blocks per SM (65536 registers, allocated
 # 8 per thread at a time): uncapped, rceil took 171 (floor 168), rceil-sr 194 and e2m1 196, i.e. two blocks,
-# and rceil's dK/dV ran 53.7 ms per step against floor's 39.3 on one H200 (reports/benchmarks/anatomy_h200_session22.txt).
-# Capped, every format and rounding compiles without spills (`mxlab bench attention-sass`); on one H200 the cap
-# took rceil's step from 267.2 to 256.1 ms, rceil-sr's from 351.5 to 343.8, MXFP4's from 327.4 to 316.1 (with
-# a dQ cap of 96 too; reports/benchmarks/ab_session23.txt). dQ is not capped: at 96 registers (five blocks per SM
-# instead of four for stochastic gradients) it spilled 8 bytes and the rceil-sr step took 343.7 ms against 343.0 without.
+# and rceil's dK/dV ran 53.7 ms per step against floor's 39.3 on one H200 (docs/performance.md, "The attention
+# kernels"). Capped, every format and rounding compiles without spills (`mxlab bench attention-sass`); on one H200
+# the cap took rceil's step from 267.2 to 256.1 ms, rceil-sr's from 351.5 to 343.8, MXFP4's from 327.4 to 316.1
+# (with a dQ cap of 96 too; reports/benchmarks/ab_register_caps.h200.txt). dQ is not capped: at 96 registers (five
+# blocks per SM instead of four for stochastic gradients) it spilled 8 bytes and the rceil-sr step took 343.7 ms
+# against 343.0 without.
 DEFAULT_MX_TILES = TileSizes(
     fwd_m=64, fwd_n=32, dkdv_m=32, dkdv_n=64, dq_m=64, dq_n=32, num_warps=4, num_stages=2, dkdv_max_registers=168
 )
