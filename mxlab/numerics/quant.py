@@ -421,7 +421,7 @@ def fake_quantize_rowcol(
 def rowcol_in_one_read(x: torch.Tensor, fmt: str, rounding: str = "nearest_even") -> bool:
     """Whether `fake_quantize_rowcol(x, fmt, rounding=rounding)` runs as one fused launch that converts with the
     GPU's FP8 instructions: there one read beats two casts (0.756 against 0.849 and 0.909 of a copy on the H200,
-    reports/benchmarks/bench_quant.txt); on the integer path it does not (0.419 against 0.643 and 0.530)."""
+    reports/benchmarks/bench_quant.h200.txt); on the integer path it does not (0.419 against 0.643 and 0.530)."""
     if fmt not in FORMATS or _choose_backend(x, BLOCK_SIZE, 0)[0] != "triton":
         return False
     return bool(_import_kernels().hardware_fp8_applies(x.device, FORMATS[fmt], rounding))
