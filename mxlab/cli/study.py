@@ -83,6 +83,12 @@ def run_command(
 @_commands.command("report", cls=Command)
 def report_command(
     study_dir: Path = typer.Argument(..., metavar="DIR", help="Study folder written by `mxlab run`."),
+    settings: Path | None = typer.Option(
+        None,
+        "--settings",
+        metavar="SPEC.toml",
+        help="Judge with this spec's [report] table instead of the study's (verdicts then marked post hoc).",
+    ),
 ) -> None:
     """Re-render report.md, report.html, summary.json and figures from a study's run folders.
 
@@ -90,7 +96,7 @@ def report_command(
     """
     from mxlab.cli import study_commands
 
-    raise typer.Exit(study_commands.report(study_dir))
+    raise typer.Exit(study_commands.report(study_dir, settings))
 
 
 @_commands.command("compare", cls=Command)
@@ -118,9 +124,7 @@ def sweep_layers_command(
         metavar="RECIPE",
         help="Recipe to sweep (a name in the spec's recipes/ folder, or a .toml path).",
     ),
-    seeds: str | None = typer.Option(
-        None, "--seeds", metavar="SEEDS", help="Seeds, e.g. 0,1 (default: the spec's)."
-    ),
+    seeds: str | None = typer.Option(None, "--seeds", metavar="SEEDS", help="Seeds, e.g. 0,1 (default: the spec's)."),
     steps: int | None = typer.Option(
         None, "--steps", metavar="N", min=1, help="Training steps per run (default min(200, the spec's))."
     ),
