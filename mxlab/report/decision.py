@@ -283,7 +283,8 @@ def controls_section(analysis: StudyAnalysis) -> Block:
         ]
         blocks += [
             Paragraph(
-                f"A/A: the baseline against itself on disjoint seed pairs {analysis.inputs.aa_pairs} (distinct seeds, so "
+                f"A/A: the baseline against itself on disjoint seed pairs {analysis.inputs.aa_pairs} (distinct "
+                "seeds, so "
                 "each pair differs by init and data order), with the arms' interval method, unadjusted."
             ),
             Table(["metric", "per pair", "delta [interval]", "verdict", "why"], rows),

@@ -20,7 +20,8 @@ VERDICT_MARKS = {
 
 
 def format_value(metric: str, value: float | None, signed: bool = True) -> str:
-    """A delta or interval end: percent with 3 significant digits for NE metrics and calibration shifts, 5 decimals otherwise."""
+    """A delta or interval end: percent with 3 significant digits for NE metrics and calibration shifts,
+    5 decimals otherwise."""
     if value is None or not math.isfinite(value):
         return "n/a"
     if metric.endswith("ne") or metric.endswith(".calibration"):
