@@ -8,11 +8,10 @@ from mxlab.analysis.compare import (
     Detectable,
     Preregistration,
     StudyAnalysis,
-    analyze_study,
     inputs_from_runs,
     worse_when,
 )
-from mxlab.analysis.conclude import conclude
+from mxlab.analysis.conclude import analyze_study, conclude
 from mxlab.analysis.decision import DECISIONS, CandidateDecision, decide_candidates
 from mxlab.analysis.power import NoiseModel, SimulationResult, fit_noise_model, simulate
 from mxlab.analysis.stats import (

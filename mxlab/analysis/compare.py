@@ -7,10 +7,8 @@ decision (mxlab.analysis.conclude). A diverged or missing run drops its seed fro
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +18,8 @@ from mxlab import metrics
 from mxlab.analysis.decision import CandidateDecision
 from mxlab.analysis.reduce import PAIRING_ARRAYS, reduce_runs, user_indices
 from mxlab.analysis.stats import SeedDeltas, eval_variances, paired_delta, truth_log_loss
-from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs, inputs_from_summary, load_study
-from mxlab.experiment.report_settings import METRIC_NAMES, TRUTH_METRIC_KINDS, ReportSettings
+from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs
+from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
 from mxlab.experiment.report_settings import worse_when as worse_when
 
 
@@ -272,20 +270,3 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
     )
     n_examples = {t: int(v.labels.size) for t, v in views.items()}
     return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users)
-
-
-def analyze_study(study_dir: str | PathLike | StudyData, settings: ReportSettings | None = None) -> StudyAnalysis:
-    """Compare every arm with the baseline and decide (module docstring); reads files only. ``settings``
-    replaces study.json's [report] settings (the report then says the verdicts are post hoc when they
-    differ from the pre-registered ones). Without run folders, reads the comparisons back from
-    summary.json. Refuses what load_study, inputs_from_runs, inputs_from_summary and conclude refuse."""
-    from mxlab.analysis.conclude import conclude
-
-    study = study_dir if isinstance(study_dir, StudyData) else load_study(study_dir)
-    if settings is None:
-        settings = ReportSettings.from_dict(study.spec.get("report"), legacy=True)
-    if study.has_runs:
-        inputs = inputs_from_runs(study, METRIC_NAMES)
-    else:
-        inputs = inputs_from_summary(json.loads((study.directory / "summary.json").read_text()), study.baseline)
-    return conclude(study, inputs, settings)

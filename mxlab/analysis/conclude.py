@@ -8,15 +8,24 @@ and reported as an assay check. Secondary metrics get unadjusted intervals and n
 
 from __future__ import annotations
 
+import json
 import math
+from os import PathLike
 
 import numpy as np
 
-from mxlab.analysis.compare import ArmResult, Comparison, Detectable, Preregistration, StudyAnalysis
+from mxlab.analysis.compare import (
+    ArmResult,
+    Comparison,
+    Detectable,
+    Preregistration,
+    StudyAnalysis,
+    inputs_from_runs,
+)
 from mxlab.analysis.decision import decide_candidates
 from mxlab.analysis.sensitivity import smallest_margin, smallest_regression
 from mxlab.analysis.stats import Estimate, SeedDeltas, estimate
-from mxlab.analysis.study import StudyData, StudyInputs
+from mxlab.analysis.study import StudyData, StudyInputs, inputs_from_summary, load_study
 from mxlab.analysis.verdicts import Hypothesis, Verdict, decide
 from mxlab.experiment.report_settings import (
     METRIC_NAMES,
@@ -228,3 +237,18 @@ def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) ->
         study, settings, inputs, comparisons, aa, arms, detectable, family_size,
         decisions, controls, assays, preregistration(study, settings),
     )  # fmt: skip
+
+
+def analyze_study(study_dir: str | PathLike | StudyData, settings: ReportSettings | None = None) -> StudyAnalysis:
+    """Compare every arm with the baseline and decide (module docstring); reads files only. ``settings``
+    replaces study.json's [report] settings (the report then says the verdicts are post hoc when they
+    differ from the pre-registered ones). Without run folders, reads the comparisons back from
+    summary.json. Refuses what load_study, inputs_from_runs, inputs_from_summary and conclude refuse."""
+    study = study_dir if isinstance(study_dir, StudyData) else load_study(study_dir)
+    if settings is None:
+        settings = ReportSettings.from_dict(study.spec.get("report"), legacy=True)
+    if study.has_runs:
+        inputs = inputs_from_runs(study, METRIC_NAMES)
+    else:
+        inputs = inputs_from_summary(json.loads((study.directory / "summary.json").read_text()), study.baseline)
+    return conclude(study, inputs, settings)
