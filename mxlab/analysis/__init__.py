@@ -1,15 +1,10 @@
-"""Analysis of a study folder: loading (study), statistics (stats), the decision rule (verdicts),
-simulation of the rule (power), and the comparison of every arm with the baseline (compare)."""
+"""Analysis of a study folder: loading (study), statistics (stats), the per-endpoint rule (verdicts),
+the candidates' decision (decision), what a study can decide (sensitivity), simulation of the rule
+(power), the paired deltas (compare) and the whole analysis (conclude)."""
 
-from mxlab.analysis.compare import (
-    ArmResult,
-    Comparison,
-    Detectable,
-    StudyAnalysis,
-    analyze_study,
-    conclude,
-    inputs_from_runs,
-)
+from mxlab.analysis.compare import ArmResult, Comparison, Detectable, Preregistration, StudyAnalysis, inputs_from_runs
+from mxlab.analysis.conclude import analyze_study, conclude
+from mxlab.analysis.decision import DECISIONS, CandidateDecision, decide_candidates
 from mxlab.analysis.power import NoiseModel, SimulationResult, fit_noise_model, simulate
 from mxlab.analysis.stats import (
     OUTLIER_FALSE_ALARM,
@@ -33,6 +28,10 @@ from mxlab.experiment.report_settings import ReportSettings
 __all__ = [
     "OUTLIER_FALSE_ALARM",
     "ArmResult",
+    "CandidateDecision",
+    "DECISIONS",
+    "Preregistration",
+    "decide_candidates",
     "Comparison",
     "DeLongResult",
     "Detectable",
@@ -66,4 +65,5 @@ __all__ = [
     "outlying_values",
     "paired_delta",
     "simulate",
+    "worse_when",
 ]

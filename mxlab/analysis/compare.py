@@ -1,42 +1,26 @@
-"""Every arm of a study against its baseline: paired deltas, intervals, verdicts, detectable effects.
+"""Every arm of a study against its baseline: the result types, the paired deltas from the run folders.
 
 ``analyze_study(DIR)`` reads the study folder (mxlab.analysis.study), forms for every arm, seed and
 metric the paired delta and its per-user influence values (mxlab.analysis.stats), and applies the
-decision rule (mxlab.analysis.verdicts) to the primary metrics; secondary metrics get unadjusted
-intervals and no verdict. A diverged or missing run drops its seed from that arm's pairs only.
+decision (mxlab.analysis.conclude). A diverged or missing run drops its seed from that arm's pairs only.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mxlab import metrics
+from mxlab.analysis.decision import CandidateDecision
 from mxlab.analysis.reduce import PAIRING_ARRAYS, reduce_runs, user_indices
-from mxlab.analysis.stats import (
-    Estimate,
-    SeedDeltas,
-    detectable_effect,
-    estimate,
-    eval_variances,
-    paired_delta,
-    truth_log_loss,
-)
-from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs, inputs_from_summary, load_study
-from mxlab.analysis.verdicts import Hypothesis, decide
-from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS, TRUTH_METRIC_KINDS, ReportSettings
-
-MAX_SEEDS_ADVISED = 64
-
-
-def worse_when(metric: str) -> str:
-    """'lower' for AUC, 'higher' for the NE, calibration and ECE deltas."""
-    return "lower" if metric.endswith(".auc") else "higher"
+from mxlab.analysis.stats import SeedDeltas, eval_variances, paired_delta, truth_log_loss
+from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs
+from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
+from mxlab.experiment.report_settings import worse_when as worse_when
 
 
 @dataclass
@@ -45,7 +29,7 @@ class Comparison:
 
     arm: str
     metric: str
-    primary: bool
+    primary: bool  # a co-primary endpoint (a verdict word) or secondary
     delta: float
     per_seed: dict[int, float]
     low: float
@@ -56,6 +40,18 @@ class Comparison:
     verdict: str | None  # primary metrics only
     reason: str
     margin: float
+    role: str = "exploratory"  # "candidate", "exploratory", "control" or "A/A"
+
+    @property
+    def median(self) -> float:
+        """The median of the per-seed deltas (a robust location beside the mean)."""
+        values = [v for v in self.per_seed.values() if math.isfinite(v)]
+        return float(np.median(values)) if values else math.nan
+
+    @property
+    def sign_disagreements(self) -> int:
+        """Seeds whose delta has the sign opposite to the mean's."""
+        return sum(1 for v in self.per_seed.values() if v * self.delta < 0)
 
 
 @dataclass
@@ -71,14 +67,28 @@ class ArmResult:
 
 @dataclass
 class Detectable:
-    """The smallest regression of a primary metric the study detects with the settings' power."""
+    """What the study can decide on one endpoint under the rule used (mxlab.analysis.sensitivity), with
+    the settings' power: the smallest regression it calls one, the smallest margin it shows."""
 
     metric: str
     n_seeds: int
-    effect: float  # nan when the study cannot estimate its seed variance
+    effect: float  # smallest regression called a regression; nan when the seed variance is unknown
     margin: float
-    seeds_needed: int | None  # seeds for effect <= margin (None: more than MAX_SEEDS_ADVISED, or unknown)
-    effect_at_min_seeds: float = math.nan  # the detectable effect with MIN_PAIRED_SEEDS seeds
+    seeds_needed: int | None  # seeds to show non-inferiority at the margin (None: more than 64, or unknown)
+    effect_at_min_seeds: float = math.nan  # the smallest regression with MIN_PAIRED_SEEDS seeds
+    smallest_margin: float = math.nan  # the smallest margin shown with the power when the true delta is 0
+    rule: str = ""  # the levels it was computed at
+
+
+@dataclass
+class Preregistration:
+    """The settings recorded when the study started against those used now."""
+
+    status: str  # "pre-registered", "post hoc" or "not recorded"
+    registered: dict[str, Any] | None
+    registered_sha256: str | None
+    used_sha256: str
+    changed: list[str] = field(default_factory=list)  # settings that differ from the record
 
 
 @dataclass
@@ -93,6 +103,10 @@ class StudyAnalysis:
     arms: dict[str, ArmResult]
     detectable: list[Detectable]
     family_size: int
+    decisions: list[CandidateDecision] = field(default_factory=list)
+    controls: dict[str, str] = field(default_factory=dict)  # arm -> role
+    assays: dict[str, str] = field(default_factory=dict)  # arm -> what the control shows
+    preregistration: Preregistration | None = None
 
     def comparison(self, arm: str, metric: str) -> Comparison | None:
         """The comparison of an arm on a metric, or None."""
@@ -117,6 +131,11 @@ class StudyAnalysis:
                 "arms": self.study.arms,
                 "seeds": self.study.seeds,
                 "settings": self.settings.to_dict(),
+                "settings_sha256": self.settings.digest(),
+                "preregistration": asdict(self.preregistration) if self.preregistration else None,
+                "decisions": [asdict(d) for d in self.decisions],
+                "controls": self.controls,
+                "assays": self.assays,
                 "family_size": self.family_size,
                 "conventions": metrics.METRIC_CONVENTIONS,
                 "n_eval_examples": inputs.n_examples,
@@ -139,6 +158,11 @@ class StudyAnalysis:
                 "verdicts": {
                     a: {c.metric: c.verdict for c in self.comparisons if c.arm == a and c.primary} for a in self.arms
                 },
+                "robust": [
+                    dict(arm=c.arm, metric=c.metric, median=c.median, sign_disagreements=c.sign_disagreements)
+                    for c in self.comparisons
+                    if c.primary
+                ],
                 "comparisons": [asdict(c) for c in self.comparisons],
                 "aa": [asdict(c) for c in self.aa],
                 "detectable": [asdict(d) for d in self.detectable],
@@ -246,154 +270,3 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
     )
     n_examples = {t: int(v.labels.size) for t, v in views.items()}
     return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users)
-
-
-# ----------------------------------------------------------------------------- the decision
-
-
-def _comparison(
-    arm: str,
-    metric: str,
-    primary: bool,
-    e: Estimate,
-    per_seed: dict[int, float],
-    low: float,
-    high: float,
-    level: float,
-    verdict: str | None,
-    reason: str,
-    margin: float,
-) -> Comparison:
-    return Comparison(arm, metric, primary, e.delta, per_seed, low, high, level, e.se, e.df, verdict, reason, margin)
-
-
-def detectable_effects(
-    analysis_deltas: dict[tuple[str, str], SeedDeltas], settings: ReportSettings, primary: list[str], family_size: int
-) -> list[Detectable]:
-    """Per primary metric: the smallest regression detected with ``settings.power`` at the Bonferroni level
-    (Holm's first step, its least powerful) with the study's seeds, from the seed and shared eval variance
-    pooled (averaged) over its arms, and the seeds a regression of the margin's size would need."""
-    alpha = (1 - settings.confidence) / max(family_size, 1)
-    out = []
-    for metric in primary:
-        found = [d for (a, m), d in analysis_deltas.items() if m == metric]
-        margin = settings.margin(metric)
-        k = max((len(d.per_seed) for d in found), default=0)
-        usable = [estimate(d) for d in found if len(d.per_seed) >= 2]
-        if not usable:
-            out.append(Detectable(metric, k, math.nan, margin, None))
-            continue
-        seed_var = float(np.mean([e.seed_var for e in usable]))
-        shared = float(np.mean([e.shared_eval_var for e in usable]))
-
-        def effect(n: int) -> float:
-            return detectable_effect(math.sqrt(seed_var / n + shared), n - 1, alpha, settings.power)
-
-        needed = next((n for n in range(MIN_PAIRED_SEEDS, MAX_SEEDS_ADVISED + 1) if effect(n) <= margin), None)
-        out.append(
-            Detectable(
-                metric, k, effect(k) if k >= MIN_PAIRED_SEEDS else math.nan, margin, needed, effect(MIN_PAIRED_SEEDS)
-            )
-        )
-    return out
-
-
-def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) -> StudyAnalysis:
-    """Apply the decision rule to a study's inputs: Holm over arms x primary metrics, unadjusted
-    intervals for the others, the A/A control at the unadjusted level, detectable effects.
-    Refuses a primary truth metric (excess_ne) on a study without truth."""
-    if inputs.truth is None and inputs.deltas:
-        lacking = [m for m in settings.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
-        if lacking:
-            raise ValueError(
-                f"primary metric(s) {lacking} need a source with truth; this study has none "
-                f"(accepted here: {[m for m in METRIC_NAMES if m.split('.', 1)[1] not in TRUTH_METRIC_KINDS]})"
-            )
-    primary = list(settings.primary)
-    base = study.baseline
-    hypotheses, secondary = [], []
-    for (arm, metric), d in inputs.deltas.items():
-        e = estimate(d)
-        if metric in primary:
-            hypotheses.append((Hypothesis(arm, metric, e, settings.margin(metric), worse_when(metric)), d))
-        else:
-            secondary.append((arm, metric, e, d))
-    verdicts = decide([h for h, _ in hypotheses], settings.confidence, settings.correction)
-    family_size = sum(1 for h, _ in hypotheses if h.estimate.n_seeds >= MIN_PAIRED_SEEDS)
-    comparisons = [
-        _comparison(
-            v.arm, v.metric, True, h.estimate, d.per_seed, v.low, v.high, v.level, v.verdict, v.reason, v.margin
-        )
-        for (h, d), v in zip(hypotheses, verdicts)
-    ]
-    for arm, metric, e, d in secondary:
-        low, high = e.interval(settings.confidence)
-        comparisons.append(
-            _comparison(
-                arm,
-                metric,
-                False,
-                e,
-                d.per_seed,
-                low,
-                high,
-                settings.confidence,
-                None,
-                "secondary metric: unadjusted interval, no verdict",
-                settings.margin(metric),
-            )
-        )
-    order = {m: i for i, m in enumerate(primary + [m for m in METRIC_NAMES if m not in primary])}
-    comparisons.sort(key=lambda c: (study.arms.index(c.arm), order[c.metric]))
-    aa = []
-    aa_hypotheses = [
-        Hypothesis("A/A", m, estimate(d), settings.margin(m), worse_when(m))
-        for m, d in inputs.aa.items()
-        if m in primary
-    ]
-    for h, v in zip(aa_hypotheses, decide(aa_hypotheses, settings.confidence, "none")):
-        aa.append(
-            _comparison(
-                "A/A",
-                h.metric,
-                True,
-                h.estimate,
-                inputs.aa[h.metric].per_seed,
-                v.low,
-                v.high,
-                v.level,
-                v.verdict,
-                v.reason,
-                v.margin,
-            )
-        )
-    arms = {}
-    for arm in study.arms:
-        if arm == base:
-            continue
-        runs = {s: study.runs[(arm, s)] for s in study.seeds}
-        paired = sorted(next((d.per_seed for (a, _), d in inputs.deltas.items() if a == arm), {}))
-        arms[arm] = ArmResult(
-            arm,
-            paired,
-            {s: r.diverged_at_step for s, r in runs.items() if r.status == "diverged"},
-            [s for s, r in runs.items() if r.status == "missing"],
-            {s: r.reason for s, r in runs.items() if r.status == "skipped"},
-        )
-    detectable = detectable_effects(inputs.deltas, settings, primary, max(family_size, len(arms) * len(primary)))
-    return StudyAnalysis(study, settings, inputs, comparisons, aa, arms, detectable, family_size)
-
-
-def analyze_study(study_dir: str | PathLike | StudyData) -> StudyAnalysis:
-    """Compare every arm with the baseline and decide (module docstring); reads files only. Without
-    run folders, reads the comparisons back from summary.json. Refuses what load_study,
-    inputs_from_runs, inputs_from_summary and conclude refuse."""
-    study = study_dir if isinstance(study_dir, StudyData) else load_study(study_dir)
-    settings = ReportSettings.from_dict(study.spec.get("report"), legacy=True)
-    if study.has_runs:
-        inputs = inputs_from_runs(study, METRIC_NAMES)
-    else:
-        import json
-
-        inputs = inputs_from_summary(json.loads((study.directory / "summary.json").read_text()), study.baseline)
-    return conclude(study, inputs, settings)

@@ -117,10 +117,13 @@ def paired_delta(kind: str, arm: RunSums, base: RunSums, truth: np.ndarray | Non
         return arm.ece - base.ece, (
             arm.ece_numerator - arm.ece * arm.count - base.ece_numerator + base.ece * base.count
         ) / total
+    if kind == "calibration":  # 100 ln(P_arm / P_base): the labels cancel, the sign says which way
+        total_a, total_b = float(arm.predicted.sum()), float(base.predicted.sum())
+        return 100.0 * math.log(total_a / total_b), 100.0 * (arm.predicted / total_a - base.predicted / total_b)
     if kind == "calibration_error":
         (ca, pa), (cb, pb) = _ratio(arm.predicted, arm.positives), _ratio(base.predicted, base.positives)
         return abs(ca - 1) - abs(cb - 1), np.sign(ca - 1) * pa - np.sign(cb - 1) * pb
-    raise ValueError(f"unknown metric kind {kind!r}; accepted: ne, excess_ne, auc, ece, calibration_error")
+    raise ValueError(f"unknown metric kind {kind!r}; accepted: ne, excess_ne, auc, calibration, ece, calibration_error")
 
 
 # ----------------------------------------------------------------------------- the interval

@@ -10,11 +10,13 @@ bootstrap intervals, from which the eval variances are recovered (see :func:`inp
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from scipy import stats as scipy_stats
 
 from mxlab.analysis.stats import DeLongResult, SeedDeltas
@@ -168,7 +170,37 @@ def _point(values: dict[str, float], base: dict[str, float], kind: str, truth: d
         return 100.0 * (values["ne"] - base["ne"]) / (base["ne"] - truth["ne"])
     if kind == "calibration_error":
         return abs(values["calibration"] - 1) - abs(base["calibration"] - 1)
+    if kind == "calibration":
+        return 100.0 * math.log(values["calibration"] / base["calibration"])
     return values[kind] - base[kind]
+
+
+CALIBRATION_NOTE = (
+    "The calibration shifts are read back from a summary.json written before they were recorded: per-seed "
+    "shifts from each run's calibration (sum p / sum y, exact), their eval-sampling variance approximated from "
+    "the calibration error's (divided by the baseline's calibration squared; an overestimate where a run's "
+    "calibration lies on the other side of 1 from the baseline's)."
+)
+
+
+def _add_calibration_shifts(
+    deltas: dict[tuple[str, str], SeedDeltas], run_metrics: dict[str, dict[int, Any]], baseline: str
+) -> bool:
+    """Add TASK.calibration (100 ln(cal_arm / cal_base) per seed) where a summary lacks it; True if any was added."""
+    added = False
+    for (arm, metric), d in list(deltas.items()):
+        task, kind = metric.split(".", 1)
+        if kind != "calibration_error" or (arm, f"{task}.calibration") in deltas:
+            continue
+        base, runs = run_metrics.get(baseline, {}), run_metrics.get(arm, {})
+        seeds = [s for s in d.per_seed if s in base and s in runs and task in runs[s]]
+        if not seeds:
+            continue
+        shift = {s: 100.0 * math.log(runs[s][task]["calibration"] / base[s][task]["calibration"]) for s in seeds}
+        scale = 1e4 / float(np.mean([base[s][task]["calibration"] for s in seeds])) ** 2
+        deltas[(arm, f"{task}.calibration")] = SeedDeltas(shift, d.eval_var * scale, d.eval_var_of_mean * scale)
+        added = True
+    return added
 
 
 def inputs_from_summary(summary: dict[str, Any], baseline: str) -> StudyInputs:
@@ -188,18 +220,13 @@ def inputs_from_summary(summary: dict[str, Any], baseline: str) -> StudyInputs:
     n_users = int(summary.get("n_eval_users") or 0)
     if "inputs" in summary:
         raw = summary["inputs"]
-        return StudyInputs(
-            run_metrics,
-            truth,
-            {(d["arm"], d["metric"]): _seed_deltas(d) for d in raw["deltas"]},
-            {d["metric"]: _seed_deltas(d) for d in raw["aa"]},
-            [tuple(p) for p in raw["aa_pairs"]],
-            delong,
-            n_examples,
-            n_users,
-            "summary",
-            list(raw.get("notes", [])),
-        )
+        deltas = {(d["arm"], d["metric"]): _seed_deltas(d) for d in raw["deltas"]}
+        aa = {d["metric"]: _seed_deltas(d) for d in raw["aa"]}
+        notes = [n for n in raw.get("notes", []) if not n.startswith(CALIBRATION_NOTE[:40])]
+        if _add_calibration_shifts(deltas, run_metrics, baseline):
+            notes.append(CALIBRATION_NOTE)
+        pairs = [tuple(p) for p in raw["aa_pairs"]]
+        return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users, "summary", notes)
     if "comparisons" not in summary:
         raise ValueError("summary.json has neither 'inputs' (this version) nor 'comparisons' (earlier versions)")
     settings = summary.get("settings", {})
@@ -243,4 +270,6 @@ def inputs_from_summary(summary: dict[str, Any], baseline: str) -> StudyInputs:
         "Run folders are not present: the comparisons are read back from an earlier version's summary.json "
         "(per-seed deltas; eval variances recovered from its per-seed user-bootstrap intervals)."
     ]
+    if _add_calibration_shifts(deltas, run_metrics, baseline):
+        notes.append(CALIBRATION_NOTE)
     return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users, "summary", notes)

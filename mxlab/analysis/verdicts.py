@@ -1,9 +1,14 @@
-"""The decision rule: verdict words for every arm x primary metric, Holm across the family.
+"""The per-endpoint rule: verdict words for a family of arm x endpoint hypotheses, Holm across it.
+
+Used for the exploratory arms (one family) and for each control (its own family); the candidates'
+decision (intersection-union, mxlab.analysis.decision) reuses its words.
 
 Words (docs/statistics.md): ``regression`` (the interval lies beyond zero on the bad side and the
-point delta is worse than the margin), ``improvement`` (the mirror image), ``non-inferior`` (the
-whole interval lies on the good side of the margin: the arm is shown not to lose more than it),
-``inconclusive`` (anything else, and always with fewer than MIN_PAIRED_SEEDS paired seeds).
+point delta is worse than the margin; for the calibration shift either side is bad), ``improvement``
+(the mirror image), ``non-inferior`` (the whole interval lies on the good side of the margin: the
+arm is shown not to lose more than it), ``equivalent`` (a calibration shift whose interval lies
+within plus and minus the margin), ``inconclusive`` (anything else, and always with fewer than
+MIN_PAIRED_SEEDS paired seeds).
 
 Multiplicity: the family is every arm x primary metric with enough seeds. Holm's step-down test of
 delta = 0 at the family-wise level 1 - confidence decides which deltas differ from zero; each
@@ -21,7 +26,8 @@ from dataclasses import dataclass
 from mxlab.analysis.stats import Estimate
 from mxlab.experiment.report_settings import CORRECTIONS, MIN_PAIRED_SEEDS
 
-VERDICTS: tuple[str, ...] = ("regression", "improvement", "non-inferior", "inconclusive")
+VERDICTS: tuple[str, ...] = ("regression", "improvement", "non-inferior", "equivalent", "inconclusive")
+WORSE_WHEN: tuple[str, ...] = ("higher", "lower", "either")
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class Hypothesis:
     metric: str
     estimate: Estimate
     margin: float
-    worse_when: str  # "higher" | "lower"
+    worse_when: str  # "higher" | "lower" | "either" (the signed calibration shift: two-sided)
 
 
 @dataclass(frozen=True)
@@ -76,7 +82,18 @@ def holm_levels(p_values: Sequence[float], alpha: float, correction: str = "holm
     return rejected, levels
 
 
+def shift_direction(delta: float) -> str:
+    """'over-predicts' or 'under-predicts' for a calibration shift's sign."""
+    return "over-predicts" if delta > 0 else "under-predicts"
+
+
 def _word(h: Hypothesis, rejected: bool, low: float, high: float) -> tuple[str, str]:
+    if h.worse_when == "either":
+        if rejected and abs(h.estimate.delta) > h.margin:
+            return "regression", f"{shift_direction(h.estimate.delta)}: differs from zero and beyond the margin"
+        if -h.margin < low and high < h.margin:
+            return "equivalent", "the whole interval lies within the margin on both sides"
+        return "inconclusive", "the interval crosses the margin"
     sign = 1.0 if h.worse_when == "higher" else -1.0
     bad = sign * h.estimate.delta
     bad_high = max(sign * low, sign * high)
@@ -93,10 +110,10 @@ def _word(h: Hypothesis, rejected: bool, low: float, high: float) -> tuple[str, 
 
 def decide(hypotheses: Sequence[Hypothesis], confidence: float = 0.95, correction: str = "holm") -> list[Verdict]:
     """Verdicts for a family (module docstring). Hypotheses with fewer than MIN_PAIRED_SEEDS seeds are
-    ``inconclusive`` and stay out of the family. Refuses a worse_when other than "higher" / "lower"."""
+    ``inconclusive`` and stay out of the family. Refuses a worse_when other than WORSE_WHEN."""
     for h in hypotheses:
-        if h.worse_when not in ("higher", "lower"):
-            raise ValueError(f"{h.arm} {h.metric}: worse_when {h.worse_when!r}; accepted: 'higher', 'lower'")
+        if h.worse_when not in WORSE_WHEN:
+            raise ValueError(f"{h.arm} {h.metric}: worse_when {h.worse_when!r}; accepted: {', '.join(WORSE_WHEN)}")
     judged = [h for h in hypotheses if h.estimate.n_seeds >= MIN_PAIRED_SEEDS and math.isfinite(h.estimate.se)]
     rejected, levels = holm_levels([h.estimate.p_value() for h in judged], 1 - confidence, correction)
     by_id = {id(h): (r, a) for h, r, a in zip(judged, rejected, levels)}

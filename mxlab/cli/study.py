@@ -84,6 +84,12 @@ def run_command(
 @_commands.command("report", cls=Command)
 def report_command(
     study_dir: Path = typer.Argument(..., metavar="DIR", help="Study folder written by `mxlab run`."),
+    settings: Path | None = typer.Option(
+        None,
+        "--settings",
+        metavar="SPEC.toml",
+        help="Judge with this spec's [report] table instead of the study's (verdicts then marked post hoc).",
+    ),
 ) -> None:
     """Re-render report.md, report.html, summary.json and figures from a study's run folders.
 
@@ -91,7 +97,7 @@ def report_command(
     """
     from mxlab.cli import study_commands
 
-    raise typer.Exit(study_commands.report(study_dir))
+    raise typer.Exit(study_commands.report(study_dir, settings))
 
 
 @_commands.command("compare", cls=Command)

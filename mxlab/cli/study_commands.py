@@ -136,15 +136,22 @@ def run(
     return _guarded(body, hint + "".join(f" --set {override}" for override in overrides))
 
 
-def report(study_dir: Path) -> int:
-    """`mxlab report`: re-render the report of a study folder from its run folders."""
+def report(study_dir: Path, settings_from: Path | None = None) -> int:
+    """`mxlab report`: re-render the report of a study folder from its run folders; ``settings_from``: a spec
+    whose [report] table replaces the study's (the report says post hoc where it differs from the record)."""
 
     def body() -> int:
         if not (Path(study_dir) / "study.json").is_file():
             raise ValueError(f"{study_dir} is not a study folder (no study.json); run `mxlab run SPEC.toml` first")
+        from mxlab.experiment.spec import report_settings, tomllib
         from mxlab.report import write_report
 
-        paths = write_report(Path(study_dir))
+        settings = None
+        if settings_from is not None:
+            if not Path(settings_from).is_file():
+                raise ValueError(f"--settings {settings_from}: no such file")
+            settings = report_settings(tomllib.loads(Path(settings_from).read_text()).get("report", {}))
+        paths = write_report(Path(study_dir), settings=settings)
         typer.echo("report:")
         _print_report_paths(dict(paths))
         return 0

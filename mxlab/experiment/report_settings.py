@@ -1,4 +1,4 @@
-"""The [report] table of an experiment spec: primary metrics, margins, multiplicity correction.
+"""The [report] table of an experiment spec: endpoints, margins, candidate, controls, multiplicity.
 
 The analysis (mxlab/analysis/) reads these settings back from study.json; the schema lives here,
 in the experiment layer, so a spec is validated completely before any training.
@@ -10,18 +10,26 @@ tasks ``ctr``, ``cvr``, ``ctcvr``; metrics
 - ``excess_ne``: 100 x (NE_arm - NE_baseline) / (NE_baseline - NE_truth), the share of the
   baseline-to-truth gap the arm adds, in percent (worse when positive; sources with truth only);
 - ``auc``: AUC_arm - AUC_baseline (worse when negative);
-- ``calibration_error``: |cal_arm - 1| - |cal_baseline - 1| (worse when positive);
-- ``ece``: ECE_arm - ECE_baseline (worse when positive).
+- ``calibration``: 100 ln(sum p_arm / sum p_baseline), the signed calibration shift in percent (the
+  labels cancel; worse in either direction; judged by a two-sided equivalence test);
+- ``calibration_error``: |cal_arm - 1| - |cal_baseline - 1| (worse when positive; secondary);
+- ``ece``: ECE_arm - ECE_baseline (worse when positive; secondary).
+
+Endpoints (docs/statistics.md): the ``primary`` metrics plus ``TASK.calibration`` of every task in
+``calibration_tasks`` (co-primary). Margins are set before the runs: defaults in production units
+(0.02% of NE, He et al. 2014's NE; 1% calibration shift).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 TASK_NAMES: tuple[str, ...] = ("ctr", "cvr", "ctcvr")
-METRIC_KINDS: tuple[str, ...] = ("ne", "excess_ne", "auc", "calibration_error", "ece")
+METRIC_KINDS: tuple[str, ...] = ("ne", "excess_ne", "auc", "calibration", "calibration_error", "ece")
 METRIC_NAMES: tuple[str, ...] = tuple(f"{task}.{kind}" for task in TASK_NAMES for kind in METRIC_KINDS)
 TRUTH_METRIC_KINDS: tuple[str, ...] = ("excess_ne",)
 CORRECTIONS: tuple[str, ...] = ("holm", "bonferroni", "none")
@@ -33,10 +41,18 @@ MARGIN_SETTING: dict[str, str] = {
     "ne": "ne_regression_pct",
     "excess_ne": "excess_ne_pct",
     "auc": "auc_regression",
+    "calibration": "calibration_pct",
     "calibration_error": "calibration_tolerance",
     "ece": "ece_regression",
 }
 MIN_PAIRED_SEEDS = 3
+CONTROL_ROLES: tuple[str, ...] = ("null", "positive")
+
+
+def worse_when(metric: str) -> str:
+    """'lower' for AUC, 'either' for the signed calibration shift, 'higher' for NE, calibration error, ECE."""
+    kind = metric.split(".", 1)[-1]
+    return "lower" if kind == "auc" else "either" if kind == "calibration" else "higher"
 
 
 @dataclass(frozen=True)
@@ -48,20 +64,45 @@ class ReportSettings:
     (``ne_regression_pct`` % of NE, ``excess_ne_pct`` % of the baseline-to-truth gap, ``auc_regression``,
     ``calibration_tolerance``, ``ece_regression``). A regression needs its point delta beyond the
     margin; non-inferiority needs the whole interval on the good side of it.
-    ``confidence``: family-wise over the arms x primary metrics, ``correction`` (holm by default).
-    ``power``: the power at which the smallest detectable effect is stated.
+    ``calibration_tasks``: tasks whose signed calibration shift is a co-primary endpoint
+    (``calibration_pct``: the equivalence margin, percent).
+    ``candidate``: the pre-registered arm(s) to ship or not; ``controls``: arm -> role ("null": must
+    show nothing; "positive": a known cost the study must detect); both outside every family.
+    ``confidence``: 1 - alpha; ``correction`` (holm by default) within each family.
+    ``power``: the power at which the smallest margin and smallest regression are stated.
     """
 
     primary: tuple[str, ...] = DEFAULT_PRIMARY
+    calibration_tasks: tuple[str, ...] = TASK_NAMES
+    candidate: tuple[str, ...] = ()
+    controls: dict[str, str] = field(default_factory=dict)
     ne_regression_pct: float = 0.02
     excess_ne_pct: float = 1.0
     auc_regression: float = 0.001
+    calibration_pct: float = 1.0
     calibration_tolerance: float = 0.01
     ece_regression: float = 0.001
     margins: dict[str, float] = field(default_factory=dict)
     confidence: float = 0.95
     correction: str = "holm"
     power: float = 0.8
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        """The co-primary endpoints: the primary metrics, then each calibration task's shift."""
+        extra = tuple(f"{t}.calibration" for t in self.calibration_tasks if f"{t}.calibration" not in self.primary)
+        return self.primary + extra
+
+    def check_arms(self, arms: list[str] | tuple[str, ...], baseline: str) -> None:
+        """Refuses a candidate or control that is not an arm (or is the baseline), or an arm that is both."""
+        accepted = [a for a in arms if a != baseline]
+        for kind, names in (("candidate", self.candidate), ("controls", tuple(self.controls))):
+            for name in names:
+                if name not in accepted:
+                    raise ValueError(f"report setting {kind} names {name!r}, not a compared arm; accepted: {accepted}")
+        both = sorted(set(self.candidate) & set(self.controls))
+        if both:
+            raise ValueError(f"report setting: {both} cannot be both a candidate and a control")
 
     def margin(self, metric: str) -> float:
         """The margin of a metric name (``TASK.KIND``); refuses an unknown name, listing the accepted ones."""
@@ -89,6 +130,12 @@ class ReportSettings:
                 clean[name] = _primary(value)
             elif name == "margins":
                 clean[name] = _margins(value)
+            elif name == "calibration_tasks":
+                clean[name] = _names(name, value, TASK_NAMES, allow_empty=True)
+            elif name == "candidate":
+                clean[name] = _names(name, [value] if isinstance(value, str) else value, None, allow_empty=True)
+            elif name == "controls":
+                clean[name] = _controls(value)
             elif name == "correction":
                 if value not in CORRECTIONS:
                     raise ValueError(f"report setting correction={value!r}; accepted: {', '.join(CORRECTIONS)}")
@@ -115,6 +162,36 @@ class ReportSettings:
             )
             for f in fields(self)
         }
+
+    def digest(self) -> str:
+        """SHA-256 of the settings as canonical JSON (sorted keys): what pre-registration records."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _names(name: str, value: Any, accepted: tuple[str, ...] | None, allow_empty: bool) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or (not value and not allow_empty):
+        raise ValueError(f"report setting {name}={value!r} must be a list of names")
+    for item in value:
+        if not isinstance(item, str) or (accepted is not None and item not in accepted):
+            shown = f"; accepted: {', '.join(accepted)}" if accepted else ""
+            raise ValueError(f"report setting {name} names {item!r}{shown}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"report setting {name}={list(value)!r} repeats a name")
+    return tuple(value)
+
+
+def _controls(value: Any) -> dict[str, str]:
+    """A list of arms (role "null" for a placebo, "positive" otherwise) or a table arm = role."""
+    if isinstance(value, (list, tuple)):
+        names = _names("controls", value, None, allow_empty=True)
+        return {n: "null" if n.startswith("placebo") else "positive" for n in names}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"report setting controls={value!r} must be a list of arms or a table arm = role")
+    for arm, role in value.items():
+        if role not in CONTROL_ROLES:
+            raise ValueError(f"report setting controls.{arm}={role!r}; accepted: {', '.join(CONTROL_ROLES)}")
+    return dict(value)
 
 
 def _number(name: str, value: Any) -> float:

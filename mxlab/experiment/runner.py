@@ -305,13 +305,23 @@ def changed_keys(old: Any, new: Any, prefix: str) -> list[tuple[str, Any, Any]]:
 def write_study_json(
     spec: ExperimentSpec, out_dir: Path, devices: Sequence[str], command: str, execution: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """Write DIR/study.json (resolved spec, command, environment, `execution` as run); return what was written."""
+    """Write DIR/study.json (resolved spec, command, environment, `execution` as run, and the pre-registration
+    record: the report settings at the study's start with their SHA-256, kept from an earlier study.json of
+    the same folder); return what was written."""
+    path = Path(out_dir) / "study.json"
+    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    record = earlier.get("preregistered") or {
+        "report": spec.report.to_dict(),
+        "sha256": spec.report.digest(),
+        "recorded": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
     study = {
         **spec.to_dict(),
         **({"execution": execution} if execution is not None else {}),
         "command": command,
         "environment": environment_info(devices),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "preregistered": record,
     }
     io.write_json(Path(out_dir) / "study.json", study)
     return study

@@ -455,6 +455,10 @@ def spec_from_dict(
         except ValueError as error:
             raise ValueError(f"train.fork_from: {error}") from None
     report = report_settings(raw.get("report", {}))
+    try:
+        report.check_arms(arms, baseline)
+    except ValueError as error:
+        raise ValueError(f"[report]: {error}") from None
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
     needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
     if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:

@@ -1,8 +1,8 @@
 """Assemble a study's report (report.md, report.html, summary.json, figures/*.png) from its folder.
 
-The report opens with the ship table (per arm: the verdict on each primary metric with its
-interval, and the smallest detectable effect), then the truth ceiling and the figures; secondary
-metrics, controls, per-seed detail and diagnostics are folded below. Reads only files.
+The report opens with its warnings (pre-registration, seeds, outlying baseline runs), the decision
+per candidate and the ship table (mxlab.report.decision), then the truth ceiling and the figures;
+secondary metrics, controls, per-seed detail and diagnostics are folded below. Reads only files.
 """
 
 from __future__ import annotations
@@ -18,18 +18,12 @@ from typing import Any
 import numpy as np
 
 from mxlab import metrics
-from mxlab.analysis import (
-    OUTLIER_FALSE_ALARM,
-    Comparison,
-    StudyAnalysis,
-    analyze_study,
-    outlier_threshold,
-    outlying_values,
-)
-from mxlab.experiment.report_settings import METRIC_NAMES, MIN_PAIRED_SEEDS
+from mxlab.analysis import StudyAnalysis, analyze_study
+from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
 from mxlab.report import figures
 from mxlab.report.convergence import convergence_warning, design_text, heldout_series
-from mxlab.report.costs import ArmCost, arm_costs, cost_cell
+from mxlab.report.decision import _baseline_outlier_warnings as _baseline_outlier_warnings
+from mxlab.report.decision import constant_rate_note, controls_section, decision_section, ship_table, warnings
 from mxlab.report.document import (
     Block,
     BulletList,
@@ -42,50 +36,14 @@ from mxlab.report.document import (
     render_html,
     render_markdown,
 )
+from mxlab.report.format import VERDICT_MARKS, format_interval, format_value
+from mxlab.report.format import mean_sd as _mean_sd
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
 
-VERDICT_MARKS = {
-    "regression": "**▼ regression**",
-    "improvement": "▲ improvement",
-    "non-inferior": "✔ non-inferior",
-    "inconclusive": "inconclusive",
-    None: "",
-}
 RELIABILITY_BINS = 20
 POSITIVES_PER_BIN = 15
 RUN_FIGURES = ("reliability.png", "training.png", "heldout.png", "numerics.png")  # drawn from the run folders
 FIGURE_NAMES = ("forest.png", *RUN_FIGURES)
-
-
-# ----------------------------------------------------------------------------- formatting
-
-
-def format_value(metric: str, value: float | None, signed: bool = True) -> str:
-    """A delta or interval end: percent with 3 significant digits for NE metrics, 5 decimals otherwise."""
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    if metric.endswith("ne"):
-        return f"{value:{'+' if signed else ''}.3g}%"
-    return f"{value:{'+' if signed else ''}.5f}"
-
-
-def format_interval(c: Comparison | dict[str, Any]) -> str:
-    """'delta [low, high]'."""
-    get = c.get if isinstance(c, dict) else lambda k: getattr(c, k)
-    m = get("metric")
-    return f"{format_value(m, get('delta'))} [{format_value(m, get('low'))}, {format_value(m, get('high'))}]"
-
-
-def _mean_sd(values: list[float], digits: int = 4) -> str:
-    values = [v for v in values if v is not None and math.isfinite(v)]
-    if not values:
-        return "n/a"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{np.mean(values):.{digits}f} ± {np.std(values, ddof=1):.{digits}f}"
-
-
-# ----------------------------------------------------------------------------- file writing
 
 
 def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
@@ -115,181 +73,6 @@ def draw_png(draw: Callable[[Path], None], temporary: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- sections
-
-
-def _constant_rate_note(analysis: StudyAnalysis, not_converged: bool) -> str | None:
-    """A pointer to the decay phase when the runs ended at a constant learning rate and the study is too
-    noisy for its margin or its baseline had not settled; None otherwise."""
-    if analysis.study.spec.get("train", {}).get("lr_decay_steps", 0):
-        return None
-    if not (any(_too_small(d) for d in analysis.detectable) or not_converged):
-        return None
-    return (
-        "**The runs ended at a constant learning rate**: the eval scores each model as it was at its last step, "
-        "still moving by a full step's worth, which widens every interval (and can make held-out curves oscillate "
-        "rather than fall). Ending each run in a decay of the rate, `[train] lr_decay_steps` (docs/statistics.md, "
-        '"Study designs"), narrows them.'
-    )
-
-
-def _too_small(d: Any) -> bool:
-    """True when a metric has seeds enough for verdicts but its smallest detectable regression exceeds its margin."""
-    return d.n_seeds >= MIN_PAIRED_SEEDS and math.isfinite(d.effect) and d.effect > d.margin
-
-
-def _warnings(analysis: StudyAnalysis) -> list[str]:
-    out = list(analysis.inputs.notes)
-    for d in analysis.detectable:
-        if d.n_seeds < MIN_PAIRED_SEEDS:
-            need = (
-                f"; at this study's variance a regression of the margin's size needs {d.seeds_needed} seeds"
-                if d.seeds_needed
-                else f"; at this study's variance 3 seeds would detect {format_value(d.metric, d.effect_at_min_seeds, False)}, "
-                f"and a regression of the margin's size needs more than 64 seeds or a larger eval set"
-                if math.isfinite(d.effect_at_min_seeds)
-                else ""
-            )
-            out.append(
-                f"**Too few seeds for a verdict on {d.metric}**: {d.n_seeds} paired seed(s), every verdict needs "
-                f"{MIN_PAIRED_SEEDS}{need}."
-            )
-        elif _too_small(d):
-            need = (
-                f"it would need {d.seeds_needed} seeds"
-                if d.seeds_needed
-                else "more than 64 seeds, or a larger eval set, would be needed"
-            )
-            shown = sorted(c.arm for c in analysis.comparisons if c.metric == d.metric and c.verdict == "non-inferior")
-            tail = (
-                f" An arm whose own spread is smaller can still be shown non-inferior, as {', '.join(shown)} here."
-                if shown
-                else " Non-inferiority at this margin is out of reach for an arm of this spread."
-            )
-            out.append(
-                f"**This study is too small for its margin on {d.metric}**: at the spread of its arms (pooled) it "
-                f"detects a regression of {format_value(d.metric, d.effect, False)} with "
-                f"{analysis.settings.power:.0%} power, the margin is {format_value(d.metric, d.margin, False)}; "
-                f"{need}.{tail}"
-            )
-    out.extend(_baseline_outlier_warnings(analysis))
-    for arm, r in analysis.arms.items():
-        if r.diverged:
-            steps = ", ".join(f"seed {s} at step {step}" for s, step in r.diverged.items())
-            out.append(
-                f"**{arm} diverged** ({steps}): those seeds are left out; its verdicts rest on seeds {r.paired_seeds}."
-            )
-        if r.skipped:
-            reasons = "; ".join(sorted({x or "no reason recorded" for x in r.skipped.values()}))
-            out.append(f"**{arm} was skipped** on seeds {sorted(r.skipped)} ({reasons}).")
-        if r.missing:
-            out.append(f"{arm}: seeds {r.missing} not run or not finished.")
-    return out
-
-
-def _baseline_outlier_warnings(analysis: StudyAnalysis) -> list[str]:
-    """One warning per primary metric's task whose baseline runs hold an outlying seed (`outlying_values` of the
-    baseline's final eval value of that metric, NE standing in for excess NE, which differs from it by a constant)."""
-    baseline, run_metrics = analysis.study.baseline, analysis.inputs.run_metrics.get(analysis.study.baseline, {})
-    out, seen = [], set()
-    for metric in analysis.settings.primary:
-        task, _, measure = metric.partition(".")
-        measure = "ne" if measure == "excess_ne" else measure
-        if (task, measure) in seen:
-            continue
-        seen.add((task, measure))
-        values = {seed: m[task][measure] for seed, m in run_metrics.items() if measure in m.get(task, {})}
-        flagged = outlying_values(values)
-        if not flagged:
-            continue
-        seeds = sorted(flagged)
-        shown = "; ".join(f"seed {s} at {values[s]:.4g}, z {flagged[s]:+.1f}" for s in seeds)
-        out.append(
-            f"**The baseline's {task}.{measure} is an outlier on seed(s) {', '.join(map(str, seeds))}** ({shown}; median "
-            f"{float(np.median(list(values.values()))):.4g} over {len(values)} seeds; the modified z-score's cut for "
-            f"{len(values)} seeds, {outlier_threshold(len(values)):.1f}, flags normal seeds in "
-            f"{OUTLIER_FALSE_ALARM:.0%} of studies): {baseline} trained badly there. A paired delta on such a seed measures that run as much "
-            f"as the recipe, and one such seed widens every interval it enters; the per-seed deltas (Details) show "
-            f"which arms share it. Verdicts use every seed; more seeds dilute one bad run."
-        )
-    return out
-
-
-def _ship_table(analysis: StudyAnalysis) -> list[Block]:
-    s = analysis.settings
-    primary = list(s.primary)
-    header = ["arm", "paired seeds"] + [f"{m} (margin {format_value(m, s.margin(m), False)})" for m in primary]
-    costs = arm_costs(analysis.study)
-    base_cost = costs.get(analysis.study.baseline)
-    if base_cost is not None:
-        header.append(f"step time, peak memory (x {analysis.study.baseline})")
-    rows, classes = [], []
-    for arm, r in analysis.arms.items():
-        cells = []
-        for m in primary:
-            c = analysis.comparison(arm, m)
-            cells.append("-" if c is None else f"{VERDICT_MARKS[c.verdict]}: {format_interval(c)}")
-        if base_cost is not None:
-            cells.append(cost_cell(costs[arm], base_cost))
-        seeds = f"{len(r.paired_seeds)}" + (f" ({len(r.diverged)} diverged)" if r.diverged else "")
-        rows.append([arm, seeds] + cells)
-        words = {analysis.comparison(arm, m).verdict for m in primary if analysis.comparison(arm, m)}
-        classes.append("regression" if "regression" in words else "improvement" if words == {"improvement"} else "")
-    rows.append(
-        ["smallest detectable regression", "-"]
-        + [
-            (
-                format_value(d.metric, d.effect, False) + f" at {d.n_seeds} seeds"
-                if math.isfinite(d.effect)
-                else f"none at {d.n_seeds} seed(s)"
-            )
-            + (
-                f"; margin needs {d.seeds_needed} seeds"
-                if d.seeds_needed and (not math.isfinite(d.effect) or d.effect > d.margin)
-                else ""
-            )
-            for d in analysis.detectable
-        ]
-        + (["-"] if base_cost is not None else [])
-    )
-    classes.append("")
-    family = (
-        "no hypothesis has 3 paired seeds, so none is judged"
-        if analysis.family_size == 0
-        else f"Holm over the {analysis.family_size} arm x primary-metric hypotheses with {MIN_PAIRED_SEEDS}+ seeds, "
-        f"family-wise {s.confidence:.0%}"
-        if s.correction == "holm"
-        else f"{s.correction} correction over {analysis.family_size} hypotheses, family-wise {s.confidence:.0%}"
-    )
-    return [
-        Heading("Ship table", 2),
-        Table(header, rows, classes),
-        Paragraph(
-            f"Delta = arm minus baseline **{analysis.study.baseline}** on the same seed and eval examples, mean over paired "
-            f"seeds (NE in % of the baseline's NE; excess NE in % of the baseline-to-truth gap). Each interval carries "
-            f"retraining noise (over seeds) and eval-sampling noise (over users), at the level its verdict was judged ({family}). "
-            "**regression**: the interval lies beyond zero on the bad side and the delta is worse than the margin; "
-            "**improvement**: the mirror image; **non-inferior**: the whole interval is on the good side of the margin; "
-            '**inconclusive**: no evidence either way (always below 3 paired seeds), not "safe". The last row is the '
-            f"smallest regression this study detects with {s.power:.0%} power (docs/statistics.md)."
-            + _cost_note(analysis, base_cost)
-        ),
-    ]
-
-
-def _cost_note(analysis: StudyAnalysis, base_cost: ArmCost | None) -> str:
-    if base_cost is None:
-        return ""
-    shared = int(analysis.study.spec.get("execution", {}).get("runs_per_device", 1) or 1)
-    return (
-        f" Step time: the median over seeds of each run's median ms per training step; peak memory: the run's "
-        f"torch.cuda.max_memory_allocated (GPU only); the baseline's: {cost_cell(base_cost)}."
-        + (
-            f" {shared} runs shared each device, so a step's time includes its neighbours' load: these rank the arms "
-            "of this study; `mxlab bench step` times a step alone."
-            if shared > 1
-            else ""
-        )
-    )
 
 
 def _truth_ceiling(analysis: StudyAnalysis) -> list[Block]:
@@ -344,40 +127,6 @@ def _secondary(analysis: StudyAnalysis) -> Block:
         f"Secondary metrics: unadjusted {analysis.settings.confidence:.0%} intervals, no verdict ({len(rows)})",
         [Table(["arm", "metric", "delta [interval]", "paired seeds"], rows)],
     )
-
-
-def _controls(analysis: StudyAnalysis) -> Block:
-    blocks: list[Block] = []
-    pairs = analysis.inputs.aa_pairs
-    placebo = [c for c in analysis.comparisons if c.arm == "placebo" and c.primary]
-    if placebo:
-        blocks.append(
-            Paragraph(
-                "**placebo** (BF16 in its own order of the data, through the arms' pipeline; docs/statistics.md, Controls) is judged in "
-                "the family like any arm: " + "; ".join(f"{c.metric} {c.verdict}" for c in placebo) + "."
-            )
-        )
-    if analysis.aa:
-        rows = [
-            [
-                c.metric,
-                ", ".join(f"{format_value(c.metric, v)}" for v in c.per_seed.values()),
-                format_interval(c),
-                c.verdict or "-",
-                c.reason,
-            ]
-            for c in analysis.aa
-        ]
-        blocks += [
-            Paragraph(
-                f"A/A: the baseline against itself on disjoint seed pairs {pairs} (distinct seeds, so each "
-                "pair differs by init and data order), with the arms' interval method, unadjusted."
-            ),
-            Table(["metric", "per pair", "delta [interval]", "verdict", "why"], rows),
-        ]
-    if not blocks:
-        blocks.append(Paragraph("No control: no placebo arm and fewer than two finished baseline seeds."))
-    return Details("Controls: placebo and A/A noise floor", blocks)
 
 
 def _per_seed(analysis: StudyAnalysis) -> Block:
@@ -457,13 +206,19 @@ def _method(analysis: StudyAnalysis) -> Block:
                     "Interval: mean of the per-seed deltas; variance = (sample variance over seeds) / k + the eval-sampling "
                     "variance shared by all seeds (the eval set is the same), from per-user influence values; Student t on "
                     "k - 1 degrees of freedom (docs/statistics.md).",
-                    f"Verdicts on the primary metrics {list(s.primary)}: Holm's step-down test of delta = 0 at family-wise "
-                    f"{1 - s.confidence:.0%} across arms x primary metrics (correction = {s.correction!r}); the interval of each "
-                    "hypothesis is at the level of its Holm step. Fewer than 3 paired seeds: inconclusive.",
-                    f"Margins: {', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.primary)}; secondary metrics "
-                    f"{sorted(set(METRIC_NAMES) - set(s.primary))[:3]}...: unadjusted intervals, no verdict.",
-                    f"Smallest detectable regression: the true delta a one-sided test at the Bonferroni level (Holm's first "
-                    f"step) finds with {s.power:.0%} power, from the study's seed and shared eval variance (noncentral t).",
+                    f"Endpoints {list(s.endpoints)} (the primary metrics and each task's calibration shift). "
+                    f"Candidate(s) {list(s.candidate) or 'none'}: ship when every endpoint passes one-sided at "
+                    f"{1 - s.confidence:.0%} (intersection-union; two one-sided tests for calibration; Holm among "
+                    "candidates); regressions by Holm over the candidates' endpoints. Exploratory arms: Holm's step-down "
+                    f"test of delta = 0 over their arm x endpoint family (correction = {s.correction!r}), intervals at the "
+                    f"level of each Holm step. Controls {s.controls or 'none'}: each its own family. Fewer than 3 paired "
+                    "seeds: inconclusive.",
+                    f"Margins, fixed before the runs: {', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.endpoints)}; "
+                    f"secondary metrics {sorted(set(METRIC_NAMES) - set(s.endpoints))[:3]}...: unadjusted intervals, no verdict.",
+                    f"What the study can decide: the smallest margin shown with {s.power:.0%} power when the true delta "
+                    "is 0, and the smallest regression called one with that power (test of zero and point beyond the "
+                    "margin), for the rule used, from the study's seed and shared eval variance "
+                    "(mxlab/analysis/sensitivity.py).",
                 ]
             ),
             BulletList([f"**{name}**: {text}" for name, text in metrics.METRIC_CONVENTIONS.items()]),
@@ -592,15 +347,18 @@ def reliability_bin_count(positives_per_seed: int, n: int) -> int:
     return int(min(n, max(3, min(RELIABILITY_BINS, positives_per_seed // POSITIVES_PER_BIN))))
 
 
-def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None = None) -> dict[str, Path]:
+def write_report(
+    study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None = None, settings: ReportSettings | None = None
+) -> dict[str, Path]:
     """Write report.md, report.html (self-contained), summary.json and figures/*.png into the study folder.
 
     Returns {relative file name: path} for every file written; ``analysis`` reuses an already computed
-    :func:`mxlab.analysis.analyze_study`. Reads files only. Refuses what analyze_study refuses.
+    :func:`mxlab.analysis.analyze_study`; ``settings`` replaces the study's report settings (post hoc
+    where they differ from the pre-registered ones). Reads files only. Refuses what analyze_study refuses.
     """
     directory = Path(study_dir)
     if analysis is None:
-        analysis = analyze_study(directory)
+        analysis = analyze_study(directory, settings)
     study = analysis.study
     written: dict[str, Path] = {}
     figures_dir = directory / "figures"
@@ -623,11 +381,11 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
     ]
     heldout = heldout_series(study) if study.has_runs else {}
     unsettled = convergence_warning(heldout, study.baseline)
-    note = _constant_rate_note(analysis, not_converged=unsettled is not None)
-    warnings = [w for w in [unsettled] if w] + _warnings(analysis) + [w for w in [note] if w]
-    if warnings:
-        blocks.append(BulletList(warnings))
-    blocks += _ship_table(analysis) + _truth_ceiling(analysis)
+    note = constant_rate_note(analysis, not_converged=unsettled is not None)
+    top = [w for w in [unsettled] if w] + warnings(analysis) + [w for w in [note] if w]
+    if top:
+        blocks.append(BulletList(top))
+    blocks += decision_section(analysis) + ship_table(analysis) + _truth_ceiling(analysis)
     if analysis.comparisons:
         labels = {a: f"{a} ({len(r.diverged)} diverged)" for a, r in analysis.arms.items() if r.diverged}
         forest = add_figure(
@@ -679,7 +437,7 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
     blocks += [
         Heading("Details", 2),
         _secondary(analysis),
-        _controls(analysis),
+        controls_section(analysis),
         _per_seed(analysis),
         _absolute_metrics(analysis),
         Details("Runs", [_runs_table(analysis, logs)]),

@@ -24,6 +24,7 @@ VERDICT_COLORS = {
     "regression": "#d62728",
     "improvement": "#2ca02c",
     "non-inferior": "#1f77b4",
+    "equivalent": "#1f77b4",
     "inconclusive": "#555555",
     None: "#555555",
 }
@@ -89,10 +90,11 @@ def forest_plot(
         ax.set_yticklabels([(row_labels or {}).get(r, r) for r in rows] if j == 0 else [""] * len(rows), fontsize=8)
         ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.tick_params(axis="x", labelsize=7)
-        ax.set_title(f"{metric} delta (worse: {'left' if metric.endswith('.auc') else 'right'})", fontsize=9)
+        worse = "left" if metric.endswith(".auc") else "either side" if metric.endswith(".calibration") else "right"
+        ax.set_title(f"{metric} delta (worse: {worse})", fontsize=9)
     figure.suptitle(
         "Delta against the baseline (dot) and the interval its verdict rests on (bar)\nred = regression, "
-        "green = improvement, blue = non-inferior, grey = inconclusive; shaded = within the margin",
+        "green = improvement, blue = non-inferior or equivalent, grey = inconclusive; shaded = within the margin",
         fontsize=8,
     )
     figure.savefig(path)

@@ -15,8 +15,16 @@ import math
 import numpy as np
 import pytest
 
-from mxlab.analysis import NoiseModel, SeedDeltas, decide, detectable_effect, estimate, eval_variances, simulate
-from mxlab.analysis.compare import Hypothesis
+from mxlab.analysis import (
+    Hypothesis,
+    NoiseModel,
+    SeedDeltas,
+    decide,
+    detectable_effect,
+    estimate,
+    eval_variances,
+    simulate,
+)
 
 METRICS = ("ctr.ne", "ctcvr.ne")
 SEED_SD = {"ctr.ne": 0.5, "ctcvr.ne": 0.8}  # retraining noise of a per-seed delta, % of NE

@@ -79,10 +79,12 @@ def _metric(kind, y, p, truth):
         return metrics.normalized_entropy(y, p) - metrics.normalized_entropy(y, truth)
     if kind == "calibration_error":
         return abs(metrics.calibration(y, p) - 1)
+    if kind == "calibration":
+        return 100 * np.log(p.sum())
     return metrics.auc(y, p)
 
 
-@pytest.mark.parametrize("kind", ["ne", "excess_ne", "auc", "calibration_error"])
+@pytest.mark.parametrize("kind", ["ne", "excess_ne", "auc", "calibration_error", "calibration"])
 def test_influence_variance_matches_a_brute_force_user_bootstrap(kind):
     y, base, arm, users, truth = _toy()
     n_users = 300

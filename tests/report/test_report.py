@@ -14,7 +14,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
     directory = make_fake_study(
-        tmp_path_factory.mktemp("report") / "study", arms=ARMS, seeds=(0, 1, 2, 3), n_examples=10000, n_users=1000
+        tmp_path_factory.mktemp("report") / "study",
+        arms=ARMS,
+        seeds=(0, 1, 2, 3),
+        n_examples=10000,
+        n_users=1000,
+        report={"calibration_tasks": []},
     )
     runs_before = {p: p.stat().st_mtime_ns for p in (directory / "runs").rglob("*")}
     written = write_report(directory)
@@ -52,13 +57,15 @@ def test_markdown_report_opens_with_the_ship_table(rendered):
     )
     for needle in (
         "Secondary metrics: unadjusted 95% intervals, no verdict",
-        "Controls: placebo and A/A noise floor",
+        "Controls: assay checks and A/A noise floor",
         "tests of two fitted models, not of the recipe",
         "Method and conventions",
         "commit 0123abc",
         "mxlab run experiments/study.toml",
         "towers.ctr.fc1    e4m3",
-        "smallest detectable regression",
+        "smallest regression called (80% power)",
+        "smallest margin shown (80% power, true delta 0)",
+        "**Not pre-registered**",
         "**mx-diverged diverged** (seed 1 at step 37)",
         "its verdicts rest on seeds [0, 2, 3]",
         "**This study is too small for its margin on ctr.ne**",
@@ -220,3 +227,50 @@ def test_a_baseline_seed_that_trained_badly_is_named_in_the_warnings():
         )
         == []
     )
+
+
+def test_the_decision_opens_the_report_and_other_settings_are_marked_post_hoc(tmp_path):
+    from mxlab.experiment.report_settings import ReportSettings
+
+    report = {"candidate": ["mx-same"], "controls": {"mx-regress": "positive"}, "calibration_tasks": ["ctr"]}
+    directory = make_fake_study(
+        tmp_path / "s",
+        arms={"bf16": "same", "mx-same": "same", "mx-regress": "regress"},
+        seeds=(0, 1, 2, 3),
+        report=report,
+    )
+    spec = json.loads((directory / "study.json").read_text())
+    registered = ReportSettings.from_dict(report)
+    spec["preregistered"] = {"report": registered.to_dict(), "sha256": registered.digest()}
+    spec["design"] = {"kind": "fork"}
+    (directory / "study.json").write_text(json.dumps(spec))
+    write_report(directory)
+    text = (directory / "report.md").read_text()
+    assert text.index("## Decision") < text.index("## Ship table") and "post hoc" not in text
+    assert re.search(r"\*\*(✔ ships|not decided|▼ does not ship)\*\* \*\*mx-same\*\*", text)
+    assert "**mx-regress** (positive control, outside every family): its known cost is detected" in text
+    assert "No A/A section: in the fork design" in text  # the fork's disjoint pairs are no A/A
+    summary = json.loads((directory / "summary.json").read_text())
+    assert summary["preregistration"]["status"] == "pre-registered" and summary["aa"] == []
+    assert summary["decisions"][0]["arm"] == "mx-same"
+    write_report(directory, settings=ReportSettings.from_dict({**report, "ne_regression_pct": 0.5}))
+    text = (directory / "report.md").read_text()
+    assert "**The verdicts are post hoc**" in text and "changed: ne_regression_pct" in text
+    summary = json.loads((directory / "summary.json").read_text())
+    assert summary["preregistration"]["status"] == "post hoc"
+    assert summary["preregistration"]["registered"]["ne_regression_pct"] == 0.02
+    assert summary["settings"]["ne_regression_pct"] == 0.5
+
+
+@pytest.mark.parametrize("name", ["gem-mxfp8", "movielens-mxfp8", "gem-synthetic-partial", "te-comparison"])
+def test_committed_study_folders_still_render(name, tmp_path):
+    from pathlib import Path
+
+    source = Path(__file__).parents[2] / "reports" / name
+    copy = tmp_path / name
+    copy.mkdir()
+    for file in ("study.json", "summary.json"):
+        (copy / file).write_text((source / file).read_text())
+    write_report(copy)
+    text = (copy / "report.md").read_text()
+    assert "## Ship table" in text and "calibration" in text
