@@ -14,7 +14,8 @@ The library is patched only inside this process (the attention's autograd backwa
 quantization launches it calls).
 
     python3 benchmarks/attention_ablation.py --json ablation.json
-    TRITON_INTERPRET=1 python3 benchmarks/attention_ablation.py --device cpu --sequences 3 --max-length 40 --warmup 1 --repeat 1   # smoke test
+    TRITON_INTERPRET=1 python3 benchmarks/attention_ablation.py --device cpu --sequences 3 \
+        --max-length 40 --warmup 1 --repeat 1   # smoke test
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ def main() -> None:
         return jagged_attention(q, k, v, offsets, offsets, policy=policy, seeds=call_seeds(policy))
 
     print(
-        f"jagged self-attention fwd + bwd: {args.sequences} sequences, {total} tokens, {HEADS} x {HEAD_DIM}, on {device}"
+        f"jagged self-attention fwd + bwd: {args.sequences} sequences, "
+        f"{total} tokens, {HEADS} x {HEAD_DIM}, on {device}"
     )
     tables = {}
     for name, policy, context in (

@@ -146,7 +146,8 @@ def main() -> None:
         ms = gigabytes / args.bandwidth_gbs * 1e3
         needed = f"needs >= {ms / allowed:.2f} of copy speed for 1.15x" if allowed > 0 else "1.15x out of reach"
         print(
-            f"  {design:16s} {gigabytes:7.1f} GB  {ms:6.1f} ms  step {(args.bf16_ms + ms + args.other_ms) / args.bf16_ms:.3f}x  {needed}"
+            f"  {design:16s} {gigabytes:7.1f} GB  {ms:6.1f} ms  step "
+            f"{(args.bf16_ms + ms + args.other_ms) / args.bf16_ms:.3f}x  {needed}"
         )
     library_ms = totals["library"] / args.bandwidth_gbs * 1e3
     print(

@@ -50,7 +50,8 @@ def _quantize_tile(
     R: tl.constexpr,
     C: tl.constexpr,
 ):
-    """bfloat16 fake-quantized values of an (R, C) bfloat16 tile, blocks of 32 along AXIS (1: its columns, 0: its rows)."""
+    """bfloat16 fake-quantized values of an (R, C) bfloat16 tile, blocks of 32 along AXIS (1: its columns,
+    0: its rows)."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     if AXIS == 1:
         bits = tl.reshape(bits, (R, C // 32, 32))
@@ -97,7 +98,8 @@ def _rows_gemm(
     STAGES: tl.constexpr,
     QUANT: tl.constexpr = True,
 ):
-    """C = Q(X) @ W^T (X as loaded where not QUANT: the control): X (M, KC) quantized in registers along KC, W (N, KC) already quantized; KC % BK == 0."""
+    """C = Q(X) @ W^T (X as loaded where not QUANT: the control): X (M, KC) quantized in registers along KC,
+    W (N, KC) already quantized; KC % BK == 0."""
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BM), tl.cdiv(N, BN), GROUP_M)
     rm = (pid_m * BM + tl.arange(0, BM)).to(tl.int64)
     rn = pid_n * BN + tl.arange(0, BN)
@@ -547,7 +549,8 @@ def main() -> None:
     if args.layout_check:
         for row in layout_check():
             print(
-                f"   dgrad {row['k']}x{row['n']} weight {row['weight']:16s} BK {row['bk']:3d}: rel err {row['rel err']:.2e}"
+                f"   dgrad {row['k']}x{row['n']} weight {row['weight']:16s} "
+                f"BK {row['bk']:3d}: rel err {row['rel err']:.2e}"
             )
         return
     results = []
@@ -561,7 +564,8 @@ def main() -> None:
             base = t[f"bf16 {name}"]
             print(
                 f"   {name:6s} bf16 {base:7.3f} ms   cast+cuBLAS {t[f'cast+cuBLAS {name}']:7.3f} "
-                f"({t[f'cast+cuBLAS {name}'] / base:4.2f}x)   fused {t[f'fused {name}']:7.3f} ({t[f'fused {name}'] / base:4.2f}x)"
+                f"({t[f'cast+cuBLAS {name}'] / base:4.2f}x)   fused "
+                f"{t[f'fused {name}']:7.3f} ({t[f'fused {name}'] / base:4.2f}x)"
             )
         for name in t:
             if name.startswith(("triton", "fused fwd ")):

@@ -16,7 +16,8 @@ This probe times, by CUDA-graph replay (device time):
 Exactness is measured, not assumed: the share of g and gelu(h) elements whose bfloat16 bits differ from PyTorch's
 (any would make the fused path a different model, not the same one faster), and the fused copies against the
 library's casts of the fused kernel's own g and gelu(h), bit for bit; and GELU of every finite bfloat16 input,
-with erf and exp of GELU's own arguments against torch.erf / torch.exp (which function makes the bits differ). e4m3, rceil, round to nearest even, with the
+with erf and exp of GELU's own arguments against torch.erf / torch.exp (which function makes the bits differ).
+e4m3, rceil, round to nearest even, with the
 hardware FP8 conversion (the in-register quantizer of `fused_gemm_probe.py`); finite inputs only.
 
     python3 benchmarks/gelu_cast_probe.py [--m 1482752] [--n 1024] [--json probe.json] [--no-fp-fusion] [--erf-table]

@@ -67,7 +67,8 @@ def main() -> None:
                 graph = float("nan")
                 print(f"  graph capture failed: {type(error).__name__}: {str(error)[:200]}")
             print(
-                f"{text} {recipe or 'bf16'}: synced call {wall:.3f} ms, host enqueue {host:.0f} us, graph replay {graph:.3f} ms"
+                f"{text} {recipe or 'bf16'}: synced call {wall:.3f} ms, "
+                f"host enqueue {host:.0f} us, graph replay {graph:.3f} ms"
             )
             torch.cuda.set_sync_debug_mode("warn")
             with warnings.catch_warnings(record=True) as caught:

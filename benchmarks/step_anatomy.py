@@ -228,7 +228,8 @@ def main() -> None:
             print(f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} {row['name']}")
         for row in result.get("top_ops_by_stack", []):
             print(
-                f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} {row['name']:<22} {' <- '.join(row['mxlab_frames'])}"
+                f"   {row['ms_per_step']:8.2f} ms  x{row['calls_per_step']:<6g} "
+                f"{row['name']:<22} {' <- '.join(row['mxlab_frames'])}"
             )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))

@@ -9,8 +9,10 @@ and rotary_embedding take their PyTorch formulas, as on a CPU), and prints each 
 and CTCVR NE and AUC, and the seeds `mxlab.analysis.outlying_values` flags in each set. GPU training is not
 bit-reproducible, so read the counts of bad runs, not seed-by-seed differences.
 
-    python3 benchmarks/warmup_stability.py --spec experiments/gem-mxfp8.toml --seeds 16 --out ~/stability --json $OUT/stability.json
-    python3 benchmarks/warmup_stability.py --device cpu --seeds 5 --set train.fork_steps=4 --set train.eval_every=2 --set train.log_every=2 \
+    python3 benchmarks/warmup_stability.py --spec experiments/gem-mxfp8.toml --seeds 16 \
+        --out ~/stability --json $OUT/stability.json
+    python3 benchmarks/warmup_stability.py --device cpu --seeds 5 --set train.fork_steps=4 \
+        --set train.eval_every=2 --set train.log_every=2 \
         --set data.train_examples=20000 --set data.eval_examples=4000 --out /tmp/stability   # a smoke test
 """
 

@@ -213,7 +213,8 @@ def unsupported_reason(q: torch.Tensor, policy: Any, activation: str = "softmax"
         return f"unknown attention activation {activation!r}; accepted: {', '.join(ACTIVATIONS)}"
     accepted = (torch.bfloat16, torch.float16) if policy is None else (torch.bfloat16, torch.float16, torch.float32)
     if q.dtype not in accepted:
-        return f"dtype {q.dtype} is not supported {'without' if policy is None else 'with'} a policy; accepted: {', '.join(map(str, accepted))}"
+        which = "without" if policy is None else "with"
+        return f"dtype {q.dtype} is not supported {which} a policy; accepted: {', '.join(map(str, accepted))}"
     head_dim = q.shape[-1] if q.dim() == 3 else 0
     minimum = 32 if policy is not None else 16
     if head_dim < minimum or head_dim > 256 or head_dim & (head_dim - 1):

@@ -78,7 +78,8 @@ def power_main(
         + (f", varying from seed to seed with sd {effect_sd:g}" if effect_sd > 0 else "")
     )
     echo(
-        f"{'seeds':>5}  {'A/A false-regression rate':>26}  {'power':>16}  smallest detectable ({settings.power:.0%} power)"
+        f"{'seeds':>5}  {'A/A false-regression rate':>26}  {'power':>16} "
+        f" smallest detectable ({settings.power:.0%} power)"
     )
     for k in seed_counts:
         null = simulate(
@@ -142,7 +143,8 @@ def register(app: typer.Typer) -> None:
             "--effect-sd",
             metavar="SD",
             min=0,
-            help="Let the planted regression vary from seed to seed with this sd (a recipe whose cost depends on the run).",
+            help="Let the planted regression vary from seed to seed with "
+            "this sd (a recipe whose cost depends on the run).",
         ),
         metric: str | None = typer.Option(
             None, "--metric", metavar="METRIC", help="The metric of --effect (default: the first primary)."

@@ -27,7 +27,8 @@ def check_offsets_layout(name: str, offsets: torch.Tensor) -> None:
     """Refuses (ValueError) offsets that are not a 1-D int64 tensor of batch + 1 entries. No sync."""
     if offsets.dtype != torch.int64 or offsets.dim() != 1 or offsets.numel() < 1:
         raise ValueError(
-            f"{name} must be a 1-D int64 tensor of batch+1 offsets; got dtype {offsets.dtype}, shape {tuple(offsets.shape)}"
+            f"{name} must be a 1-D int64 tensor of batch+1 offsets; "
+            f"got dtype {offsets.dtype}, shape {tuple(offsets.shape)}"
         )
 
 
@@ -36,7 +37,8 @@ def check_offsets_values(name: str, offsets: torch.Tensor, total: int) -> bool:
     returns True. Reads values from the device (host synchronization)."""
     if int(offsets[0]) != 0 or int(offsets[-1]) != total:
         raise ValueError(
-            f"{name} must start at 0 and end at the number of tokens ({total}); got {int(offsets[0])}..{int(offsets[-1])}"
+            f"{name} must start at 0 and end at the number of tokens "
+            f"({total}); got {int(offsets[0])}..{int(offsets[-1])}"
         )
     if offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
         raise ValueError(f"{name} must be non-decreasing")

@@ -24,8 +24,8 @@ For each (step, module, gemm) the record (`monitor.drain()`) holds:
   `out` is the emulated product (those rows of the quantized operands' product, as multiplied,
   with their per-tensor scales) and `ref` the same rows of a shadow product of the unquantized
   operands, both in float32 and accumulated over the contraction in slices of bounded size, so the
-  figure isolates the quantization error and observing never changes the GEMM the layer runs. `math.inf` when the two are identical (e.g. exactly
-  representable inputs); Python's json writes it as `Infinity`.
+  figure isolates the quantization error and observing never changes the GEMM the layer runs.
+  `math.inf` when the two are identical (e.g. exactly representable inputs); Python's json writes it as `Infinity`.
 - `saturated_frac`: elements whose magnitude over their block scale exceeded the format's max
   normal (they were clipped to it); `flushed_frac`: non-zero elements quantized to zero;
   `subnormal_frac`: non-zero quantized elements below the format's min normal (in units of

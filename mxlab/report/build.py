@@ -186,7 +186,8 @@ def _delong(analysis: StudyAnalysis) -> Block | None:
         "Diagnostics: DeLong tests per seed (tests of two fitted models, not of the recipe)",
         [
             Paragraph(
-                "Each row tests whether two fitted models, the arm's and the baseline's of one seed, rank this eval set "
+                "Each row tests whether two fitted models, the arm's "
+                "and the baseline's of one seed, rank this eval set "
                 "equally well (DeLong 1988; examples independent). It ignores retraining noise, so a tiny p here says "
                 "nothing about the recipe: the verdicts above never use it."
             ),
@@ -202,20 +203,29 @@ def _method(analysis: StudyAnalysis) -> Block:
         [
             BulletList(
                 [
-                    "Pairing: arm and baseline on the same seed (initial weights, data order) and the same eval examples.",
-                    "Interval: mean of the per-seed deltas; variance = (sample variance over seeds) / k + the eval-sampling "
-                    "variance shared by all seeds (the eval set is the same), from per-user influence values; Student t on "
+                    "Pairing: arm and baseline on the same seed (initial "
+                    "weights, data order) and the same eval examples.",
+                    "Interval: mean of the per-seed deltas; variance = "
+                    "(sample variance over seeds) / k + the eval-sampling "
+                    "variance shared by all seeds (the eval set is the "
+                    "same), from per-user influence values; Student t on "
                     "k - 1 degrees of freedom (docs/statistics.md).",
                     f"Endpoints {list(s.endpoints)} (the primary metrics and each task's calibration shift). "
                     f"Candidate(s) {list(s.candidate) or 'none'}: ship when every endpoint passes one-sided at "
                     f"{1 - s.confidence:.0%} (intersection-union; two one-sided tests for calibration; Holm among "
-                    "candidates); regressions by Holm over the candidates' endpoints. Exploratory arms: Holm's step-down "
-                    f"test of delta = 0 over their arm x endpoint family (correction = {s.correction!r}), intervals at the "
-                    f"level of each Holm step. Controls {s.controls or 'none'}: each its own family. Fewer than 3 paired "
+                    "candidates); regressions by Holm over the candidates' "
+                    "endpoints. Exploratory arms: Holm's step-down "
+                    "test of delta = 0 over their arm x endpoint family "
+                    f"(correction = {s.correction!r}), intervals at the "
+                    f"level of each Holm step. Controls {s.controls or 'none'}: "
+                    "each its own family. Fewer than 3 paired "
                     "seeds: inconclusive.",
-                    f"Margins, fixed before the runs: {', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.endpoints)}; "
-                    f"secondary metrics {sorted(set(METRIC_NAMES) - set(s.endpoints))[:3]}...: unadjusted intervals, no verdict.",
-                    f"What the study can decide: the smallest margin shown with {s.power:.0%} power when the true delta "
+                    "Margins, fixed before the runs: "
+                    f"{', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.endpoints)}; "
+                    f"secondary metrics {sorted(set(METRIC_NAMES) - set(s.endpoints))[:3]}...: "
+                    "unadjusted intervals, no verdict.",
+                    "What the study can decide: the smallest margin "
+                    f"shown with {s.power:.0%} power when the true delta "
                     "is 0, and the smallest regression called one with that power (test of zero and point beyond the "
                     "margin), for the rule used, from the study's seed and shared eval variance "
                     "(mxlab/analysis/sensitivity.py).",
@@ -374,7 +384,8 @@ def write_report(
     blocks: list[Block] = [
         Heading(f"Precision study: {study.name}", 1),
         Paragraph(
-            f"Baseline **{study.baseline}**; arms {', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
+            f"Baseline **{study.baseline}**; arms "
+            f"{', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
             f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
             + design_text(study.spec)
         ),
@@ -455,8 +466,10 @@ def write_report(
                 "Per-layer numerics",
                 [
                     Paragraph(
-                        "From numerics.jsonl: SQNR of each quantized GEMM operand against its high-precision shadow, and the fractions "
-                        "of elements that saturated, flushed to zero or became subnormal; mean over sampled steps and seeds."
+                        "From numerics.jsonl: SQNR of each quantized GEMM operand "
+                        "against its high-precision shadow, and the fractions "
+                        "of elements that saturated, flushed to zero or "
+                        "became subnormal; mean over sampled steps and seeds."
                     ),
                     Figure(heatmap, "Per-layer numerics: rows are module / GEMM, columns are arms"),
                 ],

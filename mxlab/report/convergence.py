@@ -83,7 +83,8 @@ def design_text(spec: Mapping[str, Any]) -> str:
     text = (
         "Design: **from scratch** (every run of a seed starts from the same initial weights)."
         if design.get("kind") != "fork"
-        else f"Design: **fork**: per seed a warm-up run of **{design.get('from')}** trained {design.get('warmup_steps')} steps "
+        else f"Design: **fork**: per seed a warm-up run of **{design.get('from')}** trained "
+        f"{design.get('warmup_steps')} steps "
         f"(runs/{WARMUP_ARM}/seedK); every arm continued from its weights and optimizer state on the same data stream, "
         f"so the arms of a seed differ by the recipe alone."
     )

@@ -18,7 +18,8 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class ArmCost:
-    """Median over an arm's finished runs of their step time (ms) and peak memory (bytes); None where no run recorded it."""
+    """Median over an arm's finished runs of their step time (ms) and peak memory (bytes); None where no run
+    recorded it."""
 
     step_ms: float | None
     peak_memory_bytes: float | None
@@ -48,4 +49,5 @@ def cost_cell(cost: ArmCost, baseline: ArmCost | None = None) -> str:
         figure = f"{value / scale:.3g} {unit}"
         return f"{value / base:.2f}x ({figure})" if base else figure
 
-    return f"{part(cost.step_ms, baseline.step_ms, 'ms', 1.0)}, {part(cost.peak_memory_bytes, baseline.peak_memory_bytes, 'GiB', GIB)}"
+    step = part(cost.step_ms, baseline.step_ms, "ms", 1.0)
+    return f"{step}, {part(cost.peak_memory_bytes, baseline.peak_memory_bytes, 'GiB', GIB)}"

@@ -117,7 +117,8 @@ def te_recipe_support(handle: TEHandle, te_recipe: str) -> tuple[bool, str]:
     if check is None:
         return (
             False,
-            f"this Transformer Engine ({handle.version}) has no {check_name}; mxlab pins transformer-engine {TE_VERSION_PIN}",
+            f"this Transformer Engine ({handle.version}) has no "
+            f"{check_name}; mxlab pins transformer-engine {TE_VERSION_PIN}",
         )
     try:
         result = check(return_reason=True)
@@ -194,7 +195,8 @@ def require_te(te_recipes: Iterable[str], device: torch.device | str | None = No
 
 
 def build_te_recipe(policy: TEPolicy, handle: TEHandle) -> Any:
-    """TE's recipe object for a TEPolicy (Float8CurrentScaling, DelayedScaling, Float8BlockScaling or MXFP8BlockScaling)."""
+    """TE's recipe object for a TEPolicy (Float8CurrentScaling, DelayedScaling, Float8BlockScaling or
+    MXFP8BlockScaling)."""
     recipes = handle.recipe
     fp8_format = getattr(recipes.Format, policy.fp8_format.upper())
     cls = getattr(recipes, policy.te_recipe_class)
@@ -233,7 +235,8 @@ def check_te_linears(
     if refused:
         raise ValueError(
             f"Transformer Engine cannot run these modules: {'; '.join(refused)}. Send them to a high-precision "
-            f'policy with a rule (e.g. [[rules]] match = "towers.*.out" policy = "hp" with [policies.hp] all = "bf16"), '
+            'policy with a rule (e.g. [[rules]] match = "towers.*.out" policy = "hp" '
+            'with [policies.hp] all = "bf16"), '
             f'or set unaligned = "high_precision" in the TE policy to keep every such module unquantized'
         )
     return handle
@@ -404,7 +407,8 @@ def plain_state_dict_to_te(state_dict: dict[str, Any], model: nn.Module) -> dict
     unexpected = sorted(set(state_dict) - expected)
     if missing or unexpected:
         raise ValueError(
-            f"state_dict does not match the model without TE modules: missing {missing[:10]}, unexpected {unexpected[:10]}"
+            "state_dict does not match the model without TE modules: "
+            f"missing {missing[:10]}, unexpected {unexpected[:10]}"
         )
     return {**te_only, **state_dict}
 

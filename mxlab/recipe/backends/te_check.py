@@ -84,7 +84,8 @@ class TECheckReport:
     def table(self) -> str:
         """The report as fixed-width text tables."""
         lines = [
-            f"Transformer Engine {self.te_version} on {self.device}; GEMMs M x K x N = {' x '.join(map(str, self.shape))}",
+            f"Transformer Engine {self.te_version} on {self.device}; "
+            f"GEMMs M x K x N = {' x '.join(map(str, self.shape))}",
             "",
         ]
         lines.append("Quantized operands: fraction bit-identical (elements, scales), and the differences explained")
