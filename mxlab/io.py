@@ -10,7 +10,7 @@ import io
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +24,31 @@ def _umask() -> int:
     return mask
 
 
-def _atomic_write_bytes(path: Path, payload: bytes) -> None:
+def write_file(path: Path, write: Callable[[Path], None]) -> None:
+    """Atomically replace `path` by what `write(temporary)` writes to a temporary path beside it (for writers
+    that take a file name, such as a figure's savefig); the temporary is removed if `write` raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(handle)
     try:
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets what open() would give
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(payload)
-            stream.flush()
-            os.fsync(stream.fileno())
+        write(Path(temporary))
         os.replace(temporary, path)
     except BaseException:
         if os.path.exists(temporary):
             os.unlink(temporary)
         raise
+
+
+def _atomic_write_bytes(path: Path, payload: bytes) -> None:
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as stream:
+            stream.write(payload)
+            stream.flush()
+            os.fsync(stream.fileno())
+
+    write_file(path, write)
 
 
 def _json_default(value: Any) -> Any:

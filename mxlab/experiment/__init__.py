@@ -6,7 +6,8 @@ Public entry points: `load_spec`, `run_study`, `sweep_layers`.
 
 from __future__ import annotations
 
-from mxlab.experiment.spec import ExperimentSpec, TrainConfig, load_spec, parse_override
+from mxlab.experiment.overrides import parse_override
+from mxlab.experiment.spec import ExperimentSpec, TrainConfig, load_spec
 
 __all__ = ["ExperimentSpec", "TrainConfig", "load_spec", "parse_override", "run_study", "sweep_layers"]
 

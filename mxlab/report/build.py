@@ -10,19 +10,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from mxlab import metrics
+from mxlab import io, metrics
 from mxlab.analysis import StudyAnalysis, analyze_study
 from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
 from mxlab.report import figures
 from mxlab.report.convergence import convergence_warning, design_text, heldout_series
-from mxlab.report.decision import _baseline_outlier_warnings as _baseline_outlier_warnings
 from mxlab.report.decision import constant_rate_note, controls_section, decision_section, ship_table, warnings
 from mxlab.report.document import (
     Block,
@@ -44,22 +42,6 @@ RELIABILITY_BINS = 20
 POSITIVES_PER_BIN = 15
 RUN_FIGURES = ("reliability.png", "training.png", "heldout.png", "numerics.png")  # drawn from the run folders
 FIGURE_NAMES = ("forest.png", *RUN_FIGURES)
-
-
-def _write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(handle)
-    try:
-        write(Path(temporary))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def _write_text(path: Path, text: str) -> None:
-    _write_atomic(path, lambda temporary: temporary.write_text(text))
 
 
 def draw_png(draw: Callable[[Path], None], temporary: Path) -> None:
@@ -375,7 +357,7 @@ def write_report(
 
     def add_figure(name: str, draw: Callable[[Path], None]) -> Path:
         path = figures_dir / name
-        _write_atomic(path, lambda temporary: draw_png(draw, temporary))
+        io.write_file(path, lambda temporary: draw_png(draw, temporary))
         written[f"figures/{name}"] = path
         return Path("figures") / name
 
@@ -493,12 +475,12 @@ def write_report(
     for name in FIGURE_NAMES:  # a figure of an earlier render that this one has no data for would be stale
         if f"figures/{name}" not in written and name not in kept:
             (figures_dir / name).unlink(missing_ok=True)
-    _write_text(directory / "report.md", render_markdown(blocks))
+    io.write_text(directory / "report.md", render_markdown(blocks))
     written["report.md"] = directory / "report.md"
-    _write_text(directory / "report.html", render_html(blocks, f"mxlab study {study.name}", directory))
+    io.write_text(directory / "report.html", render_html(blocks, f"mxlab study {study.name}", directory))
     written["report.html"] = directory / "report.html"
     summary = analysis.to_dict()
     summary["files"] = sorted(set(written) | {f"figures/{name}" for name in kept}) + ["summary.json"]
-    _write_text(directory / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
+    io.write_text(directory / "summary.json", json.dumps(summary, indent=2, allow_nan=False))
     written["summary.json"] = directory / "summary.json"
     return written

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mxlab.experiment.spec import TrainConfig, apply_overrides, load_spec, parse_override
+from mxlab.experiment.overrides import apply_overrides, parse_override
+from mxlab.experiment.spec import TrainConfig, load_spec
 
 VALID = """
 name = "tiny"

@@ -202,7 +202,7 @@ def test_a_study_whose_runs_decayed_the_rate_gets_no_constant_rate_note(tmp_path
 def test_a_baseline_seed_that_trained_badly_is_named_in_the_warnings():
     from types import SimpleNamespace
 
-    from mxlab.report.build import _baseline_outlier_warnings
+    from mxlab.report.decision import _baseline_outlier_warnings
 
     ctcvr = [0.869, 0.8557, 0.8601, 0.9512, 0.8571, 0.9363, 0.861, 0.8541]  # gem-mxfp8's BF16, 2026-12-03
     ctr = [0.9027, 0.893, 0.8945, 0.9384, 0.89, 0.9429, 0.8979, 0.8927]
