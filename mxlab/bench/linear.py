@@ -80,9 +80,11 @@ def _fwd_bwd(
 
 
 def _arm_steps(
-    k: int, n: int, weight: torch.Tensor, x: torch.Tensor, grad: torch.Tensor
+    k: int, n: int, weight: torch.Tensor, x: torch.Tensor, grad: torch.Tensor, compile: bool = False
 ) -> dict[str, tuple[Callable[[], None] | None, str]]:
-    """arm -> (step, note); step None when the arm cannot run here (the note says why)."""
+    """arm -> (step, note); step None when the arm cannot run here (the note says why). With `compile`, the
+    baseline and each emulated arm also as "<arm> compiled" (torch.compile, default settings; compiled in
+    the warm-up calls, which are not timed)."""
     from mxlab.nn.linear import QLinear
     from mxlab.recipe import load_recipe
     from mxlab.recipe.backends.te import (
@@ -100,6 +102,8 @@ def _arm_steps(
     with torch.no_grad():
         baseline.weight.copy_(weight)
     steps[BASELINE] = (_fwd_bwd(baseline, x, grad), "cuBLAS BF16")
+    if compile:
+        steps[f"{BASELINE} compiled"] = (_fwd_bwd(torch.compile(baseline), x, grad), "torch.compile")
     for arm, recipe_name in EMULATED_ARMS.items():
         recipe = load_recipe(recipe_name)
         layer = QLinear(
@@ -113,6 +117,8 @@ def _arm_steps(
         with torch.no_grad():
             layer.weight.copy_(weight)
         steps[arm] = (_fwd_bwd(layer, x, grad), f"recipe {recipe_name}")
+        if compile:
+            steps[f"{arm} compiled"] = (_fwd_bwd(torch.compile(layer), x, grad), f"recipe {recipe_name}, torch.compile")
     try:
         handle = load_transformer_engine()
     except BackendUnavailableError as error:
@@ -152,8 +158,10 @@ def run_linear_bench(
     repeat: int = 20,
     json_path: Path | None = None,
     echo: Callable[[str], None] = print,
+    compile: bool = False,
 ) -> list[LinearMeasurement]:
     """Time every arm on every shape (see the module docstring); returns the measurements and prints a table.
+    `compile` adds each emulated arm and the baseline under torch.compile, as ratios to the same eager baseline.
 
     Refuses (RuntimeError) without CUDA, (ValueError) an empty shape list or repeat < 1. An arm that
     fails on a shape (e.g. out of memory) is recorded with its error in the note.
@@ -174,7 +182,7 @@ def run_linear_bench(
         weight = torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=generator) / k**0.5
         grad = torch.randn(m, n, device=device, dtype=torch.bfloat16, generator=generator)
         timed: dict[str, tuple[float | None, str]] = {}
-        for arm, (step, note) in _arm_steps(k, n, weight, x, grad).items():
+        for arm, (step, note) in _arm_steps(k, n, weight, x, grad, compile).items():
             if step is None:
                 timed[arm] = (None, note)
                 continue
@@ -200,6 +208,7 @@ def run_linear_bench(
                 "device": torch.cuda.get_device_name(device),
                 "torch": torch.__version__,
                 "repeat": repeat,
+                "compile": compile,
                 "measurements": [asdict(r) for r in results],
             },
         )

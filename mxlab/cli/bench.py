@@ -142,6 +142,9 @@ def bench_linear_command(
     json_path: Path | None = typer.Option(
         None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."
     ),
+    compile: bool = typer.Option(
+        False, "--compile", help="Also time the baseline and each emulated arm under torch.compile (same BF16 ratio)."
+    ),
 ) -> None:
     """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16 nn.Linear.
 
@@ -155,6 +158,7 @@ def bench_linear_command(
             repeat=repeat,
             json_path=json_path,
             echo=typer.echo,
+            compile=compile,
         )
     )
 

@@ -107,6 +107,8 @@ class QLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._precision is None:
             return F.linear(x, self.weight, self.bias)
+        if x.device.type == "meta" or self.weight.device.type == "meta":  # no values: the shapes and dtype only
+            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
         x, weight = _autocast_operands(x, self.weight)
         y = qmatmul(x.reshape(-1, self.in_features), weight.t(), self._precision, bias=self.bias)
         return y.reshape(*x.shape[:-1], self.out_features)

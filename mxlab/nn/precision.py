@@ -17,6 +17,7 @@ from mxlab.numerics.reference import BLOCK_SIZE, SCALE_MODES
 from mxlab.numerics.reference import ROUNDING_MODES as ROUNDINGS
 from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
 
+UNUSED_SEEDS = (0,) * len(SEED_SLOTS)  # the seeds of a call that draws none
 MX_FORMATS = tuple(FORMATS)
 TENSOR_FORMATS = tuple(PER_TENSOR_FP8)
 OPERAND_FORMATS = MX_FORMATS + TENSOR_FORMATS + HIGH_PRECISION_FORMATS
@@ -152,7 +153,8 @@ class MatmulPrecision:
         )
 
     def next_call_seeds(self) -> tuple[int, ...]:
-        """Seeds of every SEED_SLOTS slot (indexed by slot number) for the next call; advances the call counter.
+        """Seeds of every SEED_SLOTS slot (indexed by slot number) for the next call; advances the call counter
+        (a product that draws nothing gets UNUSED_SEEDS, and its counter does not advance inside torch.compile).
         Refuses (RuntimeError) a call that uses its seeds while a CUDA graph is being captured: every replay
         would repeat the captured call's random bits (deterministic recipes capture and replay exactly)."""
         if self.draws_per_call and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -161,6 +163,10 @@ class MatmulPrecision:
                 "seeds change every call; captured in a CUDA graph, every replay would repeat the same random bits. "
                 "Capture only deterministic recipes, or run this one eagerly"
             )
+        if not self.draws_per_call:  # unused seeds; a compiled graph does not count (nor specialize on) its calls
+            if not torch.compiler.is_compiling():
+                self.calls += 1
+            return UNUSED_SEEDS
         seeds = tuple(derive_seed(self.seed, self.calls, slot) for slot in range(len(SEED_SLOTS)))
         self.calls += 1
         return seeds

@@ -449,8 +449,8 @@ class _QMatmulFunction(torch.autograd.Function):
             (b_pair[0], None)
             if b_pair is not None
             else b_q
-            if _same_square_quantization(precision.fwd, precision.grad_a)
-            else None
+            if _same_square_quantization(precision.fwd, precision.grad_a) and not torch.compiler.is_compiling()
+            else None  # a traced graph may not keep an intermediate on ctx: the backward quantizes b again, same bits
         )
         ctx.save_for_backward(a, b)
         ctx.precision = precision
@@ -616,6 +616,20 @@ def qmatmul(
         )
     if bias is not None:
         bias = bias.to(a.dtype)
+    if torch.compiler.is_compiling() and precision.draws_per_call:
+        return _drawing_product_outside_the_graph(a, b, precision, counters, seeds, bias)
+    return _apply(a, b, bias, precision, counters, seeds)
+
+
+@torch.compiler.disable
+def _drawing_product_outside_the_graph(a, b, precision, counters, seeds, bias) -> torch.Tensor:
+    """A product that draws seeds (stochastic rounding, a random Hadamard transform) runs eagerly inside a compiled
+    model: its seeds change every call, which a graph would specialize on (a recompile per call), so it is never
+    traced. torch.compile(fullgraph=True) refuses it by this function's name; otherwise it is a graph break."""
+    return _apply(a, b, bias, precision, counters, seeds)
+
+
+def _apply(a, b, bias, precision, counters, seeds) -> torch.Tensor:
     if b.dim() == 2 and a.dim() > 2:
         if any(counter is not None for counter in counters):
             raise ValueError("stochastic-rounding counters need a and b with equal batch dims, not a shared 2-D b")

@@ -36,7 +36,7 @@ def _check(x: torch.Tensor, block: int, axis: int, seed: int) -> int:
         raise ValueError(f"seed must be an integer, got {seed!r}")
     if not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis {axis} out of range for a tensor of {x.dim()} dims")
-    axis %= x.dim()
+    axis = next(dim for dim in range(x.dim()) if axis % x.dim() == dim)  # a Python int under torch.compile too
     if x.shape[axis] % block:
         raise ValueError(f"dimension {axis} has size {x.shape[axis]}, not a multiple of the Hadamard block {block}")
     return axis

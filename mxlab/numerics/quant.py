@@ -69,7 +69,7 @@ class _Layout:
 def _normalize_block(block: object) -> int | tuple[int, int]:
     if isinstance(block, bool):
         block = None
-    if isinstance(block, int) and block == BLOCK_SIZE:
+    if isinstance(block, (int, torch.SymInt)) and block == BLOCK_SIZE:
         return BLOCK_SIZE
     if isinstance(block, (tuple, list)) and tuple(block) == SQUARE_BLOCK:
         return SQUARE_BLOCK
@@ -98,12 +98,18 @@ def _check_options(
     if block == SQUARE_BLOCK:
         if x.dim() < 2:
             raise ValueError(f"block=(32, 32) tiles the last two dims; x has shape {tuple(x.shape)}")
-        if axis not in (-1, x.dim() - 1):
+        if int(axis) not in (-1, x.dim() - 1):
             raise ValueError(f"block=(32, 32) always tiles the last two dims; axis must be -1, got {axis}")
         return block, x.dim() - 1
-    if not isinstance(axis, int) or not -x.dim() <= axis < x.dim():
+    if isinstance(axis, bool) or not isinstance(axis, (int, torch.SymInt)) or not -x.dim() <= axis < x.dim():
         raise ValueError(f"axis {axis!r} out of range for a tensor of {x.dim()} dims")
-    return block, axis % x.dim()
+    return block, _static_axis(axis, x.dim())
+
+
+def _static_axis(axis: int, ndim: int) -> int:
+    """axis % ndim as a Python int, also where torch.compile made axis a symbolic int (whose comparisons
+    with constants specialize it): block layouts are Python structure, never traced values."""
+    return next(dim for dim in range(ndim) if axis % ndim == dim)
 
 
 def _blocked_dims(x: torch.Tensor, block: int | tuple[int, int], axis: int) -> tuple[int, ...]:
@@ -230,7 +236,8 @@ def _choose_backend(x: torch.Tensor, block: int | tuple[int, int], axis: int, ha
     forced = os.environ.get("MXLAB_BACKEND", "")
     if forced not in ("", *BACKENDS):
         raise ValueError(f"unknown MXLAB_BACKEND {forced!r}; accepted: {', '.join(BACKENDS)} (or unset for automatic)")
-    if forced == "reference" or (not forced and x.device.type != "cuda"):
+    if forced == "reference" or (not forced and x.device.type != "cuda") or torch.compiler.is_compiling():
+        # torch.compile traces the reference (bit-identical to the kernels), which Inductor compiles itself
         return "reference", None
     kernels = _import_kernels()
     reason = (

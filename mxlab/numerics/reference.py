@@ -68,8 +68,14 @@ def float32_fraction_bits(value: float) -> int:
 def _log2_floor_and_fraction(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """floor(log2 amax) and the 23-bit fraction of amax normalized to [1, 2) (int64 each).
 
-    float32 subnormals are normalized; amax must be finite and positive where it matters.
+    float32 subnormals are normalized; amax must be finite and positive where it matters. A float32 amax
+    is read from its bits (subnormals first scaled by 2^64, exact), so compilers need no float64 frexp.
     """
+    if amax.dtype == torch.float32:
+        subnormal = amax < 2.0**-126
+        bits = torch.where(subnormal, amax * 2.0**64, amax).view(torch.int32).to(torch.int64)
+        exponent = ((bits >> 23) & 0xFF) - 127 - subnormal.to(torch.int64) * 64
+        return exponent, bits & 0x7FFFFF
     mantissa, exponent = torch.frexp(amax.double())  # amax = mantissa * 2^exponent, mantissa in [0.5, 1)
     fraction = ((mantissa * 2.0 - 1.0) * 2.0**23).to(torch.int64)
     return exponent.to(torch.int64) - 1, fraction
@@ -112,9 +118,8 @@ def _rounded_magnitudes(
 
     |x| rounds to n * 2^qe; `scale_exp` broadcasts against x.
     """
+    log2_floor, _ = _log2_floor_and_fraction(x.abs())
     magnitude = x.abs().double()
-    _, exponent = torch.frexp(magnitude)
-    log2_floor = exponent.to(torch.int64) - 1
     quantum_exp = torch.maximum(log2_floor, scale_exp + fmt.emin) - fmt.mbits
     scaled = torch.ldexp(magnitude, -quantum_exp)  # exact: a power-of-two rescale in float64
     whole = torch.floor(scaled)
@@ -268,6 +273,9 @@ def fake_quantize_blocks(
     """dequantize(quantize(x)) as float32, computed without materializing codes."""
     amax = x.abs().amax(dim=reduce_dims, keepdim=True)
     scale_exp, nonfinite_block = _scales_of_amax(amax, fmt, scale_mode)
+    if torch.compiler.is_compiling():  # no data-dependent branch in a traced graph: the exact path, masked
+        values = _fake_quantize_exact(x, scale_exp, fmt, rounding, random_bits)
+        return torch.where(nonfinite_block, torch.full_like(values, float("nan")), values)
     if _fast_path_applies(x, scale_exp, nonfinite_block, amax == 0, fmt, rounding):
         values = _fake_quantize_fp32(x, scale_exp, fmt, rounding, random_bits)
     else:

@@ -9,7 +9,8 @@ The package, one job per module:
 - `plan`: what a recipe reaches in a model, the `Plan` it returns, `replace_module`;
 - `apply`: `apply_recipe(model, recipe, seed=)`, which hands each module to its backend's converter;
 - `backends/`: the converters (`mxlab`: mxlab's emulation; `te`: Transformer Engine), one interface;
-- `loss_scaling`: the loss scalers of a recipe's `[loss_scaling]` table;
+- `loss_scaling`: the loss scalers of a recipe's `[loss_scaling]` table (`plan.loss_scaler(model)` makes one);
+- `fast_paths`: keeps PyTorch's fused fast paths (TransformerEncoderLayer) from bypassing emulated layers;
 - `diagnostics`: per-GEMM numerics records on sampled steps, bounded in memory.
 
 This module re-exports the public API, so `from mxlab.recipe import load_recipe, apply_recipe` works.
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from mxlab.recipe.apply import apply_recipe, load_rounding_state, rounding_state
 from mxlab.recipe.library import available_recipes, find_recipe, load_recipe, recipe_dirs
+from mxlab.recipe.loss_scaling import LossScaler, make_loss_scaler
 from mxlab.recipe.plan import Plan, PlanEntry, module_seed, quantizable_modules, reachable_modules, replace_module
 from mxlab.recipe.schema import (
     AttentionPolicy,
@@ -36,6 +38,7 @@ __all__ = [
     "AttentionPolicy",
     "AttentionRecipe",
     "LinearPolicy",
+    "LossScaler",
     "Plan",
     "PlanEntry",
     "Recipe",
@@ -47,6 +50,7 @@ __all__ = [
     "find_recipe",
     "load_recipe",
     "load_rounding_state",
+    "make_loss_scaler",
     "module_seed",
     "parse_recipe",
     "quantizable_modules",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
+from pathlib import Path
 
 from torch import nn
 
 from mxlab.recipe.backends import Converter, Target
 from mxlab.recipe.backends.mxlab import MXLabConverter
 from mxlab.recipe.backends.te import TEConverter
+from mxlab.recipe.fast_paths import disable_fast_paths
+from mxlab.recipe.library import load_recipe
 from mxlab.recipe.loss_scaling import quantized_products
 from mxlab.recipe.plan import Plan, PlanEntry, reachable_modules, replace_module
 from mxlab.recipe.schema import Recipe
@@ -21,20 +24,39 @@ def converters_for(recipe: Recipe) -> dict[str, Converter]:
     return {"te": TEConverter(), "mxlab": MXLabConverter(recipe.attention)}
 
 
-def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
-    """Apply `recipe` to `model` in place and return the Plan (one entry per reachable module, in model order).
+def _lazy_linears(model: nn.Module) -> list[str]:
+    return [
+        name or "the model"
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()
+    ]
+
+
+def apply_recipe(model: nn.Module, recipe: Recipe | str | Path, *, seed: int = 0) -> Plan:
+    """Apply `recipe` (a Recipe, or a name or path for `load_recipe`) to `model` in place and return the Plan
+    (one entry per reachable module, in model order).
 
     Every reachable linear module whose policy is not all high precision becomes a QLinear sharing
     the same Parameters (a QLinear whose policy is high precision gets precision None, i.e. plain
     nn.Linear); every JaggedAttention gets `policy` = AttentionPolicy or None. `seed` (the run seed)
     seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
-    Refuses (ValueError) a rule that matches no reachable module, listing the reachable names, and
-    a model with no reachable module at all. A linear module whose policy has backend = "te" becomes
-    a Transformer Engine te.Linear (mxlab.recipe.backends.te, which refuses, before any swap, with
-    BackendUnavailableError when TE cannot run here).
+    Refuses (ValueError) a rule that matches no reachable module, listing the reachable names, a model
+    with no reachable module at all, and one holding a lazy module (nn.LazyLinear) not yet materialised by a
+    first forward. A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
+    fast path (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
+    policy has backend = "te" becomes a Transformer Engine te.Linear (mxlab.recipe.backends.te, which
+    refuses, before any swap, with BackendUnavailableError when TE cannot run here).
     """
+    if isinstance(recipe, (str, Path)):
+        recipe = load_recipe(recipe)
     if not isinstance(recipe, Recipe):
-        raise ValueError(f"apply_recipe needs a Recipe (see load_recipe), got {type(recipe).__name__}")
+        raise ValueError(f"apply_recipe needs a Recipe or a recipe name (see load_recipe), got {type(recipe).__name__}")
+    lazy = _lazy_linears(model)
+    if lazy:
+        raise ValueError(
+            f"recipe {recipe.name!r}: lazy module(s) {', '.join(lazy)} have no weights yet; run one forward "
+            "(which materialises them as nn.Linear) before apply_recipe"
+        )
     reachable = reachable_modules(model)
     names = [name for name, _, _ in reachable]
     if not names:
@@ -62,6 +84,10 @@ def apply_recipe(model: nn.Module, recipe: Recipe, *, seed: int = 0) -> Plan:
     for backend, converter in converters.items():
         if by_backend[backend]:
             entries.update((entry.module, entry) for entry in converter.convert(model, by_backend[backend], seed=seed))
+    for name, note in disable_fast_paths(model).items():
+        entry = entries.get(name)
+        if entry is not None:
+            entry.note = "; ".join(text for text in (entry.note, note) if text)
     return Plan(
         recipe=recipe.name,
         seed=int(seed),

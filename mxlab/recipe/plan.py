@@ -104,6 +104,25 @@ class Plan:
     def padded_modules(self) -> dict[str, list[str]]:
         return {entry.module: entry.padded for entry in self.entries if entry.padded}
 
+    def loss_scaler(self, model: nn.Module | None = None) -> Any:
+        """The loss scaler of the recipe's `[loss_scaling]` table (`mxlab.recipe.loss_scaling.make_loss_scaler`),
+        which nothing calls for you: in your loop, `scaler.scale(loss).backward()` then `scaler.step(optimizer)`
+        in place of `optimizer.step()` (as with torch.amp.GradScaler). `per_layer` needs the model."""
+        from mxlab.recipe.loss_scaling import make_loss_scaler
+
+        return make_loss_scaler(self.loss_scaling, model)
+
+    @property
+    def loss_scaling_usage(self) -> str:
+        """What a training loop must call for the recipe's loss scaling, in words."""
+        policy = self.loss_scaling.get("policy", "none")
+        if policy == "none":
+            return "loss scaling none"
+        return (
+            f"loss scaling {policy}, which your loop must call: scaler = plan.loss_scaler(model); "
+            "scaler.scale(loss).backward(); scaler.step(optimizer)"
+        )
+
     def to_dict(self) -> dict[str, Any]:
         """The plan as a JSON-serializable dict."""
         return {
@@ -136,7 +155,7 @@ class Plan:
         widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
         lines = [
             f"recipe {self.recipe} (seed {self.seed}): {len(self.quantized_modules)} quantized, "
-            f"{len(self.high_precision_modules)} high precision; loss scaling {self.loss_scaling.get('policy')}"
+            f"{len(self.high_precision_modules)} high precision; {self.loss_scaling_usage}"
         ]
         for index, row in enumerate([header] + rows):
             lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
