@@ -19,7 +19,7 @@ nn.Linear: the emulated GEMMs quantize the very operands the BF16 baseline multi
 activations and a bfloat16 copy of the float32 master weight), the weight gradient leaves its
 GEMM in bfloat16 as the baseline's does, and the output is bfloat16, so the layers after an MX
 layer run in the baseline's precision. (Quantizing float32 weights instead would need a float32
-copy and a host sync per GEMM, `qmatmul._exact_in_bfloat16`, and would contrast MX with
+copy and a host sync per GEMM, `mxlab.nn.operands.exact_in_bfloat16`, and would contrast MX with
 something the baseline never multiplies.)
 
 Stochastic rounding seeds: the seed of each operand of each GEMM at forward call c is

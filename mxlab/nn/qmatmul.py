@@ -23,7 +23,7 @@ padded with zeros change neither the blocks of the real keys nor the product.
 
 On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation whenever both
 operands are exactly representable in bfloat16: a bfloat16 result comes from cuBLAS's float32
-accumulator rounded once (split-K reductions kept in float32, see `_bfloat16_product`), any other
+accumulator rounded once (split-K reductions kept in float32, see `bfloat16_product`), any other
 result from a float32 one (`torch.mm(..., out_dtype=torch.float32)`). That holds for FP8 values, and for every MX element value quantized
 from a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a
 point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
@@ -58,12 +58,20 @@ module's qualified name).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from mxlab.nn.operands import (
+    Counters,
+    QuantizedOperand,
+    hadamard_quantized_operand,
+    hadamard_transformed,
+    quantized_operand,
+)
 from mxlab.nn.precision import GemmQuant, MatmulPrecision, OperandQuant  # noqa: F401  (part of this module's API)
+from mxlab.nn.products import bfloat16_product, float32_product
 from mxlab.numerics.reference import BLOCK_SIZE
 from mxlab.numerics.seeding import SEED_SLOTS
 
@@ -93,166 +101,6 @@ def set_gemm_observer(observer: GemmObserver | None) -> GemmObserver | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _fake_quantize_operand(x: torch.Tensor, quant: OperandQuant, axis: int, seed: int) -> torch.Tensor:
-    """x quantized and dequantized as `quant` says (unchanged if high precision), in float32."""
-    values, factor = _quantized_operand(x, quant, axis, seed)
-    return values.float() if factor is None else values.float() * factor
-
-
-QuantizedOperand = tuple[torch.Tensor, torch.Tensor | None]
-Counters = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]  # of a, b, grad of the output
-
-
-def _quantized_operand(
-    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: torch.Tensor | None = None
-) -> QuantizedOperand:
-    """(values, factor): x quantized and dequantized as `quant` says is values * factor (factor None: 1).
-    `counter` (int64, broadcastable to x): stochastic rounding draws its bits from it (see
-    `_counted_stochastic_fake_quantize`) instead of from each element's linear index.
-
-    MX operands: their dequantized values, in bfloat16 where that holds them exactly (see
-    `_exact_in_bfloat16`), else float32. Per-tensor FP8: the FP8 values (bfloat16 on CUDA, exact)
-    and the 0-d float32 scale_inv, applied to the float32 product as FP8 hardware does. High
-    precision: x itself (bfloat16 stays bfloat16, anything else becomes float32)."""
-    if quant.high_precision:
-        return (x if x.dtype == torch.bfloat16 else x.float()), None
-    from mxlab.numerics.quant import fake_quantize, quantize_per_tensor_fp8
-
-    if not quant.block_scaled:
-        q, scale_inv = quantize_per_tensor_fp8(x, quant.fmt)
-        return q.to(torch.bfloat16 if x.is_cuda else torch.float32), scale_inv
-    kwargs: dict[str, Any] = {
-        "scale_mode": quant.scale_mode,
-        "rounding": quant.rounding,
-        "pad": True,
-        "block": quant.block,
-        "axis": axis if quant.block == 32 else -1,
-    }
-    if quant.rounding == "stochastic" and counter is not None:
-        values = _counted_stochastic_fake_quantize(x, quant, axis, seed, counter)
-        return (values.to(torch.bfloat16) if x.dtype == torch.bfloat16 else _narrowed_to_bfloat16(values)), None
-    if quant.rounding == "stochastic":
-        kwargs["seed"] = seed
-    if x.dtype == torch.bfloat16:
-        return fake_quantize(x, quant.fmt, **kwargs), None  # exact in bfloat16, see the module docstring
-    return _narrowed_to_bfloat16(fake_quantize(x.float(), quant.fmt, **kwargs)), None
-
-
-def _counted_stochastic_fake_quantize(
-    x: torch.Tensor, quant: OperandQuant, axis: int, seed: int, counter: torch.Tensor
-) -> torch.Tensor:
-    """x fake-quantized (float32) as the MX operand `quant` says, with stochastic rounding whose random
-    bits are `mxlab.numerics.reference.random_bits24(counter, seed)` element by element (counter broadcast to x);
-    blocks of 32 along `axis` or (32, 32) tiles of the last two dims, zero-padded as qmatmul pads them."""
-    from mxlab.numerics.quant import fake_quantize_counted
-
-    return fake_quantize_counted(
-        x.float(),
-        quant.fmt,
-        counter=counter,
-        seed=seed,
-        block=quant.block,
-        axis=axis if quant.block == BLOCK_SIZE else -1,
-        scale_mode=quant.scale_mode,
-        pad=True,
-    )
-
-
-def _narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
-    """float32 MX values as bfloat16 where that is exact on CUDA (see `_exact_in_bfloat16`), else unchanged."""
-    if mx_values.is_cuda and _exact_in_bfloat16(mx_values):
-        return mx_values.to(torch.bfloat16)
-    return mx_values
-
-
-BFLOAT16_EXACT_FLOOR = 2.0**-126  # below it, bfloat16 (8 significant bits) is subnormal
-
-
-def _exact_in_bfloat16(mx_values: torch.Tensor) -> bool:
-    """Whether MX fake-quantized values (at most 8 significant bits) are all exact in bfloat16: true
-    unless some nonzero magnitude lies below 2^-126. One reduction and a host sync."""
-    magnitude = mx_values.abs()
-    return not bool(((magnitude < BFLOAT16_EXACT_FLOOR) & (magnitude != 0)).any())
-
-
-def _float32_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b accumulated and returned in float32: BF16 tensor cores when both are bfloat16 CUDA
-    tensors, else a float32 matmul. a, b: (..., M, K) and (..., K, N) with equal leading dims."""
-    if a.dtype == b.dtype == torch.bfloat16 and a.is_cuda:
-        if a.dim() == 2:
-            return torch.mm(a, b, out_dtype=torch.float32)
-        batch = a.shape[:-2]
-        out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]), out_dtype=torch.float32)
-        return out.reshape(*batch, *out.shape[-2:])
-    return torch.matmul(a.float(), b.float())
-
-
-@contextlib.contextmanager
-def _float32_reductions() -> Iterator[None]:
-    """cuBLAS may not reduce split-K partial sums in bfloat16 inside this block (PyTorch allows it by default)."""
-    matmul = torch.backends.cuda.matmul
-    previous = matmul.allow_bf16_reduced_precision_reduction
-    matmul.allow_bf16_reduced_precision_reduction = False
-    try:
-        yield
-    finally:
-        matmul.allow_bf16_reduced_precision_reduction = previous
-
-
-def _bfloat16_product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """a @ b (+ bias, bfloat16, 2-D a and b only) of bfloat16 CUDA operands as one cuBLAS call that writes bfloat16
-    from its float32 accumulator (the bias added there, as nn.Linear's addmm does), with float32 split-K
-    reductions enforced: the float32 product rounded once."""
-    with _float32_reductions():
-        if a.dim() == 2:
-            return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
-        out = torch.bmm(a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:]))
-        return out.reshape(*a.shape[:-2], *out.shape[-2:])
-
-
-def _pad_to_multiple(x: torch.Tensor, axis: int, multiple: int) -> torch.Tensor:
-    size = x.shape[axis]
-    extra = -size % multiple
-    if extra == 0:
-        return x
-    pad_shape = list(x.shape)
-    pad_shape[axis] = extra
-    return torch.cat([x, x.new_zeros(pad_shape)], dim=axis)
-
-
-def _hadamard_transformed(x: torch.Tensor, axis: int, block: int, hadamard_seed: int) -> torch.Tensor:
-    """x in float32, zero-padded along `axis` to a multiple of `block` and transformed there by the
-    random Hadamard matrix H of `hadamard_seed` (both operands of a GEMM get the same H, so
-    (a H^T)(H b) = a b)."""
-    from mxlab.numerics.hadamard import random_hadamard
-
-    return random_hadamard(_pad_to_multiple(x.float(), axis, block), block, axis, hadamard_seed)
-
-
-def _hadamard_quantized_operand(
-    x: torch.Tensor, quant: OperandQuant, axis: int, block: int, hadamard_seed: int, seed: int
-) -> QuantizedOperand:
-    """`_quantized_operand` of `_hadamard_transformed(x, axis, block, hadamard_seed)`. An MX operand
-    with 1-D blocks goes through `mxlab.numerics.quant.hadamard_fake_quantize`: one fused Triton kernel (one
-    read of x) on CUDA when the Hadamard block is 32, bit-identical to transforming and then quantizing."""
-    if not (quant.block_scaled and quant.block == BLOCK_SIZE):
-        return _quantized_operand(_hadamard_transformed(x, axis, block, hadamard_seed), quant, axis, seed)
-    from mxlab.numerics.quant import hadamard_fake_quantize
-
-    values = hadamard_fake_quantize(
-        x,
-        quant.fmt,
-        block=block,
-        axis=axis,
-        hadamard_seed=hadamard_seed,
-        scale_mode=quant.scale_mode,
-        rounding=quant.rounding,
-        seed=seed if quant.rounding == "stochastic" else None,
-        pad=True,
-    )
-    return _narrowed_to_bfloat16(values), None
-
-
 def _gemm(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -275,7 +123,7 @@ def _gemm(
     out_dtype; 2-D operands only), op = transpose of the last two dims where asked, with a quantized along
     `a_axis` and b along `b_axis` of their stored layouts (or their quantized values given as
     `a_quantized`, `b_quantized`); `counters`: stochastic-rounding counters of a and b (see `qmatmul`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
-    `_quantized_operand` gives them (None for a high-precision GEMM)."""
+    `quantized_operand` gives them (None for a high-precision GEMM)."""
 
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
         return x.transpose(-1, -2) if transpose else x
@@ -295,21 +143,21 @@ def _gemm(
             if a_quantized is not None:
                 a_q, a_factor = a_quantized
             else:
-                a_q, a_factor = _quantized_operand(a, quant.a, a_axis, seeds[0], counters[0])
+                a_q, a_factor = quantized_operand(a, quant.a, a_axis, seeds[0], counters[0])
             if b_quantized is not None:
                 b_q, b_factor = b_quantized
             else:
-                b_q, b_factor = _quantized_operand(b, quant.b, b_axis, seeds[1], counters[1])
+                b_q, b_factor = quantized_operand(b, quant.b, b_axis, seeds[1], counters[1])
         elif any(counter is not None for counter in counters):
             raise ValueError(f"{name} {label}: stochastic-rounding counters cannot follow a Hadamard transform")
         elif _observer is None:
-            a_q, a_factor = _hadamard_quantized_operand(a, quant.a, a_axis, quant.hadamard, seeds[2], seeds[0])
-            b_q, b_factor = _hadamard_quantized_operand(b, quant.b, b_axis, quant.hadamard, seeds[2], seeds[1])
+            a_q, a_factor = hadamard_quantized_operand(a, quant.a, a_axis, quant.hadamard, seeds[2], seeds[0])
+            b_q, b_factor = hadamard_quantized_operand(b, quant.b, b_axis, quant.hadamard, seeds[2], seeds[1])
         else:  # the observer is shown the transformed operands
-            a_in = _hadamard_transformed(a, a_axis, quant.hadamard, seeds[2])
-            b_in = _hadamard_transformed(b, b_axis, quant.hadamard, seeds[2])
-            a_q, a_factor = _quantized_operand(a_in, quant.a, a_axis, seeds[0])
-            b_q, b_factor = _quantized_operand(b_in, quant.b, b_axis, seeds[1])
+            a_in = hadamard_transformed(a, a_axis, quant.hadamard, seeds[2])
+            b_in = hadamard_transformed(b, b_axis, quant.hadamard, seeds[2])
+            a_q, a_factor = quantized_operand(a_in, quant.a, a_axis, seeds[0])
+            b_q, b_factor = quantized_operand(b_in, quant.b, b_axis, seeds[1])
         factors = [f for f in (a_factor, b_factor) if f is not None]
         a_op, b_op = op(a_q, transpose_a), op(b_q, transpose_b)
         if _observer is not None:  # it recomputes the rows it samples: the GEMM below is the unobserved one
@@ -331,8 +179,8 @@ def _gemm(
                 b_axis=b_axis,
             )
         if not factors and out_dtype == a_op.dtype == b_op.dtype == torch.bfloat16 and a_op.is_cuda:
-            return _bfloat16_product(a_op, b_op, bias), (a_q, a_factor), (b_q, b_factor)
-        out = _float32_product(a_op, b_op)
+            return bfloat16_product(a_op, b_op, bias), (a_q, a_factor), (b_q, b_factor)
+        out = float32_product(a_op, b_op)
         if factors:  # per-tensor scales multiply the float32 accumulator, as FP8 GEMM hardware does
             out = out * (factors[0] * factors[1] if len(factors) == 2 else factors[0])
         if bias is not None:
@@ -368,7 +216,7 @@ def _one_read_pair(
     gemms: tuple[GemmQuant, GemmQuant],
     column_sums: bool = False,
 ) -> tuple[torch.Tensor, ...] | None:
-    """(x quantized along its last dim, along its rows) from one read of x, as `_quantized_operand` gives each,
+    """(x quantized along its last dim, along its rows) from one read of x, as `quantized_operand` gives each,
     when both specs are one MX spec with blocks of 32 whose fused launch pays (`rowcol_in_one_read`: hardware
     FP8, so deterministic), neither GEMM has a Hadamard transform, x is 2-D bfloat16 and no observer is
     installed; else None (each quantized where it is used). column_sums=True adds x.sum(0) in float32 from

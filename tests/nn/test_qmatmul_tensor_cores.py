@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mxlab.nn import operands
 from mxlab.nn import qmatmul as qm
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.quant import fake_quantize
@@ -41,19 +42,19 @@ def test_mx_values_of_bfloat16_inputs_are_exact_in_bfloat16(fmt: str, scale_mode
 
 
 def test_exactness_check_rejects_values_bfloat16_would_round() -> None:
-    assert qm._exact_in_bfloat16(torch.tensor([0.0, 1.5, -3.0 * 2.0**-126, 2.0**120]))
-    assert not qm._exact_in_bfloat16(torch.tensor([1.0, 9.0 * 2.0**-135]))  # bfloat16 subnormal, 4 bits: rounds
-    assert not qm._exact_in_bfloat16(torch.tensor([2.0**-140]))
+    assert operands.exact_in_bfloat16(torch.tensor([0.0, 1.5, -3.0 * 2.0**-126, 2.0**120]))
+    assert not operands.exact_in_bfloat16(torch.tensor([1.0, 9.0 * 2.0**-135]))  # bfloat16 subnormal, 4 bits: rounds
+    assert not operands.exact_in_bfloat16(torch.tensor([2.0**-140]))
 
 
 def test_operand_dtypes_and_factors_on_the_cpu() -> None:
     quant = qm.OperandQuant("e4m3")
     x = torch.randn(8, 64)
-    values, factor = qm._quantized_operand(x, quant, -1, 0)
+    values, factor = operands.quantized_operand(x, quant, -1, 0)
     assert values.dtype == torch.float32 and factor is None
-    values, factor = qm._quantized_operand(x.to(torch.bfloat16), quant, -1, 0)
+    values, factor = operands.quantized_operand(x.to(torch.bfloat16), quant, -1, 0)
     assert values.dtype == torch.bfloat16 and factor is None
-    values, factor = qm._quantized_operand(x, qm.OperandQuant("fp8_tensor_e4m3"), -1, 0)
+    values, factor = operands.quantized_operand(x, qm.OperandQuant("fp8_tensor_e4m3"), -1, 0)
     assert values.dtype == torch.float32 and factor is not None and factor.dim() == 0
     assert torch.equal(values * factor, fake_quantize(x, "fp8_tensor_e4m3"))
 
@@ -65,7 +66,7 @@ def test_per_tensor_scales_multiply_the_accumulator() -> None:
     quant = qm.OperandQuant("fp8_tensor_e4m3")
     gemm = qm.GemmQuant(quant, quant)
     out = qm.qmatmul(a, b, qm.MatmulPrecision(fwd=gemm, grad_a=gemm, grad_b=gemm))
-    (qa, fa), (qb, fb) = qm._quantized_operand(a, quant, -1, 0), qm._quantized_operand(b, quant, -2, 0)
+    (qa, fa), (qb, fb) = operands.quantized_operand(a, quant, -1, 0), operands.quantized_operand(b, quant, -2, 0)
     expected = (qa.double() @ qb.double()) * (fa.double() * fb.double())
     assert torch.allclose(out.double(), expected, rtol=1e-5, atol=1e-7)
 
@@ -79,8 +80,8 @@ def test_cuda_emulated_gemm_uses_tensor_cores_and_matches_float32(dtype: torch.d
     b = (torch.randn(512, 384, device="cuda", generator=generator) * 0.05).to(dtype).requires_grad_()
     gemm = qm.GemmQuant(operand, operand)
     precision = qm.MatmulPrecision(fwd=gemm, grad_a=gemm, grad_b=gemm)
-    a_q, a_factor = qm._quantized_operand(a.detach(), operand, -1, 0)
-    b_q, b_factor = qm._quantized_operand(b.detach(), operand, -2, 0)
+    a_q, a_factor = operands.quantized_operand(a.detach(), operand, -1, 0)
+    b_q, b_factor = operands.quantized_operand(b.detach(), operand, -2, 0)
     assert a_q.dtype == b_q.dtype == torch.bfloat16  # float32 MX inputs pass the exactness check
     out = qm.qmatmul(a, b, precision)
     factor = 1.0 if a_factor is None else float(a_factor.double() * b_factor.double())
@@ -108,8 +109,8 @@ def test_cuda_bfloat16_result_is_the_float32_accumulator_rounded_once(m: int, k:
     operand = qm.OperandQuant("e4m3", scale_mode="rceil")
     gemm = qm.GemmQuant(operand, operand)
     out = qm.qmatmul(a, b, qm.MatmulPrecision(fwd=gemm, grad_a=gemm, grad_b=gemm), bias=bias)
-    a_q, _ = qm._quantized_operand(a, operand, -1, 0)
-    b_q, _ = qm._quantized_operand(b, operand, -2, 0)
+    a_q, _ = operands.quantized_operand(a, operand, -1, 0)
+    b_q, _ = operands.quantized_operand(b, operand, -2, 0)
     expected = (torch.mm(a_q, b_q, out_dtype=torch.float32) + bias.float()).bfloat16()
     assert out.dtype == torch.bfloat16
     ulp = torch.finfo(torch.bfloat16).eps * expected.float().abs().clamp_min(2.0**-126)

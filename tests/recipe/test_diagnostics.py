@@ -7,6 +7,7 @@ import torch
 
 from mxlab.nn import qmatmul as qmatmul_module
 from mxlab.nn.linear import QLinear
+from mxlab.nn.operands import fake_quantize_operand
 from mxlab.nn.qmatmul import GemmQuant, MatmulPrecision, OperandQuant
 from mxlab.recipe.diagnostics import NumericsMonitor, append_jsonl, operand_stats, sqnr_db
 
@@ -77,7 +78,7 @@ def test_subnormals_and_scale_exponents_of_one_operand():
     x = torch.zeros(1, 32)
     x[0, 0] = 448.0  # amax in [256, 512): scale exponent 8 - 8 = 0
     x[0, 1] = 2.0**-8  # below E4M3's min normal 2^-6 at scale 1: a subnormal element
-    x_q = qmatmul_module._fake_quantize_operand(x, quant, -1, 0)
+    x_q = fake_quantize_operand(x, quant, -1, 0)
     stats = operand_stats(x, x_q, quant, -1)
     assert stats.subnormal == 1 and stats.saturated == 0 and stats.flushed == 0
     assert stats.scale_exponents == {0: 1}
@@ -127,7 +128,7 @@ def test_a_large_operand_with_identical_row_groups_gives_the_full_figures_from_t
     group = torch.randn(height, 96, generator=generator) * 4
     group[0, 0], group[-1, 1], group[0, 2] = 500.0, 1e-9, 2.0**-9  # saturates, flushes, subnormal at its scale
     x = group.repeat(2048 // height, 1)  # 2048 rows: identical groups
-    x_q = qmatmul_module._fake_quantize_operand(x, quant, axis, 0)
+    x_q = fake_quantize_operand(x, quant, axis, 0)
     bounded = operand_stats(x, x_q, quant, axis, sample_rows=64)
     full = operand_stats(x, x_q, quant, axis, sample_rows=10**9)
     assert (bounded.rows, bounded.rows_total, bounded.elements) == (64, 2048, 64 * 96)
@@ -142,7 +143,7 @@ def test_rows_along_blocks_are_taken_whole_blocks_and_the_partial_last_block_cou
     quant = OperandQuant("e4m3", scale_mode="floor")
     x = torch.ones(1000, 8)  # blocks of 32 along the 1000 rows: 31 full blocks and one of 8 rows
     x[992, 3] = 1000.0  # in the partial block: its floor scale is 2^(9 - 8) = 2, 1000 / 2 > 448 saturates
-    x_q = qmatmul_module._fake_quantize_operand(x, quant, -2, 0)
+    x_q = fake_quantize_operand(x, quant, -2, 0)
     stats = operand_stats(x, x_q, quant, -2, sample_rows=10**6)
     assert (stats.rows, stats.elements, stats.saturated) == (1000, 8000, 1)
     assert sum(stats.scale_exponents.values()) == 32 * 8
@@ -156,7 +157,7 @@ def test_long_rows_are_bounded_by_elements_too(monkeypatch):
     monkeypatch.setattr(diagnostics, "MAX_SAMPLE_ELEMENTS", 4096)
     quant = OperandQuant("e4m3")
     x = torch.randn(100, 1024)
-    stats = operand_stats(x, qmatmul_module._fake_quantize_operand(x, quant, -1, 0), quant, -1, sample_rows=50)
+    stats = operand_stats(x, fake_quantize_operand(x, quant, -1, 0), quant, -1, sample_rows=50)
     assert (stats.rows, stats.elements) == (4, 4 * 1024)
 
 

@@ -672,7 +672,7 @@ def test_stochastic_prequantized_operands_equal_the_reference_bits():
     """Q/K/V/dO copies (both orientations: the cast kernels along the head dim, `_prequantize` along the tokens)
     against the reference's counter: the element's linear index in the packed (tokens, heads, head_dim) tensor,
     bit for bit."""
-    from mxlab.nn.qmatmul import _counted_stochastic_fake_quantize as _stochastic_fake_quantize
+    from mxlab.nn.operands import counted_stochastic_fake_quantize as _stochastic_fake_quantize
 
     lengths = [31, 0, 1, 33, 70]
     tokens, heads, head_dim = sum(lengths), 2, 64
@@ -757,7 +757,7 @@ def test_in_kernel_score_quantization_equals_the_reference_bits(fmt, axis, keys_
     (key * 2^32 + query_row * heads + head), bit for bit (axis 0: blocks along the queries, 1: along the
     keys); query rows x heads beyond 2^31, fractions far below the quantum and float32 subnormals included."""
     from mxlab.nn.attention import score_counter
-    from mxlab.nn.qmatmul import _counted_stochastic_fake_quantize as _stochastic_fake_quantize
+    from mxlab.nn.operands import counted_stochastic_fake_quantize as _stochastic_fake_quantize
 
     generator = torch.Generator().manual_seed(axis)
     x = torch.randn(32, 64, generator=generator) * torch.exp2(
@@ -787,7 +787,7 @@ def test_in_kernel_fast_path_tiles_equal_the_reference_bits(fmt, rounding, scale
     stochastic; on the CPU also e4m3/e5m2, which the GPU converts in hardware): the reference's bits, signed zeros,
     element-subnormal values and saturation included, along either axis."""
     from mxlab.nn.attention import score_counter
-    from mxlab.nn.qmatmul import _counted_stochastic_fake_quantize as _stochastic_fake_quantize
+    from mxlab.nn.operands import counted_stochastic_fake_quantize as _stochastic_fake_quantize
     from mxlab.numerics.quant import fake_quantize
 
     generator = torch.Generator().manual_seed(len(fmt))
@@ -1012,7 +1012,7 @@ def test_benchmark_size_stochastic_cross_attention_matches_reference_on_gpu(full
 def test_stochastic_operands_equal_the_reference_bits_on_gpu():
     """The benchmark's Q in both orientations, and a P-shaped tile, against the reference counters, bit for bit."""
     from mxlab.nn.attention import score_counter
-    from mxlab.nn.qmatmul import _counted_stochastic_fake_quantize as _stochastic_fake_quantize
+    from mxlab.nn.operands import counted_stochastic_fake_quantize as _stochastic_fake_quantize
 
     lengths, q, _, _, _ = _benchmark_inputs()
     x = q.detach()

@@ -17,7 +17,8 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from mxlab.kernels._mx_device import fake_quant_tile, operand_code, token_random_bits  # noqa: E402
-from mxlab.nn.qmatmul import OperandQuant, _counted_stochastic_fake_quantize  # noqa: E402
+from mxlab.nn.operands import counted_stochastic_fake_quantize  # noqa: E402
+from mxlab.nn.qmatmul import OperandQuant  # noqa: E402
 from mxlab.numerics.seeding import seed_key  # noqa: E402
 from tests.kernels.cast.test_casts import assert_same_bits, reference_fake_quantize  # noqa: E402
 from tests.kernels.cast.test_hardware_fp8 import adversarial_input  # noqa: E402
@@ -86,7 +87,7 @@ def _check_tile(x: torch.Tensor, fmt: str, axis: int, scale_mode: str, rounding:
     along = axis if axis == 0 else -1
     if rounding == "stochastic":
         counter = torch.arange(x.numel()).view(x.shape)
-        expected = _counted_stochastic_fake_quantize(
+        expected = counted_stochastic_fake_quantize(
             x, OperandQuant(fmt, 32, scale_mode, rounding), along, seed, counter
         )
     else:
