@@ -34,19 +34,16 @@ import triton.language as tl
 from mxlab.bench.timing import graph_ms
 from mxlab.kernels.cast.bits import _scale_exponent
 from mxlab.kernels.cast.elements import _hw_fp8_finite_elements
-from mxlab.kernels.cast.launch import SCALE_MODE_IDS, _format_constants
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.quant import fake_quantize
+from mxlab.numerics.vocab import ScaleMode, kernel_code
 
 
 @triton.jit
 def _quantize_tile(
     x,
     AXIS: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     R: tl.constexpr,
     C: tl.constexpr,
 ):
@@ -55,12 +52,12 @@ def _quantize_tile(
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
     if AXIS == 1:
         bits = tl.reshape(bits, (R, C // 32, 32))
-        s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=2), MBITS, EMAX, MMAX, SCALE_MODE)
-        _, out = _hw_fp8_finite_elements(bits, s[:, :, None], 1, MBITS)
+        s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=2), CODE)
+        _, out = _hw_fp8_finite_elements(bits, s[:, :, None], 1, CODE)
     else:
         bits = tl.reshape(bits, (R // 32, 32, C))
-        s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=1), MBITS, EMAX, MMAX, SCALE_MODE)
-        _, out = _hw_fp8_finite_elements(bits, s[:, None, :], 1, MBITS)
+        s, _ = _scale_exponent(tl.max(bits & 0x7FFFFFFF, axis=1), CODE)
+        _, out = _hw_fp8_finite_elements(bits, s[:, None, :], 1, CODE)
     return tl.reshape(out.to(tl.bfloat16, bitcast=True), (R, C))
 
 
@@ -87,10 +84,7 @@ def _rows_gemm(
     swk,
     scm,
     scn,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -109,7 +103,7 @@ def _rows_gemm(
         x = tl.load(x_ptr + rm[:, None] * sxm + (k0 + rk)[None, :] * sxk, mask=rm[:, None] < M, other=0.0)
         w = tl.load(w_ptr + rn[None, :] * swn + (k0 + rk)[:, None] * swk, mask=rn[None, :] < N, other=0.0)
         if QUANT:
-            x = _quantize_tile(x, 1, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
+            x = _quantize_tile(x, 1, CODE, BM, BK)
         acc = tl.dot(x, w, acc)
     tl.store(
         c_ptr + rm[:, None] * scm + rn[None, :] * scn, acc.to(tl.bfloat16), mask=(rm[:, None] < M) & (rn[None, :] < N)
@@ -129,10 +123,7 @@ def _rows_gemm_stationary(
     swk,
     scm,
     scn,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     KC: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
@@ -146,7 +137,7 @@ def _rows_gemm_stationary(
     rn = tl.arange(0, BN)
     x = tl.load(x_ptr + rm[:, None] * sxm + rk[None, :] * sxk, mask=rm[:, None] < M, other=0.0)
     if QUANT:
-        x = _quantize_tile(x, 1, MBITS, EMAX, MMAX, SCALE_MODE, BM, KC)
+        x = _quantize_tile(x, 1, CODE, BM, KC)
     for n0 in tl.range(0, N, BN, num_stages=STAGES):
         w = tl.load(w_ptr + (n0 + rn)[None, :] * swn + rk[:, None] * swk, mask=(n0 + rn)[None, :] < N, other=0.0)
         acc = tl.dot(x, w)
@@ -165,10 +156,7 @@ def _rows_gemm_persistent(
     M,
     N,
     KC,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -190,7 +178,7 @@ def _rows_gemm_persistent(
         for ki in range(k_tiles):
             x = x_desc.load([pid_m * BM, ki * BK])
             if QUANT:
-                x = _quantize_tile(x, 1, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
+                x = _quantize_tile(x, 1, CODE, BM, BK)
             w = w_desc.load([pid_n * BN, ki * BK])
             acc = tl.dot(x, w.T, acc)
         c_desc.store([pid_m * BM, pid_n * BN], acc.to(tl.bfloat16))
@@ -209,10 +197,7 @@ def _cols_gemm(
     sgn,
     sam,
     sak,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     BM: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
@@ -236,8 +221,8 @@ def _cols_gemm(
             a_ptr + rm[:, None] * sam + rk[None, :] * sak, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0
         )
         if QUANT:
-            g = _quantize_tile(g, 0, MBITS, EMAX, MMAX, SCALE_MODE, BM, BN)
-            a = _quantize_tile(a, 0, MBITS, EMAX, MMAX, SCALE_MODE, BM, BK)
+            g = _quantize_tile(g, 0, CODE, BM, BN)
+            a = _quantize_tile(a, 0, CODE, BM, BK)
         acc = tl.dot(tl.trans(g), a, acc)
     tl.store(
         part_ptr + split.to(tl.int64) * N * K + rn[:, None] * K + rk[None, :],
@@ -253,10 +238,7 @@ def _write_quantized(
     M,
     C,
     AXIS: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     BM: tl.constexpr,
     BC: tl.constexpr,
 ):
@@ -266,7 +248,7 @@ def _write_quantized(
     offsets = rm[:, None] * C + rc[None, :]
     mask = (rm[:, None] < M) & (rc[None, :] < C)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    tl.store(y_ptr + offsets, _quantize_tile(x, AXIS, MBITS, EMAX, MMAX, SCALE_MODE, BM, BC), mask=mask)
+    tl.store(y_ptr + offsets, _quantize_tile(x, AXIS, CODE, BM, BC), mask=mask)
 
 
 PERSISTENT_SWEEP = (
@@ -280,8 +262,7 @@ SWEEP = ((128, 256, 64, 8, 3), (128, 128, 128, 8, 3), (64, 256, 64, 4, 4), (128,
 
 
 def constants(fmt: str, scale_mode: str) -> dict:
-    c = _format_constants(FORMATS[fmt])
-    return dict(MBITS=c["MBITS"], EMAX=c["EMAX"], MMAX=c["MMAX"], SCALE_MODE=SCALE_MODE_IDS[scale_mode])
+    return dict(CODE=kernel_code(FORMATS[fmt], scale_mode, "nearest_even", hw_fp8=True))
 
 
 def rows_gemm(x, w_q, const, bm=128, bn=128, bk=64, group_m=8, stages=3, warps=8, quant=True):
@@ -537,7 +518,7 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=1 << 20, help="rows (tokens) of the layer's input")
     parser.add_argument("--shape", action="append", metavar="KxN", help="in x out features (repeatable)")
     parser.add_argument("--fmt", default="e4m3", choices=("e4m3", "e5m2"))
-    parser.add_argument("--scale-mode", default="rceil", choices=tuple(SCALE_MODE_IDS))
+    parser.add_argument("--scale-mode", default="rceil", choices=tuple(ScaleMode))
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(

@@ -94,10 +94,7 @@ def _gelu_backward_pair(
     N,
     SQRT1_2: tl.constexpr,
     BETA: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     BC: tl.constexpr,
     WRITE_G: tl.constexpr,
     LIBDEVICE: tl.constexpr,
@@ -113,8 +110,8 @@ def _gelu_backward_pair(
     g = (dy * (cdf + x * pdf)).to(tl.bfloat16)
     if WRITE_G:
         tl.store(g_ptr + offsets, g, mask=mask)
-    tl.store(row_ptr + offsets, _quantize_tile(g, 1, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
-    tl.store(col_ptr + offsets, _quantize_tile(g, 0, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
+    tl.store(row_ptr + offsets, _quantize_tile(g, 1, CODE, 32, BC), mask=mask)
+    tl.store(col_ptr + offsets, _quantize_tile(g, 0, CODE, 32, BC), mask=mask)
     tl.store(sums_ptr + tl.program_id(0) * N + cols, tl.sum(g.to(tl.float32), axis=0)[None, :], mask=cols < N)
 
 
@@ -126,10 +123,7 @@ def _gelu_forward_row(
     M,
     N,
     SQRT1_2: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
+    CODE: tl.constexpr,
     BC: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     table_ptr=None,
@@ -140,7 +134,7 @@ def _gelu_forward_row(
     x = tl.load(h_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     a = (x * 0.5 * (1.0 + _erf_of_input(h_ptr, offsets, mask, x, table_ptr, SQRT1_2, TABLE, LIBDEVICE))).to(tl.bfloat16)
     tl.store(a_ptr + offsets, a, mask=mask)
-    tl.store(row_ptr + offsets, _quantize_tile(a, 1, MBITS, EMAX, MMAX, SCALE_MODE, 32, BC), mask=mask)
+    tl.store(row_ptr + offsets, _quantize_tile(a, 1, CODE, 32, BC), mask=mask)
 
 
 FUSION = {}  # compile options of both kernels: --no-fp-fusion sets enable_fp_fusion=False (no multiply-add contraction)

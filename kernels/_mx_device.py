@@ -17,7 +17,8 @@ kernels (docs/numerics.md, "Rounding in the element's units" and "Jagged attenti
 roundings, take the integer steps.
 
 An operand's format, scale mode, rounding and the hardware switch travel as one packed integer
-constexpr (`operand_code`), so a kernel with many quantized operands keeps a short signature.
+constexpr (`operand_code`: the kernel code of `mxlab.numerics.vocab`, which the cast kernels take too), so a
+kernel with many quantized operands keeps a short signature.
 """
 
 from __future__ import annotations
@@ -27,7 +28,17 @@ import functools
 import triton
 import triton.language as tl
 
-from mxlab.kernels.cast.bits import _fast_path_ok, _floor_log2, _mix32, _random_bits24
+from mxlab.kernels.cast.bits import (
+    ROUND_NEAREST_AWAY,
+    ROUND_NEAREST_EVEN,
+    ROUND_STOCHASTIC,
+    ROUND_TOWARD_ZERO,
+    _fast_path_ok,
+    _floor_log2,
+    _mix32,
+    _random_bits24,
+    code_field,
+)
 from mxlab.kernels.cast.bits import _scale_exponent as _scale_exponent_and_special
 from mxlab.kernels.cast.elements import (
     _nearest_scaled,
@@ -38,23 +49,18 @@ from mxlab.kernels.cast.elements import (
 )
 from mxlab.kernels.cast.launch import HARDWARE_FP8_FORMATS
 from mxlab.numerics.formats import ElementFormat, get_format
-from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES, float32_fraction_bits
+from mxlab.numerics.vocab import Rounding, kernel_code
 
-DEVICE_SCALE_MODES = SCALE_MODES
-DEVICE_ROUNDINGS = ROUNDING_MODES  # nearest_even, nearest_away, toward_zero, stochastic: the ROUNDING field's values
-ROUND_STOCHASTIC = tl.constexpr(DEVICE_ROUNDINGS.index("stochastic"))  # a constexpr: device code compares with it
 BLOCK = 32
 
 
 def operand_code(fmt: str | ElementFormat, scale_mode: str, rounding: str, *, hw_fp8: bool = False) -> int:
     """Pack an MX element format, scale mode and rounding into one int for `fake_quant_tile`.
 
-    Layout (bits): MBITS 0-2, EMIN + 16 at 3-7, EMAX 8-11, IS_INT 12, SCALE_MODE 13-14,
-    ROUNDING 15-16, MMAX >> 16 at 17-23 (the top 7 bits of the max normal's 23-bit fraction;
-    its lower 16 bits are zero in every format), HW_FP8 24. `hw_fp8` asks for the hardware FP8
-    conversion; the caller decides it with `mxlab.kernels.cast.hardware_fp8_applies` for the tensor's device.
-    Refuses unknown names, formats that do not fit, and `hw_fp8` for anything but e4m3/e5m2 with
-    nearest_even.
+    The code is `mxlab.numerics.vocab.kernel_code` (its docstring gives the bit layout). `hw_fp8` asks for the
+    hardware FP8 conversion; the caller decides it with `mxlab.kernels.cast.hardware_fp8_applies` for the
+    tensor's device. Refuses unknown names, formats that do not fit, and `hw_fp8` for anything but e4m3/e5m2
+    with nearest_even.
     """
     if isinstance(fmt, str):  # the common case, once per name: kernels' host code calls this per launch
         return _operand_code_of_name(fmt, scale_mode, rounding, hw_fp8)
@@ -67,27 +73,12 @@ def _operand_code_of_name(fmt: str, scale_mode: str, rounding: str, hw_fp8: bool
 
 
 def _operand_code(element: ElementFormat, scale_mode: str, rounding: str, hw_fp8: bool) -> int:
-    if scale_mode not in DEVICE_SCALE_MODES:
-        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(DEVICE_SCALE_MODES)}")
-    if rounding not in DEVICE_ROUNDINGS:
-        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(DEVICE_ROUNDINGS)}")
-    mmax = float32_fraction_bits(element.max_normal)
-    if mmax & 0xFFFF or not 0 <= element.mbits <= 7 or not -16 <= element.emin <= 15 or not 0 <= element.emax <= 15:
-        raise ValueError(f"format {element.name} does not fit the packed operand code")
-    if hw_fp8 and (element.name not in HARDWARE_FP8_FORMATS or rounding != "nearest_even"):
+    code = kernel_code(element, scale_mode, rounding, hw_fp8)  # refuses unknown modes and formats that do not fit
+    if hw_fp8 and (element.name not in HARDWARE_FP8_FORMATS or rounding != Rounding.NEAREST_EVEN):
         raise ValueError(
             f"hw_fp8=True needs format {' or '.join(HARDWARE_FP8_FORMATS)} with nearest_even; got {element.name} with {rounding}"
         )
-    return (
-        element.mbits
-        | ((element.emin + 16) << 3)
-        | (element.emax << 8)
-        | (int(element.is_int) << 12)
-        | (DEVICE_SCALE_MODES.index(scale_mode) << 13)
-        | (DEVICE_ROUNDINGS.index(rounding) << 15)
-        | ((mmax >> 16) << 17)
-        | (int(hw_fp8) << 24)
-    )
+    return code
 
 
 @triton.jit
@@ -99,26 +90,20 @@ def _pow2(e):
 
 
 @triton.jit
-def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
+def _scale_exponent(amax, CODE: tl.constexpr):
     """Clamped unbiased E8M0 exponent S of finite blocks (the cast kernels' scale rule)."""
-    s, _ = _scale_exponent_and_special(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+    s, _ = _scale_exponent_and_special(amax, CODE)
     return s
 
 
 @triton.jit
-def _fake_quant_elements(
-    x,
-    s,
-    r24,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    IS_INT: tl.constexpr,
-    MMAX: tl.constexpr,
-    ROUNDING: tl.constexpr,
-):
+def _fake_quant_elements(x, s, r24, CODE: tl.constexpr):
     """dequantize(quantize(x)) in float32 for float32 x at unbiased scale exponents s (broadcast);
     r24: the elements' 24 random bits (stochastic rounding only)."""
+    MBITS: tl.constexpr = code_field(CODE, "mbits")
+    EMIN: tl.constexpr = code_field(CODE, "emin")
+    IS_INT: tl.constexpr = code_field(CODE, "is_int")
+    ROUNDING: tl.constexpr = code_field(CODE, "rounding")
     bits = x.to(tl.int32, bitcast=True)
     magnitude = bits & 0x7FFFFFFF
     exponent = magnitude >> 23
@@ -138,18 +123,21 @@ def _fake_quant_elements(
     quotient = significand >> clamped
     remainder = significand & ((1 << clamped) - 1)
     half = 1 << (clamped - 1)
-    if ROUNDING == 0:
+    if ROUNDING == ROUND_NEAREST_EVEN:
         up = (remainder > half) | ((remainder == half) & ((quotient & 1) == 1))
         n = quotient + up.to(tl.int32)
-    elif ROUNDING == 1:
+    elif ROUNDING == ROUND_NEAREST_AWAY:
         n = quotient + (remainder >= half).to(tl.int32)
-    elif ROUNDING == 2:
+    elif ROUNDING == ROUND_TOWARD_ZERO:
         n = quotient
     else:
+        tl.static_assert(ROUNDING == ROUND_STOCHASTIC, "a rounding without integer steps")
         odd = 2 * r24 + 1  # u = odd / 2^25
         near = odd < (remainder << (25 - clamped))
         far = odd <= ((significand - 1) >> tl.minimum(tl.maximum(shift - 25, 0), 31))
         n = quotient + tl.where(shift <= 25, near, far).to(tl.int32)
+    EMAX: tl.constexpr = code_field(CODE, "emax")
+    MMAX: tl.constexpr = code_field(CODE, "mmax")
     max_in_element_units = (((EMAX + 127) << 23) | MMAX + s * 0).to(tl.float32, bitcast=True)
     element = tl.minimum(n.to(tl.float32) * _pow2(quantum_exp - s), max_in_element_units)
     rounded = element * _pow2(s)
@@ -175,84 +163,56 @@ def _every_block(flags, BLOCK_AXIS: tl.constexpr):
 @triton.jit
 def _fake_quant_blocks(x3, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     """Fake-quantize a float32 view whose blocks of 32 run along BLOCK_AXIS (the whole axis)."""
-    MBITS: tl.constexpr = CODE & 7
-    EMIN: tl.constexpr = ((CODE >> 3) & 31) - 16
-    EMAX: tl.constexpr = (CODE >> 8) & 15
-    IS_INT: tl.constexpr = (CODE >> 12) & 1
-    SCALE_MODE: tl.constexpr = (CODE >> 13) & 3
-    ROUNDING: tl.constexpr = (CODE >> 15) & 3
-    MMAX: tl.constexpr = ((CODE >> 17) & 127) << 16
-    HW_FP8: tl.constexpr = (CODE >> 24) & 1
+    IS_INT: tl.constexpr = code_field(CODE, "is_int")
+    ROUNDING: tl.constexpr = code_field(CODE, "rounding")
     bits = x3.to(tl.int32, bitcast=True)
     amax = tl.max(bits & 0x7FFFFFFF, axis=BLOCK_AXIS)
     special = amax >= 0x7F800000
-    s = _scale_exponent(tl.where(special, 0, amax), MBITS, EMAX, MMAX, SCALE_MODE)
+    s = _scale_exponent(tl.where(special, 0, amax), CODE)
     inert = special | (amax == 0)  # all-zero and NaN/Inf blocks: any scale in range gives their values
     s_each = tl.expand_dims(tl.where(inert, 0, s), BLOCK_AXIS)  # broadcast against the elements
     special_each = tl.expand_dims(special, BLOCK_AXIS)
     # Floating-point formats with nearest even or stochastic rounding are exact for every scale (docs/numerics.md):
     # no tile-wide test of the scales' range, whose reduction crosses the warps.
-    if HW_FP8:
-        y = _fake_quant_fast(bits, s_each, special_each, r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
+    if code_field(CODE, "hw_fp8"):
+        y = _fake_quant_fast(bits, s_each, special_each, r24, CODE)
     elif ROUNDING == ROUND_STOCHASTIC and not IS_INT:
-        y = _stochastic_scaled(bits, s_each, special_each, r24, MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
-    elif ROUNDING == 0 and not IS_INT:  # nearest even without the FP8 conversion: FP4/FP6, the interpreter
-        y = _nearest_scaled(bits, s_each, special_each, MBITS, EMIN, EMAX, MMAX).to(tl.float32, bitcast=True)
-    elif ROUNDING == 0 or ROUNDING == ROUND_STOCHASTIC:  # INT8
-        if _every_block(_fast_path_ok(s, inert, MBITS, EMIN, EMAX), BLOCK_AXIS):
-            y = _fake_quant_fast(bits, s_each, special_each, r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING, HW_FP8)
+        y = _stochastic_scaled(bits, s_each, special_each, r24, CODE).to(tl.float32, bitcast=True)
+    elif (
+        ROUNDING == ROUND_NEAREST_EVEN and not IS_INT
+    ):  # nearest even without the FP8 conversion: FP4/FP6, the interpreter
+        y = _nearest_scaled(bits, s_each, special_each, CODE).to(tl.float32, bitcast=True)
+    elif ROUNDING == ROUND_NEAREST_EVEN or ROUNDING == ROUND_STOCHASTIC:  # INT8
+        if _every_block(_fast_path_ok(s, inert, CODE), BLOCK_AXIS):
+            y = _fake_quant_fast(bits, s_each, special_each, r24, CODE)
         else:
-            y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+            y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, CODE)
     else:
-        y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+        y = _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS, CODE)
     return y
 
 
 @triton.jit
-def _fake_quant_fast(
-    bits,
-    s,
-    special,
-    r24,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    IS_INT: tl.constexpr,
-    MMAX: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    HW_FP8: tl.constexpr,
-):
+def _fake_quant_fast(bits, s, special, r24, CODE: tl.constexpr):
     """Fake-quantized float32 values of blocks whose every scale passes `_fast_path_ok`, by the cast kernels' fast
-    paths: the GPU's FP8 conversion (HW_FP8), or their integer nearest-even or stochastic steps (which give the
-    exact path's bits there: docs/numerics.md, "The cast kernels"); NaN in `special` blocks. Codes are not used."""
-    if HW_FP8:
-        _, value = _quantize_hw_fp8(bits, s, special, MBITS, 8, False)  # special blocks: NaN through the NaN factor
+    paths: the GPU's FP8 conversion (the code's hw_fp8), or their integer nearest-even or stochastic steps (which
+    give the exact path's bits there: docs/numerics.md, "The cast kernels"); NaN in `special` blocks. Codes are not
+    used."""
+    if code_field(CODE, "hw_fp8"):
+        _, value = _quantize_hw_fp8(bits, s, special, CODE)  # special blocks: NaN through the NaN factor
     else:
-        NMAX: tl.constexpr = (MMAX >> (23 - MBITS)) | (1 << MBITS)  # the largest value in units of its quantum
-        if ROUNDING == 0:
-            _, value = _quantize_fast(bits, s, MBITS, EMIN, EMAX, 255, NMAX, 8, IS_INT)
+        if code_field(CODE, "rounding") == ROUND_NEAREST_EVEN:
+            _, value = _quantize_fast(bits, s, CODE)
         else:
-            _, value = _quantize_fast_stochastic(bits, s, r24, MBITS, EMIN, EMAX, 255, NMAX, 8, IS_INT)
+            _, value = _quantize_fast_stochastic(bits, s, r24, CODE)
         value = tl.where(special, 0x7FC00000, value)
     return value.to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _fake_quant_integer(
-    x3,
-    s,
-    special,
-    r24,
-    BLOCK_AXIS: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    IS_INT: tl.constexpr,
-    MMAX: tl.constexpr,
-    ROUNDING: tl.constexpr,
-):
+def _fake_quant_integer(x3, s, special, r24, BLOCK_AXIS: tl.constexpr, CODE: tl.constexpr):
     """The integer steps for blocks along BLOCK_AXIS with scale exponents s; NaN in `special` blocks."""
-    values = _fake_quant_elements(x3, tl.expand_dims(s, BLOCK_AXIS), r24, MBITS, EMIN, EMAX, IS_INT, MMAX, ROUNDING)
+    values = _fake_quant_elements(x3, tl.expand_dims(s, BLOCK_AXIS), r24, CODE)
     nan = (x3.to(tl.int32, bitcast=True) * 0 + 0x7FC00000).to(tl.float32, bitcast=True)
     return tl.where(tl.expand_dims(special, BLOCK_AXIS), nan, values)
 
@@ -263,7 +223,7 @@ def fake_quant_tile(x, r24, ROWS: tl.constexpr, COLS: tl.constexpr, AXIS: tl.con
     1: along each row); the blocks start at the tile's first row/column. Returns float32.
     r24: the elements' 24 random bits, an int32 (ROWS, COLS) tile when CODE rounds stochastically
     (anything, e.g. 0, otherwise). A tile exactly one block long along AXIS is reduced in place."""
-    STOCHASTIC: tl.constexpr = ((CODE >> 15) & 3) == ROUND_STOCHASTIC
+    STOCHASTIC: tl.constexpr = code_field(CODE, "rounding") == ROUND_STOCHASTIC
     if AXIS == 1:
         if COLS == 32:
             y = _fake_quant_blocks(x, r24, 1, CODE)
@@ -307,8 +267,6 @@ __all__ = [
     "fake_quant_tile",
     "token_random_bits",
     "score_random_bits",
-    "DEVICE_SCALE_MODES",
-    "DEVICE_ROUNDINGS",
     "ROUND_STOCHASTIC",
     "BLOCK",
 ]

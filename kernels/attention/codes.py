@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from mxlab.kernels._mx_device import ROUND_STOCHASTIC, operand_code
+from mxlab.kernels._mx_device import operand_code
 from mxlab.kernels.cast import CastLaunch, hardware_fp8_applies
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.jagged_checks import ACTIVATIONS
 from mxlab.numerics.seeding import SEED_SLOTS, seed_key
+from mxlab.numerics.vocab import Rounding, code_field
 
 
 @dataclass(frozen=True)
@@ -59,12 +60,12 @@ _SEED_KEY_NAMES = frozenset(field.name for field in fields(_SeedKeys))
 
 
 def _stochastic(code: int) -> bool:
-    return (code >> 15) & 3 == ROUND_STOCHASTIC.value
+    return code_field(code, "rounding") == Rounding.STOCHASTIC.kernel_id
 
 
 def _hardware_fp8(code: int) -> bool:
     """Whether an operand code converts with the GPU's FP8 instructions (its HW_FP8 bit, see `operand_code`)."""
-    return bool((code >> 24) & 1)
+    return code_field(code, "hw_fp8")
 
 
 # qmatmul's seed slot of each operand: fwd.a, fwd.b, grad_a.g, grad_a.b, grad_b.a, grad_b.g are Q, K, dS (along keys),

@@ -9,7 +9,8 @@ from typing import Any
 import triton
 import triton.language as tl
 
-from mxlab.kernels._mx_device import ROUND_STOCHASTIC, fake_quant_tile, score_random_bits, token_random_bits
+from mxlab.kernels._mx_device import fake_quant_tile, score_random_bits, token_random_bits
+from mxlab.kernels.cast.bits import ROUND_STOCHASTIC, code_field
 
 
 def _interpreter_loop_bounds() -> None:
@@ -54,7 +55,7 @@ def _maybe_quant(
 def _score_bits(query_rows, head, keys, seed_key, CODE: tl.constexpr, KEYS_FIRST: tl.constexpr):
     """Random bits of the scores (query_rows x keys, or keys x query_rows when KEYS_FIRST) of `head` for the
     operand CODE (the grid's second axis runs over the heads); 0 when CODE does not round stochastically."""
-    if ((CODE >> 15) & 3) == ROUND_STOCHASTIC:
+    if code_field(CODE, "rounding") == ROUND_STOCHASTIC:
         return score_random_bits(query_rows, head, tl.num_programs(1), keys, seed_key, KEYS_FIRST)
     else:
         return 0
@@ -64,7 +65,7 @@ def _score_bits(query_rows, head, keys, seed_key, CODE: tl.constexpr, KEYS_FIRST
 def _token_bits(tokens, columns, width, seed_key, CODE: tl.constexpr):
     """Random bits of the elements (tokens x columns) of a packed (tokens, width) tensor for the operand
     CODE; 0 when CODE does not round stochastically."""
-    if ((CODE >> 15) & 3) == ROUND_STOCHASTIC:
+    if code_field(CODE, "rounding") == ROUND_STOCHASTIC:
         return token_random_bits(tokens, columns, width, seed_key)
     else:
         return 0

@@ -13,31 +13,26 @@ from mxlab.kernels.cast.launch import (
     BLOCK,
     DEFAULT_LAUNCH,
     DTYPE_KINDS,
-    LAYOUT_BOTH,
-    LAYOUT_COL,
-    ROUNDING_IDS,
-    SCALE_MODE_IDS,
     CastLaunch,
     _make_view,
     _View,
     launch_cast,
 )
 from mxlab.numerics.formats import ElementFormat
+from mxlab.numerics.vocab import Layout, Rounding, ScaleMode
 
 
 def _check_call(x: torch.Tensor, scale_mode: str, rounding: str, seed: int | None) -> None:
     if x.dtype not in DTYPE_KINDS:
         raise ValueError(f"unsupported dtype {x.dtype}; accepted: float32, bfloat16, float16")
-    if rounding not in ROUNDING_IDS:
-        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(ROUNDING_IDS)}")
-    if scale_mode not in SCALE_MODE_IDS:
-        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(SCALE_MODE_IDS)}")
+    Rounding.check(rounding)
+    ScaleMode.check(scale_mode)
     if rounding == "stochastic" and not isinstance(seed, int):
         raise ValueError(f"rounding='stochastic' needs an integer seed, got seed={seed!r}")
 
 
 def _prefix(view: _View) -> str:
-    return "col" if view.layout == LAYOUT_COL else "row"
+    return "col" if view.layout == Layout.COLUMN else "row"
 
 
 def quantize(
@@ -169,7 +164,7 @@ def _rowcol(
     _check_call(x, scale_mode, rounding, seed)
     if x.dim() != 2:
         raise ValueError(f"row-and-column quantization takes a 2-D tensor, got shape {tuple(x.shape)}")
-    view = _make_view(x, 32, 0, pad, layout=LAYOUT_BOTH)
+    view = _make_view(x, 32, 0, pad, layout=Layout.BOTH)
     return view, launch_cast(
         view,
         fmt,

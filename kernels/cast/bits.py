@@ -6,17 +6,35 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LAYOUT_ROW = 0
-LAYOUT_COL = 1
-LAYOUT_BOTH = 2
-LAYOUT_TILE = 3
+from mxlab.numerics import vocab
+from mxlab.numerics.vocab import Layout, Rounding, ScaleMode
 
-KIND_FP32 = 0  # pointer to int32 bit patterns
-KIND_BF16 = 1  # pointer to int16 bit patterns
-KIND_FP16 = 2  # pointer to int16 bit patterns
+# The kernel ids of mxlab.numerics.vocab as constexprs, which device code compares with (a global that @jit code
+# reads must be a constexpr); CODE, the packed kernel code of `vocab.kernel_code`, is read by `code_field`.
+LAYOUT_ROW = tl.constexpr(Layout.ROW.kernel_id)
+LAYOUT_COL = tl.constexpr(Layout.COLUMN.kernel_id)
+LAYOUT_BOTH = tl.constexpr(Layout.BOTH.kernel_id)
+LAYOUT_TILE = tl.constexpr(Layout.TILE.kernel_id)
+SCALE_FLOOR = tl.constexpr(ScaleMode.FLOOR.kernel_id)
+SCALE_CEIL = tl.constexpr(ScaleMode.CEIL.kernel_id)
+SCALE_RCEIL = tl.constexpr(ScaleMode.RCEIL.kernel_id)
+SCALE_EVEN = tl.constexpr(ScaleMode.EVEN.kernel_id)
+ROUND_NEAREST_EVEN = tl.constexpr(Rounding.NEAREST_EVEN.kernel_id)
+ROUND_NEAREST_AWAY = tl.constexpr(Rounding.NEAREST_AWAY.kernel_id)
+ROUND_TOWARD_ZERO = tl.constexpr(Rounding.TOWARD_ZERO.kernel_id)
+ROUND_STOCHASTIC = tl.constexpr(Rounding.STOCHASTIC.kernel_id)
+code_field = triton.constexpr_function(vocab.code_field)
 
-SCALE_FLOOR, SCALE_CEIL, SCALE_RCEIL, SCALE_EVEN = 0, 1, 2, 3
-ROUND_NEAREST_EVEN, ROUND_NEAREST_AWAY, ROUND_TOWARD_ZERO, ROUND_STOCHASTIC = 0, 1, 2, 3
+KIND_FP32 = tl.constexpr(0)  # pointer to int32 bit patterns
+KIND_BF16 = tl.constexpr(1)  # pointer to int16 bit patterns
+KIND_FP16 = tl.constexpr(2)  # pointer to int16 bit patterns
+
+# A tile's path (`_tile_path`, `_stochastic_path`): the exact integer steps; the fast path; the fast path with no
+# NaN/Inf block; stochastic rounding where every element is zero or element-normal
+PATH_EXACT = tl.constexpr(0)
+PATH_FAST = tl.constexpr(1)
+PATH_FINITE = tl.constexpr(2)
+PATH_NORMAL_STOCHASTIC = tl.constexpr(3)
 
 F32_NAN_BITS = tl.constexpr(0x7FC00000)
 HADAMARD_NORM_BITS = tl.constexpr(0x3E3504F3)  # float32(1 / sqrt(32)), the factor mxlab.numerics.hadamard multiplies by
@@ -59,16 +77,16 @@ def _load_bits(pointers, mask, IN_KIND: tl.constexpr, CONVERT_BF16: tl.constexpr
     TRITON_INTERPRET=1, whose numpy conversion flushes bfloat16 subnormals): widen bfloat16 with the GPU's
     cvt.f32.bf16, which is exact (ptxas emits the left shift by 16 itself) and unpacks the high half of a
     loaded register in fewer instructions than an integer sign extension and shift."""
-    if IN_KIND == 0:
+    if IN_KIND == KIND_FP32:
         bits = tl.load(pointers, mask=mask, other=0)
-    elif IN_KIND == 1 and CONVERT_BF16:
+    elif IN_KIND == KIND_BF16 and CONVERT_BF16:
         bits = (
             tl.load(pointers, mask=mask, other=0)
             .to(tl.bfloat16, bitcast=True)
             .to(tl.float32)
             .to(tl.int32, bitcast=True)
         )
-    elif IN_KIND == 1:
+    elif IN_KIND == KIND_BF16:
         bits = tl.load(pointers, mask=mask, other=0).to(tl.int32) << 16
     else:
         half = tl.load(pointers, mask=mask, other=0).to(tl.float16, bitcast=True)
@@ -89,17 +107,17 @@ def _load_tile(
     stride_b,
     seed_key,
     IN_KIND: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    HW_FP8: tl.constexpr,
+    CODE: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
 ):
     """(float32 bits, mask, values offsets, random bits) of the elements (row, col) of the (A, L, B) view in
     batch pid_a: bits 0 where masked, offsets into the unpadded (A, L, B) output, and the stochastic-rounding
-    bits of those offsets (0 for the other roundings)."""
+    bits of those offsets (0 for the other roundings of the kernel code CODE)."""
     in_mask = (row < L) & (col < B)
-    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
+    pointers = x_ptr + pid_a * stride_a + row * stride_l + col * stride_b
+    bits = _load_bits(pointers, in_mask, IN_KIND, code_field(CODE, "hw_fp8"))
     values_offsets = (pid_a * L + row) * B + col
-    if ROUNDING == 3:
+    if code_field(CODE, "rounding") == ROUND_STOCHASTIC:
         r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
     else:
         r24 = 0
@@ -134,9 +152,9 @@ def _encode_f32(n, e):
 @triton.jit
 def _f32_bits_to_output(bits, OUT_KIND: tl.constexpr):
     """float32 bits rounded (nearest even) to the output dtype's bit pattern (int32/int16)."""
-    if OUT_KIND == 0:
+    if OUT_KIND == KIND_FP32:
         out = bits
-    elif OUT_KIND == 1:
+    elif OUT_KIND == KIND_BF16:
         is_nan = (bits & 0x7FFFFFFF) > 0x7F800000
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         out = tl.where(is_nan, 0x7FC0, rounded & 0xFFFF).to(tl.int16)
@@ -194,11 +212,15 @@ def _random_hadamard_bits(bits, hadamard_key, AXIS: tl.constexpr):
 
 # ----------------------------------------------------------------------------- scales
 @triton.jit
-def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr):
-    """(S, special) for block amax bit patterns: the clamped unbiased scale exponent, and NaN/Inf blocks."""
+def _scale_exponent(amax, CODE: tl.constexpr):
+    """(S, special) for block amax bit patterns: the clamped unbiased scale exponent of the kernel code CODE's
+    format and scale mode, and NaN/Inf blocks."""
+    MBITS: tl.constexpr = code_field(CODE, "mbits")
+    EMAX: tl.constexpr = code_field(CODE, "emax")
+    SCALE_MODE: tl.constexpr = code_field(CODE, "scale_mode")
     exponent = amax >> 23
     fraction = amax & 0x7FFFFF
-    if EMAX >= 1 or SCALE_MODE == 0:
+    if EMAX >= 1 or SCALE_MODE == SCALE_FLOOR:
         # A float32-subnormal (or zero) amax has floor(log2 amax) <= -127, so S <= -127 - EMAX + 1 <= -127 with
         # EMAX >= 1 (and S <= -127 - EMAX with floor scales): the clamp below gives -127 whatever its fraction.
         log2_floor = exponent - 127
@@ -209,47 +231,47 @@ def _scale_exponent(amax, MBITS: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.cons
         log2_floor = tl.where(is_normal, exponent - 127, p - 149)
         m = tl.where(is_normal, fraction, (fraction << (23 - p)) & 0x7FFFFF)
     s = log2_floor - EMAX
-    if SCALE_MODE == 1:
+    if SCALE_MODE == SCALE_CEIL:
         s += (m != 0).to(tl.int32)
-    elif SCALE_MODE == 2:
-        s += (m > MMAX).to(tl.int32)
-    elif SCALE_MODE == 3:
+    elif SCALE_MODE == SCALE_RCEIL:
+        s += (m > code_field(CODE, "mmax")).to(tl.int32)
+    elif SCALE_MODE == SCALE_EVEN:
         keep = m >> (23 - MBITS)
         rest = m & ((1 << (23 - MBITS)) - 1)
         half = 1 << (22 - MBITS)
         up = (rest > half) | ((rest == half) & ((keep & 1) == 1))
         s += (keep + up.to(tl.int32)) >> MBITS
     s = tl.minimum(tl.maximum(s, -127), 127)
-    if EMAX == 0 and SCALE_MODE != 0:
+    if EMAX == 0 and SCALE_MODE != SCALE_FLOOR:
         s = tl.where(amax == 0, -127, s)  # otherwise already -127 (above)
     return s, amax >= 0x7F800000
 
 
 @triton.jit
-def _fast_path_ok(s, inert, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr):
+def _fast_path_ok(s, inert, CODE: tl.constexpr):
     """Per block: the fast path is exact for this scale (inert blocks, all-zero or NaN/Inf, always are)."""
-    qe = s + EMIN - MBITS
-    ok = (qe >= -125) & (qe <= 104) & (s + EMAX <= 126)
+    qe = s + code_field(CODE, "emin") - code_field(CODE, "mbits")
+    ok = (qe >= -125) & (qe <= 104) & (s + code_field(CODE, "emax") <= 126)
     return ok | inert
 
 
 @triton.jit
-def _tile_path(s, special, inert, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr):
-    """The path of a whole tile (one reduction): 0 exact integer steps; 1 fast path (`_fast_path_ok` for every
-    block); 2 fast path and no NaN/Inf block (the hardware FP8 path then needs no per-element select)."""
-    ok = _fast_path_ok(s, inert, MBITS, EMIN, EMAX)
+def _tile_path(s, special, inert, CODE: tl.constexpr):
+    """The path of a whole tile (one reduction): PATH_EXACT, the exact integer steps; PATH_FAST (`_fast_path_ok`
+    for every block); PATH_FINITE, the fast path and no NaN/Inf block (the hardware FP8 path then needs no
+    per-element select)."""
+    tl.static_assert(PATH_EXACT == 0 and PATH_FAST == 1 and PATH_FINITE == 2, "the sum below counts the paths")
+    ok = _fast_path_ok(s, inert, CODE)
     return tl.min(ok.to(tl.int32) + (ok & ~special).to(tl.int32))
 
 
 @triton.jit
-def _block_scales(
-    amax, MBITS: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr, MMAX: tl.constexpr, SCALE_MODE: tl.constexpr
-):
+def _block_scales(amax, CODE: tl.constexpr):
     """(S, special, inert, path) of blocks with these amax bit patterns: the scale exponent, NaN/Inf blocks,
     blocks that need no rounding (NaN/Inf or all zero), and the tile's `_tile_path`."""
-    s, special = _scale_exponent(amax, MBITS, EMAX, MMAX, SCALE_MODE)
+    s, special = _scale_exponent(amax, CODE)
     inert = special | (amax == 0)
-    return s, special, inert, _tile_path(s, special, inert, MBITS, EMIN, EMAX)
+    return s, special, inert, _tile_path(s, special, inert, CODE)
 
 
 @triton.jit

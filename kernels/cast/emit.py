@@ -6,7 +6,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from mxlab.kernels.cast.bits import _block_scales, _load_tile
+from mxlab.kernels.cast.bits import (
+    PATH_FAST,
+    PATH_FINITE,
+    PATH_NORMAL_STOCHASTIC,
+    ROUND_NEAREST_EVEN,
+    ROUND_STOCHASTIC,
+    _block_scales,
+    _load_tile,
+    code_field,
+)
 from mxlab.kernels.cast.elements import (
     _exact_elements,
     _fast_elements,
@@ -52,25 +61,18 @@ def _emit(
     WANT_CODES: tl.constexpr,
     WANT_VALUES: tl.constexpr,
     OUT_KIND: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXCODE: tl.constexpr,
-    NMAX: tl.constexpr,
-    BITS: tl.constexpr,
-    IS_INT: tl.constexpr,
-    ROUNDING: tl.constexpr,
+    CODE: tl.constexpr,
     FAST: tl.constexpr,
-    HW_FP8: tl.constexpr,
 ):
-    """Quantize a tile (s, special, inert broadcast against bits; path: `_tile_path` of the tile, raised to 3 by
-    `_stochastic_path` where it applies) and store its
-    codes and/or values. Each branch stores its own results, so no tile-sized value is merged across the branch
+    """Quantize a tile (s, special, inert broadcast against bits; path: `_tile_path` of the tile, raised to
+    PATH_NORMAL_STOCHASTIC by `_stochastic_path` where it applies; CODE: the kernel code) and store its codes and/or
+    values. Each branch stores its own results, so no tile-sized value is merged across the branch
     (which would keep both paths' registers live)."""
-    if FAST and (ROUNDING == 0 or ROUNDING == 3):
-        if HW_FP8 and ROUNDING == 0:
-            if path == 2:
-                fp8_code, fp8_out = _hw_fp8_finite_elements(bits, s, OUT_KIND, MBITS)  # names of their own: other types
+    ROUNDING: tl.constexpr = code_field(CODE, "rounding")
+    if FAST and (ROUNDING == ROUND_NEAREST_EVEN or ROUNDING == ROUND_STOCHASTIC):
+        if code_field(CODE, "hw_fp8") and ROUNDING == ROUND_NEAREST_EVEN:
+            if path == PATH_FINITE:
+                fp8_code, fp8_out = _hw_fp8_finite_elements(bits, s, OUT_KIND, CODE)  # names of their own: other types
                 _store(
                     fp8_code,
                     fp8_out,
@@ -100,21 +102,11 @@ def _emit(
                     WANT_CODES,
                     WANT_VALUES,
                     OUT_KIND,
-                    MBITS,
-                    EMIN,
-                    EMAX,
-                    MAXCODE,
-                    NMAX,
-                    BITS,
-                    IS_INT,
-                    ROUNDING,
-                    HW_FP8,
+                    CODE,
                 )
-        elif ROUNDING == 3 and not IS_INT:
-            if path == 3:
-                sr_code, sr_out = _stochastic_normal_elements(
-                    bits, tl.where(inert, 0, s), r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS
-                )
+        elif ROUNDING == ROUND_STOCHASTIC and not code_field(CODE, "is_int"):
+            if path == PATH_NORMAL_STOCHASTIC:
+                sr_code, sr_out = _stochastic_normal_elements(bits, tl.where(inert, 0, s), r24, OUT_KIND, CODE)
                 _store(
                     sr_code,
                     sr_out,
@@ -144,15 +136,7 @@ def _emit(
                     WANT_CODES,
                     WANT_VALUES,
                     OUT_KIND,
-                    MBITS,
-                    EMIN,
-                    EMAX,
-                    MAXCODE,
-                    NMAX,
-                    BITS,
-                    IS_INT,
-                    ROUNDING,
-                    HW_FP8,
+                    CODE,
                 )
         else:
             _emit_fast_or_exact(
@@ -171,15 +155,7 @@ def _emit(
                 WANT_CODES,
                 WANT_VALUES,
                 OUT_KIND,
-                MBITS,
-                EMIN,
-                EMAX,
-                MAXCODE,
-                NMAX,
-                BITS,
-                IS_INT,
-                ROUNDING,
-                HW_FP8,
+                CODE,
             )
     else:
         _emit_exact(
@@ -196,14 +172,7 @@ def _emit(
             WANT_CODES,
             WANT_VALUES,
             OUT_KIND,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            BITS,
-            IS_INT,
-            ROUNDING,
+            CODE,
         )
 
 
@@ -224,21 +193,11 @@ def _emit_fast_or_exact(
     WANT_CODES: tl.constexpr,
     WANT_VALUES: tl.constexpr,
     OUT_KIND: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXCODE: tl.constexpr,
-    NMAX: tl.constexpr,
-    BITS: tl.constexpr,
-    IS_INT: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    HW_FP8: tl.constexpr,
+    CODE: tl.constexpr,
 ):
-    """`_emit` of a tile on the fast path (path > 0: `_fast_elements`) or off it (`_emit_exact`)."""
-    if path > 0:
-        code, out = _fast_elements(
-            bits, s, special, inert, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING, HW_FP8
-        )
+    """`_emit` of a tile on the fast path (path >= PATH_FAST: `_fast_elements`) or off it (`_emit_exact`)."""
+    if path >= PATH_FAST:
+        code, out = _fast_elements(bits, s, special, inert, r24, OUT_KIND, CODE)
         _store(
             code,
             out,
@@ -266,14 +225,7 @@ def _emit_fast_or_exact(
             WANT_CODES,
             WANT_VALUES,
             OUT_KIND,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            BITS,
-            IS_INT,
-            ROUNDING,
+            CODE,
         )
 
 
@@ -292,19 +244,10 @@ def _emit_exact(
     WANT_CODES: tl.constexpr,
     WANT_VALUES: tl.constexpr,
     OUT_KIND: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXCODE: tl.constexpr,
-    NMAX: tl.constexpr,
-    BITS: tl.constexpr,
-    IS_INT: tl.constexpr,
-    ROUNDING: tl.constexpr,
+    CODE: tl.constexpr,
 ):
     """`_emit` of a tile on the exact integer path."""
-    code, out = _exact_elements(
-        bits, s, special, r24, OUT_KIND, MBITS, EMIN, EMAX, MAXCODE, NMAX, BITS, IS_INT, ROUNDING
-    )
+    code, out = _exact_elements(bits, s, special, r24, OUT_KIND, CODE)
     _store(
         code, out, out_offsets, out_mask, codes_ptr, values_ptr, values_offsets, values_mask, WANT_CODES, WANT_VALUES
     )
@@ -340,18 +283,8 @@ def _quantize_tile(
     OUT_KIND: tl.constexpr,
     WANT_CODES: tl.constexpr,
     WANT_VALUES: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXCODE: tl.constexpr,
-    NMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    BITS: tl.constexpr,
-    IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
-    ROUNDING: tl.constexpr,
+    CODE: tl.constexpr,
     FAST: tl.constexpr,
-    HW_FP8: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
     HADAMARD: tl.constexpr,
     TILE_ROWS: tl.constexpr,
@@ -363,9 +296,11 @@ def _quantize_tile(
     bounds how many tiles are in flight. Rows re-derive their scales when ROW_BLOCKS (blocks along the row),
     else take the tile's (s etc. broadcast along the rows). Not with HADAMARD (memory holds x, not its
     transform), nor for roundings without a fast path."""
-    if FAST and not HADAMARD and (ROUNDING == 0 or ROUNDING == 3):
-        COMMON: tl.constexpr = 3 if ROUNDING == 3 and not IS_INT else 2
-        path = _stochastic_path(bits, s, inert, path, EMIN, ROUNDING, IS_INT)
+    ROUNDING: tl.constexpr = code_field(CODE, "rounding")
+    if FAST and not HADAMARD and (ROUNDING == ROUND_NEAREST_EVEN or ROUNDING == ROUND_STOCHASTIC):
+        STOCHASTIC_FP: tl.constexpr = ROUNDING == ROUND_STOCHASTIC and not code_field(CODE, "is_int")
+        COMMON: tl.constexpr = PATH_NORMAL_STOCHASTIC if STOCHASTIC_FP else PATH_FINITE
+        path = _stochastic_path(bits, s, inert, path, CODE)
         if path == COMMON:
             _emit(
                 bits,
@@ -383,16 +318,8 @@ def _quantize_tile(
                 WANT_CODES,
                 WANT_VALUES,
                 OUT_KIND,
-                MBITS,
-                EMIN,
-                EMAX,
-                MAXCODE,
-                NMAX,
-                BITS,
-                IS_INT,
-                ROUNDING,
+                CODE,
                 FAST,
-                HW_FP8,
             )
         else:
             for tile_row in range(TILE_ROWS):
@@ -419,17 +346,7 @@ def _quantize_tile(
                     OUT_KIND,
                     WANT_CODES,
                     WANT_VALUES,
-                    MBITS,
-                    EMIN,
-                    EMAX,
-                    MAXCODE,
-                    NMAX,
-                    MMAX,
-                    BITS,
-                    IS_INT,
-                    SCALE_MODE,
-                    ROUNDING,
-                    HW_FP8,
+                    CODE,
                     WIDE_INDEX,
                     ROW_BLOCKS,
                 )
@@ -450,16 +367,8 @@ def _quantize_tile(
             WANT_CODES,
             WANT_VALUES,
             OUT_KIND,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            BITS,
-            IS_INT,
-            ROUNDING,
+            CODE,
             FAST,
-            HW_FP8,
         )
 
 
@@ -487,17 +396,7 @@ def _row_refetched(
     OUT_KIND: tl.constexpr,
     WANT_CODES: tl.constexpr,
     WANT_VALUES: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXCODE: tl.constexpr,
-    NMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    BITS: tl.constexpr,
-    IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
-    ROUNDING: tl.constexpr,
-    HW_FP8: tl.constexpr,
+    CODE: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
     ROW_BLOCKS: tl.constexpr,
 ):
@@ -505,14 +404,14 @@ def _row_refetched(
     ROW_BLOCKS the row's scales and path are derived again from the row (the same steps, so the same values as
     the tile's, already stored), else the tile's are used."""
     bits, in_mask, values_offsets, r24 = _load_tile(
-        x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX
+        x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, CODE, WIDE_INDEX
     )
     code_offsets = (pid_a * code_rows + row) * code_cols + col
     code_mask = (row < code_rows) & (col < code_cols)
     if ROW_BLOCKS:
         amax = tl.max(bits & 0x7FFFFFFF, axis=3)
-        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
-        path = _stochastic_path(bits, s[:, :, :, None], inert[:, :, :, None], path, EMIN, ROUNDING, IS_INT)
+        s, special, inert, path = _block_scales(amax, CODE)
+        path = _stochastic_path(bits, s[:, :, :, None], inert[:, :, :, None], path, CODE)
         _emit(
             bits,
             s[:, :, :, None],
@@ -529,16 +428,8 @@ def _row_refetched(
             WANT_CODES,
             WANT_VALUES,
             OUT_KIND,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            BITS,
-            IS_INT,
-            ROUNDING,
+            CODE,
             True,
-            HW_FP8,
         )
     else:
         _emit(
@@ -546,7 +437,7 @@ def _row_refetched(
             tile_s,
             tile_special,
             tile_inert,
-            _stochastic_path(bits, tile_s, tile_inert, tile_path, EMIN, ROUNDING, IS_INT),
+            _stochastic_path(bits, tile_s, tile_inert, tile_path, CODE),
             r24,
             code_offsets,
             code_mask,
@@ -557,14 +448,6 @@ def _row_refetched(
             WANT_CODES,
             WANT_VALUES,
             OUT_KIND,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            BITS,
-            IS_INT,
-            ROUNDING,
+            CODE,
             True,
-            HW_FP8,
         )

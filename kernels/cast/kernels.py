@@ -25,12 +25,19 @@ import triton
 import triton.language as tl
 
 from mxlab.kernels.cast.bits import (
+    KIND_FP32,
+    LAYOUT_BOTH,
+    LAYOUT_COL,
+    LAYOUT_ROW,
+    LAYOUT_TILE,
+    ROUND_STOCHASTIC,
     _block_scales,
     _load_bits,
     _load_tile,
     _random_bits24,
     _random_hadamard_bits,
     _scale_bytes,
+    code_field,
 )
 from mxlab.kernels.cast.emit import _quantize_tile
 
@@ -71,18 +78,8 @@ def _mx_kernel(
     LAYOUT: tl.constexpr,
     WANT_CODES: tl.constexpr,
     WANT_VALUES: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXCODE: tl.constexpr,
-    NMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    BITS: tl.constexpr,
-    IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
-    ROUNDING: tl.constexpr,
+    CODE: tl.constexpr,
     FAST: tl.constexpr,
-    HW_FP8: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
     RB: tl.constexpr,
     RS: tl.constexpr,
@@ -104,15 +101,16 @@ def _mx_kernel(
     row = (pid_l * RB + rb) * RS + rs
     col = (pid_b * CB + cb) * 32 + ce
     in_mask = (row < L) & (col < B)
-    bits = _load_bits(x_ptr + pid_a * stride_a + row * stride_l + col * stride_b, in_mask, IN_KIND, HW_FP8)
+    pointers = x_ptr + pid_a * stride_a + row * stride_l + col * stride_b
+    bits = _load_bits(pointers, in_mask, IN_KIND, code_field(CODE, "hw_fp8"))
     if HADAMARD:  # the transformed tensor has the padded shape: its values and counters are the codes' places
-        tl.static_assert(OUT_KIND == 0, "the Hadamard transform writes float32 values")
-        if LAYOUT == 0:
+        tl.static_assert(OUT_KIND == KIND_FP32, "the Hadamard transform writes float32 values")
+        if LAYOUT == LAYOUT_ROW:
             bits = _random_hadamard_bits(bits, hadamard_key, 3)
             values_offsets = (pid_a * L + row) * BP + col
             values_mask = (row < L) & (col < BP)
         else:
-            tl.static_assert(LAYOUT == 1, "the Hadamard transform runs with LAYOUT_ROW or LAYOUT_COL")
+            tl.static_assert(LAYOUT == LAYOUT_COL, "the Hadamard transform runs with LAYOUT_ROW or LAYOUT_COL")
             bits = _random_hadamard_bits(bits, hadamard_key, 1)
             values_offsets = (pid_a * LP + row) * B + col
             values_mask = (row < LP) & (col < B)
@@ -120,71 +118,29 @@ def _mx_kernel(
         values_offsets = (pid_a * L + row) * B + col
         values_mask = in_mask
     magnitude = bits & 0x7FFFFFFF
-    if ROUNDING == 3:
+    if code_field(CODE, "rounding") == ROUND_STOCHASTIC:
         r24 = _random_bits24(values_offsets, seed_key, WIDE_INDEX)
     else:
         r24 = 0
 
-    tl.static_assert(LAYOUT != 2, "LAYOUT_BOTH runs in _mx_column_tile_kernel")
-    if LAYOUT == 0:
+    tl.static_assert(LAYOUT != LAYOUT_BOTH, "LAYOUT_BOTH runs in _mx_column_tile_kernel")
+    if LAYOUT == LAYOUT_ROW:
         amax = tl.max(magnitude, axis=3)
-        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
+        s, special, inert, path = _block_scales(amax, CODE)
         nbp = BP // 32
         srow = (pid_l * RB + tl.arange(0, RB)[:, None, None]) * RS + tl.arange(0, RS)[None, :, None]
         sblk = pid_b * CB + tl.arange(0, CB)[None, None, :]
         tl.store(
             row_scales_ptr + (pid_a * L + srow) * nbp + sblk, _scale_bytes(s, special), mask=(srow < L) & (sblk < nbp)
         )
-        _quantize_tile(
-            bits,
-            s[:, :, :, None],
-            special[:, :, :, None],
-            inert[:, :, :, None],
-            path,
-            r24,
-            (pid_a * L + row) * BP + col,
-            (row < L) & (col < BP),
-            row_codes_ptr,
-            row_values_ptr,
-            values_offsets,
-            values_mask,
-            x_ptr,
-            pid_l * (RB * RS),
-            col,
-            pid_a,
-            L,
-            B,
-            L,
-            BP,
-            stride_a,
-            stride_l,
-            stride_b,
-            seed_key,
-            IN_KIND,
-            OUT_KIND,
-            WANT_CODES,
-            WANT_VALUES,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            MMAX,
-            BITS,
-            IS_INT,
-            SCALE_MODE,
-            ROUNDING,
-            FAST,
-            HW_FP8,
-            WIDE_INDEX,
-            HADAMARD,
-            RB * RS,
-            True,
-        )
-    if LAYOUT == 1:
+        # the blocks' values broadcast against the tile, the codes' places, and the outputs
+        s, special, inert = s[:, :, :, None], special[:, :, :, None], inert[:, :, :, None]
+        code_rows, code_cols = L, BP
+        codes_ptr, values_ptr = row_codes_ptr, row_values_ptr
+    elif LAYOUT == LAYOUT_COL:
         tl.static_assert(HADAMARD, "LAYOUT_COL without the Hadamard transform runs in _mx_column_tile_kernel")
         amax = tl.max(magnitude, axis=1)
-        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
+        s, special, inert, path = _block_scales(amax, CODE)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None, None]
         scol = (pid_b * CB + tl.arange(0, CB)[None, :, None]) * 32 + tl.arange(0, 32)[None, None, :]
         tl.store(
@@ -192,55 +148,13 @@ def _mx_kernel(
             _scale_bytes(s, special),
             mask=(sblk < LP // 32) & (scol < B),
         )
-        _quantize_tile(
-            bits,
-            s[:, None, :, :],
-            special[:, None, :, :],
-            inert[:, None, :, :],
-            path,
-            r24,
-            (pid_a * LP + row) * B + col,
-            (row < LP) & (col < B),
-            col_codes_ptr,
-            col_values_ptr,
-            values_offsets,
-            values_mask,
-            x_ptr,
-            pid_l * (RB * RS),
-            col,
-            pid_a,
-            L,
-            B,
-            LP,
-            B,
-            stride_a,
-            stride_l,
-            stride_b,
-            seed_key,
-            IN_KIND,
-            OUT_KIND,
-            WANT_CODES,
-            WANT_VALUES,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            MMAX,
-            BITS,
-            IS_INT,
-            SCALE_MODE,
-            ROUNDING,
-            FAST,
-            HW_FP8,
-            WIDE_INDEX,
-            HADAMARD,
-            RB * RS,
-            False,
-        )
-    if LAYOUT == 3:
+        s, special, inert = s[:, None, :, :], special[:, None, :, :], inert[:, None, :, :]
+        code_rows, code_cols = LP, B
+        codes_ptr, values_ptr = col_codes_ptr, col_values_ptr
+    else:
+        tl.static_assert(LAYOUT == LAYOUT_TILE, "_mx_kernel runs LAYOUT_ROW, LAYOUT_COL and LAYOUT_TILE")
         amax = tl.max(tl.max(magnitude, axis=3), axis=1)
-        s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
+        s, special, inert, path = _block_scales(amax, CODE)
         sblk = pid_l * RB + tl.arange(0, RB)[:, None]
         sbcol = pid_b * CB + tl.arange(0, CB)[None, :]
         tl.store(
@@ -248,52 +162,45 @@ def _mx_kernel(
             _scale_bytes(s, special),
             mask=(sblk < LP // 32) & (sbcol < BP // 32),
         )
-        _quantize_tile(
-            bits,
-            s[:, None, :, None],
-            special[:, None, :, None],
-            inert[:, None, :, None],
-            path,
-            r24,
-            (pid_a * LP + row) * BP + col,
-            (row < LP) & (col < BP),
-            row_codes_ptr,
-            row_values_ptr,
-            values_offsets,
-            values_mask,
-            x_ptr,
-            pid_l * (RB * RS),
-            col,
-            pid_a,
-            L,
-            B,
-            LP,
-            BP,
-            stride_a,
-            stride_l,
-            stride_b,
-            seed_key,
-            IN_KIND,
-            OUT_KIND,
-            WANT_CODES,
-            WANT_VALUES,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            MMAX,
-            BITS,
-            IS_INT,
-            SCALE_MODE,
-            ROUNDING,
-            FAST,
-            HW_FP8,
-            WIDE_INDEX,
-            HADAMARD,
-            RB * RS,
-            False,
-        )
+        s, special, inert = s[:, None, :, None], special[:, None, :, None], inert[:, None, :, None]
+        code_rows, code_cols = LP, BP
+        codes_ptr, values_ptr = row_codes_ptr, row_values_ptr
+    _quantize_tile(
+        bits,
+        s,
+        special,
+        inert,
+        path,
+        r24,
+        (pid_a * code_rows + row) * code_cols + col,
+        (row < code_rows) & (col < code_cols),
+        codes_ptr,
+        values_ptr,
+        values_offsets,
+        values_mask,
+        x_ptr,
+        pid_l * (RB * RS),
+        col,
+        pid_a,
+        L,
+        B,
+        code_rows,
+        code_cols,
+        stride_a,
+        stride_l,
+        stride_b,
+        seed_key,
+        IN_KIND,
+        OUT_KIND,
+        WANT_CODES,
+        WANT_VALUES,
+        CODE,
+        FAST,
+        WIDE_INDEX,
+        HADAMARD,
+        RB * RS,
+        LAYOUT == LAYOUT_ROW,
+    )
 
 
 @triton.jit(do_not_specialize=["seed_key"])
@@ -318,18 +225,8 @@ def _mx_column_tile_kernel(
     LAYOUT: tl.constexpr,
     WANT_CODES: tl.constexpr,
     WANT_VALUES: tl.constexpr,
-    MBITS: tl.constexpr,
-    EMIN: tl.constexpr,
-    EMAX: tl.constexpr,
-    MAXCODE: tl.constexpr,
-    NMAX: tl.constexpr,
-    MMAX: tl.constexpr,
-    BITS: tl.constexpr,
-    IS_INT: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
-    ROUNDING: tl.constexpr,
+    CODE: tl.constexpr,
     FAST: tl.constexpr,
-    HW_FP8: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
     CB: tl.constexpr,
     sums_ptr=None,
@@ -341,15 +238,17 @@ def _mx_column_tile_kernel(
     tile is 2-D on purpose: in a prototype of this kernel on the H200 (e4m3 column cast, 2 warps), the same tile
     loaded as a 3-D (32, CB, 32) block took 1.8x as long. WANT_SUMS: also store the float32 sum of each column
     over the tile's 32 rows (x as loaded, unquantized) at sums_ptr, a contiguous (A, LP // 32, B) float32 tensor."""
-    tl.static_assert(LAYOUT == 1 or LAYOUT == 2, "_mx_column_tile_kernel runs LAYOUT_COL and LAYOUT_BOTH")
+    tl.static_assert(
+        LAYOUT == LAYOUT_COL or LAYOUT == LAYOUT_BOTH, "_mx_column_tile_kernel runs LAYOUT_COL and LAYOUT_BOTH"
+    )
     pid_l, pid_b, pid_a = _program_ids(WIDE_INDEX)
     row = pid_l * 32 + tl.arange(0, 32)[:, None]
     col = pid_b * (CB * 32) + tl.arange(0, CB * 32)[None, :]
     bits, in_mask, values_offsets, r24 = _load_tile(
-        x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, ROUNDING, HW_FP8, WIDE_INDEX
+        x_ptr, row, col, pid_a, L, B, stride_a, stride_l, stride_b, seed_key, IN_KIND, CODE, WIDE_INDEX
     )
     amax = tl.max(bits & 0x7FFFFFFF, axis=0)
-    s, special, inert, path = _block_scales(amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
+    s, special, inert, path = _block_scales(amax, CODE)
     scol = pid_b * (CB * 32) + tl.arange(0, CB * 32)
     tl.store(col_scales_ptr + (pid_a * (LP // 32) + pid_l) * B + scol, _scale_bytes(s, special), mask=scol < B)
     if WANT_SUMS:
@@ -387,26 +286,16 @@ def _mx_column_tile_kernel(
         OUT_KIND,
         WANT_CODES,
         WANT_VALUES,
-        MBITS,
-        EMIN,
-        EMAX,
-        MAXCODE,
-        NMAX,
-        MMAX,
-        BITS,
-        IS_INT,
-        SCALE_MODE,
-        ROUNDING,
+        CODE,
         FAST,
-        HW_FP8,
         WIDE_INDEX,
         False,
         32,
         False,
     )
-    if LAYOUT == 2:
+    if LAYOUT == LAYOUT_BOTH:
         row_amax = tl.max(tl.reshape(bits & 0x7FFFFFFF, (32, CB, 32)), axis=2)
-        s_row, special_row, inert_row, path_row = _block_scales(row_amax, MBITS, EMIN, EMAX, MMAX, SCALE_MODE)
+        s_row, special_row, inert_row, path_row = _block_scales(row_amax, CODE)
         nbp = BP // 32
         srow = pid_l * 32 + tl.arange(0, 32)[:, None]
         sblk = pid_b * CB + tl.arange(0, CB)[None, :]
@@ -445,18 +334,8 @@ def _mx_column_tile_kernel(
             OUT_KIND,
             WANT_CODES,
             WANT_VALUES,
-            MBITS,
-            EMIN,
-            EMAX,
-            MAXCODE,
-            NMAX,
-            MMAX,
-            BITS,
-            IS_INT,
-            SCALE_MODE,
-            ROUNDING,
+            CODE,
             FAST,
-            HW_FP8,
             WIDE_INDEX,
             False,
             32,

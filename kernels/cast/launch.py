@@ -14,37 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-from mxlab.kernels.cast.bits import (
-    KIND_BF16,
-    KIND_FP16,
-    KIND_FP32,
-    LAYOUT_BOTH,
-    LAYOUT_COL,
-    LAYOUT_ROW,
-    LAYOUT_TILE,
-    ROUND_NEAREST_AWAY,
-    ROUND_NEAREST_EVEN,
-    ROUND_STOCHASTIC,
-    ROUND_TOWARD_ZERO,
-    SCALE_CEIL,
-    SCALE_EVEN,
-    SCALE_FLOOR,
-    SCALE_RCEIL,
-)
+from mxlab.kernels.cast.bits import KIND_BF16, KIND_FP16, KIND_FP32
 from mxlab.kernels.cast.kernels import _mx_column_tile_kernel, _mx_kernel
 from mxlab.numerics.formats import ElementFormat
-from mxlab.numerics.reference import float32_fraction_bits
 from mxlab.numerics.seeding import seed_key as signed_seed_key
+from mxlab.numerics.vocab import Layout, kernel_code
 
 BLOCK = 32
-SCALE_MODE_IDS = {"floor": SCALE_FLOOR, "ceil": SCALE_CEIL, "rceil": SCALE_RCEIL, "even": SCALE_EVEN}
-ROUNDING_IDS = {
-    "nearest_even": ROUND_NEAREST_EVEN,
-    "nearest_away": ROUND_NEAREST_AWAY,
-    "toward_zero": ROUND_TOWARD_ZERO,
-    "stochastic": ROUND_STOCHASTIC,
-}
-DTYPE_KINDS = {torch.float32: KIND_FP32, torch.bfloat16: KIND_BF16, torch.float16: KIND_FP16}
+DTYPE_KINDS = {torch.float32: KIND_FP32.value, torch.bfloat16: KIND_BF16.value, torch.float16: KIND_FP16.value}
 _BITS_DTYPES = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 _MAX_GRID_YZ = 65535
 HARDWARE_FP8_FORMATS = ("e4m3", "e5m2")
@@ -89,8 +66,8 @@ class CastLaunch:
 DEFAULT_LAUNCH = CastLaunch()
 
 
-ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, LAYOUT_ROW
-# _mx_kernel, LAYOUT_ROW with stochastic rounding (more arithmetic per element; one warp, so the tile-wide path-3
+ROW_TILE = TileConfig(rows=16, col_blocks=8, num_warps=4)  # _mx_kernel, Layout.ROW
+# _mx_kernel, Layout.ROW with stochastic rounding (more arithmetic per element; one warp, so the tile-wide path-3
 # decision needs no CTA barrier): H200 `bench quant --sweep-tiles` at 7d3595b, 16384x8192 BF16 e4m3 fake-quantize,
 # fraction of copy: 4x8x1 0.582, 4x4x1 0.583, 2x8x1 0.564, 8x8x2 0.511, 8x4x2 0.527, 16x8x4 (ROW_TILE) 0.404
 STOCHASTIC_ROW_TILE = TileConfig(rows=4, col_blocks=8, num_warps=1)
@@ -101,40 +78,21 @@ COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=1)
 # On the integer paths (other formats and roundings, GPUs before sm_90, the interpreter): the same kernel with 4 warps
 # on the 32 x 128 tile (a quarter of the elements per thread: the integer steps need more registers per element)
 INTEGER_COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)
-SQUARE_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_TILE
-HADAMARD_COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, LAYOUT_COL with HADAMARD
+SQUARE_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, Layout.TILE
+HADAMARD_COL_TILE = TileConfig(rows=32, col_blocks=4, num_warps=4)  # _mx_kernel, Layout.COLUMN with HADAMARD
 HADAMARD_BLOCK = 32  # the transform's block: the MX block, so one tile holds whole Hadamard blocks
 HADAMARD_COMPILE_OPTIONS = dict(enable_fp_fusion=False)  # no multiply-add contraction: float32 rounds as in PyTorch
 
 
-def _default_tile(layout: int, hadamard: bool, stochastic: bool = False, hardware_fp8: bool = False) -> TileConfig:
+def _default_tile(layout: Layout, hadamard: bool, stochastic: bool = False, hardware_fp8: bool = False) -> TileConfig:
     """The launch shape of a call (hardware_fp8: its fast path converts with the GPU's FP8 instructions)."""
-    if layout == LAYOUT_ROW:
+    if layout == Layout.ROW:
         return STOCHASTIC_ROW_TILE if stochastic and not hadamard else ROW_TILE
-    if layout == LAYOUT_TILE:
+    if layout == Layout.TILE:
         return SQUARE_TILE
     if hadamard:
         return HADAMARD_COL_TILE
     return COL_TILE if hardware_fp8 else INTEGER_COL_TILE
-
-
-@functools.cache
-def _format_constants(fmt: ElementFormat) -> dict:  # cached: callers only unpack it
-    nmax = fmt.max_normal / 2.0 ** (fmt.emax - fmt.mbits)
-    if nmax != int(nmax):
-        raise ValueError(
-            f"format {fmt.name}: max normal {fmt.max_normal} is not an integer multiple of its top quantum"
-        )
-    return dict(
-        MBITS=fmt.mbits,
-        EMIN=fmt.emin,
-        EMAX=fmt.emax,
-        MAXCODE=fmt.max_code,
-        NMAX=int(nmax),
-        MMAX=float32_fraction_bits(fmt.max_normal),
-        BITS=fmt.bits,
-        IS_INT=fmt.is_int,
-    )
 
 
 def _cdiv(size: int, step: int) -> int:
@@ -152,10 +110,10 @@ def _pow2_at_most(value: int, cap: int) -> int:
 
 @dataclass(frozen=True)
 class _View:
-    """x as an (A, L, B) view whose blocks run along B (LAYOUT_ROW) or L (the others)."""
+    """x as an (A, L, B) view whose blocks run along B (Layout.ROW) or L (the others)."""
 
     x3: torch.Tensor
-    layout: int
+    layout: Layout
     lp: int  # padded L (codes)
     bp: int  # padded B (codes)
     padded_shape: tuple[int, ...]
@@ -164,8 +122,8 @@ class _View:
 
 @functools.lru_cache(maxsize=4096)
 def _view_geometry(
-    shape: tuple[int, ...], block: int | tuple[int, int], axis: int, pad: bool, layout: int | None
-) -> tuple[tuple[int, int, int], int, int, int, tuple[int, ...], tuple[int, ...]]:
+    shape: tuple[int, ...], block: int | tuple[int, int], axis: int, pad: bool, layout: Layout | None
+) -> tuple[tuple[int, int, int], Layout, int, int, tuple[int, ...], tuple[int, ...]]:
     """(the (A, L, B) shape, layout, lp, bp, padded shape, scale shape) of `_make_view` for a tensor of `shape`
     (cached: a function of the shape and the options alone). Refuses (ValueError) a blocked dim that is not a
     multiple of 32 without pad."""
@@ -174,15 +132,15 @@ def _view_geometry(
     if block == (BLOCK, BLOCK):
         dims = (rank - 2, rank - 1)
         shape3 = (math.prod(shape[:-2]), shape[-2], shape[-1])
-        layout = LAYOUT_TILE
-    elif axis == rank - 1 and layout != LAYOUT_BOTH:
+        layout = Layout.TILE
+    elif axis == rank - 1 and layout != Layout.BOTH:
         dims = (axis,)
         shape3 = (1, math.prod(shape[:-1]), shape[-1])
-        layout = LAYOUT_ROW
+        layout = Layout.ROW
     else:
-        dims = (axis,) if layout != LAYOUT_BOTH else (0, 1)
+        dims = (axis,) if layout != Layout.BOTH else (0, 1)
         shape3 = (math.prod(shape[:axis]), shape[axis], math.prod(shape[axis + 1 :]))
-        layout = LAYOUT_COL if layout is None else layout
+        layout = Layout.COLUMN if layout is None else Layout(layout)
     for dim in dims:
         if shape[dim] % BLOCK and not pad:
             raise ValueError(
@@ -191,12 +149,14 @@ def _view_geometry(
     padded_shape = tuple(_ceil_to_block(size) if dim in dims else size for dim, size in enumerate(shape))
     scale_shape = tuple(size // BLOCK if dim in dims else size for dim, size in enumerate(padded_shape))
     _, length, width = shape3
-    lp = _ceil_to_block(length) if layout != LAYOUT_ROW else length
-    bp = _ceil_to_block(width) if layout in (LAYOUT_ROW, LAYOUT_TILE, LAYOUT_BOTH) else width
+    lp = _ceil_to_block(length) if layout != Layout.ROW else length
+    bp = _ceil_to_block(width) if layout in (Layout.ROW, Layout.TILE, Layout.BOTH) else width
     return shape3, layout, lp, bp, padded_shape, scale_shape
 
 
-def _make_view(x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, layout: int | None = None) -> _View:
+def _make_view(
+    x: torch.Tensor, block: int | tuple[int, int], axis: int, pad: bool, layout: Layout | None = None
+) -> _View:
     shape3, layout, lp, bp, padded_shape, scale_shape = _view_geometry(tuple(x.shape), block, axis, pad, layout)
     return _View(x.reshape(shape3), layout, lp, bp, padded_shape, scale_shape)
 
@@ -260,18 +220,18 @@ def launch_cast(
     want_column_sums: bool = False,
 ) -> dict:
     """Run the kernel on a view; returns the output tensors by name, and under "kernel" what the launch
-    returned (the compiled kernel on a GPU, whose .asm shows the instructions). `hadamard_seed` (LAYOUT_ROW
-    or LAYOUT_COL only): quantize the random Hadamard transform (block 32) of x along the blocked axis;
-    the values are then float32 of the padded shape. `want_column_sums` (LAYOUT_COL or LAYOUT_BOTH, no
+    returned (the compiled kernel on a GPU, whose .asm shows the instructions). `hadamard_seed` (Layout.ROW
+    or Layout.COLUMN only): quantize the random Hadamard transform (block 32) of x along the blocked axis;
+    the values are then float32 of the padded shape. `want_column_sums` (Layout.COLUMN or Layout.BOTH, no
     Hadamard): also "column_sums", x's float32 column sums over each 32-row block, shape (A, LP // 32, B)."""
     x3 = view.x3
     count, length, width = x3.shape
     layout = view.layout
     device = x3.device
     hadamard = hadamard_seed is not None
-    if hadamard and layout not in (LAYOUT_ROW, LAYOUT_COL):
+    if hadamard and layout not in (Layout.ROW, Layout.COLUMN):
         raise ValueError(f"the fused Hadamard transform runs with 1-D blocks along one axis, not layout {layout}")
-    if want_column_sums and (hadamard or layout not in (LAYOUT_COL, LAYOUT_BOTH)):
+    if want_column_sums and (hadamard or layout not in (Layout.COLUMN, Layout.BOTH)):
         raise ValueError(
             f"column sums come with column blocks and no Hadamard transform, not layout {layout}"
             f"{' with the transform' if hadamard else ''}"
@@ -280,7 +240,7 @@ def launch_cast(
     hardware_path = fast and options.hw_fp8 and hardware_fp8_applies(device, fmt, rounding)
     tile = options.tile or _default_tile(layout, hadamard, rounding == "stochastic", hardware_path)
     col_blocks = _pow2_at_most(_cdiv(view.bp, BLOCK), tile.col_blocks)
-    if layout == LAYOUT_ROW:
+    if layout == Layout.ROW:
         rb, rs = _pow2_at_most(length, tile.rows), 1
     else:
         rb, rs = 1, BLOCK
@@ -304,13 +264,13 @@ def launch_cast(
 
     row_codes = row_scales = row_values = row_bits = empty
     col_codes = col_scales = col_values = col_bits = empty
-    if layout in (LAYOUT_ROW, LAYOUT_BOTH):
+    if layout in (Layout.ROW, Layout.BOTH):
         row_codes, row_scales = codes_and_scales((count, length, view.bp), (count, length, view.bp // BLOCK))
         row_values, row_bits = values()
-    if layout in (LAYOUT_COL, LAYOUT_BOTH):
+    if layout in (Layout.COLUMN, Layout.BOTH):
         col_codes, col_scales = codes_and_scales((count, view.lp, width), (count, view.lp // BLOCK, width))
         col_values, col_bits = values()
-    if layout == LAYOUT_TILE:
+    if layout == Layout.TILE:
         row_codes, row_scales = codes_and_scales((count, view.lp, view.bp), (count, view.lp // BLOCK, view.bp // BLOCK))
         row_values, row_bits = values()
     grid = (_cdiv(view.lp, rb * rs), _cdiv(view.bp, col_blocks * BLOCK), count)
@@ -335,20 +295,17 @@ def launch_cast(
     )
     constants = dict(
         IN_KIND=DTYPE_KINDS[x3.dtype],
-        OUT_KIND=KIND_FP32 if hadamard else DTYPE_KINDS[x3.dtype],
-        LAYOUT=layout,
+        OUT_KIND=KIND_FP32.value if hadamard else DTYPE_KINDS[x3.dtype],
+        LAYOUT=layout.kernel_id,
         WANT_CODES=want_codes,
         WANT_VALUES=want_values,
-        **_format_constants(fmt),
-        SCALE_MODE=SCALE_MODE_IDS[scale_mode],
-        ROUNDING=ROUNDING_IDS[rounding],
+        CODE=kernel_code(fmt, scale_mode, rounding, hardware_path),
         FAST=fast,
-        HW_FP8=hardware_path,
         WIDE_INDEX=wide,
         CB=col_blocks,
         num_warps=tile.num_warps,
     )
-    if layout in (LAYOUT_COL, LAYOUT_BOTH) and not hadamard:
+    if layout in (Layout.COLUMN, Layout.BOTH) and not hadamard:
         if want_column_sums:
             outputs["column_sums"] = sums = torch.empty(
                 (count, view.lp // BLOCK, width), dtype=torch.float32, device=device

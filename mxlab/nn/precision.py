@@ -13,9 +13,9 @@ from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.hadamard import HADAMARD_BLOCKS
 from mxlab.numerics.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
 from mxlab.numerics.quant import PER_TENSOR_FP8, SQUARE_BLOCK
-from mxlab.numerics.reference import BLOCK_SIZE, SCALE_MODES
-from mxlab.numerics.reference import ROUNDING_MODES as ROUNDINGS
+from mxlab.numerics.reference import BLOCK_SIZE
 from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
+from mxlab.numerics.vocab import Rounding, ScaleMode
 
 UNUSED_SEEDS = (0,) * len(SEED_SLOTS)  # the seeds of a call that draws none
 MX_FORMATS = tuple(FORMATS)
@@ -46,10 +46,8 @@ class OperandQuant:
         if block not in BLOCKS:
             raise ValueError(f"unknown block {self.block!r}; accepted: 32 or (32, 32)")
         object.__setattr__(self, "block", block)
-        if self.scale_mode not in SCALE_MODES:
-            raise ValueError(f"unknown scale_mode {self.scale_mode!r}; accepted: {', '.join(SCALE_MODES)}")
-        if self.rounding not in ROUNDINGS:
-            raise ValueError(f"unknown rounding {self.rounding!r}; accepted: {', '.join(ROUNDINGS)}")
+        ScaleMode.check(self.scale_mode)
+        Rounding.check(self.rounding)
         if self.fmt in TENSOR_FORMATS and self.rounding != "nearest_even":
             raise ValueError(
                 f"{self.fmt} (per-tensor FP8, a float8 cast) rounds to nearest even only, not {self.rounding!r}"

@@ -11,6 +11,7 @@ construction and serves as the ground truth for the encoder in mxlab.numerics.re
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
 from functools import cache
 
@@ -20,6 +21,11 @@ E8M0_BIAS = 127
 E8M0_NAN = 0xFF
 SCALE_EXP_MIN = -127
 SCALE_EXP_MAX = 127
+
+
+def float32_fraction_bits(value: float) -> int:
+    """The 23-bit fraction field of a positive float32 normal value (an int)."""
+    return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from mxlab.numerics import reference
 from mxlab.numerics.formats import FORMATS, ElementFormat, decode_codes, decode_scales, get_format
-from mxlab.numerics.reference import BLOCK_SIZE, ROUNDING_MODES, SCALE_MODES
+from mxlab.numerics.reference import BLOCK_SIZE
+from mxlab.numerics.vocab import Rounding, ScaleMode
 
 HIGH_PRECISION = ("bf16", "fp32")
 PER_TENSOR_FP8 = {"fp8_tensor_e4m3": torch.float8_e4m3fn, "fp8_tensor_e5m2": torch.float8_e5m2}
@@ -87,10 +88,8 @@ def _check_options(
     if x.dtype not in INPUT_DTYPES:
         raise ValueError(f"unsupported input dtype {x.dtype}; accepted: float32, bfloat16, float16")
     block = _normalize_block(block)
-    if scale_mode not in SCALE_MODES:
-        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(SCALE_MODES)}")
-    if rounding not in ROUNDING_MODES:
-        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
+    ScaleMode.check(scale_mode)
+    Rounding.check(rounding)
     if rounding == "stochastic" and (seed is None or isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"rounding='stochastic' needs an integer seed, got seed={seed!r}")
     if x.dim() == 0:

@@ -19,14 +19,18 @@ dims of a reshaped tensor that one block spans.
 
 from __future__ import annotations
 
-import struct
-
 import torch
 
-from mxlab.numerics.formats import E8M0_BIAS, E8M0_NAN, SCALE_EXP_MAX, SCALE_EXP_MIN, ElementFormat
+from mxlab.numerics.formats import (
+    E8M0_BIAS,
+    E8M0_NAN,
+    SCALE_EXP_MAX,
+    SCALE_EXP_MIN,
+    ElementFormat,
+    float32_fraction_bits,
+)
+from mxlab.numerics.vocab import Rounding, ScaleMode
 
-SCALE_MODES = ("floor", "ceil", "rceil", "even")
-ROUNDING_MODES = ("nearest_even", "nearest_away", "toward_zero", "stochastic")
 BLOCK_SIZE = 32
 
 _MASK32 = 0xFFFFFFFF
@@ -60,11 +64,6 @@ def random_bits24(index: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- scales
-def float32_fraction_bits(value: float) -> int:
-    """The 23-bit fraction field of a positive float32 normal value (an int)."""
-    return struct.unpack("<I", struct.pack("<f", value))[0] & 0x7FFFFF
-
-
 def _log2_floor_and_fraction(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """floor(log2 amax) and the 23-bit fraction of amax normalized to [1, 2) (int64 each).
 
@@ -96,16 +95,17 @@ def scale_exponents(amax: torch.Tensor, fmt: ElementFormat, scale_mode: str) -> 
 
     An amax of zero gives -127 (byte 0x00). The caller handles non-finite blocks.
     """
+    scale_mode = ScaleMode(scale_mode)  # refuses an unknown mode
     log2_floor, fraction = _log2_floor_and_fraction(amax)
     exponent = log2_floor - fmt.emax
-    if scale_mode == "ceil":
+    if scale_mode == ScaleMode.CEIL:
         exponent = exponent + (fraction != 0).to(torch.int64)
-    elif scale_mode == "rceil":
+    elif scale_mode == ScaleMode.RCEIL:
         exponent = exponent + (fraction > float32_fraction_bits(fmt.max_normal)).to(torch.int64)
-    elif scale_mode == "even":
+    elif scale_mode == ScaleMode.EVEN:
         exponent = exponent + _round_fraction_carries(fraction, fmt.mbits)
-    elif scale_mode != "floor":
-        raise ValueError(f"unknown scale_mode {scale_mode!r}; accepted: {', '.join(SCALE_MODES)}")
+    elif scale_mode != ScaleMode.FLOOR:
+        raise NotImplementedError(f"scale_mode {scale_mode!r} has no rule in the reference")
     exponent = exponent.clamp(SCALE_EXP_MIN, SCALE_EXP_MAX)
     return torch.where(amax == 0, torch.full_like(exponent, SCALE_EXP_MIN), exponent)
 
@@ -124,19 +124,20 @@ def _rounded_magnitudes(
     scaled = torch.ldexp(magnitude, -quantum_exp)  # exact: a power-of-two rescale in float64
     whole = torch.floor(scaled)
     frac = scaled - whole
-    if rounding == "nearest_even":
+    rounding = Rounding(rounding)  # refuses an unknown rounding
+    if rounding == Rounding.NEAREST_EVEN:
         round_up = (frac > 0.5) | ((frac == 0.5) & (torch.remainder(whole, 2) == 1))
-    elif rounding == "nearest_away":
+    elif rounding == Rounding.NEAREST_AWAY:
         round_up = frac >= 0.5
-    elif rounding == "toward_zero":
+    elif rounding == Rounding.TOWARD_ZERO:
         round_up = torch.zeros_like(frac, dtype=torch.bool)
-    elif rounding == "stochastic":
+    elif rounding == Rounding.STOCHASTIC:
         if random_bits is None:
             raise ValueError("stochastic rounding needs random bits (pass seed=...)")
         threshold = (random_bits.double() + 0.5) * 2.0**-24
         round_up = threshold < frac
     else:
-        raise ValueError(f"unknown rounding {rounding!r}; accepted: {', '.join(ROUNDING_MODES)}")
+        raise NotImplementedError(f"rounding {rounding!r} has no rule in the reference")
     return whole + round_up.double(), quantum_exp
 
 
@@ -216,7 +217,7 @@ def _fast_path_applies(
     the guard for formats with emin < 0) does not count: its elements are +-0, which the float32 path
     returns exactly at any finite scale (|x| + C - C = 0).
     """
-    if rounding not in ("nearest_even", "stochastic") or x.dtype != torch.float32:
+    if rounding not in (Rounding.NEAREST_EVEN, Rounding.STOCHASTIC) or x.dtype != torch.float32:
         return False
     if scale_exp.numel() == 0:
         return True

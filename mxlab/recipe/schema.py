@@ -47,12 +47,11 @@ from typing import Any
 from mxlab.nn.precision import (
     HADAMARD_BLOCKS,
     OPERAND_FORMATS,
-    ROUNDINGS,
-    SCALE_MODES,
     GemmQuant,
     MatmulPrecision,
     OperandQuant,
 )
+from mxlab.numerics.vocab import Rounding, ScaleMode
 from mxlab.recipe.backends.te_policy import parse_backend_policy
 from mxlab.recipe.loss_scaling import LossScalingConfig, parse_loss_scaling
 
@@ -214,10 +213,10 @@ def _roundings(value: Any, where: str) -> tuple[str, str]:
     if isinstance(value, dict):
         _check_keys(value, ROUNDING_KEYS, f"{where}.rounding")
         return (
-            _check_choice(value.get("fwd", "nearest_even"), ROUNDINGS, "rounding", f"{where}.rounding.fwd"),
-            _check_choice(value.get("grad", "nearest_even"), ROUNDINGS, "rounding", f"{where}.rounding.grad"),
+            _check_choice(value.get("fwd", "nearest_even"), tuple(Rounding), "rounding", f"{where}.rounding.fwd"),
+            _check_choice(value.get("grad", "nearest_even"), tuple(Rounding), "rounding", f"{where}.rounding.grad"),
         )
-    mode = _check_choice(value, ROUNDINGS, "rounding", f"{where}.rounding")
+    mode = _check_choice(value, tuple(Rounding), "rounding", f"{where}.rounding")
     return mode, mode
 
 
@@ -238,7 +237,7 @@ def _parse_policy(name: str, table: Any) -> LinearPolicy:
     if isinstance(table, dict) and "backend" in table:  # a policy of another backend (Transformer Engine)
         return parse_backend_policy(name, table)
     _check_keys(table, POLICY_KEYS, where)
-    scale_mode = _check_choice(table.get("scale_mode", "floor"), SCALE_MODES, "scale_mode", f"{where}.scale_mode")
+    scale_mode = _check_choice(table.get("scale_mode", "floor"), tuple(ScaleMode), "scale_mode", f"{where}.scale_mode")
     rounding_fwd, rounding_grad = _roundings(table.get("rounding", "nearest_even"), where)
     blocks = _operand_blocks(table.get("block", 32), where)
     hadamard = _hadamard(table.get("hadamard", False), f"{where}.hadamard")
@@ -276,7 +275,7 @@ def _parse_attention(table: Any, default_policy: LinearPolicy) -> AttentionRecip
     where = "[attention]"
     _check_keys(table, ATTENTION_KEYS, where)
     scale_mode = _check_choice(
-        table.get("scale_mode", default_policy.scale_mode), SCALE_MODES, "scale_mode", f"{where}.scale_mode"
+        table.get("scale_mode", default_policy.scale_mode), tuple(ScaleMode), "scale_mode", f"{where}.scale_mode"
     )
     if "rounding" in table:
         rounding_fwd, rounding_grad = _roundings(table["rounding"], where)

@@ -9,7 +9,7 @@ from mxlab.nn import operands
 from mxlab.nn import qmatmul as qm
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.quant import fake_quantize
-from mxlab.numerics.reference import SCALE_MODES
+from mxlab.numerics.vocab import ScaleMode
 
 
 def _adversarial_bfloat16(generator: torch.Generator) -> torch.Tensor:
@@ -27,7 +27,7 @@ def _adversarial_bfloat16(generator: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+@pytest.mark.parametrize("scale_mode", [mode.value for mode in ScaleMode])
 def test_mx_values_of_bfloat16_inputs_are_exact_in_bfloat16(fmt: str, scale_mode: str) -> None:
     """The claim behind the tensor-core path: fake-quantizing a bfloat16 tensor gives values that
     bfloat16 holds exactly, so the bfloat16 result equals the float32 one bit for bit."""

@@ -57,6 +57,7 @@ from mxlab.nn.attention import JaggedAttention, call_seeds  # noqa: E402
 from mxlab.nn.qmatmul import OperandQuant  # noqa: E402
 from mxlab.numerics.formats import get_format  # noqa: E402
 from mxlab.numerics.seeding import seed_key  # noqa: E402
+from mxlab.numerics.vocab import code_field, pack_code  # noqa: E402
 from mxlab.recipe import AttentionPolicy, AttentionRecipe  # noqa: E402
 
 # Masked lanes compute exp of -inf-like arguments; NumPy (the interpreter) warns, the GPU does not.
@@ -439,8 +440,8 @@ def _device_module():
 def test_operand_code_packs_the_hardware_switch_and_refuses_it_where_it_is_not_exact():
     operand_code = _device_module().operand_code
     plain = operand_code("e4m3", "rceil", "nearest_even")
-    assert operand_code("e4m3", "rceil", "nearest_even", hw_fp8=True) == plain | (1 << 24)
-    assert operand_code("e5m2", "floor", "nearest_even", hw_fp8=True) >> 24 == 1
+    assert operand_code("e4m3", "rceil", "nearest_even", hw_fp8=True) == plain | pack_code(hw_fp8=True)
+    assert code_field(operand_code("e5m2", "floor", "nearest_even", hw_fp8=True), "hw_fp8")
     for fmt, rounding in (("e3m2", "nearest_even"), ("int8", "nearest_even"), ("e4m3", "toward_zero")):
         with pytest.raises(ValueError, match="hw_fp8=True needs format e4m3 or e5m2 with nearest_even"):
             operand_code(fmt, "floor", rounding, hw_fp8=True)
@@ -457,7 +458,7 @@ def test_host_sets_the_hardware_switch_per_operand_where_the_cast_kernels_would(
 
     def switches(policy):
         codes = attention_codes._codes(policy, cuda)
-        return {name: (code >> 24) & 1 for name, code in vars(codes).items()}
+        return {name: int(code_field(code, "hw_fp8")) for name, code in vars(codes).items()}
 
     assert set(switches(_policy(fwd="e4m3", grad="e5m2")).values()) == {1}
     assert set(switches(_policy(rounding="nearest_away")).values()) == {0}
@@ -470,7 +471,7 @@ def test_host_sets_the_hardware_switch_per_operand_where_the_cast_kernels_would(
     assert set(vars(attention_codes._codes(_policy(), None)).values()) == set(
         vars(attention_codes._codes(_policy(), torch.device("cpu"))).values()
     )
-    assert all(code >> 24 == 0 for code in vars(attention_codes._codes(_policy(), None)).values())
+    assert not any(code_field(code, "hw_fp8") for code in vars(attention_codes._codes(_policy(), None)).values())
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert set(switches(_policy()).values()) == {0}
 
@@ -930,7 +931,7 @@ def test_hardware_fp8_conversion_is_bit_identical_to_the_integer_steps_on_gpu(
     lengths, q, k, v, grad = _benchmark_inputs()
     policy = _policy(**policy_arguments)
     codes = attention_codes._codes(policy, q.device)
-    assert (codes.p_n >> 24) & 1 == 1, "this GPU must take the hardware FP8 path (sm_90+)"
+    assert code_field(codes.p_n, "hw_fp8"), "this GPU must take the hardware FP8 path (sm_90+)"
     offsets = _offsets(lengths)
     results = []
     for hw_fp8 in (True, False):

@@ -349,17 +349,19 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mxlab.numerics.formats import FORMATS
+from mxlab.numerics.vocab import Layout, kernel_code
 from mxlab.kernels.cast import bits as mq, kernels, launch
 
 def ptx(fmt, layout, hw_fp8, in_kind, rounding):
-    value_pointer = "*i32" if in_kind == mq.KIND_FP32 else "*i16"
+    layout = Layout(layout)
+    value_pointer = "*i32" if in_kind == mq.KIND_FP32.value else "*i16"
     runtime = dict(x_ptr=value_pointer, row_codes_ptr="*u8", row_scales_ptr="*u8", row_values_ptr="*i32",
                    col_codes_ptr="*u8", col_scales_ptr="*u8", col_values_ptr="*i32", L="i32", B="i32", LP="i32",
                    BP="i32", stride_a="i32", stride_l="i32", stride_b="i32", seed_key="i32", hadamard_key="i64")
-    row = layout == mq.LAYOUT_ROW
-    constants = dict(IN_KIND=in_kind, OUT_KIND=mq.KIND_FP32, LAYOUT=layout, WANT_CODES=True, WANT_VALUES=True,
-                     **launch._format_constants(FORMATS[fmt]), SCALE_MODE=mq.SCALE_RCEIL, ROUNDING=rounding, FAST=True,
-                     HW_FP8=hw_fp8, WIDE_INDEX=False, HADAMARD=True,
+    row = layout == Layout.ROW
+    constants = dict(IN_KIND=in_kind, OUT_KIND=mq.KIND_FP32.value, LAYOUT=layout.kernel_id, WANT_CODES=True,
+                     WANT_VALUES=True, CODE=kernel_code(FORMATS[fmt], "rceil", rounding, hw_fp8), FAST=True,
+                     WIDE_INDEX=False, HADAMARD=True,
                      RB=launch.ROW_TILE.rows if row else 1, RS=1 if row else 32,
                      CB=launch.ROW_TILE.col_blocks if row else launch.HADAMARD_COL_TILE.col_blocks)
     kernel = kernels._mx_kernel
@@ -380,11 +382,11 @@ def test_hadamard_kernels_compile_for_sm90_without_contraction_or_flush(kernels)
     multiply-add; no `.ftz`) as the bit-for-bit argument needs."""
     from mxlab.kernels.cast import bits
 
-    row, col = bits.LAYOUT_ROW, bits.LAYOUT_COL
+    row, col = "row", "column"
     cases = [  # fmt, layout, HW_FP8, input kind, rounding
-        ("e4m3", row, True, bits.KIND_BF16, bits.ROUND_NEAREST_EVEN),
-        ("e5m2", col, True, bits.KIND_FP32, bits.ROUND_NEAREST_EVEN),
-        ("e4m3", col, False, bits.KIND_FP16, bits.ROUND_STOCHASTIC),
+        ("e4m3", row, True, bits.KIND_BF16.value, "nearest_even"),
+        ("e5m2", col, True, bits.KIND_FP32.value, "nearest_even"),
+        ("e4m3", col, False, bits.KIND_FP16.value, "stochastic"),
     ]
     environment = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run(

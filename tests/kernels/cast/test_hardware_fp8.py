@@ -165,21 +165,26 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from mxlab.numerics.formats import FORMATS
+from mxlab.numerics.vocab import Layout, Rounding, ScaleMode, format_code, pack_code
 from mxlab.kernels.cast import bits, kernels, launch
 
 def ptx(fmt, layout, hw_fp8, want_codes, want_values, in_kind, rounding):
+    layout, rounding = Layout(layout), Rounding(rounding)
     kernel = kernels._mx_kernel
-    if layout in (bits.LAYOUT_COL, bits.LAYOUT_BOTH):
+    if layout in (Layout.COLUMN, Layout.BOTH):
         kernel = kernels._mx_column_tile_kernel
-    value_pointer = "*i32" if in_kind == bits.KIND_FP32 else "*i16"
+    value_pointer = "*i32" if in_kind == bits.KIND_FP32.value else "*i16"
     runtime = dict(x_ptr=value_pointer, row_codes_ptr="*u8", row_scales_ptr="*u8", row_values_ptr=value_pointer,
                    col_codes_ptr="*u8", col_scales_ptr="*u8", col_values_ptr=value_pointer, L="i32", B="i32",
                    LP="i32", BP="i32", stride_a="i32", stride_l="i32", stride_b="i32", seed_key="i32")
-    constants = dict(IN_KIND=in_kind, OUT_KIND=in_kind, LAYOUT=layout, WANT_CODES=want_codes,
-                     WANT_VALUES=want_values, **launch._format_constants(FORMATS[fmt]), SCALE_MODE=bits.SCALE_FLOOR,
-                     ROUNDING=rounding, FAST=True, HW_FP8=hw_fp8, WIDE_INDEX=False, CB=4)
+    # packed by hand: kernel_code's callers never set hw_fp8 with stochastic rounding, which one case checks
+    code = format_code(FORMATS[fmt]) | pack_code(
+        scale_mode=ScaleMode.FLOOR.kernel_id, rounding=rounding.kernel_id, hw_fp8=hw_fp8
+    )
+    constants = dict(IN_KIND=in_kind, OUT_KIND=in_kind, LAYOUT=layout.kernel_id, WANT_CODES=want_codes,
+                     WANT_VALUES=want_values, CODE=code, FAST=True, WIDE_INDEX=False, CB=4)
     if kernel is kernels._mx_kernel:
-        constants.update(RB=8 if layout == bits.LAYOUT_ROW else 1, RS=1 if layout == bits.LAYOUT_ROW else 32)
+        constants.update(RB=8 if layout == Layout.ROW else 1, RS=1 if layout == Layout.ROW else 32)
     signature = {name: runtime.get(name, "constexpr") for name in kernel.arg_names}
     source = ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
@@ -194,9 +199,9 @@ def test_hardware_branch_compiles_to_the_fp8_conversion_for_sm90(kernel_module):
     """Compiles the kernels for sm_90 in a fresh process (this one may hold interpreted kernels)."""
     from mxlab.kernels.cast import bits
 
-    row, col, both, tile = bits.LAYOUT_ROW, bits.LAYOUT_COL, bits.LAYOUT_BOTH, bits.LAYOUT_TILE
-    bf16, fp16, fp32 = bits.KIND_BF16, bits.KIND_FP16, bits.KIND_FP32
-    nearest_even, stochastic = bits.ROUND_NEAREST_EVEN, bits.ROUND_STOCHASTIC
+    row, col, both, tile = "row", "column", "both", "tile"
+    bf16, fp16, fp32 = bits.KIND_BF16.value, bits.KIND_FP16.value, bits.KIND_FP32.value
+    nearest_even, stochastic = "nearest_even", "stochastic"
     cases = [  # fmt, layout, HW_FP8, codes, values, input kind, rounding
         ("e4m3", row, True, True, False, bf16, nearest_even),
         ("e4m3", row, False, True, False, bf16, nearest_even),
@@ -434,7 +439,8 @@ def check_against_reference_and_integer_path(kernels, x: torch.Tensor, fmt: str,
 @pytest.mark.parametrize("fmt", FP8_FORMATS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_gpu_capable_device_runs_the_hardware_conversion(kernels, fmt, layout):
-    from mxlab.kernels.cast import CastLaunch, bits, launch
+    from mxlab.kernels.cast import CastLaunch, launch
+    from mxlab.numerics.vocab import Layout
 
     capable = torch.cuda.get_device_capability() >= launch.HARDWARE_FP8_MIN_CAPABILITY
     x = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
@@ -442,7 +448,7 @@ def test_gpu_capable_device_runs_the_hardware_conversion(kernels, fmt, layout):
     if not capable:
         pytest.skip(f"compute capability {torch.cuda.get_device_capability()} < 9.0: the integer path runs")
     view_arguments = dict(
-        row=(32, -1, None), column=(32, 0, None), both=(32, 0, bits.LAYOUT_BOTH), tile=((32, 32), -1, None)
+        row=(32, -1, None), column=(32, 0, None), both=(32, 0, Layout.BOTH), tile=((32, 32), -1, None)
     )[layout]
     block, axis, forced_layout = view_arguments
     view = launch._make_view(x, block, axis, False, layout=forced_layout)
