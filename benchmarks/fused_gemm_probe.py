@@ -40,13 +40,7 @@ from mxlab.numerics.vocab import ScaleMode, kernel_code
 
 
 @triton.jit
-def _quantize_tile(
-    x,
-    AXIS: tl.constexpr,
-    CODE: tl.constexpr,
-    R: tl.constexpr,
-    C: tl.constexpr,
-):
+def _quantize_tile(x, AXIS: tl.constexpr, CODE: tl.constexpr, R: tl.constexpr, C: tl.constexpr):
     """bfloat16 fake-quantized values of an (R, C) bfloat16 tile, blocks of 32 along AXIS (1: its columns,
     0: its rows)."""
     bits = x.to(tl.float32).to(tl.int32, bitcast=True)
@@ -232,16 +226,7 @@ def _cols_gemm(
 
 
 @triton.jit
-def _write_quantized(
-    x_ptr,
-    y_ptr,
-    M,
-    C,
-    AXIS: tl.constexpr,
-    CODE: tl.constexpr,
-    BM: tl.constexpr,
-    BC: tl.constexpr,
-):
+def _write_quantized(x_ptr, y_ptr, M, C, AXIS: tl.constexpr, CODE: tl.constexpr, BM: tl.constexpr, BC: tl.constexpr):
     """Y = the GEMMs' in-register quantization of X (M, C) contiguous: the exactness check's view of it."""
     rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)
     rc = tl.program_id(1) * BC + tl.arange(0, BC)

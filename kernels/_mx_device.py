@@ -262,11 +262,4 @@ def score_random_bits(query_rows, head, heads, keys, seed_key, KEYS_FIRST: tl.co
     return (hashed >> 8).to(tl.int32)
 
 
-__all__ = [
-    "operand_code",
-    "fake_quant_tile",
-    "token_random_bits",
-    "score_random_bits",
-    "ROUND_STOCHASTIC",
-    "BLOCK",
-]
+__all__ = ["operand_code", "fake_quant_tile", "token_random_bits", "score_random_bits", "ROUND_STOCHASTIC", "BLOCK"]

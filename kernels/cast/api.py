@@ -9,15 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from mxlab.kernels.cast.launch import (
-    BLOCK,
-    DEFAULT_LAUNCH,
-    DTYPE_KINDS,
-    CastLaunch,
-    _make_view,
-    _View,
-    launch_cast,
-)
+from mxlab.kernels.cast.launch import BLOCK, DEFAULT_LAUNCH, DTYPE_KINDS, CastLaunch, _make_view, _View, launch_cast
 from mxlab.numerics.formats import ElementFormat
 from mxlab.numerics.vocab import Layout, Rounding, ScaleMode
 

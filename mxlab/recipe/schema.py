@@ -44,13 +44,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any
 
-from mxlab.nn.precision import (
-    HADAMARD_BLOCKS,
-    OPERAND_FORMATS,
-    GemmQuant,
-    MatmulPrecision,
-    OperandQuant,
-)
+from mxlab.nn.precision import HADAMARD_BLOCKS, OPERAND_FORMATS, GemmQuant, MatmulPrecision, OperandQuant
 from mxlab.numerics.vocab import Rounding, ScaleMode
 from mxlab.recipe.backends.te_policy import parse_backend_policy
 from mxlab.recipe.loss_scaling import LossScalingConfig, parse_loss_scaling
