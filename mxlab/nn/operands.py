@@ -35,7 +35,8 @@ def quantized_operand(
     precision: x itself (bfloat16 stays bfloat16, anything else becomes float32)."""
     if quant.high_precision:
         return (x if x.dtype == torch.bfloat16 else x.float()), None
-    from mxlab.numerics.quant import fake_quantize, quantize_per_tensor_fp8
+    from mxlab.numerics.per_tensor import quantize_per_tensor_fp8
+    from mxlab.numerics.quant import fake_quantize
 
     if not quant.block_scaled:
         q, scale_inv = quantize_per_tensor_fp8(x, quant.fmt)

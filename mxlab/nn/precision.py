@@ -11,8 +11,9 @@ import torch
 
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.hadamard import HADAMARD_BLOCKS
+from mxlab.numerics.per_tensor import PER_TENSOR_FP8
 from mxlab.numerics.quant import HIGH_PRECISION as HIGH_PRECISION_FORMATS
-from mxlab.numerics.quant import PER_TENSOR_FP8, SQUARE_BLOCK
+from mxlab.numerics.quant import SQUARE_BLOCK
 from mxlab.numerics.reference import BLOCK_SIZE
 from mxlab.numerics.seeding import SEED_SLOTS, derive_seed
 from mxlab.numerics.vocab import Rounding, ScaleMode

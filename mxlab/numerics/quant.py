@@ -23,11 +23,11 @@ import torch.nn.functional as F
 
 from mxlab.numerics import reference
 from mxlab.numerics.formats import FORMATS, ElementFormat, decode_codes, decode_scales, get_format
+from mxlab.numerics.per_tensor import PER_TENSOR_FP8, fake_quantize_per_tensor_fp8
 from mxlab.numerics.reference import BLOCK_SIZE
 from mxlab.numerics.vocab import Rounding, ScaleMode
 
 HIGH_PRECISION = ("bf16", "fp32")
-PER_TENSOR_FP8 = {"fp8_tensor_e4m3": torch.float8_e4m3fn, "fp8_tensor_e5m2": torch.float8_e5m2}
 PRECISIONS = tuple(FORMATS) + HIGH_PRECISION + tuple(PER_TENSOR_FP8)
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SQUARE_BLOCK = (BLOCK_SIZE, BLOCK_SIZE)
@@ -494,33 +494,3 @@ def hadamard_fake_quantize(
         values = F.pad(values, [0, 0] * (x.dim() - 1 - axis) + [0, missing])
     transformed = random_hadamard(values, block, axis, hadamard_seed)
     return fake_quantize(transformed, fmt, axis=axis, scale_mode=scale_mode, rounding=rounding, seed=seed, pad=pad)
-
-
-def per_tensor_fp8_scale(amax: torch.Tensor, fmt: str) -> torch.Tensor:
-    """The float32 current scale fp8_max / amax of per-tensor FP8 `fmt`, as Transformer Engine forms
-    it: 1 for amax 0, capped at float32 max when the quotient overflows."""
-    fp8_max = torch.finfo(PER_TENSOR_FP8[fmt]).max
-    float32_max = torch.finfo(torch.float32).max
-    return torch.where(amax > 0, (fp8_max / amax).clamp(max=float32_max), torch.ones_like(amax))
-
-
-def quantize_per_tensor_fp8(x: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-tensor FP8 with current scaling, as Transformer Engine's Float8CurrentScaling: returns
-    (q, scale_inv), q = fp8(x * scale) with saturation (a float8 tensor of x's shape) and the 0-d
-    float32 scale_inv = 1 / scale, scale as `per_tensor_fp8_scale`. A non-finite amax gives a NaN
-    scale_inv (no host synchronization). Refuses an unknown `fmt` (KeyError from PER_TENSOR_FP8)."""
-    dtype = PER_TENSOR_FP8[fmt]
-    fp8_max = torch.finfo(dtype).max
-    values = x.float()
-    amax = values.abs().amax() if values.numel() else torch.zeros((), device=x.device)
-    scale = per_tensor_fp8_scale(amax, fmt)
-    q = (values * scale).clamp(-fp8_max, fp8_max).to(dtype)
-    scale_inv = torch.where(torch.isfinite(amax), torch.reciprocal(scale), torch.full_like(scale, float("nan")))
-    return q, scale_inv
-
-
-def fake_quantize_per_tensor_fp8(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """q * scale_inv of `quantize_per_tensor_fp8` (float32 product) in x's dtype; NaN everywhere when
-    the amax is not finite."""
-    q, scale_inv = quantize_per_tensor_fp8(x, fmt)
-    return (q.float() * scale_inv).to(x.dtype)

@@ -10,7 +10,7 @@ from mxlab.nn.linear import QLinear
 from mxlab.nn.precision import GemmQuant, MatmulPrecision, OperandQuant
 from mxlab.numerics.formats import FORMATS
 from mxlab.numerics.quant import fake_quantize
-from mxlab.numerics.reference import ROUNDING_MODES, SCALE_MODES
+from mxlab.numerics.vocab import Rounding, ScaleMode
 from mxlab.recipe import apply_recipe, load_recipe
 
 # (format, block, scale mode, rounding, grad format, hadamard, in_features, out_features): every value of each
@@ -95,7 +95,7 @@ def test_fake_quantize_of_every_format_scale_mode_and_rounding_compiles_to_eager
     def every_option(x):
         outs = []
         for index, fmt in enumerate(FORMATS):  # each scale mode and rounding with several formats
-            scale_mode, rounding = SCALE_MODES[index % 4], ROUNDING_MODES[(index + 1) % 4]
+            scale_mode, rounding = list(ScaleMode)[index % 4], list(Rounding)[(index + 1) % 4]
             seed = 11 if rounding == "stochastic" else None
             options = {"scale_mode": scale_mode, "rounding": rounding, "seed": seed, "pad": True}
             outs.append(fake_quantize(x, fmt, axis=index % 2, **options))

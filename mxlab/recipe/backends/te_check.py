@@ -237,7 +237,8 @@ def compare_per_tensor(handle: TEHandle, x: torch.Tensor, fmt: str, case: str) -
     """TE's Float8CurrentScalingQuantizer against mxlab's fake_quantize(x, "fp8_tensor_" + fmt) on one tensor."""
     import transformer_engine_torch as tex
 
-    from mxlab.numerics.quant import PER_TENSOR_FP8, fake_quantize, per_tensor_fp8_scale
+    from mxlab.numerics.per_tensor import PER_TENSOR_FP8, per_tensor_fp8_scale
+    from mxlab.numerics.quant import fake_quantize
 
     te_dtype = tex.DType.kFloat8E4M3 if fmt == "e4m3" else tex.DType.kFloat8E5M2
     fp8_dtype = PER_TENSOR_FP8[f"fp8_tensor_{fmt}"]
