@@ -262,6 +262,7 @@ class SyntheticSource(DataSource):
             name="synthetic",
             candidate_field=0,
             field_names=FIELD_NAMES,
+            base_rates=(config.base_ctr, config.base_cvr),
         )
         self.ctr_bias, self.cvr_bias = self._calibrate()
 

@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mxlab.experiment.gate import GateConfig, gate_from_table
+from mxlab.experiment.overrides import apply_overrides, parse_override  # noqa: F401 (parse_override: re-exported)
 from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
+from mxlab.experiment.training_recipe import check_training_recipe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +28,9 @@ DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
 SOURCES_WITH_TRUTH = ("synthetic",)
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 PRECISIONS = ("bf16", "fp32")
-TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution")
+TOP_LEVEL_KEYS = (
+    *("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution", "gate"),
+)
 EXECUTORS = ("local", "ray")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
 POST_TRAINING_PREFIX = "post:"  # an arm "post:RECIPE": the baseline's trained model evaluated under RECIPE, no training
@@ -38,7 +43,9 @@ def post_training_recipe(arm: str) -> str | None:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The [train] table. `max_steps = 0` means no cap; `diagnostics_every = 0` means off.
+    """The [train] table. `max_steps = 0` means no cap; `diagnostics_every = 0` means off. The keys of
+    the shared training recipe (optimizer split, warm-up, clipping, output biases, loss spikes) are
+    described and checked by mxlab.experiment.training_recipe.
 
     `precision` is what the model's high-precision GEMMs run in: "bf16" (torch.autocast to
     bfloat16 around the forward pass; master weights, optimizer state and losses stay float32;
@@ -48,9 +55,9 @@ class TrainConfig:
     batch_size: int = 256
     lr: float = 1e-3
     epochs: int = 1
-    optimizer: str = "adam"
+    optimizer: str = "adamw"  # the dense parameters' (mxlab.experiment.optim)
     precision: str = "bf16"
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01  # on the dense parameters of 2+ dims
     eval_batch_size: int = 4096
     checkpoint_every: int = 200
     diagnostics_every: int = 0
@@ -78,6 +85,13 @@ class TrainConfig:
     # design each arm ends in its own decay: the eval then scores a settled model rather than a
     # snapshot of one still moving at full rate.
     lr_decay_steps: int = 0
+    # The shared training recipe (mxlab.experiment.training_recipe; docs/running.md, "The training recipe")
+    embedding_optimizer: str = "rowwise-adagrad"
+    embedding_lr: float = 0.01
+    warmup_share: float = 0.1
+    clip_grad_norm: float = 1.0
+    output_bias: str = "base-rates"
+    spike_factor: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,7 @@ class ExperimentSpec:
     description: str = ""
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     recipe_paths: dict[str, Path] = field(default_factory=dict)
+    gate: GateConfig = field(default_factory=GateConfig)  # the [gate] table (mxlab.experiment.gate)
     spec_path: Path | None = None
     fork_recipe_path: Path | None = None  # the warm-up's recipe file in the fork design
 
@@ -150,6 +165,7 @@ class ExperimentSpec:
             "train": dataclasses.asdict(self.train),
             "report": self.report.to_dict(),
             "execution": dataclasses.asdict(self.execution),
+            "gate": self.gate.to_dict(),
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
             "design": self.design,
@@ -215,6 +231,7 @@ def _check_ranges(config: Any, where: str) -> None:
             if getattr(config, key) < low:
                 raise ValueError(f"{where}.{key} must be >= {low}, got {getattr(config, key)}")
     if isinstance(config, TrainConfig):
+        check_training_recipe(config, where)
         for key in ("batch_size", "eval_batch_size", "epochs", "log_every"):
             if getattr(config, key) < 1:
                 raise ValueError(f"{where}.{key} must be >= 1, got {getattr(config, key)}")
@@ -255,49 +272,6 @@ def _check_ranges(config: Any, where: str) -> None:
                 f"{where}.eval_every ({config.eval_every}) must be a multiple of {where}.log_every "
                 f"({config.log_every}): held-out metrics are written into that step's metrics record"
             )
-
-
-# ----------------------------------------------------------------------------------------------
-# overrides
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parse one `--set key=value` into (dotted key parts, value).
-
-    The value is read as a TOML value (`2`, `1e-3`, `[0, 1]`, `true`, `"x"`); a bare word that is
-    not valid TOML (`movielens-100k`) is taken as a string. Refuses text without `=` or an empty key.
-    """
-    if "=" not in text:
-        raise ValueError(f"--set expects key=value (e.g. train.epochs=2), got {text!r}")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    parts = key.split(".")
-    if not key or any(not part for part in parts):
-        raise ValueError(f"--set has an empty key in {text!r}; expected a dotted key like train.epochs")
-    raw = raw.strip()
-    try:
-        value = tomllib.loads(f"value = {raw}")["value"]
-    except tomllib.TOMLDecodeError:
-        value = raw
-    return parts, value
-
-
-def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
-    """Return a copy of the raw spec table with each `key=value` override set (tables created as needed).
-
-    Refuses an override that descends into a value that is not a table.
-    """
-    result = copy.deepcopy(raw)
-    for text in overrides:
-        parts, value = parse_override(text)
-        table = result
-        for depth, part in enumerate(parts[:-1]):
-            child = table.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ValueError(f"--set {text!r}: {'.'.join(parts[: depth + 1])} is not a table")
-            table = child
-        table[parts[-1]] = value
-    return result
 
 
 # ----------------------------------------------------------------------------------------------
@@ -456,6 +430,9 @@ def spec_from_dict(
             raise ValueError(f"train.fork_from: {error}") from None
     report = report_settings(raw.get("report", {}))
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
+    gate = gate_from_table(
+        raw.get("gate", {}), seeds=seeds, fork=bool(train.fork_from), has_truth=data["source"] in SOURCES_WITH_TRUTH
+    )
     needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
     if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:
         raise ValueError(
@@ -481,6 +458,7 @@ def spec_from_dict(
         description=description,
         execution=execution,
         recipe_paths=recipe_paths,
+        gate=gate,
         spec_path=Path(spec_path).resolve() if spec_path else None,
         fork_recipe_path=fork_recipe_path,
     )
