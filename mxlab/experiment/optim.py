@@ -57,12 +57,12 @@ class SplitOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         found_inf = getattr(self, "found_inf", None)  # set by a loss scaler that skips on the device
-        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
-        if not grads:
+        parameters = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if not parameters:
             return
-        self.grad_norm = nn.utils.get_total_norm(grads, foreach=True)
+        self.grad_norm = nn.utils.get_total_norm([p.grad for p in parameters], foreach=True)
         if self.clip != float("inf"):
-            nn.utils.clip_grads_with_norm_(grads, self.clip, self.grad_norm, foreach=True)
+            nn.utils.clip_grads_with_norm_(parameters, self.clip, self.grad_norm, foreach=True)
         if found_inf is not None and self._step_supports_amp_scaling:
             self.dense.grad_scale, self.dense.found_inf = None, found_inf
             try:

@@ -42,6 +42,7 @@ from mxlab.report.document import (
     render_html,
     render_markdown,
 )
+from mxlab.report.gate import gate_text
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
 
 VERDICT_MARKS = {
@@ -619,6 +620,7 @@ def write_report(study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None
             f"Baseline **{study.baseline}**; arms {', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
             f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
             + design_text(study.spec)
+            + gate_text(study.spec)
         ),
     ]
     heldout = heldout_series(study) if study.has_runs else {}
