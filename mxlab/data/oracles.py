@@ -31,16 +31,30 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def platt(labels: np.ndarray, logits: np.ndarray, iterations: int = 30) -> tuple[float, float]:
-    """(a, b) of the logistic-regression fit sigmoid(a + b logits) to `labels` (Newton's method)."""
+def platt(labels: np.ndarray, logits: np.ndarray, iterations: int = 50) -> tuple[float, float]:
+    """(a, b) of the logistic-regression fit sigmoid(a + b logits) to `labels` (Newton's method, each step
+    halved until the log-likelihood does not fall)."""
     y = np.asarray(labels, dtype=np.float64)
     x = np.stack([np.ones_like(logits), np.asarray(logits, dtype=np.float64)], axis=1)
+
+    def likelihood(w: np.ndarray) -> float:
+        z = x @ w
+        return float(np.sum(y * z - np.logaddexp(0.0, z)))
+
     w = np.array([0.0, 1.0])
+    current = likelihood(w)
     for _ in range(iterations):
         p = expit(x @ w)
         hessian = (x * (p * (1 - p))[:, None]).T @ x + 1e-9 * np.eye(2)
         step = np.linalg.solve(hessian, x.T @ (y - p))
-        w += step
+        for _ in range(40):
+            candidate = likelihood(w + step)
+            if candidate >= current:
+                break
+            step = step / 2
+        else:
+            break
+        w, current = w + step, candidate
         if np.abs(step).max() < 1e-10:
             break
     return float(w[0]), float(w[1])

@@ -36,3 +36,15 @@ def test_oracles_need_known_truth():
 
     with pytest.raises(ValueError, match="oracle metrics need a source with known truth"):
         oracle_metrics(NoTruth())
+
+
+def test_the_recalibration_fit_converges_at_rare_labels():
+    import numpy as np
+
+    from mxlab.data.oracles import platt
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-9, -3, 4000)
+    labels = rng.random(4000) < 1 / (1 + np.exp(-(2.0 + 0.8 * x)))
+    a, b = platt(labels, x)
+    assert np.isfinite([a, b]).all() and abs(b - 0.8) < 0.4 and abs(a - 2.0) < 2.0
