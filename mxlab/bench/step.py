@@ -115,7 +115,7 @@ def arm_stepper(
     model = build_model(spec.model, info)
     apply_recipe(model, recipe, seed=0)
     model.to(device).train()
-    optimizer = make_optimizer(spec.train, model.parameters())
+    optimizer = make_optimizer(spec.train, model)
     scaler = make_loss_scaler(recipe.loss_scaling, model)
 
     def take(index: int) -> torch.Tensor:

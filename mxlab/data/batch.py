@@ -140,7 +140,8 @@ class DataInfo:
     documented interface (with defaults): ``candidate_field`` is the index of the sparse field
     whose ids live in the history item space (the candidate ad/movie), or None;
     ``field_names``; ``has_conversion`` (False: conversion labels are absent, CVR metrics
-    meaningless); ``has_history`` (False: every history is empty).
+    meaningless); ``has_history`` (False: every history is empty); ``base_rates``: (CTR, CVR given a
+    click) of the training data where the source knows them (the output biases start there), else None.
     """
 
     n_dense: int
@@ -153,6 +154,7 @@ class DataInfo:
     field_names: tuple[str, ...] = ()
     has_conversion: bool = True
     has_history: bool = True
+    base_rates: tuple[float, float] | None = None
 
 
 class DataSource(ABC):

@@ -45,7 +45,8 @@ def _parse_assignment(text: str) -> tuple[str, object]:
 
 def describe(source: str, max_history: int, assignments: list[str]) -> int:
     """Print a JSON description of a data source (sizes, features, label rates of the eval set and,
-    for synthetic data, the metrics of the true probabilities); return the exit status."""
+    for synthetic data, the metrics of the true probabilities and the oracles of its feature groups,
+    mxlab.data.oracles); return the exit status."""
     from mxlab.data import make_source, truth_reference
 
     try:
@@ -67,6 +68,9 @@ def describe(source: str, max_history: int, assignments: list[str]) -> int:
         "mean_history_length": history_tokens / max(examples, 1),
     }
     if data_source.info.has_truth:
+        from mxlab.data.oracles import oracle_metrics
+
         description["truth_reference"] = truth_reference(data_source)
+        description["oracles"] = oracle_metrics(data_source)
     print(json.dumps(description, indent=2, default=str))
     return 0

@@ -293,6 +293,9 @@ class MovieLensSource(DataSource):
         ).astype(np.float32)
         self._train_index, self._eval_index = train_index, eval_index
         self.n_train, self.n_eval = int(train_index.size), int(eval_index.size)
+        train_rating = self._rating[train_index]
+        clicks = max(1, int((train_rating >= 4).sum()))
+        base_rates = (clicks / max(1, train_rating.size), float((train_rating == 5).sum()) / clicks)
         self.info = DataInfo(
             n_dense=3,
             field_cardinalities=(
@@ -309,6 +312,7 @@ class MovieLensSource(DataSource):
             name="movielens-100k",
             candidate_field=0,
             field_names=FIELD_NAMES,
+            base_rates=base_rates,
         )
 
     def _examples(self, index: np.ndarray) -> JaggedBatch:

@@ -20,14 +20,23 @@ class LogInterval:
 
     def __init__(self) -> None:
         self.losses: list[list[float]] = []
+        self.steps: list[int] = []
+        self.grad_norms: list[float] = []
         self.examples = 0
         self.seconds = 0.0
 
     def state(self) -> dict[str, Any]:
-        return {"losses": self.losses, "examples": self.examples, "seconds": self.seconds}
+        return {
+            "losses": self.losses,
+            "examples": self.examples,
+            "seconds": self.seconds,
+            "steps": self.steps,
+            "grad_norms": self.grad_norms,
+        }
 
     def load(self, state: dict[str, Any]) -> None:
         self.losses, self.examples, self.seconds = state["losses"], state["examples"], state["seconds"]
+        self.steps, self.grad_norms = list(state.get("steps", [])), list(state.get("grad_norms", []))
 
     def mean(self, index: int) -> float:
         values = [entry[index] for entry in self.losses]
@@ -36,11 +45,22 @@ class LogInterval:
     def add(self, entry: ReadStep) -> None:
         """Count one step read back from the device."""
         self.losses.append(entry.losses)
+        self.steps.append(entry.step)
+        self.grad_norms.append(entry.grad_norm)
         self.examples += entry.examples
         self.seconds += entry.seconds
 
-    def record(self, entry: ReadStep, time_s: float) -> dict[str, Any]:
-        """The metrics.jsonl record of this interval, ending at `entry`: mean losses, loss scale, throughput."""
+    def record(
+        self, entry: ReadStep, time_s: float, previous: dict[str, Any] | None = None, train: Any = None
+    ) -> dict[str, Any]:
+        """The metrics.jsonl record of this interval, ending at `entry`: mean losses, loss scale, throughput,
+        and given `train` the health fields (mxlab.experiment.health; `previous`: the run's last record)."""
+        from mxlab.experiment.health import interval_health
+
+        health = {}
+        if train is not None:
+            losses = [values[0] for values in self.losses]
+            health = interval_health(self.steps, losses, self.grad_norms, previous, train)
         return {
             "step": entry.step,
             "epoch": entry.epoch,
@@ -51,4 +71,5 @@ class LogInterval:
             "skipped": entry.skipped,
             "examples_per_s": self.examples / self.seconds if self.seconds > 0 else 0.0,
             "time_s": time_s,
+            **health,
         }

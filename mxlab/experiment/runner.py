@@ -33,6 +33,7 @@ import torch
 from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
+from mxlab.experiment.gate import gated_spec, read_gate, run_gate
 from mxlab.experiment.provenance import code_commit, device_name
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
@@ -378,8 +379,12 @@ def run_study(
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
+    decision = read_gate(out_dir) if spec.gate.enabled else None  # an earlier visit's gate decision stands
     warmups = fork_jobs(spec, out_dir / "runs")
-    jobs = warmups + study_jobs(spec, out_dir / "runs")
+    if decision is not None:
+        spares = tuple(int(seed) for seed in decision["judged"] if int(seed) not in spec.seeds)
+        warmups += fork_jobs(dataclasses.replace(spec, seeds=spares), out_dir / "runs") if spares else []
+    jobs = warmups + study_jobs(gated_spec(spec, decision) if decision else spec, out_dir / "runs")
     done_before = {job.label for job in jobs if run_is_done(job.run_dir)}
     # MPS before this process touches CUDA (preflight), so it and every worker are clients of the daemon
     with mps_daemon(mps and len(done_before) < len(jobs)):
@@ -425,13 +430,17 @@ def run_study(
                     "mps": mps,
                 },
             )
-        results: dict[str, RunResult] = {}
+        results: dict[str, RunResult] = run_jobs(warmups, runner, show_progress=show_progress)
+        if spec.gate.enabled:  # arm-blind: decided on the warm-ups alone, before any arm (mxlab.experiment.gate)
+
+            def run_spares(seeds: Sequence[int]) -> dict[str, RunResult]:
+                spares = fork_jobs(dataclasses.replace(spec, seeds=tuple(seeds)), out_dir / "runs")
+                return run_jobs(spares, runner, show_progress=show_progress)
+
+            gated = run_gate(spec, out_dir, results, run_spares, lambda: source or make_data_source(spec))
+            jobs = warmups + study_jobs(gated, out_dir / "runs")
         arms = jobs[len(warmups) :]
-        for phase in (
-            warmups,
-            [job for job in arms if not job.post_training],
-            [job for job in arms if job.post_training],
-        ):
+        for phase in ([job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
             results.update(blocked_runs(phase, results))  # a run waits for the run it starts from
             results.update(
                 run_jobs([job for job in phase if job.label not in results], runner, show_progress=show_progress)

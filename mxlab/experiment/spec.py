@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mxlab.experiment.gate import GateConfig, gate_from_table
 from mxlab.experiment.overrides import apply_overrides
 from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
+from mxlab.experiment.training_recipe import check_training_recipe
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,7 +28,9 @@ DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
 SOURCES_WITH_TRUTH = ("synthetic",)
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 PRECISIONS = ("bf16", "fp32")
-TOP_LEVEL_KEYS = ("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution")
+TOP_LEVEL_KEYS = (
+    *("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution", "gate"),
+)
 EXECUTORS = ("local", "ray")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
 POST_TRAINING_PREFIX = "post:"  # an arm "post:RECIPE": the baseline's trained model evaluated under RECIPE, no training
@@ -39,7 +43,9 @@ def post_training_recipe(arm: str) -> str | None:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """The [train] table. `max_steps = 0` means no cap; `diagnostics_every = 0` means off.
+    """The [train] table. `max_steps = 0` means no cap; `diagnostics_every = 0` means off. The keys of
+    the shared training recipe (optimizer split, warm-up, clipping, output biases, loss spikes) are
+    described and checked by mxlab.experiment.training_recipe.
 
     `precision` is what the model's high-precision GEMMs run in: "bf16" (torch.autocast to
     bfloat16 around the forward pass; master weights, optimizer state and losses stay float32;
@@ -49,9 +55,9 @@ class TrainConfig:
     batch_size: int = 256
     lr: float = 1e-3
     epochs: int = 1
-    optimizer: str = "adam"
+    optimizer: str = "adamw"  # the dense parameters' (mxlab.experiment.optim)
     precision: str = "bf16"
-    weight_decay: float = 0.0
+    weight_decay: float = 0.01  # on the dense parameters of 2+ dims
     eval_batch_size: int = 4096
     checkpoint_every: int = 200
     diagnostics_every: int = 0
@@ -79,6 +85,13 @@ class TrainConfig:
     # design each arm ends in its own decay: the eval then scores a settled model rather than a
     # snapshot of one still moving at full rate.
     lr_decay_steps: int = 0
+    # The shared training recipe (mxlab.experiment.training_recipe; docs/running.md, "The training recipe")
+    embedding_optimizer: str = "rowwise-adagrad"
+    embedding_lr: float = 0.01
+    warmup_share: float = 0.1
+    clip_grad_norm: float = 1.0
+    output_bias: str = "base-rates"
+    spike_factor: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,7 @@ class ExperimentSpec:
     description: str = ""
     execution: ExecutionConfig = field(default_factory=ExecutionConfig)
     recipe_paths: dict[str, Path] = field(default_factory=dict)
+    gate: GateConfig = field(default_factory=GateConfig)  # the [gate] table (mxlab.experiment.gate)
     spec_path: Path | None = None
     fork_recipe_path: Path | None = None  # the warm-up's recipe file in the fork design
 
@@ -151,6 +165,7 @@ class ExperimentSpec:
             "train": dataclasses.asdict(self.train),
             "report": self.report.to_dict(),
             "execution": dataclasses.asdict(self.execution),
+            "gate": self.gate.to_dict(),
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
             "design": self.design,
@@ -216,6 +231,7 @@ def _check_ranges(config: Any, where: str) -> None:
             if getattr(config, key) < low:
                 raise ValueError(f"{where}.{key} must be >= {low}, got {getattr(config, key)}")
     if isinstance(config, TrainConfig):
+        check_training_recipe(config, where)
         for key in ("batch_size", "eval_batch_size", "epochs", "log_every"):
             if getattr(config, key) < 1:
                 raise ValueError(f"{where}.{key} must be >= 1, got {getattr(config, key)}")
@@ -418,6 +434,9 @@ def spec_from_dict(
     except ValueError as error:
         raise ValueError(f"[report]: {error}") from None
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
+    gate = gate_from_table(
+        raw.get("gate", {}), seeds=seeds, fork=bool(train.fork_from), has_truth=data["source"] in SOURCES_WITH_TRUTH
+    )
     needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
     if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:
         raise ValueError(
@@ -443,6 +462,7 @@ def spec_from_dict(
         description=description,
         execution=execution,
         recipe_paths=recipe_paths,
+        gate=gate,
         spec_path=Path(spec_path).resolve() if spec_path else None,
         fork_recipe_path=fork_recipe_path,
     )

@@ -25,6 +25,7 @@ step by step on the values read, so what it records is what a per-step read woul
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -84,13 +85,22 @@ class PendingStep:
     skipped: torch.Tensor  # 0-d, the scaler's skipped steps after the step
     examples: int
     seconds: float
+    grad_norm: torch.Tensor | None = None  # 0-d, the global gradient norm before clipping (None: not taken)
 
     @classmethod
     def after(
-        cls, step: int, epoch: int, losses: torch.Tensor, scaler: Any, examples: int, seconds: float
+        cls,
+        step: int,
+        epoch: int,
+        losses: torch.Tensor,
+        scaler: Any,
+        examples: int,
+        seconds: float,
+        grad_norm: torch.Tensor | None = None,
     ) -> PendingStep:
         """The record of a step just taken: copies of the scaler's device-side scale and skipped count
-        (`scale_on_device`, `skipped_on_device` of mxlab.recipe.loss_scaling's scalers); no sync."""
+        (`scale_on_device`, `skipped_on_device` of mxlab.recipe.loss_scaling's scalers) and of the
+        optimizer's gradient norm (mxlab.experiment.optim.SplitOptimizer.grad_norm); no sync."""
         return cls(
             step,
             epoch,
@@ -99,6 +109,7 @@ class PendingStep:
             scaler.skipped_on_device.detach().clone(),
             examples,
             seconds,
+            None if grad_norm is None else grad_norm.detach().clone(),
         )
 
 
@@ -113,6 +124,7 @@ class ReadStep:
     skipped: int
     examples: int
     seconds: float
+    grad_norm: float = math.nan  # NaN: the step took no gradient norm (skipped, or no optimizer step)
 
 
 def read_pending(pending: Sequence[PendingStep]) -> list[ReadStep]:
@@ -126,7 +138,7 @@ def read_pending(pending: Sequence[PendingStep]) -> list[ReadStep]:
                 torch.cat(
                     [
                         value.reshape(-1).to(device, torch.float64)
-                        for value in (entry.losses, entry.scale, entry.skipped)
+                        for value in (entry.losses, entry.scale, entry.skipped, _norm(entry))
                     ]
                 )
                 for entry in pending
@@ -138,11 +150,17 @@ def read_pending(pending: Sequence[PendingStep]) -> list[ReadStep]:
     read = []
     for entry in pending:
         losses = [next(values) for _ in range(entry.losses.numel())]
-        scale, skipped = next(values), next(values)
+        scale, skipped, norm = next(values), next(values), next(values)
         read.append(
-            ReadStep(entry.step, entry.epoch, losses, float(scale), int(skipped), entry.examples, entry.seconds)
+            ReadStep(entry.step, entry.epoch, losses, float(scale), int(skipped), entry.examples, entry.seconds, norm)
         )
     return read
+
+
+def _norm(entry: PendingStep) -> torch.Tensor:
+    if entry.grad_norm is not None:
+        return entry.grad_norm
+    return torch.full((), math.nan, device=entry.losses.device)
 
 
 __all__ = ["PendingStep", "ReadStep", "autocast", "read_pending", "train_step"]

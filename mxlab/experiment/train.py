@@ -32,8 +32,9 @@ from mxlab.experiment.checkpoint import save_checkpoint as write_checkpoint
 from mxlab.experiment.data_order import data_order_seed, training_batches
 from mxlab.experiment.distributed import World
 from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
+from mxlab.experiment.health import summarize
 from mxlab.experiment.metrics_log import LogInterval, median_step_ms
-from mxlab.experiment.optim import learning_rate, make_optimizer
+from mxlab.experiment.optim import lr_factor, make_optimizer
 from mxlab.experiment.provenance import trained_with
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
@@ -111,6 +112,7 @@ class RunResult:
     # The code and device that trained it (mxlab.experiment.provenance.trained_with): a study resumed
     # over several machines or commits shows which runs came from which.
     trained_with: dict[str, Any] | None = None
+    health: dict[str, Any] | None = None  # mxlab.experiment.health.summarize of its metrics records
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +126,7 @@ class RunResult:
             "step_ms": self.step_ms,
             "peak_memory_bytes": self.peak_memory_bytes,
             "trained_with": self.trained_with,
+            "health": self.health,
         }
 
 
@@ -138,10 +141,10 @@ def run_is_done(run_dir: Path) -> bool:
 
 
 def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
-    """Build the model with torch.manual_seed(job.seed) (same init for every arm of a seed), then apply the recipe.
-
-    Returns (model on the CPU, plan).
+    """Build the model with torch.manual_seed(job.seed) (same init for every arm of a seed), set its output
+    biases (train.output_bias), then apply the recipe. Returns (model on the CPU, plan).
     """
+    from mxlab.experiment.training_recipe import set_output_biases
     from mxlab.models import build_model
     from mxlab.recipe import apply_recipe
 
@@ -149,6 +152,7 @@ def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
     np.random.seed(job.seed)
     random.seed(job.seed)
     model = build_model(job.spec.model, info)
+    set_output_biases(model, info, job.spec.train.output_bias)
     plan = apply_recipe(model, job.recipe, seed=job.seed)
     return model, plan
 
@@ -255,7 +259,7 @@ def train_run(
     model, plan = build_run_model(job, source.info)
     model.to(device)
     trained = world.wrap(model)
-    optimizer = make_optimizer(train, model.parameters())
+    optimizer = make_optimizer(train, model)
     scaler = make_loss_scaler(job.recipe.loss_scaling, model)
     monitor = None
     if train.diagnostics_every:
@@ -369,7 +373,8 @@ def train_run(
                     f"loss scale {entry.scale:g} fell below the floor {train.min_loss_scale:g}",
                 )
             if entry.step % train.log_every == 0 or diverged_at is not None or (max_steps and entry.step >= max_steps):
-                metrics.append(interval.record(entry, elapsed_before + (time.perf_counter() - started)))
+                seconds = elapsed_before + (time.perf_counter() - started)
+                metrics.append(interval.record(entry, seconds, metrics[-1] if metrics else None, train))
                 progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
                 interval = LogInterval()
             if diverged_at is not None:
@@ -392,10 +397,9 @@ def train_run(
                 batch, weight = world.shard(batch)
                 batch = batch.to(device)
                 sampling = monitor.sampling(step + 1) if monitor is not None else None
-                if train.lr_decay_steps:  # a function of the step alone, so a resumed run takes the same rates
-                    rate = learning_rate(train, step + 1, total_steps)
-                    for group in optimizer.param_groups:
-                        group["lr"] = rate
+                factor = lr_factor(train, step + 1, total_steps)  # of the step alone: a resumed run takes the same
+                for group in optimizer.param_groups:
+                    group["lr"] = group["base_lr"] * factor
                 losses = train_step(
                     trained,
                     batch,
@@ -412,7 +416,8 @@ def train_run(
                 batches_in_epoch += 1
                 if monitor is not None:
                     numerics.extend(monitor.drain())
-                pending.append(PendingStep.after(step, epoch, losses, scaler, rows, time.perf_counter() - tick))
+                seconds = time.perf_counter() - tick
+                pending.append(PendingStep.after(step, epoch, losses, scaler, rows, seconds, optimizer.grad_norm))
                 at_end = bool(max_steps and step >= max_steps)
                 checkpoint_due = bool(train.checkpoint_every and step % train.checkpoint_every == 0)
                 if step % train.log_every == 0 or checkpoint_due or at_end:
@@ -445,7 +450,8 @@ def train_run(
                 last_read
                 or read_pending([PendingStep.after(step, min(epoch, epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
             )
-            metrics.append(interval.record(closing, elapsed_before + (time.perf_counter() - started)))
+            seconds = elapsed_before + (time.perf_counter() - started)
+            metrics.append(interval.record(closing, seconds, metrics[-1] if metrics else None, train))
             interval = LogInterval()
         if status == "finished" and world.writes:
             save_checkpoint()
@@ -467,6 +473,7 @@ def train_run(
             step_ms=median_step_ms(metrics, train.batch_size),
             peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
             trained_with=trained_with(str(device)),
+            health=summarize(metrics),
         )
         if world.writes:
             io.write_json(run_dir / DONE, result.to_dict())

@@ -36,6 +36,7 @@ from mxlab.report.document import (
 )
 from mxlab.report.format import VERDICT_MARKS, format_interval, format_value
 from mxlab.report.format import mean_sd as _mean_sd
+from mxlab.report.gate import gate_text
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
 
 RELIABILITY_BINS = 20
@@ -370,6 +371,7 @@ def write_report(
             f"{', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
             f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
             + design_text(study.spec)
+            + gate_text(study.spec)
         ),
     ]
     heldout = heldout_series(study) if study.has_runs else {}

@@ -115,8 +115,9 @@ def test_bf16_baseline_runs_its_gemms_in_bf16_with_fp32_master_weights(tmp_path,
     assert linear_output_dtypes == {torch.bfloat16}
     checkpoint = torch.load(tmp_path / "out/runs/bf16/seed0/checkpoint.pt", weights_only=True)
     assert {value.dtype for value in checkpoint["model"].values() if value.is_floating_point()} == {torch.float32}
-    moments = [state["exp_avg"] for state in checkpoint["optimizer"]["state"].values()]
-    assert moments and {moment.dtype for moment in moments} == {torch.float32}
+    moments = [state["exp_avg"] for state in checkpoint["optimizer"]["dense"]["state"].values()]
+    accumulators = [state["sum"] for state in checkpoint["optimizer"]["embeddings"]["state"].values()]
+    assert moments and {moment.dtype for moment in moments + accumulators} == {torch.float32}
 
     linear_output_dtypes.clear()
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "train.max_steps=2", 'train.precision="fp32"'])

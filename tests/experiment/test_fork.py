@@ -96,7 +96,7 @@ def test_the_arms_of_a_seed_start_from_the_warmup_weights_and_optimizer_state(tm
 
     def recording(fork_dir, model, optimizer=None):
         position = original(fork_dir, model, optimizer)
-        moments = len(optimizer.state_dict()["state"]) if optimizer is not None else -1
+        moments = len(optimizer.state_dict()["dense"]["state"]) if optimizer is not None else -1
         loaded.append((position[0], {k: v.clone() for k, v in model.state_dict().items()}, moments))
         return position
 
@@ -114,7 +114,7 @@ def test_the_arms_of_a_seed_start_from_the_warmup_weights_and_optimizer_state(tm
         assert weights.keys() == warmup["model"].keys() and all(
             torch.equal(weights[k], warmup["model"][k]) for k in weights
         )
-        assert moments == len(warmup["optimizer"]["state"]) > 0  # Adam's moments carried over
+        assert moments == len(warmup["optimizer"]["dense"]["state"]) > 0  # AdamW's moments carried over
     assert _eval_bytes(tmp_path / "runs/bf16/seed0") != _eval_bytes(tmp_path / "runs/mxfp4-all/seed0")
 
 
