@@ -11,12 +11,13 @@
 #   anatomy[=ARMS]  benchmarks/step_anatomy.py (default arms bf16,mxfp8-rceil) -> anatomy.CARD.txt/.json
 #   attention       mxlab bench attention -> bench_attention.CARD.txt/.json
 #   linear          mxlab bench linear -> bench_linear.CARD.txt/.json
+#   linear-compile  mxlab bench linear --compile at M = 65536, K = N = 512 / 1024 / 4096 -> bench_linear_compile.CARD.txt/.json
 #   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab.txt, ab_{base,other,base2}.txt
 #   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
 # Records the commit it ran in visit.txt: $COMMIT (the tree sent carries no .git), else git rev-parse HEAD.
 set -u
-if [ $# -lt 2 ]; then sed -n 2,17p "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,18p "$0" >&2; exit 2; fi
 seconds=$1; shift
 out=${OUT:?set OUT to the folder results go to}
 start=$(date +%s)
@@ -49,6 +50,8 @@ for job in "$@"; do
              --arms "${arg:-bf16,mxfp8-rceil}" --profile-steps 2 --json "$out/anatomy.$card.json" ;;
     attention) run_to "$out/bench_attention.$card.txt" python3 -m mxlab.cli bench attention --json "$out/bench_attention.$card.json" ;;
     linear) run_to "$out/bench_linear.$card.txt" python3 -m mxlab.cli bench linear --json "$out/bench_linear.$card.json" ;;
+    linear-compile) run_to "$out/bench_linear_compile.$card.txt" python3 -m mxlab.cli bench linear --compile \
+             --shape 65536x512x512 --shape 65536x1024x1024 --shape 65536x4096x4096 --json "$out/bench_linear_compile.$card.json" ;;
     gelu) run_to "$out/gelu_cast_probe.$card.txt" python3 benchmarks/gelu_cast_probe.py --json "$out/gelu_cast_probe.$card.json" ;;
     quant) run_to "$out/bench_quant.$card.txt" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 \
              --size 1482752x1024 --no-compile --json "$out/bench_quant.$card.json" ;;
