@@ -5,7 +5,16 @@ the candidates' decision (decision), what a study can decide (sensitivity), simu
 from mxlab.analysis.compare import ArmResult, Comparison, Detectable, Preregistration, StudyAnalysis, inputs_from_runs
 from mxlab.analysis.conclude import analyze_study, conclude
 from mxlab.analysis.decision import DECISIONS, CandidateDecision, decide_candidates
-from mxlab.analysis.power import NoiseModel, SimulationResult, fit_noise_model, simulate
+from mxlab.analysis.power import (
+    DecisionRates,
+    NoiseModel,
+    SeedsNeeded,
+    SimulationResult,
+    fit_noise_model,
+    seeds_to_ship,
+    simulate,
+    simulate_decision,
+)
 from mxlab.analysis.stats import (
     OUTLIER_FALSE_ALARM,
     DeLongResult,
@@ -34,6 +43,7 @@ __all__ = [
     "decide_candidates",
     "Comparison",
     "DeLongResult",
+    "DecisionRates",
     "Detectable",
     "Estimate",
     "Hypothesis",
@@ -42,6 +52,7 @@ __all__ = [
     "RunStatus",
     "RunSums",
     "SeedDeltas",
+    "SeedsNeeded",
     "SimulationResult",
     "StudyAnalysis",
     "StudyData",
@@ -64,6 +75,8 @@ __all__ = [
     "outlier_threshold",
     "outlying_values",
     "paired_delta",
+    "seeds_to_ship",
     "simulate",
+    "simulate_decision",
     "worse_when",
 ]

@@ -1,9 +1,11 @@
-"""Power and false-positive rate of the decision rule, by simulating studies from a noise model.
+"""Power and false-positive rate of the decision rules, by simulating studies from a noise model.
 
 A noise model per metric gives the three variances behind a per-seed paired delta
 (mxlab.analysis.stats): retraining ``seed_sd``, per-seed eval sampling ``eval_sd`` and the share of
 the eval variance common to all seeds (``eval_shared``; the eval set is the same for every seed).
-Simulated studies go through the same estimate and decide functions as `mxlab report`.
+Simulated studies go through the same functions as `mxlab report`: ``simulate`` through the
+exploratory family's ``decide``, ``simulate_decision`` and ``seeds_to_ship`` through the
+pre-registered candidate's ``decide_candidates`` (intersection-union over its co-primary endpoints).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from mxlab.analysis.decision import decide_candidates
+from mxlab.analysis.sensitivity import pass_probability
 from mxlab.analysis.stats import SeedDeltas, estimate
 from mxlab.analysis.verdicts import Hypothesis, decide
+from mxlab.experiment.report_settings import MIN_PAIRED_SEEDS, worse_when
 
 
 @dataclass(frozen=True)
@@ -130,3 +135,162 @@ def simulate(
         math.sqrt(rate * (1 - rate) / n),
         math.sqrt(power * (1 - power) / n) if math.isfinite(power) else math.nan,
     )
+
+
+# ----------------------------------------------------------------------------- the candidate's decision
+
+
+@dataclass(frozen=True)
+class DecisionRates:
+    """Rates of the first candidate's decision over simulated studies (binomial se: :meth:`se`)."""
+
+    n_studies: int
+    ships: float  # "ships"
+    regression: float  # called a regression on some endpoint
+    found: float  # called a regression on a planted endpoint (nan without an effect)
+
+    def se(self, rate: float) -> float:
+        """The binomial standard error of one of these rates."""
+        return math.sqrt(rate * (1 - rate) / self.n_studies) if math.isfinite(rate) else math.nan
+
+
+def simulate_decision(
+    models: Mapping[str, NoiseModel],
+    *,
+    n_seeds: int,
+    margins: Mapping[str, float],
+    effect: Mapping[str, float] | None = None,
+    effect_sd: float = 0.0,
+    n_candidates: int = 1,
+    eval_scale: float = 1.0,
+    n_studies: int = 1000,
+    confidence: float = 0.95,
+    correction: str = "holm",
+    seed: int = 0,
+) -> DecisionRates:
+    """Simulate ``n_studies`` studies of ``n_candidates`` pre-registered candidates on the co-primary
+    endpoints of ``models`` (endpoint -> noise) and decide each through
+    mxlab.analysis.decision.decide_candidates, the code `mxlab report` runs. The first candidate carries
+    ``effect`` (endpoint -> true delta, signed: positive is worse for NE, negative for AUC), per seed drawn
+    from N(effect, effect_sd^2) when ``effect_sd`` > 0 (a cost that depends on the run); endpoints
+    are drawn independently; per seed the candidates share the baseline run. Returns the first
+    candidate's rates. Refuses fewer than one candidate, seed or study, a negative effect_sd, an effect on
+    an unknown endpoint and an endpoint without a margin."""
+    if n_candidates < 1 or n_seeds < 1 or n_studies < 1:
+        raise ValueError(
+            f"n_candidates, n_seeds and n_studies must be >= 1, got {n_candidates}, {n_seeds}, {n_studies}"
+        )
+    if not effect_sd >= 0:
+        raise ValueError(f"effect_sd must be >= 0, got {effect_sd}")
+    lacking = [m for m in models if m not in margins]
+    if lacking:
+        raise ValueError(f"no margin for endpoint(s) {lacking}; margins given for {sorted(margins)}")
+    effect = {m: v for m, v in (effect or {}).items() if v != 0}
+    unknown = [m for m in effect if m not in models]
+    if unknown:
+        raise ValueError(f"effect on {unknown}, not an endpoint; accepted: {', '.join(models)}")
+    rng = np.random.default_rng(seed)
+    k, c = n_seeds, n_candidates
+    draws = {}
+    for m, model in models.items():
+        eval_var = model.eval_sd**2 / eval_scale
+        shared, own = model.eval_shared * eval_var, (1 - model.eval_shared) * eval_var
+        half = model.seed_sd / math.sqrt(2)
+        base = rng.normal(0, half, (n_studies, 1, k))
+        deltas = (
+            rng.normal(0, half, (n_studies, c, k))
+            - base
+            + rng.normal(0, math.sqrt(shared), (n_studies, c, 1))
+            + rng.normal(0, math.sqrt(own), (n_studies, c, k))
+        )
+        if m in effect:
+            deltas[:, 0, :] += effect[m] + (rng.normal(0, effect_sd, (n_studies, k)) if effect_sd > 0 else 0.0)
+        draws[m] = (deltas, eval_var, shared + own / k)
+    ships = regression = found = 0
+    for i in range(n_studies):
+        endpoints = {
+            f"c{j}": [
+                Hypothesis(
+                    f"c{j}",
+                    m,
+                    estimate(SeedDeltas(dict(enumerate(d[i, j].tolist())), ev, evm)),
+                    margins[m],
+                    worse_when(m),
+                )
+                for m, (d, ev, evm) in draws.items()
+            ]
+            for j in range(c)
+        }
+        first = decide_candidates(endpoints, confidence, correction)[0]
+        ships += first.decision == "ships"
+        regression += any(v.verdict == "regression" for v in first.endpoints)
+        found += any(v.verdict == "regression" and v.metric in effect for v in first.endpoints)
+    n = n_studies
+    return DecisionRates(n, ships / n, regression / n, found / n if effect else math.nan)
+
+
+def _ship_probability(models, margins, k, alpha, eval_scale):
+    """The analytic ship probability at a true delta of 0 (endpoints independent; sensitivity's model)."""
+    p = 1.0
+    for m, model in models.items():
+        ev = model.eval_sd**2 / eval_scale
+        se = math.sqrt(model.seed_sd**2 / k + ev * (model.eval_shared + (1 - model.eval_shared) / k))
+        if se == 0:
+            continue
+        p *= pass_probability(0.0, margins[m], se, k - 1, alpha, worse_when(m) == "either")
+    return p
+
+
+@dataclass(frozen=True)
+class SeedsNeeded:
+    """The fewest seeds whose simulated ship rate at a true delta of 0 reaches the power (None: more than
+    the most tried), with the simulated rates there and at one seed fewer."""
+
+    seeds: int | None
+    at: DecisionRates | None
+    fewer: DecisionRates | None
+
+
+def seeds_to_ship(
+    models: Mapping[str, NoiseModel],
+    margins: Mapping[str, float],
+    *,
+    power: float = 0.8,
+    max_seeds: int = 64,
+    n_candidates: int = 1,
+    eval_scale: float = 1.0,
+    n_studies: int = 1000,
+    confidence: float = 0.95,
+    correction: str = "holm",
+    seed: int = 0,
+) -> SeedsNeeded:
+    """The fewest seeds (MIN_PAIRED_SEEDS..max_seeds) at which the candidate ships with probability
+    ``power`` when nothing differs, by :func:`simulate_decision`: the analytic ship probability (endpoints
+    independent) gives the starting point, the simulated rate decides (each seed count simulated once,
+    with its own fixed seed). Refuses what simulate_decision refuses."""
+    alpha = (1 - confidence) / n_candidates
+    start = next(
+        (k for k in range(MIN_PAIRED_SEEDS, max_seeds + 1) if _ship_probability(models, margins, k, alpha, eval_scale)
+         >= power),
+        max_seeds,
+    )  # fmt: skip
+    cache: dict[int, DecisionRates] = {}
+
+    def rate(k: int) -> DecisionRates:
+        if k not in cache:
+            cache[k] = simulate_decision(
+                models, n_seeds=k, margins=margins, n_candidates=n_candidates, eval_scale=eval_scale,
+                n_studies=n_studies, confidence=confidence, correction=correction, seed=seed + 7919 * k,
+            )  # fmt: skip
+        return cache[k]
+
+    k = start
+    if rate(k).ships >= power:
+        while k > MIN_PAIRED_SEEDS and rate(k - 1).ships >= power:
+            k -= 1
+    else:
+        while k < max_seeds and rate(k).ships < power:
+            k += 1
+        if rate(k).ships < power:
+            return SeedsNeeded(None, rate(k), None)
+    return SeedsNeeded(k, rate(k), rate(k - 1) if k > MIN_PAIRED_SEEDS else None)

@@ -1,4 +1,5 @@
-"""`mxlab power`: size a study before it runs, by simulating the decision rule on a noise model."""
+"""`mxlab power`: size a study before it runs, by simulating the pre-registered candidate's decision
+(mxlab.analysis.decision.decide_candidates, as `mxlab report` runs it) on a pilot's measured noise."""
 
 from __future__ import annotations
 
@@ -10,114 +11,129 @@ import typer
 from mxlab.cli.command import Command
 
 
+def _numbers(option: str, text: str, kind: type, low: float) -> list:
+    """The comma-separated values of an option; refuses a non-number or one below ``low``."""
+    example = "3,5,8" if kind is int else "0.02,0.05,0.1"
+    try:
+        values = [kind(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < low:
+        what = "integers >= 1" if kind is int else "numbers >= 0"
+        raise ValueError(f"{option} {text!r}: expected a comma-separated list of {what}, e.g. {example}")
+    return values
+
+
+def _hours(value: float) -> str:
+    return f"{value:.3g}" if math.isfinite(value) else "n/a"
+
+
 def power_main(
-    study: Path | None,
-    seeds: str,
-    arms: int | None,
-    effect: float,
-    metric: str | None,
-    seed_sd: float | None,
-    eval_sd: float | None,
-    eval_shared: float,
-    eval_scale: float,
-    studies: int,
+    pilot: Path | None,
+    seeds: str = "3,5,8",
+    margins: str | None = None,
+    kind: str | None = None,
+    effect: float = 0.0,
+    metric: str | None = None,
+    seed_sd: float | None = None,
+    eval_sd: float | None = None,
+    eval_shared: float = 0.5,
+    eval_scale: float = 1.0,
+    studies: int = 1000,
+    max_seeds: int = 64,
     echo=typer.echo,
     effect_sd: float = 0.0,
 ) -> int:
-    """Print, per number of seeds, the family-wise false-regression rate under A/A, the power for ``effect``
-    (varying from seed to seed with sd ``effect_sd``) and the smallest detectable regression (of a
-    constant effect). Returns the exit status; refuses (status 2) a bad option."""
-    from mxlab.analysis import NoiseModel, analyze_study, detectable_effect, fit_noise_model, simulate
-    from mxlab.analysis.compare import worse_when
-    from mxlab.experiment.report_settings import ReportSettings
+    """Print the noise model, per margin the seeds the candidate needs to ship with the settings' power at a
+    true delta of 0 and their device-hours, and per number of seeds the A/A regression rate, the ship rate
+    and the power to find ``effect`` on ``metric``. Returns the exit status; refuses (status 2) a bad
+    option or pilot, naming the value and what is accepted."""
+    from mxlab.analysis.pilot import read_pilot
+    from mxlab.analysis.power import NoiseModel, seeds_to_ship, simulate_decision
+    from mxlab.experiment.report_settings import METRIC_KINDS, ReportSettings, worse_when
 
     try:
-        seed_counts = [int(s) for s in seeds.split(",") if s.strip()]
-        if not seed_counts or min(seed_counts) < 1:
-            raise ValueError(f"--seeds {seeds!r}: expected a comma-separated list of integers >= 1, e.g. 3,5,8")
-        if study is not None:
-            analysis = analyze_study(study)
-            settings = analysis.settings
-            models = {}
-            for m in settings.primary:
-                found = [d for (a, name), d in analysis.inputs.deltas.items() if name == m]
-                models[m] = fit_noise_model(found)
-            n_arms = arms or max(len(analysis.arms), 1)
-            source = f"fitted on {study} ({len(analysis.arms)} arm(s))"
+        seed_counts = _numbers("--seeds", seeds, int, 1)
+        if pilot is not None:
+            p = read_pilot(pilot)
+            settings, models, n_candidates = p.settings, p.models, p.n_candidates
+            header = (
+                f"pilot {p.name}: paired spread over {p.n_seeds} seeds of {', '.join(p.pool)}; "
+                f"step times measured on {p.device}"
+            )
         else:
             if seed_sd is None or eval_sd is None:
-                raise ValueError(
-                    "give a finished study folder, or --seed-sd and --eval-sd (with --metric) for one metric"
-                )
-            settings = ReportSettings()
+                raise ValueError("give --pilot DIR (a study folder or its summary.json), or --seed-sd and --eval-sd")
+            settings, p, n_candidates = ReportSettings(), None, 1
             name = metric or settings.primary[0]
-            settings = ReportSettings.from_dict({"primary": [name]})
+            settings.margin(name)  # refuses an unknown metric
             models = {name: NoiseModel(seed_sd, eval_sd, eval_shared)}
-            n_arms = arms or 1
-            source = f"given: seed sd {seed_sd}, eval sd {eval_sd}, shared {eval_shared}"
-        target = metric or settings.primary[0]
+            header = f"given noise on {name}: seed sd {seed_sd}, eval sd {eval_sd}, shared {eval_shared}"
         if effect_sd > 0 and effect == 0:
             raise ValueError("--effect-sd needs a planted --effect to vary around")
+        target = metric or next(iter(models))
         if target not in models:
-            raise ValueError(f"--metric {target!r} is not a primary metric here; accepted: {', '.join(models)}")
+            settings.margin(target)  # refuses an unknown metric first
+            raise ValueError(f"--metric {target!r} is not a co-primary endpoint here; accepted: {', '.join(models)}")
+        kinds = sorted({m.split(".", 1)[1] for m in models})
+        kind = kind or ("ne" if "ne" in kinds else kinds[0])
+        if kind not in kinds:
+            where = "accepted here" if kind in METRIC_KINDS else "accepted"
+            raise ValueError(f"--kind {kind!r}: no endpoint of that kind; {where}: {', '.join(kinds)}")
+        base = {m: settings.margin(m) for m in models}
+        own = next(v for m, v in base.items() if m.endswith("." + kind))
+        margin_list = _numbers("--margins", margins, float, 0) if margins else [own * f for f in (1, 2.5, 5, 10)]
     except ValueError as error:
         echo(f"error: {error}")
         return 2
-    margins = {m: settings.margin(m) for m in models}
-    worse = {m: worse_when(m) for m in models}
-    family = n_arms * len(models)
-    echo(f"noise model ({source}), eval size x{eval_scale:g}:")
+    echo(header)
     for m, model in models.items():
         echo(
             f"  {m}: retraining sd {model.seed_sd:.4g}, eval sd {model.eval_sd:.4g}, shared {model.eval_shared:.2f}, "
-            f"margin {margins[m]:g}"
+            f"margin {base[m]:g}"
         )
+    alpha = 1 - settings.confidence
     echo(
-        f"{n_arms} arm(s) x {len(models)} primary metric(s) = {family} hypotheses, {settings.correction}, "
-        f"family-wise {settings.confidence:.0%}; {studies} simulated studies per row; effect {effect:+g} on {target}"
+        f"rule: {n_candidates} pre-registered candidate(s) ship when every co-primary endpoint passes "
+        f"(intersection-union: NE/AUC non-inferiority one-sided, calibration TOST, each at {alpha:g}, "
+        f"{settings.correction} among candidates); regressions by {settings.correction} over the candidates' "
+        f"endpoints; endpoints simulated independently; eval size x{eval_scale:g}; {studies} studies per row"
+    )
+    common = dict(n_candidates=n_candidates, eval_scale=eval_scale, n_studies=studies)
+    common.update(confidence=settings.confidence, correction=settings.correction)
+    cost = f"device-h ({' + '.join(p.arms)})" if p else "device-h"
+    echo(f"seeds needed to ship with {settings.power:.0%} power at a true delta of 0, by the {kind} margin:")
+    echo(f"  {'margin':>10}  {'seeds':>5}  {'ships at seeds':>16}  {'at one fewer':>16}  {cost}  device-h (all arms)")
+    for i, value in enumerate(margin_list):
+        trial = {m: (value if m.endswith("." + kind) else v) for m, v in base.items()}
+        found = seeds_to_ship(models, trial, power=settings.power, max_seeds=max_seeds, seed=101 * i, **common)
+        if found.seeds is None:
+            echo(f"  {value:>10g}  more than {max_seeds}: ships in {found.at.ships:.3f} at {max_seeds}")
+            continue
+        fewer = "-" if found.fewer is None else f"{found.fewer.ships:.3f} ± {found.fewer.se(found.fewer.ships):.3f}"
+        hours = (p.hours(found.seeds, p.arms), p.hours(found.seeds, p.all_arms)) if p else (math.nan, math.nan)
+        echo(
+            f"  {value:>10g}  {found.seeds:>5}  {found.at.ships:>8.3f} ± {found.at.se(found.at.ships):.3f}  "
+            f"{fewer:>16}  {_hours(hours[0]):>{len(cost)}}  {_hours(hours[1])}"
+        )
+    signed = effect if worse_when(target) != "lower" else -effect
+    echo(
+        "at the settings' margins, per number of seeds: A/A regression rate, ship rate at delta 0"
+        + (f", power to find {effect:+g} on {target} (does not ship: regression on it)" if effect else "")
         + (f", varying from seed to seed with sd {effect_sd:g}" if effect_sd > 0 else "")
     )
-    echo(
-        f"{'seeds':>5}  {'A/A false-regression rate':>26}  {'power':>16} "
-        f" smallest detectable ({settings.power:.0%} power)"
-    )
     for k in seed_counts:
-        null = simulate(
-            models,
-            n_seeds=k,
-            n_arms=n_arms,
-            margins=margins,
-            worse_when=worse,
-            eval_scale=eval_scale,
-            n_studies=studies,
-            confidence=settings.confidence,
-            correction=settings.correction,
-            seed=k,
+        null = simulate_decision(models, n_seeds=k, margins=base, seed=k, **common)
+        line = (
+            f"  {k:>5}  A/A regression {null.regression:.3f} ± {null.se(null.regression):.3f}  "
+            f"ships {null.ships:.3f} ± {null.se(null.ships):.3f}"
         )
-        planted = simulate(
-            models,
-            n_seeds=k,
-            n_arms=n_arms,
-            margins=margins,
-            worse_when=worse,
-            eval_scale=eval_scale,
-            effect={target: effect * (1 if worse[target] == "higher" else -1)},
-            effect_sd=effect_sd,
-            n_studies=studies,
-            confidence=settings.confidence,
-            correction=settings.correction,
-            seed=1000 + k,
-        )
-        model = models[target]
-        se = math.sqrt(
-            model.seed_sd**2 / k + model.eval_sd**2 / eval_scale * (model.eval_shared + (1 - model.eval_shared) / k)
-        )
-        mde = detectable_effect(se, k - 1, (1 - settings.confidence) / family, settings.power) if k >= 3 else math.nan
-        power = "n/a" if not math.isfinite(planted.power) else f"{planted.power:.3f} ± {planted.power_se:.3f}"
-        echo(
-            f"{k:>5}  {null.false_regression_rate:>18.3f} ± {null.false_regression_se:.3f}  {power:>16}  "
-            + (f"{mde:.4g}" if math.isfinite(mde) else "none: a verdict needs 3 seeds")
-        )
+        if effect:
+            hit = simulate_decision(
+                models, n_seeds=k, margins=base, effect={target: signed}, effect_sd=effect_sd, seed=1000 + k, **common
+            )
+            line += f"  power {hit.found:.3f} ± {hit.se(hit.found):.3f}"
+        echo(line)
     return 0
 
 
@@ -126,58 +142,57 @@ def register(app: typer.Typer) -> None:
 
     @app.command("power", cls=Command)
     def power_command(
-        study: Path | None = typer.Argument(
-            None, metavar="STUDY", help="A finished study folder to fit the noise model on."
+        study: Path | None = typer.Argument(None, metavar="PILOT", help="Same as --pilot."),
+        pilot: Path | None = typer.Option(
+            None, "--pilot", metavar="DIR", help="A pilot study: its folder or its summary.json."
         ),
-        seeds: str = typer.Option(
-            "3,5,8", "--seeds", metavar="K,K,...", help="Numbers of seeds to simulate, comma-separated."
+        margins: str | None = typer.Option(
+            None,
+            "--margins",
+            metavar="M,M,...",
+            help="Margins of --kind to size for (default: 1, 2.5, 5, 10 x the pilot's).",
         ),
-        arms: int | None = typer.Option(
-            None, "--arms", metavar="N", min=1, help="Arms besides the baseline (default: the study's)."
+        kind: str | None = typer.Option(
+            None, "--kind", metavar="KIND", help="The endpoints --margins apply to: ne, excess_ne, auc, calibration."
         ),
+        seeds: str = typer.Option("3,5,8", "--seeds", metavar="K,K,...", help="Numbers of seeds to simulate."),
         effect: float = typer.Option(
             0.0, "--effect", metavar="X", help="A planted regression on --metric, in its units (NE: % of NE)."
         ),
         effect_sd: float = typer.Option(
-            0.0,
-            "--effect-sd",
-            metavar="SD",
-            min=0,
-            help="Let the planted regression vary from seed to seed with "
-            "this sd (a recipe whose cost depends on the run).",
+            0.0, "--effect-sd", metavar="SD", min=0, help="Let the planted regression vary from seed to seed."
         ),
         metric: str | None = typer.Option(
-            None, "--metric", metavar="METRIC", help="The metric of --effect (default: the first primary)."
+            None, "--metric", metavar="METRIC", help="The endpoint of --effect (default: the first)."
         ),
         seed_sd: float | None = typer.Option(
-            None, "--seed-sd", metavar="SD", min=0, help="Without a study: retraining sd of a per-seed delta."
+            None, "--seed-sd", metavar="SD", min=0, help="Without a pilot: retraining sd of a per-seed delta."
         ),
         eval_sd: float | None = typer.Option(
-            None, "--eval-sd", metavar="SD", min=0, help="Without a study: eval-sampling sd of a per-seed delta."
+            None, "--eval-sd", metavar="SD", min=0, help="Without a pilot: eval-sampling sd of a per-seed delta."
         ),
         eval_shared: float = typer.Option(
-            0.5,
-            "--eval-shared",
-            metavar="FRACTION",
-            min=0,
-            max=1,
-            help="Share of the eval variance common to all seeds.",
+            0.5, "--eval-shared", metavar="FRACTION", min=0, max=1, help="Without a pilot: shared eval variance."
         ),
         eval_scale: float = typer.Option(
-            1.0, "--eval-scale", metavar="X", min=1e-6, help="Eval-set size as a multiple of the fitted one."
+            1.0, "--eval-scale", metavar="X", min=1e-6, help="Eval-set size as a multiple of the pilot's."
         ),
-        studies: int = typer.Option(2000, "--studies", metavar="N", min=10, help="Simulated studies per row."),
+        studies: int = typer.Option(1000, "--studies", metavar="N", min=10, help="Simulated studies per row."),
+        max_seeds: int = typer.Option(64, "--max-seeds", metavar="K", min=3, help="The most seeds tried."),
     ) -> None:
-        """Simulate the decision rule: false-regression rate under A/A and power, per number of seeds.
+        """Simulate the candidate's decision: seeds and device-hours to ship per margin; A/A and power per seeds.
 
-        Example: mxlab power reports/quickstart --seeds 3,5,8 --effect 1.0
-        (add --effect-sd 1.0 for a cost that varies from seed to seed around that mean)
+        Example: mxlab power --pilot reports/gem-mxfp8 --margins 0.02,0.1,0.5 --seeds 8,16 --effect 0.1
         """
+        if study is not None and pilot is not None:
+            typer.echo("error: give the pilot once, as PILOT or --pilot")
+            raise typer.Exit(2)
         raise typer.Exit(
             power_main(
-                study,
+                pilot or study,
                 seeds,
-                arms,
+                margins,
+                kind,
                 effect,
                 metric,
                 seed_sd,
@@ -185,6 +200,7 @@ def register(app: typer.Typer) -> None:
                 eval_shared,
                 eval_scale,
                 studies,
+                max_seeds,
                 effect_sd=effect_sd,
-            )
+            )  # fmt: skip
         )

@@ -22,6 +22,7 @@ from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
 from mxlab.report import figures
 from mxlab.report.convergence import convergence_warning, design_text, heldout_series
 from mxlab.report.decision import constant_rate_note, controls_section, decision_section, ship_table, warnings
+from mxlab.report.diagnostics import diagnostics
 from mxlab.report.document import (
     Block,
     BulletList,
@@ -380,7 +381,7 @@ def write_report(
     top = [w for w in [unsettled] if w] + warnings(analysis) + [w for w in [note] if w]
     if top:
         blocks.append(BulletList(top))
-    blocks += decision_section(analysis) + ship_table(analysis) + _truth_ceiling(analysis)
+    blocks += decision_section(analysis) + ship_table(analysis) + diagnostics(analysis) + _truth_ceiling(analysis)
     if analysis.comparisons:
         labels = {a: f"{a} ({len(r.diverged)} diverged)" for a, r in analysis.arms.items() if r.diverged}
         forest = add_figure(

@@ -110,16 +110,16 @@ def test_power_command_prints_rates_and_refuses_bad_options():
     from mxlab.cli.power import power_main
 
     lines: list[str] = []
-    status = power_main(None, "3,5", 2, 1.5, None, 0.5, 0.1, 0.5, 1.0, 200, echo=lines.append)
+    status = power_main(None, "3,5", "0.5", None, 1.5, None, 0.5, 0.1, 0.5, 1.0, 200, echo=lines.append)
     assert status == 0
-    rows = [line.split() for line in lines if "±" in line]
+    rows = [line.split() for line in lines if "A/A regression " in line and line.strip()[0].isdigit()]
     assert [row[0] for row in rows] == ["3", "5"]
-    assert all(float(row[1]) <= 0.05 + binomial_margin(0.05, 200) for row in rows)
-    assert float(rows[1][4]) > float(rows[0][4])  # more seeds, more power
+    assert all(float(row[3]) <= 0.05 + binomial_margin(0.05, 200) for row in rows)
+    assert float(rows[1][-3]) > float(rows[0][-3])  # more seeds, more power
     bad: list[str] = []
-    assert power_main(None, "three", None, 0.0, None, 0.5, 0.1, 0.5, 1.0, 100, echo=bad.append) == 2
-    assert "error: invalid literal" in bad[0] or "--seeds" in bad[0]
-    assert power_main(None, "3", None, 0.0, "ctr.nee", 0.5, 0.1, 0.5, 1.0, 100, echo=bad.append) == 2
+    assert power_main(None, "three", None, None, 0.0, None, 0.5, 0.1, 0.5, 1.0, 100, echo=bad.append) == 2
+    assert "--seeds 'three'" in bad[0]
+    assert power_main(None, "3", None, None, 0.0, "ctr.nee", 0.5, 0.1, 0.5, 1.0, 100, echo=bad.append) == 2
     assert "unknown metric 'ctr.nee'; accepted: ctr.ne" in bad[-1]
 
 
@@ -148,8 +148,9 @@ def test_power_command_refuses_an_effect_sd_without_an_effect():
     from mxlab.cli.power import power_main
 
     lines: list[str] = []
-    assert power_main(None, "3", None, 0.0, None, 0.5, 0.1, 0.5, 1.0, 50, echo=lines.append, effect_sd=1.0) == 2
+    common = dict(seed_sd=0.5, eval_sd=0.1, studies=50, margins="0.5", echo=lines.append)
+    assert power_main(None, "3", effect_sd=1.0, **common) == 2
     assert lines == ["error: --effect-sd needs a planted --effect to vary around"]
     lines.clear()
-    assert power_main(None, "5", 1, 1.5, None, 0.5, 0.1, 0.5, 1.0, 50, echo=lines.append, effect_sd=1.0) == 0
+    assert power_main(None, "5", effect=1.5, effect_sd=1.0, **common) == 0
     assert any("varying from seed to seed with sd 1" in line for line in lines)
