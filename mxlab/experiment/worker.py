@@ -91,7 +91,7 @@ def cached_source(spec: ExperimentSpec) -> Any:
 
 def read_result(run_dir: Path) -> RunResult:
     """The RunResult recorded in `run_dir/done.json`."""
-    record = json.loads((Path(run_dir) / DONE).read_text())
+    record = io.read_json(Path(run_dir) / DONE)
     return RunResult(
         status=record["status"],
         steps=record["steps"],
@@ -103,6 +103,7 @@ def read_result(run_dir: Path) -> RunResult:
         step_ms=record.get("step_ms"),
         peak_memory_bytes=record.get("peak_memory_bytes"),
         trained_with=record.get("trained_with"),
+        recovered=record.get("recovered"),
     )
 
 
