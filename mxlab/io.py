@@ -29,15 +29,21 @@ def write_file(path: Path, write: Callable[[Path], None]) -> None:
     that take a file name, such as a figure's savefig); the temporary is removed if `write` raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        error.filename, error.filename2 = str(path), None  # the file being written, not a temporary name
+        raise
     os.close(handle)
     try:
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets what open() would give
         write(Path(temporary))
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(error, OSError) and error.filename in (None, temporary):
+            error.filename, error.filename2 = str(path), None  # name the file being written, not its temporary
         raise
 
 

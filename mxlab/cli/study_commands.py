@@ -32,8 +32,13 @@ def _guarded(body: Callable[[], int], interrupted_hint: str = "") -> int:
     except KeyboardInterrupt:
         typer.secho(f"interrupted. {interrupted_hint}".rstrip(), err=True, fg=typer.colors.YELLOW)
         return 130
-    except (ValueError, FileNotFoundError, NotADirectoryError, FileExistsError) as error:
+    except ValueError as error:
         return _fail(str(error))
+    except OSError as error:  # permission, read-only, disk full, missing path: one line, finished runs kept
+        from mxlab.experiment.oserrors import os_error_line
+
+        bad_path = isinstance(error, (FileNotFoundError, NotADirectoryError, FileExistsError))
+        return _fail(os_error_line(error), EXIT_BAD_INPUT if bad_path else EXIT_FAILED)
     except RuntimeError as error:
         return _fail(str(error), EXIT_FAILED)
 
