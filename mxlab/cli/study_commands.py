@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -67,6 +68,22 @@ def parse_seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
+def closing_line(name: str, result: Any) -> str:
+    """The line after a study: finished, diverged, failed (and skipped) runs counted apart, then how many of
+    them trained now and how many were already done."""
+    unfinished = set(result.diverged) | set(result.failed) | set(result.backend_skipped)
+    finished = len([label for label in [*result.trained, *result.already_done] if label not in unfinished])
+    trained_now = len([label for label in result.trained if label not in result.failed])
+    trained_now -= len([label for label in result.backend_skipped if label in result.trained])
+    return (
+        f"study {name}: {finished} finished, {len(result.diverged)} diverged, {len(result.failed)} failed"
+        + (f", {len(result.backend_skipped)} skipped (backend unavailable)" if result.backend_skipped else "")
+        + f" ({trained_now} runs trained, {len(result.already_done)} already done)"
+        + (f"; diverged: {', '.join(result.diverged)}" if result.diverged else "")
+        + (f"; skipped: {', '.join(result.backend_skipped)}" if result.backend_skipped else "")
+    )
+
+
 def write_study_report(out_dir: Path) -> dict[str, Path]:
     """Build the report of a study whose runs are saved; returns its files. Refuses (RuntimeError) a failed build."""
     from mxlab.report import write_report
@@ -116,15 +133,7 @@ def run(
             runs_per_device=runs_per_device,
             mps=mps,
         )
-        typer.echo(
-            f"study {spec.name}: {len(result.trained)} runs trained, {len(result.already_done)} already done"
-            + (f", diverged: {', '.join(result.diverged)}" if result.diverged else "")
-            + (
-                f", skipped (backend unavailable): {', '.join(result.backend_skipped)}"
-                if result.backend_skipped
-                else ""
-            )
-        )
+        typer.echo(closing_line(spec.name, result))
         typer.echo(f"runs in {result.out_dir / 'runs'}")
         if result.failed:
             for label, reason in result.failed.items():

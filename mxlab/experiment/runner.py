@@ -404,6 +404,9 @@ def run_study(
         source = None
         if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
             source = make_data_source(spec)
+            check_rows = getattr(source, "check_rows", None)
+            if callable(check_rows):  # every row once, before any run: the first bad line, with file and line
+                check_rows()
             preflight([job for job in jobs if job.label not in done_before], source, devices[0])
         if executor == "inline":
             runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
