@@ -32,8 +32,8 @@ def power_main(
     from mxlab.experiment.report_settings import ReportSettings
 
     try:
-        seed_counts = [int(s) for s in seeds.split(",") if s.strip()]
-        if not seed_counts or min(seed_counts) < 1:
+        seed_counts = [int(s) if s.strip().isdigit() else -1 for s in seeds.split(",") if s.strip()]
+        if not seed_counts or min(seed_counts) < 1:  # -1: not an integer
             raise ValueError(f"--seeds {seeds!r}: expected a comma-separated list of integers >= 1, e.g. 3,5,8")
         if study is not None:
             analysis = analyze_study(study)

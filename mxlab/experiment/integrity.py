@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +131,27 @@ def mixed_arm_warnings(study_dir: Path, arms: list[str], seeds: list[int]) -> li
         f"study folder before reading its verdicts."
         for arm, what in mixed_arms(study_dir, arms, seeds).items()
     ]
+
+
+def relative_to_study(out_dir: Path, path: str | Path | None) -> str | None:
+    """`path` as written from the study folder (e.g. ../../experiments/recipes/bf16.toml): a report or a
+    study.json copied to another machine names no absolute path of this one."""
+    if path is None:
+        return None
+    return os.path.relpath(Path(path).resolve(), Path(out_dir).resolve())
+
+
+def study_paths(spec_record: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """The spec record of study.json with its file paths (recipes, spec_path, design.recipe, recipe_files)
+    written relative to the study folder."""
+    record = dict(spec_record)
+    record["recipes"] = {arm: relative_to_study(out_dir, path) for arm, path in record.get("recipes", {}).items()}
+    record["spec_path"] = relative_to_study(out_dir, record.get("spec_path"))
+    if isinstance(record.get("design"), dict) and record["design"].get("recipe"):
+        record["design"] = {**record["design"], "recipe": relative_to_study(out_dir, record["design"]["recipe"])}
+    if isinstance(record.get("recipe_files"), dict):
+        record["recipe_files"] = {
+            arm: {**entry, "path": relative_to_study(out_dir, entry["path"])}
+            for arm, entry in record["recipe_files"].items()
+        }
+    return record

@@ -38,6 +38,7 @@ from mxlab.experiment.integrity import (
     check_recipes_unchanged,
     recipe_file_record,
     spec_recipe_files,
+    study_paths,
 )
 from mxlab.experiment.provenance import code_commit, device_name
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
@@ -341,6 +342,7 @@ def write_study_json(
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "preregistered": record,
     }
+    study = study_paths(study, Path(out_dir))  # no absolute path of this machine in the record
     io.write_json(Path(out_dir) / "study.json", study)
     return study
 
