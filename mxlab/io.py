@@ -29,15 +29,21 @@ def write_file(path: Path, write: Callable[[Path], None]) -> None:
     that take a file name, such as a figure's savefig); the temporary is removed if `write` raises."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as error:
+        error.filename, error.filename2 = str(path), None  # the file being written, not a temporary name
+        raise
     os.close(handle)
     try:
         os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; a written file gets what open() would give
         write(Path(temporary))
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(error, OSError) and error.filename in (None, temporary):
+            error.filename, error.filename2 = str(path), None  # name the file being written, not its temporary
         raise
 
 
@@ -83,12 +89,35 @@ def write_jsonl(path: Path, records: Iterable[Mapping[str, Any]]) -> None:
     write_text(path, "".join(to_json(dict(record), indent=None) + "\n" for record in records))
 
 
+def read_json(path: Path) -> Any:
+    """The JSON value in `path`. Refuses (ValueError) text that is not JSON, naming the file, line and column."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: {_json_error(error)}; restore it or delete it") from None
+
+
+def _json_error(error: ValueError) -> str:
+    if isinstance(error, json.JSONDecodeError):
+        return f"not valid JSON at line {error.lineno}, column {error.colno} ({error.msg})"
+    return f"not valid UTF-8 text ({error})"
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file ([] when it does not exist)."""
+    """The records of a JSON-lines file ([] when it does not exist). Refuses (ValueError) a line that is not
+    JSON, naming the file and the line."""
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+    return records
 
 
 def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:

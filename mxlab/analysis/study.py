@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
+from mxlab import io
 from mxlab.analysis.stats import DeLongResult, SeedDeltas
+from mxlab.experiment.artefacts import eval_problem
 
 RUN_STATUSES = ("finished", "diverged", "skipped", "missing")
 LEGACY_METRIC_KINDS = {"ne_pct": "ne", "auc": "auc", "calibration_error": "calibration_error", "ece": "ece"}
@@ -74,7 +76,7 @@ def load_study(study_dir: str | PathLike) -> StudyData:
     spec_path = directory / "study.json"
     if not spec_path.is_file():
         raise ValueError(f"{spec_path} does not exist; a study folder holds study.json and runs/ARM/seedK/")
-    spec = json.loads(spec_path.read_text())
+    spec = io.read_json(spec_path)
     missing = [k for k in ("name", "baseline", "arms", "seeds") if k not in spec]
     if missing:
         raise ValueError(f"{spec_path} lacks {missing}")
@@ -110,12 +112,16 @@ def load_study(study_dir: str | PathLike) -> StudyData:
             if not done_path.is_file():
                 runs[(arm, seed)] = RunStatus(arm, seed, "missing", path)
                 continue
-            done = json.loads(done_path.read_text())
+            done = io.read_json(done_path)
             status = done.get("status")
+            if status == "failed":  # a crash recorded for --resume: no result to read, as if it never ran
+                runs[(arm, seed)] = RunStatus(arm, seed, "missing", path, reason=done.get("reason"))
+                continue
             if status not in ("finished", "diverged", "skipped"):
                 raise ValueError(f"{done_path}: status {status!r}; accepted: 'finished', 'diverged', 'skipped'")
-            if status == "finished" and not (path / "eval.npz").is_file():
-                raise ValueError(f"{path} is finished but has no eval.npz")
+            problem = eval_problem(path / "eval.npz") if status == "finished" else None
+            if problem:
+                raise ValueError(f"{problem}; `mxlab run SPEC --resume --out {directory}` evaluates that run again")
             runs[(arm, seed)] = RunStatus(
                 arm,
                 seed,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -32,8 +33,13 @@ def _guarded(body: Callable[[], int], interrupted_hint: str = "") -> int:
     except KeyboardInterrupt:
         typer.secho(f"interrupted. {interrupted_hint}".rstrip(), err=True, fg=typer.colors.YELLOW)
         return 130
-    except (ValueError, FileNotFoundError, NotADirectoryError, FileExistsError) as error:
+    except ValueError as error:
         return _fail(str(error))
+    except OSError as error:  # permission, read-only, disk full, missing path: one line, finished runs kept
+        from mxlab.experiment.oserrors import os_error_line
+
+        bad_path = isinstance(error, (FileNotFoundError, NotADirectoryError, FileExistsError))
+        return _fail(os_error_line(error), EXIT_BAD_INPUT if bad_path else EXIT_FAILED)
     except RuntimeError as error:
         return _fail(str(error), EXIT_FAILED)
 
@@ -60,6 +66,22 @@ def parse_seeds(text: str | None) -> list[int] | None:
     if not seeds or any(seed < 0 for seed in seeds):
         raise ValueError(f"--seeds expects integers >= 0 like 0,1,2; got {text!r}")
     return seeds
+
+
+def closing_line(name: str, result: Any) -> str:
+    """The line after a study: finished, diverged, failed (and skipped) runs counted apart, then how many of
+    them trained now and how many were already done."""
+    unfinished = set(result.diverged) | set(result.failed) | set(result.backend_skipped)
+    finished = len([label for label in [*result.trained, *result.already_done] if label not in unfinished])
+    trained_now = len([label for label in result.trained if label not in result.failed])
+    trained_now -= len([label for label in result.backend_skipped if label in result.trained])
+    return (
+        f"study {name}: {finished} finished, {len(result.diverged)} diverged, {len(result.failed)} failed"
+        + (f", {len(result.backend_skipped)} skipped (backend unavailable)" if result.backend_skipped else "")
+        + f" ({trained_now} runs trained, {len(result.already_done)} already done)"
+        + (f"; diverged: {', '.join(result.diverged)}" if result.diverged else "")
+        + (f"; skipped: {', '.join(result.backend_skipped)}" if result.backend_skipped else "")
+    )
 
 
 def write_study_report(out_dir: Path) -> dict[str, Path]:
@@ -111,15 +133,7 @@ def run(
             runs_per_device=runs_per_device,
             mps=mps,
         )
-        typer.echo(
-            f"study {spec.name}: {len(result.trained)} runs trained, {len(result.already_done)} already done"
-            + (f", diverged: {', '.join(result.diverged)}" if result.diverged else "")
-            + (
-                f", skipped (backend unavailable): {', '.join(result.backend_skipped)}"
-                if result.backend_skipped
-                else ""
-            )
-        )
+        typer.echo(closing_line(spec.name, result))
         typer.echo(f"runs in {result.out_dir / 'runs'}")
         if result.failed:
             for label, reason in result.failed.items():

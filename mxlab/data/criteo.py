@@ -181,6 +181,17 @@ class CriteoSource(DataSource):
                 label, dense, ids = parse_line(line, self.table_sizes, f"{path}, line {line_number}")
                 yield line_number, label, dense, ids
 
+    def check_rows(self) -> None:
+        """Read every train and eval row once; refuses (ValueError naming the file and line) the first bad one."""
+        for _ in self._rows(self.path, 0, self.n_train):
+            pass
+        if self.eval_path is not None:
+            for _ in self._rows(self.eval_path, 0, self.n_eval):
+                pass
+        else:
+            for _ in self._rows(self.path, self.n_train, self.n_eval):
+                pass
+
     @staticmethod
     def _batch(rows: list[tuple[int, int, list[float], list[int]]]) -> JaggedBatch:
         n = len(rows)

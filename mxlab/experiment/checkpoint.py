@@ -8,8 +8,10 @@ numbers, strings, lists and dicts.
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 from mxlab import io
 
 CHECKPOINT = "checkpoint.pt"
+PREVIOUS = "checkpoint.prev.pt"  # the checkpoint before the last: where a run resumes when the last is unreadable
 
 
 def rng_state() -> dict[str, Any]:
@@ -67,8 +70,45 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` (tensors, numbers, strings, lists, dicts) to `path` atomically."""
+    """Write `state` (tensors, numbers, strings, lists, dicts) to `path` atomically; the checkpoint it replaces
+    is kept beside it as checkpoint.prev.pt (the last two are kept)."""
+    path = Path(path)
+    if path.is_file():
+        os.replace(path, path.with_name(PREVIOUS))
     io.write_torch(path, state)
+
+
+def load_resume_checkpoint(run_dir: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(checkpoint, note) to resume a run from: RUN/checkpoint.pt, else checkpoint.prev.pt when the last one
+    cannot be read, else None (the run restarts from step 0); `note` says which when one was unreadable
+    (printed to stderr too), None otherwise. Refuses (ValueError) a checkpoint that holds pickled objects."""
+    unreadable = []
+    for name in (CHECKPOINT, PREVIOUS):
+        path = Path(run_dir) / name
+        if not path.is_file():
+            continue
+        try:
+            checkpoint = load_checkpoint(path)
+            if not isinstance(checkpoint, dict) or "step" not in checkpoint:
+                raise ValueError("it is not a run checkpoint")
+        except (RuntimeError, EOFError, OSError, KeyError) as error:
+            unreadable.append(f"{path} ({type(error).__name__})")
+            continue
+        except ValueError as error:
+            if "refusing to load" in str(error):
+                raise
+            unreadable.append(f"{path} ({error})")
+            continue
+        if not unreadable:
+            return checkpoint, None
+        note = f"{'; '.join(unreadable)} unreadable: resumed from {path} (step {int(checkpoint['step'])})"
+        print(f"mxlab: {note}", file=sys.stderr)
+        return checkpoint, note
+    if not unreadable:
+        return None, None
+    note = f"{'; '.join(unreadable)} unreadable and no earlier checkpoint: the run restarted from step 0"
+    print(f"mxlab: {note}", file=sys.stderr)
+    return None, note
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

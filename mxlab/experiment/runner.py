@@ -34,6 +34,13 @@ from mxlab import io
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
 from mxlab.experiment.gate import gated_spec, read_gate, run_gate
+from mxlab.experiment.integrity import (
+    check_foreign_folder,
+    check_recipes_unchanged,
+    recipe_file_record,
+    spec_recipe_files,
+    study_paths,
+)
 from mxlab.experiment.provenance import code_commit, device_name
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
@@ -142,6 +149,7 @@ def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
     from mxlab.recipe import load_recipe
 
     recipes = {arm: load_recipe(spec.recipe_paths[arm]) for arm in spec.arms}
+    files = {arm: recipe_file_record(spec.recipe_paths[arm]) for arm in spec.arms}
 
     def start(arm: str, seed: int) -> Path | None:
         if post_training_recipe(arm) is not None:
@@ -158,6 +166,7 @@ def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
             spec=spec,
             fork_dir=start(arm, seed),
             post_training=post_training_recipe(arm) is not None,
+            extra_config={"recipe_file": files[arm]},
         )
         for seed in spec.seeds
         for arm in spec.arms
@@ -184,7 +193,11 @@ def fork_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
             recipe_source=str(spec.fork_recipe_path),
             run_dir=Path(runs_root) / FORK_DIR / f"seed{seed}",
             spec=warmup,
-            extra_config={"fork_warmup_of": spec.name, "fork_from": spec.train.fork_from},
+            extra_config={
+                "fork_warmup_of": spec.name,
+                "fork_from": spec.train.fork_from,
+                "recipe_file": recipe_file_record(spec.fork_recipe_path),
+            },
         )
         for seed in spec.seeds
     ]
@@ -258,8 +271,11 @@ def _existing_runs(runs_root: Path) -> list[Path]:
 def check_out_dir(
     spec: ExperimentSpec, out_dir: Path, resume: bool, runs_root: Path | None = None, recorded: str = "study.json"
 ) -> None:
-    """Refuse to start over existing runs without `resume`, or to resume a study whose data/model/train
-    differ from those recorded in `out_dir/recorded`."""
+    """Refuse a non-empty folder that is not a study, to start over existing runs without `resume`, or to
+    resume a study whose data/model/train or recipe files differ from those recorded in `out_dir/recorded`
+    (and its runs' config.json)."""
+    if runs_root is None:
+        check_foreign_folder(out_dir)
     runs_root = runs_root or Path(out_dir) / "runs"
     existing = _existing_runs(runs_root)
     if existing and not resume:
@@ -268,8 +284,10 @@ def check_out_dir(
             f"pass --resume to continue that study, or choose a fresh --out"
         )
     study_path = Path(out_dir) / recorded
+    if resume and runs_root == Path(out_dir) / "runs":
+        check_recipes_unchanged(spec, out_dir, io.read_json(study_path) if study_path.exists() else None)
     if resume and study_path.exists():
-        recorded_study = json.loads(study_path.read_text())
+        recorded_study = io.read_json(study_path)
         current = json.loads(io.to_json(spec.to_dict()))
         defaults = {
             f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()
@@ -310,7 +328,7 @@ def write_study_json(
     record: the report settings at the study's start with their SHA-256, kept from an earlier study.json of
     the same folder); return what was written."""
     path = Path(out_dir) / "study.json"
-    earlier = json.loads(path.read_text()) if path.is_file() else {}
+    earlier = io.read_json(path) if path.is_file() else {}
     record = earlier.get("preregistered") or {
         "report": spec.report.to_dict(),
         "sha256": spec.report.digest(),
@@ -318,12 +336,14 @@ def write_study_json(
     }
     study = {
         **spec.to_dict(),
+        "recipe_files": spec_recipe_files(spec),
         **({"execution": execution} if execution is not None else {}),
         "command": command,
         "environment": environment_info(devices),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "preregistered": record,
     }
+    study = study_paths(study, Path(out_dir))  # no absolute path of this machine in the record
     io.write_json(Path(out_dir) / "study.json", study)
     return study
 
@@ -391,6 +411,9 @@ def run_study(
         source = None
         if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
             source = make_data_source(spec)
+            check_rows = getattr(source, "check_rows", None)
+            if callable(check_rows):  # every row once, before any run: the first bad line, with file and line
+                check_rows()
             preflight([job for job in jobs if job.label not in done_before], source, devices[0])
         if executor == "inline":
             runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -248,6 +249,9 @@ def _check_ranges(config: Any, where: str) -> None:
         ):
             if getattr(config, key) < 0:
                 raise ValueError(f"{where}.{key} must be >= 0 (0 = off), got {getattr(config, key)}")
+        for key in ("lr", "weight_decay", "min_loss_scale"):
+            if not math.isfinite(getattr(config, key)):
+                raise ValueError(f"{where}.{key} must be a finite number, got {getattr(config, key)}")
         if not config.lr > 0:
             raise ValueError(f"{where}.lr must be > 0, got {config.lr}")
         for key in ("weight_decay", "min_loss_scale"):
@@ -347,12 +351,13 @@ def recipe_dir_for(spec_path: Path) -> Path:
 
 
 def resolve_recipe_path(name: str, recipe_dir: Path) -> Path:
-    """Return `recipe_dir/NAME.toml` (mxlab.recipe.library.find_recipe, the spec's folder only);
-    refuses a name without such a file, listing the ones there."""
+    """The recipe file of an arm, found where `load_recipe` finds recipes (mxlab.recipe.library.find_recipe):
+    `recipe_dir/NAME.toml` (beside the spec) first, then $MXLAB_RECIPES, then the shipped recipes;
+    refuses a name found in none, listing the folders searched and the names there."""
     from mxlab.recipe.library import find_recipe
 
     try:
-        return find_recipe(name, [recipe_dir], defaults=False)
+        return find_recipe(name, [recipe_dir])
     except ValueError as error:
         raise ValueError(f"unknown arm/recipe {name!r}: {error}") from None
 

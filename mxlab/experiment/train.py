@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from mxlab import io
+from mxlab.experiment.artefacts import run_is_complete
 from mxlab.experiment.checkpoint import (
     CHECKPOINT,
     fork_data_position,
-    load_checkpoint,
+    load_resume_checkpoint,
     restore_rng,
     rng_state,
     start_from_fork,
@@ -113,6 +114,7 @@ class RunResult:
     # over several machines or commits shows which runs came from which.
     trained_with: dict[str, Any] | None = None
     health: dict[str, Any] | None = None  # mxlab.experiment.health.summarize of its metrics records
+    recovered: str | None = None  # how an unreadable checkpoint was handled on resume (None: nothing to heal)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -127,17 +129,14 @@ class RunResult:
             "peak_memory_bytes": self.peak_memory_bytes,
             "trained_with": self.trained_with,
             "health": self.health,
+            **({"recovered": self.recovered} if self.recovered else {}),
         }
 
 
 def run_is_done(run_dir: Path) -> bool:
-    """True when `run_dir` holds a done.json of a finished or diverged run (a skipped or failed run is tried again)."""
-    path = Path(run_dir) / DONE
-    if not path.is_file():
-        return False
-    import json
-
-    return json.loads(path.read_text()).get("status") not in ("skipped", "failed")
+    """True when `run_dir` holds a readable done.json of a finished run (with a readable eval.npz) or a diverged
+    one (mxlab.experiment.artefacts); a skipped, failed or corrupt run is tried again."""
+    return run_is_complete(run_dir)
 
 
 def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
@@ -297,8 +296,8 @@ def train_run(
         None  # the fork warm-up's (epoch, batches taken in it): where the arm's data begins
     )
     checkpoint_path = run_dir / CHECKPOINT
-    if checkpoint_path.exists():
-        checkpoint = load_checkpoint(checkpoint_path)
+    checkpoint, recovered = load_resume_checkpoint(run_dir)
+    if checkpoint is not None:
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scaler.load_state_dict(checkpoint["scaler"])
@@ -474,6 +473,7 @@ def train_run(
             peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
             trained_with=trained_with(str(device)),
             health=summarize(metrics),
+            recovered=recovered,
         )
         if world.writes:
             io.write_json(run_dir / DONE, result.to_dict())

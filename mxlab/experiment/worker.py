@@ -19,6 +19,7 @@ import contextlib
 import json
 import os
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -91,7 +92,7 @@ def cached_source(spec: ExperimentSpec) -> Any:
 
 def read_result(run_dir: Path) -> RunResult:
     """The RunResult recorded in `run_dir/done.json`."""
-    record = json.loads((Path(run_dir) / DONE).read_text())
+    record = io.read_json(Path(run_dir) / DONE)
     return RunResult(
         status=record["status"],
         steps=record["steps"],
@@ -103,13 +104,19 @@ def read_result(run_dir: Path) -> RunResult:
         step_ms=record.get("step_ms"),
         peak_memory_bytes=record.get("peak_memory_bytes"),
         trained_with=record.get("trained_with"),
+        recovered=record.get("recovered"),
     )
 
 
 def record_failure(run_dir: Path, reason: str) -> RunResult:
-    """Write done.json with status "failed" and `reason`; returns that record (a later --resume runs it again)."""
+    """Write done.json with status "failed" and `reason`; returns that record (a later --resume runs it again).
+    A done.json that cannot be written (a full disk) is left out: the record is returned all the same, and
+    the run, without a done.json, is run again by --resume too."""
     result = RunResult(status="failed", steps=0, wall_s=0.0, reason=reason)
-    io.write_json(Path(run_dir) / DONE, result.to_dict())
+    try:
+        io.write_json(Path(run_dir) / DONE, result.to_dict())
+    except OSError as error:
+        result.reason = f"{reason} (its done.json could not be written: {error.strerror or error})"
     return result
 
 
@@ -212,7 +219,12 @@ def process_main(job: RunJob, device: str, connection: Any, threads: int = 0) ->
         result = run_job(job, device)
         connection.send(("ok", result.to_dict()))
     except Exception as error:  # recorded; the study goes on with the other runs (an interrupt is not recorded)
-        traceback.print_exc()
+        if isinstance(error, OSError):  # the path and what to do say it all; a traceback would bury it
+            from mxlab.experiment.oserrors import os_error_line
+
+            print(f"mxlab: {job.label}: {os_error_line(error)}", file=sys.stderr)
+        else:
+            traceback.print_exc()
         reason = describe_error(error)
         try:
             record_failure(job.run_dir, reason)

@@ -18,6 +18,7 @@ import numpy as np
 
 from mxlab import io, metrics
 from mxlab.analysis import StudyAnalysis, analyze_study
+from mxlab.experiment.integrity import mixed_arm_warnings
 from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
 from mxlab.report import figures
 from mxlab.report.convergence import convergence_warning, design_text, heldout_series
@@ -379,6 +380,7 @@ def write_report(
     unsettled = convergence_warning(heldout, study.baseline)
     note = constant_rate_note(analysis, not_converged=unsettled is not None)
     top = [w for w in [unsettled] if w] + warnings(analysis) + [w for w in [note] if w]
+    top = mixed_arm_warnings(directory, study.arms, study.seeds) + top  # an arm of two recipes before its verdicts
     if top:
         blocks.append(BulletList(top))
     blocks += decision_section(analysis) + ship_table(analysis) + diagnostics(analysis) + _truth_ceiling(analysis)

@@ -173,6 +173,7 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
     import sys
 
     import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
+    import mxlab.recipe.shipped  # noqa: F401  (the shipped recipes, where a spec's arms are looked up last)
 
     data = types.ModuleType("mxlab.data")
     data.make_source = lambda data_config, max_history: source

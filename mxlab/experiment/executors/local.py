@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlab.experiment.executors.progress import StudyProgress, describe
+from mxlab.experiment.oserrors import is_disk_full, stopped
 from mxlab.experiment.train import RunJob, RunResult, StepHook, train_run
 from mxlab.experiment.worker import (
     PROGRESS,
@@ -170,6 +171,7 @@ class LocalExecutor:
         ] = []  # (when, job, its device): a run whose device was busy at its start
         retried: set[str] = set()
         results: dict[str, RunResult] = {}
+        halted: Exception | None = None  # a full disk: no more runs start
 
         def start(job: RunJob, device: str) -> None:
             receiver, sender = context.Pipe(duplex=False)
@@ -223,6 +225,11 @@ class LocalExecutor:
                         else:
                             results[label] = record_failure(job.run_dir, payload)
                         progress.run_done(label, describe(results[label]))
+                        if results[label].status == "failed" and is_disk_full(results[label].reason) and not halted:
+                            halted = stopped(label, results[label].reason or "", len(queue) + len(retries))
+                            queue.clear()
+                            retries.clear()
+                            progress.log(str(halted))
             except BaseException:
                 stop.stopping = True  # a signal now must not cut the clean-up short
                 raise
@@ -230,6 +237,8 @@ class LocalExecutor:
                 _stop_workers(
                     [process for process, _, _, _ in active.values()]
                 )  # interrupted: stop the runs still going
+        if halted is not None:
+            raise halted
         return results
 
     @staticmethod
