@@ -46,6 +46,8 @@ pv = "e4m3"
 SGD = ['train.optimizer="sgd"', "train.lr=0.1"]
 ARMS = [
     'arms=["bf16", "mx-fwd-dgrad"]',
+    "report.candidate=[]",
+    "report.controls=[]",
     "train.max_steps=3",
     "train.checkpoint_every=0",
     'train.precision="fp32"',
