@@ -69,9 +69,9 @@ def apply_recipe(
     the same Parameters (a QLinear whose policy is high precision gets precision None, i.e. plain
     nn.Linear); every JaggedAttention gets `policy` = AttentionPolicy or None. `seed` (the run seed)
     seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
-    Refuses (ValueError) a rule that matches no reachable module, listing the reachable names, a model
-    with no reachable module at all, and one holding a lazy module (nn.LazyLinear) not yet materialised by a
-    first forward. A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
+    Refuses (ValueError) a rule that matches no GEMM site, listing the reachable ones, and a model holding a
+    lazy module (nn.LazyLinear) not yet materialised by a first forward.
+    A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
     fast path (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
     policy has backend = "te" becomes a Transformer Engine te.Linear (mxlab.recipe.backends.te, which
     refuses, before any swap, with BackendUnavailableError when TE cannot run here).
@@ -97,16 +97,12 @@ def apply_recipe(
     reachable = reachable_modules(model)
     names = [name for name, _, _ in reachable]
     parameters, products = site_candidates(model, set(names))
-    if not names and not parameters:
-        raise ValueError(
-            f"recipe {recipe.name!r}: the model has no nn.Linear, JaggedAttention or weight parameter to apply it to"
-        )
     for rule in recipe.rules:
         if not any(fnmatchcase(name, rule.match) for name in names + parameters + products):
             sites = names + parameters
             shown = ", ".join(sites[:40]) + (f", ... ({len(sites)} in all)" if len(sites) > 40 else "")
             raise ValueError(
-                f"recipe {recipe.name!r}: rule match = {rule.match!r} matches no GEMM site of this model "
+                f"recipe {recipe.name!r}: rule match = {rule.match!r} matches no module or GEMM site of this model "
                 f"(recipes name modules of one model; the shipped ones use the GEM model's names). "
                 f"Reachable sites: {shown}; products of two activations are MODULE.OP (OP one of "
                 f"{', '.join(OP_NAMES)})"
