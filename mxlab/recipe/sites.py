@@ -298,14 +298,14 @@ class GemmSites(TorchFunctionMode):
                 bias = args[2] if len(args) > 2 else kwargs.get("bias")
                 from mxlab.nn.linear import qlinear
 
-                out = qlinear(a, b, bias, precision)
+                out = _outside_the_graph(qlinear, a, b, bias, precision)
             elif op == "einsum":
-                out = QF.einsum(equation, a, b, precision)
+                out = _outside_the_graph(QF.einsum, equation, a, b, precision)
             elif op in ("addmm", "baddbmm"):
                 scalars = {key: kwargs[key] for key in ("beta", "alpha") if key in kwargs}
-                out = QF.addmm(args[0], a, b, precision, **scalars)
+                out = _outside_the_graph(QF.addmm, args[0], a, b, precision, **scalars)
             else:
-                out = QF.product(a, b, precision)
+                out = _outside_the_graph(QF.product, a, b, precision)
         except QF.UnsupportedGemm as error:
             self.precisions.pop((site, "left" if swapped else "right"), None)
             self.entries.pop(site, None)
@@ -340,8 +340,15 @@ class GemmSites(TorchFunctionMode):
                 self.entries.pop(site, None)
                 self.precisions.pop((site, "attention"), None)
             return self._fallback(sites["qk"], "sdpa", reason, func, args, kwargs)
-        out = QF.attention(
-            q, k, v, call.get("attn_mask"), bool(call.get("is_causal", False)), call.get("scale"), **precisions
+        out = _outside_the_graph(
+            QF.attention,
+            q,
+            k,
+            v,
+            call.get("attn_mask"),
+            bool(call.get("is_causal", False)),
+            call.get("scale"),
+            **precisions,
         )
         for product, site in sites.items():
             self._count(site, flops[product], precisions[product] is not None)
@@ -397,6 +404,13 @@ class GemmSites(TorchFunctionMode):
                     if name in buffers:
                         buffer.copy_(buffers[name])
             del counted
+
+
+@torch.compiler.disable
+def _outside_the_graph(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """`function(*args, **kwargs)` run eagerly under torch.compile (a graph break per GEMM site, eager mode's bits):
+    Dynamo cannot yet trace qmatmul's autograd.Function inside a TorchFunctionMode."""
+    return function(*args, **kwargs)
 
 
 def _einsum_flops(equation: str, a: torch.Tensor, b: torch.Tensor) -> int:
