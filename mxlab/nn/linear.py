@@ -54,6 +54,18 @@ def _autocast_operands(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Ten
     return x.to(dtype), weight.to(dtype)
 
 
+def qlinear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, precision: MatmulPrecision
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) with its three GEMMs emulated under `precision` (QLinear's forward): x (..., K),
+    weight (N, K). On meta tensors, the shapes and dtype only."""
+    if x.device.type == "meta" or weight.device.type == "meta":  # no values: the shapes and dtype only
+        return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
+    x, weight = _autocast_operands(x, weight)
+    y = qmatmul(x.reshape(-1, weight.shape[1]), weight.t(), precision, bias=bias)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
 class QLinear(nn.Linear):
     """nn.Linear whose forward, dgrad and wgrad GEMMs follow `precision` (None: plain nn.Linear)."""
 
@@ -107,11 +119,7 @@ class QLinear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._precision is None:
             return F.linear(x, self.weight, self.bias)
-        if x.device.type == "meta" or self.weight.device.type == "meta":  # no values: the shapes and dtype only
-            return F.linear(x, self.weight.to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
-        x, weight = _autocast_operands(x, self.weight)
-        y = qmatmul(x.reshape(-1, self.in_features), weight.t(), self._precision, bias=self.bias)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return qlinear(x, self.weight, self.bias, self._precision)
 
     def extra_repr(self) -> str:
         text = super().extra_repr()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -15,6 +16,7 @@ from mxlab.recipe.library import load_recipe
 from mxlab.recipe.loss_scaling import quantized_products
 from mxlab.recipe.plan import Plan, PlanEntry, reachable_modules, replace_module
 from mxlab.recipe.schema import Recipe
+from mxlab.recipe.sites import OP_NAMES, GemmSites, parameter_site
 
 
 def converters_for(recipe: Recipe) -> dict[str, Converter]:
@@ -32,7 +34,34 @@ def _lazy_linears(model: nn.Module) -> list[str]:
     ]
 
 
-def apply_recipe(model: nn.Module, recipe: Recipe | str | Path, *, seed: int = 0) -> Plan:
+def site_candidates(model: nn.Module, swapped: set[str]) -> tuple[list[str], list[str]]:
+    """(the GEMM sites known before a forward: parameters of two or more dims outside swapped modules and
+    embeddings, named as mxlab.recipe.sites names them; the names a functional product can take,
+    MODULE.OP for every module outside the swapped ones)."""
+    parameters: list[str] = []
+    products: list[str] = []
+    for name, module in model.named_modules():
+        if name in swapped or any(name.startswith(f"{outer}.") for outer in swapped if outer):
+            continue
+        products.extend(".".join(part for part in (name, op) if part) for op in OP_NAMES)
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+            continue
+        parameters.extend(
+            parameter_site(name, parameter_name)
+            for parameter_name, parameter in module.named_parameters(recurse=False)
+            if parameter.dim() >= 2
+        )
+    return parameters, products
+
+
+def apply_recipe(
+    model: nn.Module,
+    recipe: Recipe | str | Path,
+    *,
+    seed: int = 0,
+    example_inputs: Any = None,
+    unsupported: str = "error",
+) -> Plan:
     """Apply `recipe` (a Recipe, or a name or path for `load_recipe`) to `model` in place and return the Plan
     (one entry per reachable module, in model order).
 
@@ -40,12 +69,20 @@ def apply_recipe(model: nn.Module, recipe: Recipe | str | Path, *, seed: int = 0
     the same Parameters (a QLinear whose policy is high precision gets precision None, i.e. plain
     nn.Linear); every JaggedAttention gets `policy` = AttentionPolicy or None. `seed` (the run seed)
     seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
-    Refuses (ValueError) a rule that matches no reachable module, listing the reachable names, a model
-    with no reachable module at all, and one holding a lazy module (nn.LazyLinear) not yet materialised by a
-    first forward. A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
+    Refuses (ValueError) a rule that matches no GEMM site, listing the reachable ones, and a model holding a
+    lazy module (nn.LazyLinear) not yet materialised by a first forward.
+    A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
     fast path (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
     policy has backend = "te" becomes a Transformer Engine te.Linear (mxlab.recipe.backends.te, which
     refuses, before any swap, with BackendUnavailableError when TE cannot run here).
+
+    GEMMs without a module to swap (F.linear or mm/matmul/bmm/addmm/einsum on a Parameter, products of two
+    activations, F.scaled_dot_product_attention, nn.MultiheadAttention's) are GEMM sites, emulated during the
+    model's forward by mxlab.recipe.sites.GemmSites and named there; a rule may name them, and is refused only
+    when it matches neither a module, a parameter site nor a MODULE.OP name. `example_inputs` (as
+    `Plan.coverage` takes them) measures the coverage at once. `unsupported`: "error" (a GEMM the emulation
+    cannot take under a quantizing policy raises, naming it) or "high_precision" (it runs as written; the plan
+    lists the reason).
     """
     if isinstance(recipe, (str, Path)):
         recipe = load_recipe(recipe)
@@ -59,15 +96,16 @@ def apply_recipe(model: nn.Module, recipe: Recipe | str | Path, *, seed: int = 0
         )
     reachable = reachable_modules(model)
     names = [name for name, _, _ in reachable]
-    if not names:
-        raise ValueError(f"recipe {recipe.name!r}: the model has no nn.Linear or JaggedAttention module to apply it to")
+    parameters, products = site_candidates(model, set(names))
     for rule in recipe.rules:
-        if not any(fnmatchcase(name, rule.match) for name in names):
-            shown = ", ".join(names[:40]) + (f", ... ({len(names)} in all)" if len(names) > 40 else "")
+        if not any(fnmatchcase(name, rule.match) for name in names + parameters + products):
+            sites = names + parameters
+            shown = ", ".join(sites[:40]) + (f", ... ({len(sites)} in all)" if len(sites) > 40 else "")
             raise ValueError(
-                f"recipe {recipe.name!r}: rule match = {rule.match!r} matches no module of this model "
+                f"recipe {recipe.name!r}: rule match = {rule.match!r} matches no module or GEMM site of this model "
                 f"(recipes name modules of one model; the shipped ones use the GEM model's names). "
-                f"Reachable modules: {shown}"
+                f"Reachable sites: {shown}; products of two activations are MODULE.OP (OP one of "
+                f"{', '.join(OP_NAMES)})"
             )
     converters = converters_for(recipe)
     by_backend: dict[str, list[Target]] = {backend: [] for backend in converters}
@@ -88,12 +126,22 @@ def apply_recipe(model: nn.Module, recipe: Recipe | str | Path, *, seed: int = 0
         entry = entries.get(name)
         if entry is not None:
             entry.note = "; ".join(text for text in (entry.note, note) if text)
-    return Plan(
+    ordered = [entries[name] for name in names]
+    sites = GemmSites(recipe, seed, {entry.module: entry for entry in ordered}, unsupported)
+    sites.install(model)
+    plan = Plan(
         recipe=recipe.name,
         seed=int(seed),
-        entries=[entries[name] for name in names],
+        entries=ordered,
         loss_scaling=recipe.loss_scaling.to_dict(),
+        sites=sites,
+        model=model,
+        rules=tuple(rule.match for rule in recipe.rules),
+        has_attention_table=recipe.attention is not None,
     )
+    if example_inputs is not None:
+        plan.coverage(example_inputs)
+    return plan
 
 
 def rounding_state(model: nn.Module) -> dict[str, int]:

@@ -9,6 +9,7 @@ reachable. Backends (mxlab.recipe.backends) build the Plan's entries and swap mo
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,8 @@ class PlanEntry:
     padded: list[str] = field(default_factory=list)
     backend: str = "mxlab"  # mxlab (emulation) | te (the module became a Transformer Engine te.Linear)
     note: str = ""
+    op: str = ""  # a GEMM site's op (linear, mm, bmm, einsum, sdpa, ...); "" for a module
+    reason: str = ""  # why a GEMM site stays high precision
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,6 +83,8 @@ class PlanEntry:
             "padded": list(self.padded),
             "backend": self.backend,
             "note": self.note,
+            "op": self.op,
+            "reason": self.reason,
         }
 
 
@@ -91,18 +96,56 @@ class Plan:
     seed: int
     entries: list[PlanEntry]
     loss_scaling: dict[str, Any]
+    sites: Any = field(default=None, repr=False, compare=False)  # mxlab.recipe.sites.GemmSites of the model
+    model: Any = field(default=None, repr=False, compare=False)
+    rules: tuple[str, ...] = ()
+    has_attention_table: bool = False
+    flops: dict[str, list] | None = None  # {site: [forward GEMM FLOPs, under MX]} of the last coverage()
+
+    @property
+    def all_entries(self) -> list[PlanEntry]:
+        """The module entries, then every GEMM site met in a forward so far (mxlab.recipe.sites)."""
+        found = list(self.sites.entries.values()) if self.sites is not None else []
+        return self.entries + found
 
     @property
     def quantized_modules(self) -> list[str]:
-        return [entry.module for entry in self.entries if entry.quantized]
+        return [entry.module for entry in self.all_entries if entry.quantized]
 
     @property
     def high_precision_modules(self) -> list[str]:
-        return [entry.module for entry in self.entries if not entry.quantized]
+        return [entry.module for entry in self.all_entries if not entry.quantized]
 
     @property
     def padded_modules(self) -> dict[str, list[str]]:
-        return {entry.module: entry.padded for entry in self.entries if entry.padded}
+        return {entry.module: entry.padded for entry in self.all_entries if entry.padded}
+
+    def coverage(self, example_inputs: Any) -> float:
+        """The share of the model's forward GEMM FLOPs under MX on one forward of `example_inputs` (a tuple of
+        positional arguments, a dict of keywords, or one argument; run under no_grad, buffers and rounding
+        counters restored); per-site FLOPs land in `flops` and `table()` prints them. Warns for a rule that
+        reaches no GEMM and for an `[attention]` table that reaches no attention."""
+        if self.sites is None or self.model is None:
+            raise ValueError("coverage needs the plan apply_recipe returned (it measures the model it was applied to)")
+        self.flops = self.sites.measure(self.model, example_inputs)
+        from fnmatch import fnmatchcase
+
+        reached = [site for site, (flops, _) in self.flops.items() if flops]
+        for rule in self.rules:
+            if not any(fnmatchcase(site, rule) for site in reached):
+                warnings.warn(
+                    f"recipe {self.recipe!r}: rule match = {rule!r} reaches no GEMM on this batch", stacklevel=2
+                )
+        if self.has_attention_table and not any(
+            entry.kind == "attention" and self.flops.get(entry.module, [0])[0] for entry in self.all_entries
+        ):
+            warnings.warn(
+                f"recipe {self.recipe!r} has an [attention] table but the model runs no attention it reaches "
+                "(JaggedAttention, F.scaled_dot_product_attention, nn.MultiheadAttention)",
+                stacklevel=2,
+            )
+        total = sum(flops for flops, _ in self.flops.values())
+        return sum(flops for flops, mx in self.flops.values() if mx) / total if total else 0.0
 
     def loss_scaler(self, model: nn.Module | None = None) -> Any:
         """The loss scaler of the recipe's `[loss_scaling]` table (`mxlab.recipe.loss_scaling.make_loss_scaler`),
@@ -128,35 +171,53 @@ class Plan:
         return {
             "recipe": self.recipe,
             "seed": self.seed,
-            "modules": [entry.to_dict() for entry in self.entries],
+            "modules": [entry.to_dict() for entry in self.all_entries],
             "quantized": self.quantized_modules,
             "high_precision": self.high_precision_modules,
             "padded": self.padded_modules,
             "backends": {entry.module: entry.backend for entry in self.entries if entry.backend != "mxlab"},
             "loss_scaling": dict(self.loss_scaling),
+            "flops": {site: {"flops": flops, "mx": mx} for site, (flops, mx) in (self.flops or {}).items()},
         }
 
     def table(self) -> str:
-        """A fixed-width text table: module, kind, policy, rule, each GEMM's precision, notes."""
+        """A fixed-width text table: module or GEMM site, kind, policy, rule, each GEMM's precision, notes (a
+        high-precision site's reason; forward FLOPs once `coverage` ran), and the coverage line."""
         header = ["module", "kind", "policy", "rule", "precision", "notes"]
         rows = []
-        for entry in self.entries:
+        for entry in self.all_entries:
             if entry.quantized:
                 precision = "; ".join(f"{gemm}: {text}" for gemm, text in entry.gemms.items())
             else:
                 precision = "high precision (unchanged)"
             notes = "padded " + ", ".join(entry.padded) if entry.padded and entry.quantized else ""
+            flops = (self.flops or {}).get(entry.module)
             notes = "; ".join(
                 text
-                for text in (f"backend {entry.backend}" if entry.backend != "mxlab" else "", notes, entry.note)
+                for text in (
+                    f"backend {entry.backend}" if entry.backend != "mxlab" else "",
+                    f"op {entry.op}" if entry.op else "",
+                    notes,
+                    entry.note,
+                    entry.reason,
+                    f"{flops[0]:.3g} FLOPs" if flops else "",
+                )
                 if text
             )
-            rows.append([entry.module, entry.kind, entry.policy, entry.rule, precision, notes])
+            kind = entry.kind
+            rows.append([entry.module, kind, entry.policy, entry.rule, precision, notes])
         widths = [max(len(str(row[i])) for row in [header] + rows) for i in range(len(header))]
         lines = [
             f"recipe {self.recipe} (seed {self.seed}): {len(self.quantized_modules)} quantized, "
             f"{len(self.high_precision_modules)} high precision; {self.loss_scaling_usage}"
         ]
+        if self.flops is not None:
+            total = sum(flops for flops, _ in self.flops.values())
+            mx = sum(flops for flops, under_mx in self.flops.values() if under_mx)
+            share = mx / total if total else 0.0
+            lines.append(f"coverage: {share:.1%} of forward GEMM FLOPs under MX ({mx:.4g} of {total:.4g})")
+        elif self.sites is not None:
+            lines.append("coverage: not measured (plan.coverage(example_inputs) finds every GEMM site and its FLOPs)")
         for index, row in enumerate([header] + rows):
             lines.append("  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip())
             if index == 0:

@@ -72,4 +72,4 @@ def test_transformer_encoder_layers_run_emulated_in_eval_under_no_grad():
     torch.testing.assert_close(emulated, train_mode, rtol=1e-5, atol=1e-5)
     assert (emulated - unquantized).abs().max() > 1e-2
     apply_recipe(model, load_recipe("mxfp4-all"))  # applying again adds no second hook
-    assert len(model.layers[0]._forward_pre_hooks) == 1
+    assert len(model.layers[0]._forward_pre_hooks) == 2  # the fast-path hook and the GEMM sites' frame, once each
