@@ -14,6 +14,11 @@ $(STAMP): pyproject.toml
 	# The CPU build of torch first: an open range would pull a multi-GB CUDA build.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"
 	$(PY) -m pip install -q -e ".[test]"
+	# torchrec for the real-model tests (optional: they skip, naming it, when it is missing). torchrec 1.8.0
+	# names the CUDA fbgemm-gpu; the CPU build of the same version is installed instead.
+	$(PY) -m pip install -q --no-deps "torchrec==1.8.0" "fbgemm-gpu-cpu==1.8.0" \
+	  && $(PY) -m pip install -q pyre-extensions "tensordict==0.15.3" "torchmetrics==1.0.3" tqdm \
+	  || echo "torchrec not installed: the torchrec models of tests/recipe/test_real_models.py are skipped"
 	touch $(STAMP)
 
 venv: $(STAMP)
