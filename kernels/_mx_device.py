@@ -76,7 +76,8 @@ def _operand_code(element: ElementFormat, scale_mode: str, rounding: str, hw_fp8
     code = kernel_code(element, scale_mode, rounding, hw_fp8)  # refuses unknown modes and formats that do not fit
     if hw_fp8 and (element.name not in HARDWARE_FP8_FORMATS or rounding != Rounding.NEAREST_EVEN):
         raise ValueError(
-            f"hw_fp8=True needs format {' or '.join(HARDWARE_FP8_FORMATS)} with nearest_even; got {element.name} with {rounding}"
+            f"hw_fp8=True needs format {' or '.join(HARDWARE_FP8_FORMATS)} "
+            f"with nearest_even; got {element.name} with {rounding}"
         )
     return code
 

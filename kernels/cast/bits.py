@@ -191,7 +191,8 @@ def _walsh_hadamard_rows(v):
 @triton.jit
 def _random_hadamard_bits(bits, hadamard_key, AXIS: tl.constexpr):
     """float32 bits of random_hadamard(x, 32, seed) of a 4-D tile of float32 bits along AXIS (3: the tile's
-    last axis, 1: its row axis); hadamard_key = mix32(seed). docs/numerics.md, "Random Hadamard transform fused with the cast"."""
+    last axis, 1: its row axis); hadamard_key = mix32(seed).
+    docs/numerics.md, "Random Hadamard transform fused with the cast"."""
     flip = (_random_bits24(tl.arange(0, 32), hadamard_key, False) & 1) << 31  # sign bit where the sign is -1
     S0: tl.constexpr = bits.shape[0]
     S1: tl.constexpr = bits.shape[1]

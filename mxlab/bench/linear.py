@@ -6,11 +6,11 @@ Implementations ("arms"), all on BF16 inputs (M, K), weight (N, K), no bias, tim
 | arm | what runs |
 |---|---|
 | torch bf16 | `nn.Linear` in BF16 (cuBLAS): the baseline every ratio divides by |
-| mxlab mxfp8 (emulated) | `QLinear` with the mxfp8-rceil policy: every operand MX-quantized (Triton casts), BF16 tensor-core GEMMs with FP32 accumulation (exact for MX values) |
-| mxlab mxfp8-hadamard (emulated) | the same with the wgrad operands through the fused random Hadamard (block 32) + MX cast |
+| mxlab mxfp8 (emulated) | `QLinear`, mxfp8-rceil: operands MX-quantized (Triton casts), BF16 GEMMs, FP32 accumulation |
+| mxlab mxfp8-hadamard (emulated) | the same, wgrad operands through the fused random Hadamard + MX cast |
 | mxlab fp8-tensor (emulated) | `QLinear` with the fp8-tensor policy: per-tensor FP8 current scaling, emulated |
 | TE bf16 | `te.Linear` without FP8 |
-| TE fp8_current / fp8_delayed / fp8_block / mxfp8 | `te.Linear` under `te.autocast` with that recipe (mxlab.recipe.backends.te) |
+| TE fp8_current / fp8_delayed / fp8_block / mxfp8 | `te.Linear` under `te.autocast` with that recipe |
 
 Shapes: recommendation-model token counts M = 16384 and 65536, K = N = 512, 1024, 4096. The
 baseline is measured in the same run on the same tensors. TE arms are skipped, with the reason in

@@ -78,7 +78,8 @@ def bench_spec(
 
 
 def device_batches(spec: Any, batches: int, device: torch.device) -> tuple[list[Any], Any]:
-    """The first `batches` training batches of the spec's source (seed 0, epoch 0) on `device`, and the source's info."""
+    """The first `batches` training batches of the spec's source (seed 0, epoch 0) on `device`, and the
+    source's info."""
     from mxlab.experiment.runner import make_data_source
 
     source = make_data_source(spec)
@@ -276,7 +277,8 @@ def format_table(result: dict[str, Any]) -> str:
 
     model = result["model"]
     lines = [
-        f"Training step on {result['device']}: model {model.get('size')} (dim {model.get('dim')}, {model.get('layers')} layers, "
+        f"Training step on {result['device']}: model {model.get('size')} "
+        f"(dim {model.get('dim')}, {model.get('layers')} layers, "
         f"{model.get('heads')} heads, max_history {model.get('max_history')}), batch {result['batch_size']}, "
         f"history mean {result['history']['mean']:.0f} / max {result['history']['max']}, "
         f"{result['flops_per_step'] / 1e12:.3g} model TFLOP per step, MFU against {result['peak_tflops']:g} TFLOP/s; "

@@ -87,7 +87,8 @@ def bench_quant_command(
         [],
         "--size",
         metavar="ROWSxCOLS",
-        help="Input size to time (repeatable; the first is the headline; default 16384x8192, 8192x4096, 4096x4096, 2048x2048, 1024x1024). Multiples of 32.",
+        help="Input size to time (repeatable; the first is the headline; default "
+        "16384x8192, 8192x4096, 4096x4096, 2048x2048, 1024x1024). Multiples of 32.",
     ),
 ) -> None:
     """MX casts (row, column, both, tiles, fake-quantize, stochastic) of BF16 tensors: bandwidth as a fraction of copy.
@@ -119,7 +120,8 @@ def bench_sass_command(
         None, "--json", metavar="PATH", help="Also write the counts as JSON to this path."
     ),
 ) -> None:
-    """Static sm_90 machine code of the MX casts `bench quant` times (no GPU needed): instructions per element, registers, spills.
+    """Static sm_90 machine code of the MX casts `bench quant` times (no GPU needed): instructions per element,
+    registers, spills.
 
     Example: mxlab bench sass --integer-path
     """
@@ -146,7 +148,8 @@ def bench_linear_command(
         False, "--compile", help="Also time the baseline and each emulated arm under torch.compile (same BF16 ratio)."
     ),
 ) -> None:
-    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16 nn.Linear.
+    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16
+    nn.Linear.
 
     Example: mxlab bench linear --shape 65536x1024x1024
     """
@@ -179,7 +182,8 @@ def bench_host_command(
         None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."
     ),
 ) -> None:
-    """Host (Python) time of one emulated linear layer, forward + backward, as a ratio to nn.Linear: on the CPU, with the MX cast launches stubbed out (no GPU needed).
+    """Host (Python) time of one emulated linear layer, forward + backward, as a ratio to nn.Linear: on the CPU,
+    with the MX cast launches stubbed out (no GPU needed).
 
     Example: mxlab bench host --recipe mxfp8-rceil
     """
@@ -209,7 +213,8 @@ def bench_step_command(
         [],
         "--arm",
         metavar="ARM",
-        help="Arm (recipe name) to time (repeatable; default every arm of the spec). The spec's baseline is always timed first.",
+        help="Arm (recipe name) to time (repeatable; default every arm "
+        "of the spec). The spec's baseline is always timed first.",
     ),
     preset: str | None = typer.Option(
         None, "--preset", metavar="SIZE", help="Model size preset (tiny, h200); default the spec's."
@@ -241,7 +246,8 @@ def bench_step_command(
         None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."
     ),
 ) -> None:
-    """The whole training step (forward, loss, backward, loss scaler, optimizer) of every arm against the baseline: ms/step, ratio, model TFLOP/s, MFU, peak memory.
+    """The whole training step (forward, loss, backward, loss scaler, optimizer) of every arm against the baseline:
+    ms/step, ratio, model TFLOP/s, MFU, peak memory.
 
     Example: mxlab bench step --spec experiments/gem-synthetic.toml --preset h200 --batch 4096
     """

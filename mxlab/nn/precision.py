@@ -158,7 +158,8 @@ class MatmulPrecision:
         would repeat the captured call's random bits (deterministic recipes capture and replay exactly)."""
         if self.draws_per_call and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError(
-                f"{self.name or 'an emulated product'} rounds stochastically or uses a random Hadamard transform, whose "
+                f"{self.name or 'an emulated product'} rounds stochastically "
+                "or uses a random Hadamard transform, whose "
                 "seeds change every call; captured in a CUDA graph, every replay would repeat the same random bits. "
                 "Capture only deterministic recipes, or run this one eagerly"
             )

@@ -24,9 +24,9 @@ padded with zeros change neither the blocks of the real keys nor the product.
 On CUDA the emulated product runs on the BF16 tensor cores with float32 accumulation whenever both
 operands are exactly representable in bfloat16: a bfloat16 result comes from cuBLAS's float32
 accumulator rounded once (split-K reductions kept in float32, see `bfloat16_product`), any other
-result from a float32 one (`torch.mm(..., out_dtype=torch.float32)`). That holds for FP8 values, and for every MX element value quantized
-from a bfloat16 tensor (at most 8 significant bits, and either the input value itself or a
-point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
+result from a float32 one (`torch.mm(..., out_dtype=torch.float32)`). That holds for FP8 values, and for
+every MX element value quantized from a bfloat16 tensor (at most 8 significant bits, and either the input
+value itself or a point of a grid of powers of two no finer than bfloat16's). MX operands quantized from float32
 or float16 (via float32) are checked: no nonzero magnitude below 2^-126, where bfloat16 loses
 bits. Other GEMMs (float32 high-precision operands, the CPU) multiply float32 operands. The two
 differ only in the order of float32 accumulation, as any two GEMM kernels do.
@@ -88,8 +88,8 @@ def set_gemm_observer(observer: GemmObserver | None) -> GemmObserver | None:
     It is called with keywords: `name` (module), `gemm` (label), `quant` (GemmQuant),
     `shadow_a`, `shadow_b` (the unquantized operands as multiplied, for a shadow product),
     `product_a`, `product_b` (the quantized operands as multiplied, without their per-tensor
-    factors; the GEMM's output is not shown, so observing never changes it), `a`, `b` (the operands in their stored layouts as quantized, i.e. after
-    a Hadamard transform if any), `a_q`, `b_q` (their fake-quantized values as multiplied, bfloat16 or
+    factors; the GEMM's output is not shown, so observing never changes it), `a`, `b` (the operands in their
+    stored layouts as quantized, i.e. after a Hadamard transform if any), `a_q`, `b_q` (their fake-quantized values as multiplied, bfloat16 or
     float32, not copied), `a_factor`, `b_factor` (None, or the 0-d per-tensor FP8 scale the values are
     multiplied by) and `a_axis`, `b_axis` (the blocked axes). Returns the previous observer.
     """
@@ -122,7 +122,8 @@ def _gemm(
     """op(a) @ op(b) (+ bias, in out_dtype, added to the float32 accumulator before its one rounding to
     out_dtype; 2-D operands only), op = transpose of the last two dims where asked, with a quantized along
     `a_axis` and b along `b_axis` of their stored layouts (or their quantized values given as
-    `a_quantized`, `b_quantized`); `counters`: stochastic-rounding counters of a and b (see `qmatmul`). Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
+    `a_quantized`, `b_quantized`); `counters`: stochastic-rounding counters of a and b (see `qmatmul`).
+    Returns (out, a_q, b_q); a_q, b_q are the operands actually multiplied as
     `quantized_operand` gives them (None for a high-precision GEMM)."""
 
     def op(x: torch.Tensor, transpose: bool) -> torch.Tensor:
@@ -430,7 +431,8 @@ def qmatmul(
 
     Returns `torch.matmul(a, b)` (+ bias) itself when `precision` is None. `bias` (N,), with a 2-D b
     only, is added in a's dtype to the forward's float32 accumulator before its one rounding to a's
-    dtype, as nn.Linear's addmm adds it; its gradient is the output gradient summed over the rows. Otherwise a is (..., M, K) and
+    dtype, as nn.Linear's addmm adds it; its gradient is the output gradient summed over the rows.
+    Otherwise a is (..., M, K) and
     b is (..., K, N) with the same leading (batch) dims, or b is 2-D and shared (then a's
     leading dims are flattened into M, so gradient blocks of b run across all rows of a).
 

@@ -75,7 +75,8 @@ def _normalize_block(block: object) -> int | tuple[int, int]:
     if isinstance(block, (tuple, list)) and tuple(block) == SQUARE_BLOCK:
         return SQUARE_BLOCK
     raise ValueError(
-        f"unsupported block {block!r}; accepted: 32 (1-D blocks along axis) or (32, 32) (square tiles of the last two dims)"
+        f"unsupported block {block!r}; accepted: 32 (1-D blocks along "
+        "axis) or (32, 32) (square tiles of the last two dims)"
     )
 
 

@@ -282,7 +282,8 @@ def _parse_attention(table: Any, default_policy: LinearPolicy) -> AttentionRecip
         if spec is None:
             raise _fail(
                 where,
-                f"{product} is not given; set {product} = FMT or {product} = {{fwd = FMT, grad = FMT}} (FMT bf16 keeps it high precision)",
+                f"{product} is not given; set {product} = FMT or {product} = "
+                f"{{fwd = FMT, grad = FMT}} (FMT bf16 keeps it high precision)",
             )
         if isinstance(spec, dict):
             _check_keys(spec, ROUNDING_KEYS, f"{where}.{product}")
