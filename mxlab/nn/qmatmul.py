@@ -85,13 +85,13 @@ _observer: GemmObserver | None = None
 def set_gemm_observer(observer: GemmObserver | None) -> GemmObserver | None:
     """Install an observer called after every emulated (not high-precision) GEMM; None removes it.
 
-    It is called with keywords: `name` (module), `gemm` (label), `quant` (GemmQuant),
-    `shadow_a`, `shadow_b` (the unquantized operands as multiplied, for a shadow product),
-    `product_a`, `product_b` (the quantized operands as multiplied, without their per-tensor
-    factors; the GEMM's output is not shown, so observing never changes it), `a`, `b` (the operands in their
-    stored layouts as quantized, i.e. after a Hadamard transform if any), `a_q`, `b_q` (their fake-quantized values
-    as multiplied, bfloat16 or float32, not copied), `a_factor`, `b_factor` (None, or the 0-d per-tensor FP8 scale the values are
-    multiplied by) and `a_axis`, `b_axis` (the blocked axes). Returns the previous observer.
+    It is called with keywords: `name` (module), `gemm` (label), `quant` (GemmQuant), `shadow_a`, `shadow_b`
+    (the unquantized operands as multiplied, for a shadow product), `product_a`, `product_b` (the quantized
+    operands as multiplied, without their per-tensor factors; the GEMM's output is not shown, so observing never
+    changes it), `a`, `b` (the operands in their stored layouts as quantized, i.e. after a Hadamard transform if
+    any), `a_q`, `b_q` (their fake-quantized values as multiplied, bfloat16 or float32, not copied), `a_factor`,
+    `b_factor` (None, or the 0-d per-tensor FP8 scale the values are multiplied by) and `a_axis`, `b_axis` (the
+    blocked axes). Returns the previous observer.
     """
     global _observer
     previous, _observer = _observer, observer
