@@ -3,6 +3,18 @@ import os
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # The Triton kernels are tested on the CPU under TRITON_INTERPRET=1, which must be set when Triton's
+    # language module (tl.max ...) and the kernels are first decorated: here, before any test module
+    # imports the library (importing torch._dynamo, as `torch.compiler.disable` does, imports Triton).
+    _had_interpret = "TRITON_INTERPRET" in os.environ
+    os.environ["TRITON_INTERPRET"] = "1"
+    from mxlab.numerics.quant import _import_kernels
+
+    _import_kernels()
+    if not _had_interpret:
+        del os.environ["TRITON_INTERPRET"]
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():

@@ -1,5 +1,6 @@
 """Kernel tests run the Triton kernels on CUDA when there is a device, else on the CPU under
-TRITON_INTERPRET=1 (set here before Triton decorates the kernels)."""
+TRITON_INTERPRET=1 (tests/conftest.py decorates the kernels as interpreted functions before any test
+module is imported; the fixtures set the variable for each test)."""
 
 import os
 
@@ -7,15 +8,6 @@ import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
-
-if not HAS_CUDA:
-    _had_interpret = "TRITON_INTERPRET" in os.environ
-    os.environ["TRITON_INTERPRET"] = "1"
-    from mxlab.numerics.quant import _import_kernels
-
-    _import_kernels()  # decorate the kernels as interpreted functions
-    if not _had_interpret:
-        del os.environ["TRITON_INTERPRET"]
 
 
 @pytest.fixture
