@@ -2,7 +2,6 @@
 TRITON_INTERPRET=1 (tests/conftest.py decorates the kernels as interpreted functions before any test
 module is imported; the fixtures set the variable for each test)."""
 
-
 import pytest
 import torch
 
