@@ -79,7 +79,14 @@ def counted_stochastic_fake_quantize(
 
 
 def narrowed_to_bfloat16(mx_values: torch.Tensor) -> torch.Tensor:
-    """float32 MX values as bfloat16 where that is exact on CUDA (see `exact_in_bfloat16`), else unchanged."""
+    """float32 MX values as bfloat16 where that is exact on CUDA (see `exact_in_bfloat16`), else unchanged.
+    Refuses (RuntimeError) under torch.compile on CUDA, where that check is a host read the graph cannot hold."""
+    if mx_values.is_cuda and torch.compiler.is_compiling():
+        raise RuntimeError(
+            "an MX operand quantized from float32 on CUDA is checked for exactness in bfloat16 with a host read, "
+            "which torch.compile cannot trace: compile the model in bfloat16 (or under bfloat16 autocast), or run "
+            "a float32 model eagerly"
+        )
     if mx_values.is_cuda and exact_in_bfloat16(mx_values):
         return mx_values.to(torch.bfloat16)
     return mx_values

@@ -254,7 +254,8 @@ def _dispatch(kind: str, x, fmt: ElementFormat, block, axis, scale_mode, roundin
     """Run `kind` ("quantize" or "fake_quantize") on the chosen backend; records it for last_backend()."""
     global _last_backend
     backend, kernels = _choose_backend(x, block, axis)
-    _last_backend = backend
+    if not torch.compiler.is_compiling():  # no side effect in a traced graph (an autograd.Function refuses one)
+        _last_backend = backend
     if backend == "triton":
         run = kernels.quantize if kind == "quantize" else kernels.fake_quantize
         return run(x, fmt, block=block, axis=axis, scale_mode=scale_mode, rounding=rounding, seed=seed, pad=pad)

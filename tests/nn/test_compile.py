@@ -141,6 +141,12 @@ def test_inductor_on_the_cpu_compiles_a_layer_to_eager_bits():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cuda_inductor_compiles_a_recipe_to_eager_bits_and_mxfp8_rceil_whole(dtype):
     torch._dynamo.reset()
+    if dtype == torch.float32:
+        model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 192)).cuda()
+        apply_recipe(model, load_recipe("mxfp8-rceil"), seed=1)
+        with pytest.raises(Exception, match="compile the model in bfloat16"):
+            torch.compile(model)(torch.randn(1024, 256, device="cuda"))
+        return
     for recipe, fullgraph in (("mxfp8-rceil", True), ("mxfp4-all", False), ("mxfp8-rceil-sr", False)):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 192)).cuda().to(dtype)
