@@ -15,7 +15,8 @@
 #   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab.txt, ab_{base,other,base2}.txt
 #   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
-# Records the commit it ran in visit.txt: $COMMIT (the tree sent carries no .git), else git rev-parse HEAD.
+# Records the commit it ran in visit.txt: $COMMIT, else git rev-parse HEAD. Pass COMMIT (the short hash here): the
+# copy of the tree on the GPU machine may carry a stale .git whose HEAD is not the tree sent.
 set -u
 if [ $# -lt 2 ]; then sed -n 2,18p "$0" >&2; exit 2; fi
 seconds=$1; shift
