@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch._dynamo.eval_frame import skip_code
 from torch.overrides import TorchFunctionMode
 
 from mxlab.nn import functional as QF
@@ -404,6 +405,13 @@ class GemmSites(TorchFunctionMode):
                     if name in buffers:
                         buffer.copy_(buffers[name])
             del counted
+
+
+# When a frame inside the mode runs eagerly under torch.compile (a graph break inside a loop, say), Dynamo compiles
+# each `__torch_function__` call as a frame of its own, and its recompiles guard the arguments but not `func`: a graph
+# compiled for `mul` was seen to run for a later `add` of the same shapes. This frame is therefore never compiled on
+# its own (it runs as written); Dynamo still inlines it where it traces the caller.
+skip_code(GemmSites.__torch_function__.__code__)
 
 
 @torch.compiler.disable

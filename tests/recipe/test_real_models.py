@@ -91,7 +91,7 @@ def _train(model, inputs, loss_fn, steps=3):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("name", ["hstu", "sdpa", "mha", "encoder", "dlrm", "dlrm_dcn"])
-def test_a_real_model_applies_trains_compiles_and_reports_coverage(name, recipe, request):
+def test_a_real_model_applies_trains_compiles_and_reports_coverage(name, recipe):
     plain, inputs, loss_fn = _model(name)
     model = copy.deepcopy(plain)
     plan = apply_recipe(model, recipe)
@@ -102,10 +102,6 @@ def test_a_real_model_applies_trains_compiles_and_reports_coverage(name, recipe,
     reference, quantized = _train(plain, inputs, loss_fn), _train(model, inputs, loss_fn)
     assert quantized != reference
     assert all(abs(q - r) <= 0.25 * abs(r) + 0.05 for q, r in zip(quantized, reference))
-    if name == "dlrm_dcn":
-        # the comparison below runs and is expected to fail (strict: a pass reports itself); DLRM passes it
-        reason = "compiled (aot_eager) torchrec DLRM_DCN under GEMM sites differs from eager: open, under study"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
     eager_out = model(*inputs)
     eager_loss = loss_fn(eager_out)
     eager_grads = torch.autograd.grad(eager_loss, [p for p in model.parameters() if p.requires_grad])

@@ -179,3 +179,43 @@ def test_an_attention_table_with_no_attention_warns_and_an_op_it_cannot_take_is_
     with pytest.warns(UserWarning, match="runs in high precision"):
         plan.coverage(torch.randn(64))
     assert plan.high_precision_modules == ["mv"] and "an op the emulation does not take" in plan.table()
+
+
+class LowRankCross(nn.Module):
+    """DCN-v2's low-rank cross layers: functional GEMMs on Parameters in a loop, and elementwise ops between them."""
+
+    def __init__(self, width=96, rank=32, layers=2):
+        super().__init__()
+        self.V = nn.ParameterList([nn.Parameter(torch.randn(rank, width) / width**0.5) for _ in range(layers)])
+        self.W = nn.ParameterList([nn.Parameter(torch.randn(width, rank) / rank**0.5) for _ in range(layers)])
+        self.bias = nn.ParameterList([nn.Parameter(torch.full((width,), 0.1)) for _ in range(layers)])
+
+    def forward(self, x):
+        x0 = xl = x
+        for layer in range(len(self.V)):
+            xl = x0 * (F.linear(F.linear(xl, self.V[layer]), self.W[layer]) + self.bias[layer]) + xl
+        return xl
+
+
+class CrossModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense, self.cross, self.over = nn.Linear(16, 32), LowRankCross(), nn.Linear(96, 1)
+
+    def forward(self, x, sparse):
+        combined = torch.cat((self.dense(x).unsqueeze(1), sparse), dim=1)
+        return self.over(self.cross(combined.reshape(x.shape[0], -1)))
+
+
+def test_a_cross_network_compiles_to_eager_bits():
+    """Regression: the elementwise ops between GEMM sites ran a graph compiled for another op (`+` as `*`)."""
+    torch.manual_seed(0)
+    model = CrossModel()
+    apply_recipe(model, "mxfp8-rceil")
+    inputs = (torch.randn(32, 16), torch.randn(32, 2, 32))
+    eager = model(*inputs)
+    eager_grads = torch.autograd.grad(eager.square().sum(), list(model.parameters()))
+    compiled = torch.compile(model, backend="aot_eager")(*inputs)
+    grads = torch.autograd.grad(compiled.square().sum(), list(model.parameters()))
+    assert torch.equal(compiled, eager)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
