@@ -120,10 +120,11 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def write_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write arrays to an uncompressed .npz at `path` atomically."""
+def write_npz(path: Path, arrays: Mapping[str, np.ndarray], *, compressed: bool = False) -> None:
+    """Write arrays to an .npz at `path` atomically (deflated with `compressed`; the arrays read back the same)."""
     buffer = io.BytesIO()
-    np.savez(buffer, **{key: np.asarray(value) for key, value in arrays.items()})
+    save = np.savez_compressed if compressed else np.savez
+    save(buffer, **{key: np.asarray(value) for key, value in arrays.items()})
     _atomic_write_bytes(path, buffer.getvalue())
 
 

@@ -60,19 +60,25 @@ class StudyData:
     seeds: list[int]
     runs: dict[tuple[str, int], RunStatus]
     has_runs: bool = True  # False: no runs/ folder, statuses come from summary.json
+    runs_root: Path = Path()  # where the run folders are read (DIR/runs, or records unpacked elsewhere)
+
+    def __post_init__(self) -> None:
+        if self.runs_root == Path():
+            self.runs_root = self.directory / "runs"
 
     def run_dir(self, arm: str, seed: int) -> Path:
-        return self.directory / "runs" / arm / f"seed{seed}"
+        return self.runs_root / arm / f"seed{seed}"
 
     def finished_seeds(self, arm: str) -> list[int]:
         return [s for s in self.seeds if self.runs[(arm, s)].status == "finished"]
 
 
-def load_study(study_dir: str | PathLike) -> StudyData:
-    """Read study.json and every run's done.json (without a runs/ folder: the run statuses of
-    summary.json). Refuses a missing study.json, a spec without
+def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = None) -> StudyData:
+    """Read study.json and every run's done.json from `runs_root` (default DIR/runs; without that folder: the
+    run statuses of summary.json). Refuses a missing study.json, a spec without
     name/baseline/arms/seeds, a baseline that is not an arm, and an unknown done.json status."""
     directory = Path(study_dir)
+    runs = Path(runs_root) if runs_root is not None else directory / "runs"
     spec_path = directory / "study.json"
     if not spec_path.is_file():
         raise ValueError(f"{spec_path} does not exist; a study folder holds study.json and runs/ARM/seedK/")
@@ -83,12 +89,12 @@ def load_study(study_dir: str | PathLike) -> StudyData:
     arms, seeds = [str(a) for a in spec["arms"]], [int(s) for s in spec["seeds"]]
     if spec["baseline"] not in arms:
         raise ValueError(f"baseline {spec['baseline']!r} is not one of the arms {arms}")
-    runs: dict[tuple[str, int], RunStatus] = {}
+    statuses: dict[tuple[str, int], RunStatus] = {}
     summary_path = directory / "summary.json"
-    if not (directory / "runs").is_dir() and summary_path.is_file():
+    if not runs.is_dir() and summary_path.is_file():
         for r in json.loads(summary_path.read_text()).get("runs", []):
-            path = directory / "runs" / r["arm"] / f"seed{r['seed']}"
-            runs[(r["arm"], int(r["seed"]))] = RunStatus(
+            path = runs / r["arm"] / f"seed{r['seed']}"
+            statuses[(r["arm"], int(r["seed"]))] = RunStatus(
                 r["arm"],
                 int(r["seed"]),
                 r["status"],
@@ -103,26 +109,26 @@ def load_study(study_dir: str | PathLike) -> StudyData:
             )
         for arm in arms:
             for seed in seeds:
-                runs.setdefault((arm, seed), RunStatus(arm, seed, "missing", directory / "runs" / arm / f"seed{seed}"))
-        return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs, has_runs=False)
+                statuses.setdefault((arm, seed), RunStatus(arm, seed, "missing", runs / arm / f"seed{seed}"))
+        return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, statuses, False, runs)
     for arm in arms:
         for seed in seeds:
-            path = directory / "runs" / arm / f"seed{seed}"
+            path = runs / arm / f"seed{seed}"
             done_path = path / "done.json"
             if not done_path.is_file():
-                runs[(arm, seed)] = RunStatus(arm, seed, "missing", path)
+                statuses[(arm, seed)] = RunStatus(arm, seed, "missing", path)
                 continue
             done = io.read_json(done_path)
             status = done.get("status")
             if status == "failed":  # a crash recorded for --resume: no result to read, as if it never ran
-                runs[(arm, seed)] = RunStatus(arm, seed, "missing", path, reason=done.get("reason"))
+                statuses[(arm, seed)] = RunStatus(arm, seed, "missing", path, reason=done.get("reason"))
                 continue
             if status not in ("finished", "diverged", "skipped"):
                 raise ValueError(f"{done_path}: status {status!r}; accepted: 'finished', 'diverged', 'skipped'")
             problem = eval_problem(path / "eval.npz") if status == "finished" else None
             if problem:
                 raise ValueError(f"{problem}; `mxlab run SPEC --resume --out {directory}` evaluates that run again")
-            runs[(arm, seed)] = RunStatus(
+            statuses[(arm, seed)] = RunStatus(
                 arm,
                 seed,
                 status,
@@ -136,7 +142,7 @@ def load_study(study_dir: str | PathLike) -> StudyData:
                 done.get("peak_memory_bytes"),
                 done.get("trained_with"),
             )
-    return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs)
+    return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, statuses, True, runs)
 
 
 @dataclass

@@ -57,6 +57,12 @@ def run_command(
         help="Start the CUDA MPS daemon for the study, so runs sharing a GPU run side by side "
         "(needs nvidia-cuda-mps-control); default: the spec's [execution] mps.",
     ),
+    keep_runs: bool = typer.Option(
+        True,
+        "--keep-runs/--no-keep-runs",
+        help="Keep each run's full folder (runs/ARM/seedK: checkpoint, eval.npz) beside its compact record "
+        "(records/ARM/seedK.npz, always written); --no-keep-runs removes the folders once recorded.",
+    ),
 ) -> None:
     """Run every arm x seed of an experiment, then write the regression report.
 
@@ -77,8 +83,28 @@ def run_command(
             nproc_per_node=nproc_per_node,
             runs_per_device=runs_per_device,
             mps=mps,
+            keep_runs=keep_runs,
         )
     )
+
+
+@_commands.command("merge", cls=Command)
+def merge_command(
+    out: Path = typer.Argument(..., metavar="OUT", help="New study folder to write (must not exist, or be empty)."),
+    folders: list[Path] = typer.Argument(..., metavar="DIR...", help="Study folders whose run records to merge."),
+) -> None:
+    """Merge the run records of study folders (several machines or days) into one study folder, then write its
+    report: the same report as one folder of all the full runs.
+
+    The folders must share the spec (all but the seeds, the execution and the paths), the eval set and the
+    numerics version; otherwise the merge is refused with the differing value. OUT gets study.json (the
+    first folder's, with the union of the seeds) and records/; the inputs are left as they are.
+
+    Example: mxlab merge reports/gem-all reports/gem-machine-a reports/gem-machine-b
+    """
+    from mxlab.cli import study_commands
+
+    raise typer.Exit(study_commands.merge(out, folders))
 
 
 @_commands.command("report", cls=Command)

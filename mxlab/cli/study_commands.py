@@ -110,6 +110,7 @@ def run(
     nproc_per_node: int = 1,
     runs_per_device: int | None = None,
     mps: bool | None = None,
+    keep_runs: bool = True,
 ) -> int:
     """`mxlab run`: load and validate the spec, run the study, render the report, print where it is."""
 
@@ -132,6 +133,7 @@ def run(
             nproc_per_node=nproc_per_node,
             runs_per_device=runs_per_device,
             mps=mps,
+            keep_runs=keep_runs,
         )
         typer.echo(closing_line(spec.name, result))
         typer.echo(f"runs in {result.out_dir / 'runs'}")
@@ -168,6 +170,22 @@ def report(study_dir: Path, settings_from: Path | None = None) -> int:
         paths = write_report(Path(study_dir), settings=settings)
         typer.echo("report:")
         _print_report_paths(dict(paths))
+        return 0
+
+    return _guarded(body)
+
+
+def merge(out: Path, folders: Sequence[Path]) -> int:
+    """`mxlab merge`: merge the records of study folders into OUT, then write its report."""
+
+    def body() -> int:
+        from mxlab.experiment.merge import merge_studies
+        from mxlab.report import write_report
+
+        study = merge_studies(out, folders)
+        typer.echo(f"merged {len(folders)} folders into {out}: seeds {study['seeds']}")
+        typer.echo("report:")
+        _print_report_paths(dict(write_report(Path(out))))
         return 0
 
     return _guarded(body)

@@ -18,7 +18,17 @@ from typing import Any
 from mxlab import io
 
 FORK_KEY = "_fork"  # the fork design's warm-up recipe in study.json's recipe_files
-STUDY_ENTRIES = ("study.json", "runs", "report.md", "report.html", "summary.json", "figures", "sweep", ".lock")
+STUDY_ENTRIES = (
+    "study.json",
+    "runs",
+    "records",
+    "report.md",
+    "report.html",
+    "summary.json",
+    "figures",
+    "sweep",
+    ".lock",
+)
 
 
 def recipe_file_record(path: Path) -> dict[str, Any]:
@@ -101,13 +111,13 @@ def _json_or_none(path: Path) -> Any:
         return None
 
 
-def mixed_arms(study_dir: Path, arms: list[str], seeds: list[int]) -> dict[str, str]:
-    """{arm: what differs} for every arm whose runs recorded different recipe texts or plans."""
+def mixed_arms(runs_root: Path, arms: list[str], seeds: list[int]) -> dict[str, str]:
+    """{arm: what differs} for every arm whose runs (RUNS_ROOT/ARM/seedK) recorded different recipe texts or plans."""
     mixed = {}
     for arm in arms:
         hashes, plans = {}, {}
         for seed in seeds:
-            run = Path(study_dir) / "runs" / arm / f"seed{seed}"
+            run = Path(runs_root) / arm / f"seed{seed}"
             config = _json_or_none(run / "config.json") or {}
             if (config.get("recipe_file") or {}).get("sha256"):
                 hashes[seed] = config["recipe_file"]["sha256"][:12]
@@ -124,12 +134,12 @@ def mixed_arms(study_dir: Path, arms: list[str], seeds: list[int]) -> dict[str, 
     return mixed
 
 
-def mixed_arm_warnings(study_dir: Path, arms: list[str], seeds: list[int]) -> list[str]:
+def mixed_arm_warnings(runs_root: Path, arms: list[str], seeds: list[int]) -> list[str]:
     """The report's warning lines for `mixed_arms` (one per arm; [] when every arm is consistent)."""
     return [
         f"**{arm} mixes recipes** ({what}): its runs did not all train the same recipe; rerun them in a fresh "
         f"study folder before reading its verdicts."
-        for arm, what in mixed_arms(study_dir, arms, seeds).items()
+        for arm, what in mixed_arms(runs_root, arms, seeds).items()
     ]
 
 

@@ -42,6 +42,7 @@ from mxlab.experiment.integrity import (
     study_paths,
 )
 from mxlab.experiment.provenance import code_commit, device_name
+from mxlab.experiment.records import drop_run_folders, recorded_results, study_records, write_missing_records
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
 from mxlab.experiment.worker import make_data_source, read_result, record_failure
@@ -277,7 +278,7 @@ def check_out_dir(
     if runs_root is None:
         check_foreign_folder(out_dir)
     runs_root = runs_root or Path(out_dir) / "runs"
-    existing = _existing_runs(runs_root)
+    existing = _existing_runs(runs_root) + ([] if runs_root != Path(out_dir) / "runs" else study_records(out_dir))
     if existing and not resume:
         raise ValueError(
             f"{out_dir} already holds runs ({len(existing)}, e.g. {existing[0].relative_to(out_dir)}); "
@@ -293,7 +294,7 @@ def check_out_dir(
             f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()
         }
         changed = [
-            f"{key} {_short(old)} (recorded) vs {_short(new)} (now)"
+            f"{key} {short_value(old)} (recorded) vs {short_value(new)} (now)"
             for table in ("data", "model", "train")
             for key, old, new in changed_keys(recorded_study.get(table), current[table], table)
             if not (old is None and key in defaults and new == defaults[key])  # a key added since, at its default
@@ -305,7 +306,8 @@ def check_out_dir(
             )
 
 
-def _short(value: Any) -> str:
+def short_value(value: Any) -> str:
+    """JSON of `value`, cut to 60 characters."""
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -364,8 +366,13 @@ def run_study(
     nproc_per_node: int = 1,
     runs_per_device: int | None = None,
     mps: bool | None = None,
+    keep_runs: bool = True,
 ) -> StudyResult:
     """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
+
+    Every finished or diverged run also gets its record (DIR/records, mxlab.experiment.records); with
+    `keep_runs` False the run folders that have one are removed at the end. `resume` counts a run present only
+    as a record as done (unless a run still to train starts from it).
 
     `executor` ('local', 'ray', or 'inline': every run in this process, which `on_step` hooks
     need) and `ray_address` / `gpus` default to the spec's [execution]; `devices` overrides the
@@ -405,7 +412,8 @@ def run_study(
         spares = tuple(int(seed) for seed in decision["judged"] if int(seed) not in spec.seeds)
         warmups += fork_jobs(dataclasses.replace(spec, seeds=spares), out_dir / "runs") if spares else []
     jobs = warmups + study_jobs(gated_spec(spec, decision) if decision else spec, out_dir / "runs")
-    done_before = {job.label for job in jobs if run_is_done(job.run_dir)}
+    recorded = recorded_results(jobs, out_dir) if resume else {}
+    done_before = {job.label for job in jobs if run_is_done(job.run_dir) or job.label in recorded}
     # MPS before this process touches CUDA (preflight), so it and every worker are clients of the daemon
     with mps_daemon(mps and len(done_before) < len(jobs)):
         source = None
@@ -453,7 +461,9 @@ def run_study(
                     "mps": mps,
                 },
             )
-        results: dict[str, RunResult] = run_jobs(warmups, runner, show_progress=show_progress)
+        to_warm = [job for job in warmups if job.label not in recorded]
+        results: dict[str, RunResult] = {**recorded, **run_jobs(to_warm, runner, show_progress=show_progress)}
+        write_missing_records(out_dir)
         if spec.gate.enabled:  # arm-blind: decided on the warm-ups alone, before any arm (mxlab.experiment.gate)
 
             def run_spares(seeds: Sequence[int]) -> dict[str, RunResult]:
@@ -464,10 +474,13 @@ def run_study(
             jobs = warmups + study_jobs(gated, out_dir / "runs")
         arms = jobs[len(warmups) :]
         for phase in ([job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
+            phase = [job for job in phase if job.label not in recorded]  # a recorded run is done
             results.update(blocked_runs(phase, results))  # a run waits for the run it starts from
-            results.update(
-                run_jobs([job for job in phase if job.label not in results], runner, show_progress=show_progress)
-            )
+            pending = [job for job in phase if job.label not in results]
+            results.update(run_jobs(pending, runner, show_progress=show_progress))
+            write_missing_records(out_dir)
+    if not keep_runs:
+        drop_run_folders(out_dir)
     return StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],

@@ -92,7 +92,11 @@ def cached_source(spec: ExperimentSpec) -> Any:
 
 def read_result(run_dir: Path) -> RunResult:
     """The RunResult recorded in `run_dir/done.json`."""
-    record = io.read_json(Path(run_dir) / DONE)
+    return result_from_done(io.read_json(Path(run_dir) / DONE))
+
+
+def result_from_done(record: dict[str, Any]) -> RunResult:
+    """The RunResult of a done.json's contents."""
     return RunResult(
         status=record["status"],
         steps=record["steps"],

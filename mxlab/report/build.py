@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from mxlab import io, metrics
-from mxlab.analysis import StudyAnalysis, analyze_study
+from mxlab.analysis import StudyAnalysis, analyze_study, load_study
 from mxlab.experiment.integrity import mixed_arm_warnings
+from mxlab.experiment.records import runs_for_report
 from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
 from mxlab.report import figures
 from mxlab.report.convergence import convergence_warning, design_text, heldout_series
@@ -349,11 +350,16 @@ def write_report(
 
     Returns {relative file name: path} for every file written; ``analysis`` reuses an already computed
     :func:`mxlab.analysis.analyze_study`; ``settings`` replaces the study's report settings (post hoc
-    where they differ from the pre-registered ones). Reads files only. Refuses what analyze_study refuses.
+    where they differ from the pre-registered ones). Reads files only; a run kept only as a record is read from
+    it (mxlab.experiment.records). Refuses what analyze_study refuses.
     """
-    directory = Path(study_dir)
-    if analysis is None:
-        analysis = analyze_study(directory, settings)
+    with runs_for_report(Path(study_dir)) as runs_root:
+        if analysis is None:
+            analysis = analyze_study(load_study(study_dir, runs_root=runs_root), settings)
+        return _write_report(Path(study_dir), analysis)
+
+
+def _write_report(directory: Path, analysis: StudyAnalysis) -> dict[str, Path]:
     study = analysis.study
     written: dict[str, Path] = {}
     figures_dir = directory / "figures"
@@ -380,7 +386,9 @@ def write_report(
     unsettled = convergence_warning(heldout, study.baseline)
     note = constant_rate_note(analysis, not_converged=unsettled is not None)
     top = [w for w in [unsettled] if w] + warnings(analysis) + [w for w in [note] if w]
-    top = mixed_arm_warnings(directory, study.arms, study.seeds) + top  # an arm of two recipes before its verdicts
+    top = (
+        mixed_arm_warnings(study.runs_root, study.arms, study.seeds) + top
+    )  # an arm of two recipes before its verdicts
     if top:
         blocks.append(BulletList(top))
     blocks += decision_section(analysis) + ship_table(analysis) + diagnostics(analysis) + _truth_ceiling(analysis)

@@ -29,7 +29,7 @@ Series = dict[str, dict[int, list[tuple[int, dict[str, Any]]]]]  # arm -> seed -
 
 def heldout_series(study: Any) -> Series:
     """{arm: {seed: [(step, heldout)]}} of every run with held-out records, the fork warm-ups as arm "_fork"."""
-    arms = ([WARMUP_ARM] if (study.directory / "runs" / WARMUP_ARM).is_dir() else []) + list(study.arms)
+    arms = ([WARMUP_ARM] if (study.runs_root / WARMUP_ARM).is_dir() else []) + list(study.arms)
     series: Series = {}
     for arm in arms:
         for seed in study.seeds:

@@ -59,12 +59,12 @@ def test_resume_refuses_a_recipe_edited_since_the_study_started(spec_path, tmp_p
 def test_the_report_flags_an_arm_whose_runs_trained_different_recipes(spec_path, tmp_path):
     out = tmp_path / "out"
     run_study(load_spec(spec_path, ["seeds=[0, 1]"]), out, device="cpu", executor="inline", show_progress=False)
-    assert mixed_arm_warnings(out, ["base", "noisy"], [0, 1]) == []
+    assert mixed_arm_warnings(out / "runs", ["base", "noisy"], [0, 1]) == []
     config_path = out / "runs/noisy/seed1/config.json"  # as an older mxlab let an edited recipe train on
     config = json.loads(config_path.read_text())
     config["recipe_file"]["sha256"] = "0" * 64
     config_path.write_text(json.dumps(config))
-    (warning,) = mixed_arm_warnings(out, ["base", "noisy"], [0, 1])
+    (warning,) = mixed_arm_warnings(out / "runs", ["base", "noisy"], [0, 1])
     assert warning.startswith("**noisy mixes recipes** (recipe files differ: seed 0 ")
 
 
