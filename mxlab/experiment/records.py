@@ -214,7 +214,8 @@ def unpack_record(record: RunRecord, eval_set: dict[str, np.ndarray], run_dir: P
 @contextlib.contextmanager
 def runs_for_report(out_dir: Path) -> Iterator[Path]:
     """The runs root a report reads: DIR/runs when the folder has no records; else a temporary folder where
-    every run is its run folder when that is done (linked) and its record otherwise (unpacked)."""
+    every run is its run folder when that has a done.json (linked: a corrupt one is named by the report, as
+    without records) and its record otherwise (unpacked)."""
     out_dir = Path(out_dir)
     records = study_records(out_dir)
     if not records:
@@ -224,7 +225,7 @@ def runs_for_report(out_dir: Path) -> Iterator[Path]:
     with tempfile.TemporaryDirectory(prefix="mxlab-runs-") as temporary:
         root = Path(temporary)
         for run_dir in sorted((out_dir / "runs").glob("*/seed*")) if (out_dir / "runs").is_dir() else []:
-            if run_is_complete(run_dir):
+            if (run_dir / DONE).is_file():
                 (root / run_dir.parent.name).mkdir(exist_ok=True)
                 os.symlink(run_dir.resolve(), root / run_dir.parent.name / run_dir.name)
         for path in records:
@@ -241,18 +242,19 @@ def runs_for_report(out_dir: Path) -> Iterator[Path]:
 
 
 def recorded_results(jobs: Sequence[Any], out_dir: Path) -> dict[str, Any]:
-    """{label: RunResult} of the jobs whose run folder is not done but whose record is (`--resume` counts them
-    finished), less the runs that a job still to train starts from (a warm-up, the baseline of a post-training
-    arm): a record holds no weights, so those are trained again."""
+    """{label: RunResult} of the jobs without a done.json in their run folder (a corrupt one is evaluated again)
+    whose record is done (`--resume` counts them finished), less the runs that a job still to train starts
+    from (a warm-up, the baseline of a post-training arm): a record holds no weights, so those train again."""
     from mxlab.experiment.worker import result_from_done
 
-    folders = {job.label for job in jobs if run_is_complete(job.run_dir)}
+    folders = {job.label for job in jobs if (Path(job.run_dir) / DONE).is_file()}
     recorded = {
         job.label: job for job in jobs if job.label not in folders and record_is_done(out_dir, job.arm, job.seed)
     }
+    done = {job.label for job in jobs if run_is_complete(job.run_dir)}
     changed = True
     while changed:
-        pending = [job for job in jobs if job.label not in folders and job.label not in recorded]
+        pending = [job for job in jobs if job.label not in done and job.label not in recorded]
         starts = {f"{Path(job.fork_dir).parent.name}/{Path(job.fork_dir).name}" for job in pending if job.fork_dir}
         changed = bool(starts & set(recorded))
         for label in starts & set(recorded):
