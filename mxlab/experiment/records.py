@@ -213,13 +213,13 @@ def unpack_record(record: RunRecord, eval_set: dict[str, np.ndarray], run_dir: P
 
 @contextlib.contextmanager
 def runs_for_report(out_dir: Path) -> Iterator[Path]:
-    """The runs root a report reads: DIR/runs when the folder has no records; else a temporary folder where
+    """The runs root a report reads: DIR/runs when every record has its run folder; else a temporary folder where
     every run is its run folder when that has a done.json (linked: a corrupt one is named by the report, as
     without records) and its record otherwise (unpacked)."""
     out_dir = Path(out_dir)
     records = study_records(out_dir)
-    if not records:
-        yield out_dir / "runs"
+    if all((out_dir / "runs" / path.parent.name / path.stem / DONE).is_file() for path in records):
+        yield out_dir / "runs"  # every record's run folder is there
         return
     eval_set: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory(prefix="mxlab-runs-") as temporary:
