@@ -21,7 +21,7 @@ from mxlab.experiment.integrity import mixed_arm_warnings
 from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
 from mxlab.report import figures
 from mxlab.report.alerts import QUESTIONS, Alert
-from mxlab.report.convergence import convergence_warning, design_text, heldout_series
+from mxlab.report.convergence import WARMUP_ARM, convergence_warning, design_text, heldout_series
 from mxlab.report.decision import constant_rate_note, controls_section, decision_section, opening, ship_table, warnings
 from mxlab.report.diagnostics import diagnostics
 from mxlab.report.document import (
@@ -384,8 +384,12 @@ def write_report(
     logs = {arm: {seed: read_training_log(study.run_dir(arm, seed)) for seed in study.seeds} for arm in study.arms}
     if any(records for seeds in logs.values() for records in seeds.values()):
         diverged = {(r.arm, r.seed): r.diverged_at_step for r in study.runs.values() if r.status == "diverged"}
-        training = add_figure("training.png", lambda p: figures.training_curves(p, logs, study.arms, diverged))
-        blocks.append(Figure(training, "Training loss and loss scale per run (one colour per arm, one line per seed)"))
+        warmups = {seed: read_training_log(study.run_dir(WARMUP_ARM, seed)) for seed in study.seeds}
+        shown = {**logs, WARMUP_ARM: warmups}
+        training = add_figure("training.png", lambda p: figures.training_curves(p, shown, study.arms, diverged))
+        caption = "Training loss and loss scale per run (one colour per arm, one line per seed"
+        warm = "; dashed grey: the fork warm-ups the arms continue from" if any(warmups.values()) else ""
+        blocks.append(Figure(training, caption + warm + ")"))
     if heldout:
         curves_path = add_figure("heldout.png", lambda p: figures.heldout_curves(p, heldout, study.arms))
         blocks.append(
