@@ -55,6 +55,8 @@ class RunProgress(Protocol):
 
     def advance(self, step: int, loss: float, examples_per_s: float) -> None: ...
 
+    def evaluating(self) -> None: ...  # an evaluation begins; the next advance ends it
+
     def finish(self, status: str) -> None: ...
 
 
@@ -65,6 +67,9 @@ class SilentProgress:
         pass
 
     def advance(self, step: int, loss: float, examples_per_s: float) -> None:
+        pass
+
+    def evaluating(self) -> None:
         pass
 
     def finish(self, status: str) -> None:
@@ -422,6 +427,7 @@ def train_run(
                 if step % train.log_every == 0 or checkpoint_due or at_end:
                     replay_pending()
                 if train.eval_every and step % train.eval_every == 0 and diverged_at is None:
+                    progress.evaluating()
                     with autocast(
                         device, train.precision
                     ):  # into this step's record (eval_every is a multiple of log_every);
@@ -454,6 +460,7 @@ def train_run(
             interval = LogInterval()
         if status == "finished" and world.writes:
             save_checkpoint()
+            progress.evaluating()
             with autocast(device, train.precision):
                 arrays = evaluate_model(model, source, train.eval_batch_size, device)
             io.write_npz(run_dir / EVAL, arrays)

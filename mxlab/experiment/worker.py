@@ -125,8 +125,8 @@ def record_failure(run_dir: Path, reason: str) -> RunResult:
 
 
 class FileProgress:
-    """A RunProgress that writes the run's state (step, loss, speed, process id and host) to RUN/progress.json
-    (atomically, at most every `min_interval_s`) for the driver to show."""
+    """A RunProgress that writes the run's state (step, loss, speed, phase: training or evaluating, process id
+    and host) to RUN/progress.json (atomically, at most every `min_interval_s`) for the driver to show."""
 
     def __init__(self, run_dir: Path, min_interval_s: float = 0.5) -> None:
         self.path = Path(run_dir) / PROGRESS
@@ -148,14 +148,19 @@ class FileProgress:
             "loss": None,
             "examples_per_s": None,
             "status": "running",
+            "phase": "training",
             "pid": os.getpid(),
             "host": socket.gethostname(),
         }
         self._write(force=True)
 
     def advance(self, step: int, loss: float, examples_per_s: float) -> None:
-        self.state.update(step=step, loss=loss, examples_per_s=examples_per_s)
+        self.state.update(step=step, loss=loss, examples_per_s=examples_per_s, phase="training")
         self._write()
+
+    def evaluating(self) -> None:
+        self.state["phase"] = "evaluating"
+        self._write(force=True)
 
     def finish(self, status: str) -> None:
         self.state["status"] = status

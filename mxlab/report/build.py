@@ -1,7 +1,8 @@
 """Assemble a study's report (report.md, report.html, summary.json, figures/*.png) from its folder.
 
-The report opens with its warnings (pre-registration, seeds, outlying baseline runs), the decision
-per candidate and the ship table (mxlab.report.decision), then the truth ceiling and the figures;
+The report opens with the decision line, then its warnings in order of what they change
+(mxlab.report.alerts), the study's design, the decision per candidate and the ship table
+(mxlab.report.decision), then the truth ceiling and the figures;
 secondary metrics, controls, per-seed detail and diagnostics are folded below. Reads only files.
 """
 
@@ -14,16 +15,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mxlab import io, metrics
 from mxlab.analysis import StudyAnalysis, analyze_study, load_study
 from mxlab.experiment.integrity import mixed_arm_warnings
 from mxlab.experiment.records import runs_for_report
 from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
 from mxlab.report import figures
-from mxlab.report.convergence import convergence_warning, design_text, heldout_series
-from mxlab.report.decision import constant_rate_note, controls_section, decision_section, ship_table, warnings
+from mxlab.report.alerts import QUESTIONS, Alert
+from mxlab.report.convergence import WARMUP_ARM, convergence_warning, design_text, heldout_series
+from mxlab.report.decision import constant_rate_note, controls_section, decision_section, opening, ship_table, warnings
 from mxlab.report.diagnostics import diagnostics
 from mxlab.report.document import (
     Block,
@@ -40,10 +40,9 @@ from mxlab.report.document import (
 from mxlab.report.format import VERDICT_MARKS, format_interval, format_value
 from mxlab.report.format import mean_sd as _mean_sd
 from mxlab.report.gate import gate_text
+from mxlab.report.reliability import reliability_curves
 from mxlab.report.runs import read_numerics, read_plan, read_training_log
 
-RELIABILITY_BINS = 20
-POSITIVES_PER_BIN = 15
 RUN_FIGURES = ("reliability.png", "training.png", "heldout.png", "numerics.png")  # drawn from the run folders
 FIGURE_NAMES = ("forest.png", *RUN_FIGURES)
 
@@ -318,31 +317,6 @@ def _environment(analysis: StudyAnalysis) -> list[Block]:
 # ----------------------------------------------------------------------------- entry points
 
 
-def _reliability_curves(analysis: StudyAnalysis) -> dict[str, dict[str, metrics.ReliabilityBins]]:
-    """Equal-count reliability bins per task and arm, pooled over the arm's finished seeds."""
-    curves: dict[str, dict[str, metrics.ReliabilityBins]] = {task: {} for task in metrics.TASKS}
-    study = analysis.study
-    for arm in study.arms:
-        pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {t: ([], []) for t in metrics.TASKS}
-        for seed in study.finished_seeds(arm):
-            views = metrics.task_views(metrics.load_eval(study.run_dir(arm, seed) / "eval.npz"))
-            for task, view in views.items():
-                pooled[task][0].append(view.labels)
-                pooled[task][1].append(np.asarray(view.probs, dtype=np.float64))
-        for task, (labels, probs) in pooled.items():
-            if labels:
-                y, p = np.concatenate(labels), np.concatenate(probs)
-                n_bins = reliability_bin_count(int(y.sum()) // len(labels), y.size)
-                curves[task][arm] = metrics.reliability_bins(y, p, n_bins)
-    return curves
-
-
-def reliability_bin_count(positives_per_seed: int, n: int) -> int:
-    """Bins for a reliability diagram: up to RELIABILITY_BINS, with about POSITIVES_PER_BIN positives of one
-    seed's eval set in each (so few bins hold no positive at all), at least 3."""
-    return int(min(n, max(3, min(RELIABILITY_BINS, positives_per_seed // POSITIVES_PER_BIN))))
-
-
 def write_report(
     study_dir: str | os.PathLike, *, analysis: StudyAnalysis | None = None, settings: ReportSettings | None = None
 ) -> dict[str, Path]:
@@ -372,25 +346,21 @@ def _write_report(directory: Path, analysis: StudyAnalysis) -> dict[str, Path]:
 
     non_baseline = [a for a in study.arms if a != study.baseline]
     n = analysis.inputs.n_examples
-    blocks: list[Block] = [
-        Heading(f"Precision study: {study.name}", 1),
+    heldout = heldout_series(study) if study.has_runs else {}
+    unsettled = convergence_warning(heldout, study.baseline)
+    note = constant_rate_note(analysis, not_converged=unsettled is not None)
+    mixed = [Alert(QUESTIONS, text) for text in mixed_arm_warnings(study.runs_root, study.arms, study.seeds)]
+    alerts = mixed + [Alert(QUESTIONS, w) for w in [unsettled] if w] + warnings(analysis) + [w for w in [note] if w]
+    blocks: list[Block] = [Heading(f"Precision study: {study.name}", 1), *opening(analysis, alerts)]
+    blocks.append(
         Paragraph(
             f"Baseline **{study.baseline}**; arms "
             f"{', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
             f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
             + design_text(study.spec)
             + gate_text(study.spec)
-        ),
-    ]
-    heldout = heldout_series(study) if study.has_runs else {}
-    unsettled = convergence_warning(heldout, study.baseline)
-    note = constant_rate_note(analysis, not_converged=unsettled is not None)
-    top = [w for w in [unsettled] if w] + warnings(analysis) + [w for w in [note] if w]
-    top = (
-        mixed_arm_warnings(study.runs_root, study.arms, study.seeds) + top
-    )  # an arm of two recipes before its verdicts
-    if top:
-        blocks.append(BulletList(top))
+        )
+    )
     blocks += decision_section(analysis) + ship_table(analysis) + diagnostics(analysis) + _truth_ceiling(analysis)
     if analysis.comparisons:
         labels = {a: f"{a} ({len(r.diverged)} diverged)" for a, r in analysis.arms.items() if r.diverged}
@@ -407,7 +377,7 @@ def _write_report(directory: Path, analysis: StudyAnalysis) -> dict[str, Path]:
         )
         blocks.append(Figure(forest, "Primary metrics: delta and the interval its verdict rests on, per arm"))
     if study.has_runs:
-        curves = _reliability_curves(analysis)
+        curves = reliability_curves(analysis)
         if any(curves.values()):
             reliability = add_figure("reliability.png", lambda p: figures.reliability_diagram(p, curves, study.arms))
             blocks.append(
@@ -420,8 +390,12 @@ def _write_report(directory: Path, analysis: StudyAnalysis) -> dict[str, Path]:
     logs = {arm: {seed: read_training_log(study.run_dir(arm, seed)) for seed in study.seeds} for arm in study.arms}
     if any(records for seeds in logs.values() for records in seeds.values()):
         diverged = {(r.arm, r.seed): r.diverged_at_step for r in study.runs.values() if r.status == "diverged"}
-        training = add_figure("training.png", lambda p: figures.training_curves(p, logs, study.arms, diverged))
-        blocks.append(Figure(training, "Training loss and loss scale per run (one colour per arm, one line per seed)"))
+        warmups = {seed: read_training_log(study.run_dir(WARMUP_ARM, seed)) for seed in study.seeds}
+        shown = {**logs, WARMUP_ARM: warmups}
+        training = add_figure("training.png", lambda p: figures.training_curves(p, shown, study.arms, diverged))
+        caption = "Training loss and loss scale per run (one colour per arm, one line per seed"
+        warm = "; dashed grey: the fork warm-ups the arms continue from" if any(warmups.values()) else ""
+        blocks.append(Figure(training, caption + warm + ")"))
     if heldout:
         curves_path = add_figure("heldout.png", lambda p: figures.heldout_curves(p, heldout, study.arms))
         blocks.append(

@@ -9,7 +9,9 @@ measures a step alone.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from mxlab.analysis.study import StudyData
 
@@ -36,18 +38,44 @@ def arm_costs(study: StudyData) -> dict[str, ArmCost]:
     return costs if any(c.step_ms is not None for c in costs.values()) else {}
 
 
+def on_cpu(spec: Mapping[str, Any]) -> bool:
+    """Whether study.json's environment says every run trained on the CPU (its `devices` are all 'cpu')."""
+    devices = (spec.get("environment") or {}).get("devices") or []
+    return bool(devices) and all(str(d).startswith("cpu") for d in devices)
+
+
+def cost_header(spec: Mapping[str, Any], baseline: str) -> str:
+    """The ship table's cost column header; on the CPU it says the step time measures the cost of emulating MX."""
+    if on_cpu(spec):
+        return f"step time on the CPU (x {baseline}; the cost of emulating MX, not MX hardware speed), peak memory"
+    return f"step time, peak memory (x {baseline})"
+
+
+def duration_text(ms: float) -> str:
+    """A duration given in ms, in readable units: '850 us', '61.2 ms', '12.8 s', '3 min 20 s'."""
+    if ms < 1:
+        return f"{ms * 1000:.3g} us"
+    if ms < 1000:
+        return f"{ms:.3g} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.3g} s"
+    minutes, seconds = divmod(round(ms / 1000), 60)
+    return f"{minutes} min {seconds} s"
+
+
 def cost_cell(cost: ArmCost, baseline: ArmCost | None = None) -> str:
-    """'2.41x (61.2 ms), 1.87x (3.10 GiB)': the arm against the baseline ('61.2 ms, 3.10 GiB' without one);
-    '-' for a figure not recorded, 'no training step' for an arm without a timed step (a post-training arm)."""
+    """'2.41x (61.2 ms), 1.87x (3.10 GiB)': the arm against the baseline ('61.2 ms, 3.10 GiB' without one),
+    step times in readable units (duration_text); '-' for a figure not recorded, 'no training step' for an arm
+    without a timed step (a post-training arm)."""
     if cost.step_ms is None:
         return "no training step"
     baseline = baseline or ArmCost(None, None)
 
-    def part(value: float | None, base: float | None, unit: str, scale: float) -> str:
+    def part(value: float | None, base: float | None, figure: str) -> str:
         if value is None:
             return "-"
-        figure = f"{value / scale:.3g} {unit}"
         return f"{value / base:.2f}x ({figure})" if base else figure
 
-    step = part(cost.step_ms, baseline.step_ms, "ms", 1.0)
-    return f"{step}, {part(cost.peak_memory_bytes, baseline.peak_memory_bytes, 'GiB', GIB)}"
+    step = part(cost.step_ms, baseline.step_ms, duration_text(cost.step_ms))
+    memory = cost.peak_memory_bytes
+    return f"{step}, {part(memory, baseline.peak_memory_bytes, '' if memory is None else f'{memory / GIB:.3g} GiB')}"

@@ -1,4 +1,4 @@
-"""The top of a report: warnings, the decision per candidate, the ship table, the controls."""
+"""The top of a report: the decision line, the warnings, the decision per candidate, the ship table, the controls."""
 
 from __future__ import annotations
 
@@ -9,11 +9,37 @@ import numpy as np
 
 from mxlab.analysis import OUTLIER_FALSE_ALARM, Comparison, StudyAnalysis, outlier_threshold, outlying_values
 from mxlab.experiment.report_settings import MIN_PAIRED_SEEDS
-from mxlab.report.costs import ArmCost, arm_costs, cost_cell
+from mxlab.report.alerts import NOTE, QUESTIONS, WEAKENS, Alert, ordered, questioning
+from mxlab.report.costs import ArmCost, arm_costs, cost_cell, cost_header, on_cpu
 from mxlab.report.document import Block, BulletList, Details, Heading, Paragraph, Table
 from mxlab.report.format import VERDICT_MARKS, format_interval, format_value
 
 DECISION_MARKS = {"ships": "**✔ ships**", "does not ship": "**▼ does not ship**", "not decided": "**not decided**"}
+HEADLINE_MARKS = {"ships": "✔ ", "does not ship": "▼ ", "not decided": ""}
+
+
+def decision_line(analysis: StudyAnalysis, alerts: list[Alert]) -> str:
+    """The report's first line: each candidate's decision with its reason ('not decided' without a candidate),
+    and how many of ``alerts`` question it."""
+    p = analysis.preregistration
+    which = "pre-registered candidate" if p is not None and p.status == "pre-registered" else "candidate (post hoc)"
+    if analysis.decisions:
+        parts = [f"**{HEADLINE_MARKS[d.decision]}{d.arm} {d.decision}** ({d.reason})" for d in analysis.decisions]
+        line = f"**Decision on the {which}**: " + "; ".join(parts) + "."
+    else:
+        line = (
+            "**Decision: not decided**: the study names no pre-registered candidate (`[report] candidate`), so no "
+            "arm ships or fails by the rule; the ship table gives each arm's verdicts."
+        )
+    n = questioning(alerts)
+    return line + (f" {n} warning{'s' if n > 1 else ''} below question{'s' if n == 1 else ''} it." if n else "")
+
+
+def opening(analysis: StudyAnalysis, alerts: list[Alert]) -> list[Block]:
+    """The blocks under the title: the decision line, then the alerts in severity order."""
+    return [Paragraph(decision_line(analysis, alerts))] + (
+        [BulletList([a.text for a in ordered(alerts)])] if alerts else []
+    )
 
 
 def ne_units(analysis: StudyAnalysis, metric: str, value: float) -> str:
@@ -33,18 +59,19 @@ def ne_units(analysis: StudyAnalysis, metric: str, value: float) -> str:
     return own
 
 
-def constant_rate_note(analysis: StudyAnalysis, not_converged: bool) -> str | None:
+def constant_rate_note(analysis: StudyAnalysis, not_converged: bool) -> Alert | None:
     """A pointer to the decay phase when the runs ended at a constant learning rate and the study is too
     noisy for its margin or its baseline had not settled; None otherwise."""
     if analysis.study.spec.get("train", {}).get("lr_decay_steps", 0):
         return None
     if not (any(_too_small(d) for d in analysis.detectable) or not_converged):
         return None
-    return (
+    return Alert(
+        NOTE,
         "**The runs ended at a constant learning rate**: the eval scores each model as it was at its last step, "
         "still moving by a full step's worth, which widens every interval (and can make held-out curves oscillate "
         "rather than fall). Ending each run in a decay of the rate, `[train] lr_decay_steps` (docs/statistics.md, "
-        '"Study designs"), narrows them.'
+        '"Study designs"), narrows them.',
     )
 
 
@@ -53,52 +80,60 @@ def _too_small(d: Any) -> bool:
     return d.n_seeds >= MIN_PAIRED_SEEDS and math.isfinite(d.smallest_margin) and d.smallest_margin > d.margin
 
 
-def _preregistration_warning(analysis: StudyAnalysis) -> list[str]:
+def _preregistration_warning(analysis: StudyAnalysis) -> list[Alert]:
     p = analysis.preregistration
     if p is None or p.status == "pre-registered":
         return []
     if p.status == "not recorded":
         return [
-            "**Not pre-registered**: this study folder predates the record of its report settings at the start "
-            "(study.json `preregistered`); the verdicts below use the settings given now."
+            Alert(
+                QUESTIONS,
+                "**Not pre-registered**: this study folder predates the record of its report settings at the start "
+                "(study.json `preregistered`); the verdicts below use the settings given now.",
+            )
         ]
-    return [
+    text = (
         f"**The verdicts are post hoc**: the report settings differ from those recorded when the study started "
         f"(changed: {', '.join(p.changed)}; recorded sha256 {str(p.registered_sha256)[:12]}, used "
         f"{p.used_sha256[:12]}). Only the pre-registered settings give the stated error rates; summary.json keeps both."
-    ]
+    )
+    return [Alert(QUESTIONS, text)]
 
 
-def warnings(analysis: StudyAnalysis) -> list[str]:
+def warnings(analysis: StudyAnalysis) -> list[Alert]:
     """The warnings at the top: pre-registration, notes, outlying baseline seeds, seeds, margins, runs."""
-    out = _preregistration_warning(analysis) + list(analysis.inputs.notes)
-    out.extend(_baseline_outlier_warnings(analysis))
+    out = _preregistration_warning(analysis) + [Alert(WEAKENS, note) for note in analysis.inputs.notes]
+    out += [Alert(WEAKENS, text) for text in _baseline_outlier_warnings(analysis)]
     for d in analysis.detectable:
         if d.n_seeds < MIN_PAIRED_SEEDS:
-            out.append(
+            text = (
                 f"**Too few seeds for a verdict on {d.metric}**: {d.n_seeds} paired seed(s), every verdict needs "
                 f"{MIN_PAIRED_SEEDS}"
                 + (f"; its margin needs {d.seeds_needed} seeds at this study's variance." if d.seeds_needed else ".")
             )
+            out.append(Alert(QUESTIONS, text))
         elif _too_small(d):
             need = f"{d.seeds_needed} seeds would" if d.seeds_needed else "more than 64 seeds, or a larger eval set,"
-            out.append(
+            text = (
                 f"**This study is too small for its margin on {d.metric}**: it shows non-inferiority with "
                 f"{analysis.settings.power:.0%} power only at margins from "
                 f"{ne_units(analysis, d.metric, d.smallest_margin)} "
                 f"(the margin is {ne_units(analysis, d.metric, d.margin)}); {need} reach the margin."
             )
+            out.append(Alert(WEAKENS, text))
+    candidates = {d.arm for d in analysis.decisions}
     for arm, r in analysis.arms.items():
-        if r.diverged:
+        if r.diverged:  # a candidate's decision counts only its surviving seeds: the divergence questions it
             steps = ", ".join(f"seed {s} at step {step}" for s, step in r.diverged.items())
-            out.append(
+            text = (
                 f"**{arm} diverged** ({steps}): those seeds are left out; its verdicts rest on seeds {r.paired_seeds}."
             )
+            out.append(Alert(QUESTIONS if arm in candidates else WEAKENS, text))
         if r.skipped:
             reasons = "; ".join(sorted({x or "no reason recorded" for x in r.skipped.values()}))
-            out.append(f"**{arm} was skipped** on seeds {sorted(r.skipped)} ({reasons}).")
+            out.append(Alert(WEAKENS, f"**{arm} was skipped** on seeds {sorted(r.skipped)} ({reasons})."))
         if r.missing:
-            out.append(f"{arm}: seeds {r.missing} not run or not finished.")
+            out.append(Alert(WEAKENS, f"{arm}: seeds {r.missing} not run or not finished."))
     return out
 
 
@@ -191,7 +226,7 @@ def ship_table(analysis: StudyAnalysis) -> list[Block]:
     costs = arm_costs(analysis.study)
     base_cost = costs.get(analysis.study.baseline)
     if base_cost is not None:
-        header.append(f"step time, peak memory (x {analysis.study.baseline})")
+        header.append(cost_header(analysis.study.spec, analysis.study.baseline))
     rank = {"candidate": 0, "exploratory": 1, "control": 2}
     roles = {c.arm: c.role for c in analysis.comparisons}
     rows, classes = [], []
@@ -246,8 +281,14 @@ def _cost_note(analysis: StudyAnalysis, base_cost: ArmCost | None) -> str:
         return ""
     shared = int(analysis.study.spec.get("execution", {}).get("runs_per_device", 1) or 1)
     return (
-        f" Step time: the median over seeds of each run's median ms per training step; peak memory: the run's "
+        f" Step time: the median over seeds of each run's median time per training step; peak memory: the run's "
         f"torch.cuda.max_memory_allocated (GPU only); the baseline's: {cost_cell(base_cost)}."
+        + (
+            " The runs trained on the CPU, where an MX step quantizes every GEMM operand in software: the ratio is "
+            "the cost of that emulation, not a forecast of MX hardware."
+            if on_cpu(analysis.study.spec)
+            else ""
+        )
         + (
             f" {shared} runs shared each device, so a step's time includes its neighbours' load: these rank the arms "
             "of this study; `mxlab bench step` times a step alone."

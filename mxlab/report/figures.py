@@ -1,8 +1,10 @@
 """The report's figures (matplotlib, Agg canvas; no pyplot state, no display needed).
 
-Each function draws one PNG from already-computed results and returns nothing; the caller
+Each function draws one PNG from already-computed results and returns the drawn Figure; the caller
 chooses the path. They read no run folders themselves, except that the caller passes the
-arrays it has read.
+arrays it has read. Step axes tick at integers; legends sit inside the image (a figure-level
+legend beside the panels where all panels share one); a panel whose every series is constant
+is not drawn, and the figure says so.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from mxlab import metrics
 from mxlab.analysis import Comparison
+from mxlab.report.convergence import WARMUP_ARM
 
 VERDICT_COLORS = {
     "regression": "#d62728",
@@ -42,12 +45,43 @@ ARM_PALETTE = [
     "#7f7f7f",
 ]
 DPI = 100
+WARMUP_STYLE = {"color": "#7f7f7f", "ls": "--"}  # the fork warm-ups, before the arms continue them
 
 
 def _new_figure(width: float, height: float) -> Figure:
     figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
     FigureCanvasAgg(figure)
     return figure
+
+
+def _save(figure: Figure, path: Path) -> Figure:
+    """Write the figure to ``path`` (legends and labels within the saved image) and return it."""
+    figure.savefig(path, bbox_inches="tight", pad_inches=0.05)
+    return figure
+
+
+def _step_axis(ax: Any) -> None:
+    """Label the x axis 'step' and tick it at integers only."""
+    ax.set_xlabel("step", fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _shared_legend(figure: Figure, axes: Sequence[Any]) -> None:
+    """One legend for all panels (their labels in first-seen order), outside the panels on the right, inside
+    the image; none when no line is labelled."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, handle)
+    if seen:
+        figure.legend(list(seen.values()), list(seen), loc="outside right upper", fontsize=7)
+
+
+def is_flat(series: Sequence[Sequence[float]]) -> bool:
+    """True when every finite value of every series is the same number (or there is none): a flat panel."""
+    values = np.concatenate([np.asarray(s, dtype=float).ravel() for s in series]) if series else np.array([])
+    values = values[np.isfinite(values)]
+    return values.size == 0 or bool(np.all(values == values[0]))
 
 
 def arm_colors(arms: Sequence[str]) -> dict[str, str]:
@@ -62,7 +96,7 @@ def forest_plot(
     arms: Sequence[str],
     metric_names: Sequence[str],
     row_labels: Mapping[str, str] | None = None,
-) -> None:
+) -> Figure:
     """Deltas against the baseline with the interval each verdict rests on: one panel per primary metric,
     one row per arm (labelled ``row_labels[arm]`` when given) plus the A/A control; the shaded band is
     +- the margin."""
@@ -97,12 +131,12 @@ def forest_plot(
         "green = improvement, blue = non-inferior or equivalent, grey = inconclusive; shaded = within the margin",
         fontsize=8,
     )
-    figure.savefig(path)
+    return _save(figure, path)
 
 
 def reliability_diagram(
     path: Path, curves: Mapping[str, Mapping[str, metrics.ReliabilityBins]], arms: Sequence[str]
-) -> None:
+) -> Figure:
     """Mean label against mean prediction in equal-count bins, one panel per task, one line per arm
     (``curves[task][arm]``); log-log axes, the diagonal is perfect calibration."""
     colors = arm_colors(arms)
@@ -140,8 +174,8 @@ def reliability_diagram(
         ax.set_ylabel("observed rate in bin", fontsize=8)
         ax.set_title(f"{task.upper()} reliability", fontsize=10)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7, loc="upper left")
-    figure.savefig(path)
+    _shared_legend(figure, axes)
+    return _save(figure, path)
 
 
 def training_curves(
@@ -149,41 +183,51 @@ def training_curves(
     logs: Mapping[str, Mapping[int, list[dict[str, Any]]]],
     arms: Sequence[str],
     diverged: Mapping[tuple[str, int], int | None],
-) -> None:
+) -> Figure:
     """Training loss (left) and loss scale with skipped steps (right) against step; one colour per arm,
-    one line per seed; a cross marks where a run diverged."""
+    one line per seed, the fork warm-ups (``logs["_fork"]``) grey and dashed; a cross marks where a run
+    diverged. The loss-scale panel is left out when every run kept one constant scale."""
+
+    def series(records: list[dict[str, Any]], key: str) -> np.ndarray:
+        return np.array([np.nan if r.get(key) is None else r[key] for r in records], dtype=float)
+
     colors = arm_colors(arms)
-    figure = _new_figure(12, 4.0)
-    loss_ax, scale_ax = figure.subplots(1, 2)
-    for arm in arms:
-        for n, (seed, records) in enumerate(sorted(logs.get(arm, {}).items())):
-            if not records:
-                continue
-            steps = np.array([r["step"] for r in records], dtype=float)
-            loss = np.array([np.nan if r.get("loss") is None else r["loss"] for r in records], dtype=float)
-            label = arm if n == 0 else None
-            loss_ax.plot(steps, loss, color=colors[arm], lw=1.0, alpha=0.85, label=label)
-            scale = np.array([np.nan if r.get("loss_scale") is None else r["loss_scale"] for r in records], dtype=float)
-            scale_ax.plot(steps, scale, color=colors[arm], lw=1.0, alpha=0.85, label=label, drawstyle="steps-post")
+    runs = [(arm, seed, records) for arm in [WARMUP_ARM, *arms] for seed, records in sorted(logs.get(arm, {}).items())]
+    runs = [run for run in runs if run[2]]
+    scales = [series(records, "loss_scale") for _, _, records in runs]
+    skipped_any = any(bool(r.get("skipped")) for _, _, records in runs for r in records)
+    draw_scale = skipped_any or not is_flat(scales)
+    figure = _new_figure(12 if draw_scale else 7, 4.0)
+    axes = figure.subplots(1, 2 if draw_scale else 1, squeeze=False)[0]
+    loss_ax = axes[0]
+    labelled: set[str] = set()
+    for (arm, seed, records), scale in zip(runs, scales):
+        style = WARMUP_STYLE if arm == WARMUP_ARM else {"color": colors[arm], "ls": "-"}
+        label = None if arm in labelled else "fork warm-up" if arm == WARMUP_ARM else arm
+        labelled.add(arm)
+        steps, loss = series(records, "step"), series(records, "loss")
+        loss_ax.plot(steps, loss, lw=1.0, alpha=0.85, label=label, **style)
+        if draw_scale:
+            axes[1].plot(steps, scale, lw=1.0, alpha=0.85, drawstyle="steps-post", **style)
             skipped = np.array([bool(r.get("skipped")) for r in records])
             if skipped.any():
-                scale_ax.plot(steps[skipped], scale[skipped], "v", color=colors[arm], markersize=4)
-            if (arm, seed) in diverged:
-                finite = np.isfinite(loss)
-                if finite.any():
-                    last = np.flatnonzero(finite)[-1]
-                    loss_ax.plot([steps[last]], [loss[last]], "X", color="#d62728", markersize=9)
-    loss_ax.set_title("training loss (ESMM total) per run; X = diverged", fontsize=10)
-    loss_ax.set_xlabel("step", fontsize=8)
+                axes[1].plot(steps[skipped], scale[skipped], "v", color=style["color"], markersize=4)
+        finite = np.isfinite(loss)
+        if (arm, seed) in diverged and finite.any():
+            last = np.flatnonzero(finite)[-1]
+            loss_ax.plot([steps[last]], [loss[last]], "X", color="#d62728", markersize=9)
+    kept_scale = [v for scale in scales for v in scale if np.isfinite(v)]
+    constant = f"; loss scale {kept_scale[0]:g} in every run" if kept_scale and not draw_scale else ""
+    loss_ax.set_title(f"training loss (ESMM total) per run; X = diverged{constant}", fontsize=10)
     loss_ax.set_ylabel("loss", fontsize=8)
-    scale_ax.set_title("loss scale per run; triangles = skipped steps", fontsize=10)
-    scale_ax.set_xlabel("step", fontsize=8)
-    scale_ax.set_yscale("log", base=2)
-    for ax in (loss_ax, scale_ax):
+    if draw_scale:
+        axes[1].set_title("loss scale per run; triangles = skipped steps", fontsize=10)
+        axes[1].set_yscale("log", base=2)
+    for ax in axes:
+        _step_axis(ax)
         ax.tick_params(labelsize=7)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    figure.savefig(path)
+    _shared_legend(figure, axes)
+    return _save(figure, path)
 
 
 NUMERICS_PANELS = (
@@ -223,14 +267,22 @@ def numerics_table(
     return labels, arms, tables
 
 
-def numerics_heatmap(path: Path, records_by_arm: Mapping[str, list[dict[str, Any]]]) -> None:
+def numerics_heatmap(path: Path, records_by_arm: Mapping[str, list[dict[str, Any]]]) -> Figure:
     """Per-layer heatmaps (rows: module / GEMM, columns: arms) of SQNR, saturation, flush-to-zero and
-    subnormal fractions, averaged over the sampled steps and seeds."""
+    subnormal fractions, averaged over the sampled steps and seeds; a quantity with one value in every cell
+    is named in the title instead of drawn."""
     labels, arms, tables = numerics_table(records_by_arm)
-    figure = _new_figure(2.4 + 0.8 * len(arms) * len(NUMERICS_PANELS), 1.6 + 0.28 * len(labels))
-    axes = figure.subplots(1, len(NUMERICS_PANELS), squeeze=False)[0]
+    panels = [p for p in NUMERICS_PANELS if not is_flat([tables[p[0]]])] or list(NUMERICS_PANELS[:1])
+    drawn = {panel[0] for panel in panels}
+    flat = [
+        f"{title}: {np.nanmax(tables[key]) * scale:.3g}"
+        for key, title, scale, _cmap in NUMERICS_PANELS
+        if key not in drawn and np.isfinite(tables[key]).any()
+    ]
+    figure = _new_figure(2.4 + 0.8 * len(arms) * len(panels), 1.6 + 0.28 * len(labels))
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
     annotate = len(labels) * len(arms) <= 160
-    for n, (ax, (key, title, scale, cmap)) in enumerate(zip(axes, NUMERICS_PANELS)):
+    for n, (ax, (key, title, scale, cmap)) in enumerate(zip(axes, panels)):
         values = tables[key] * scale
         image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", cmap=cmap)
         colorbar = figure.colorbar(image, ax=ax, shrink=0.8)
@@ -255,7 +307,9 @@ def numerics_heatmap(path: Path, records_by_arm: Mapping[str, list[dict[str, Any
                             fontsize=6,
                             color="white" if dark else "black",
                         )
-    figure.savefig(path)
+    if flat:
+        figure.suptitle("the same in every cell, not drawn: " + ", ".join(flat), fontsize=8)
+    return _save(figure, path)
 
 
 def heldout_curves(
@@ -263,30 +317,28 @@ def heldout_curves(
     series: Mapping[str, Mapping[int, list[tuple[int, Mapping[str, Any]]]]],
     arms: Sequence[str],
     metrics_shown: Sequence[str] = ("ctr.ne", "ctcvr.ne"),
-) -> None:
-    """Held-out NE (one panel per metric) against step; one colour per arm, one line per seed; the fork
-    warm-ups ("_fork", grey, dashed) lead into the arms that continue from them."""
-    colors = {**arm_colors(arms), "_fork": "#7f7f7f"}
-    figure = _new_figure(6 * len(metrics_shown), 4.0)
-    axes = np.atleast_1d(figure.subplots(1, len(metrics_shown)))
-    for ax, metric in zip(axes, metrics_shown):
+) -> Figure:
+    """Held-out NE (one panel per metric with data) against step; one colour per arm, one line per seed; the
+    fork warm-ups ("_fork", grey, dashed) lead into the arms that continue from them."""
+    colors = arm_colors(arms)
+
+    def values(points: list[tuple[int, Mapping[str, Any]]], metric: str) -> np.ndarray:
+        return np.array([np.nan if p[1].get(metric) is None else p[1][metric] for p in points], dtype=float)
+
+    shown = [
+        m for m in metrics_shown if any(np.isfinite(values(p, m)).any() for s in series.values() for p in s.values())
+    ] or list(metrics_shown[:1])
+    figure = _new_figure(6 * len(shown), 4.0)
+    axes = figure.subplots(1, len(shown), squeeze=False)[0]
+    for ax, metric in zip(axes, shown):
         for arm, seeds in series.items():
+            style = WARMUP_STYLE if arm == WARMUP_ARM else {"color": colors.get(arm, "#17becf"), "ls": "-"}
             for n, (_, points) in enumerate(sorted(seeds.items())):
                 steps = np.array([p[0] for p in points], dtype=float)
-                values = np.array([np.nan if p[1].get(metric) is None else p[1][metric] for p in points], dtype=float)
-                ax.plot(
-                    steps,
-                    values,
-                    color=colors.get(arm, "#17becf"),
-                    lw=1.0,
-                    alpha=0.85,
-                    marker=".",
-                    ls="--" if arm == "_fork" else "-",
-                    label=(("fork warm-up" if arm == "_fork" else arm) if n == 0 else None),
-                )
+                label = ("fork warm-up" if arm == WARMUP_ARM else arm) if n == 0 else None
+                ax.plot(steps, values(points, metric), lw=1.0, alpha=0.85, marker=".", label=label, **style)
         ax.set_title(f"held-out {metric} per run (lower is better)", fontsize=10)
-        ax.set_xlabel("step", fontsize=8)
+        _step_axis(ax)
         ax.tick_params(labelsize=7)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    figure.savefig(path)
+    _shared_legend(figure, axes)
+    return _save(figure, path)
