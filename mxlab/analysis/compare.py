@@ -137,7 +137,7 @@ class StudyAnalysis:
                 "controls": self.controls,
                 "assays": self.assays,
                 "family_size": self.family_size,
-                "conventions": metrics.METRIC_CONVENTIONS,
+                "conventions": metrics.conventions(tuple(inputs.n_examples)),
                 "n_eval_examples": inputs.n_examples,
                 "n_eval_users": inputs.n_users,
                 "runs": [
@@ -239,7 +239,11 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
         for t, v in views.items()
     }
     sums = {key: run.sums for key, run in reduced.items()}
-    usable = [m for m in metric_names if truth is not None or m.split(".", 1)[1] not in TRUTH_METRIC_KINDS]
+    usable = [
+        m
+        for m in metric_names
+        if m.split(".", 1)[0] in views and (truth is not None or m.split(".", 1)[1] not in TRUTH_METRIC_KINDS)
+    ]
 
     def seed_deltas(pairs: dict[int, tuple[tuple[str, int], tuple[str, int]]], metric: str) -> SeedDeltas:
         task, kind = metric.split(".", 1)

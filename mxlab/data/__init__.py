@@ -13,6 +13,17 @@ from mxlab.data.batch import DataInfo, DataSource, JaggedBatch, rebatch
 from mxlab.data.config import config_keys, dataclass_from_config
 
 SOURCES = ("synthetic", "movielens-100k", "criteo")
+CLICK_ONLY_SOURCES = ("criteo",)  # no conversion labels (DataInfo.has_conversion False): CTR is the only task
+
+
+def source_tasks(source: str) -> tuple[str, ...]:
+    """The tasks a source labels (mxlab.metrics.tasks_of): ("ctr",) for a click-only source, else every task.
+    Refuses an unknown source, naming the accepted ones."""
+    from mxlab.metrics import tasks_of
+
+    if source not in SOURCES:
+        raise ValueError(f"unknown data source {source!r}; accepted: {', '.join(SOURCES)}")
+    return tasks_of(source not in CLICK_ONLY_SOURCES)
 
 
 def config_class(source: Any) -> type:
@@ -106,11 +117,13 @@ __all__ = [
     "DataInfo",
     "DataSource",
     "JaggedBatch",
+    "CLICK_ONLY_SOURCES",
     "SOURCES",
     "config_class",
     "data_config_keys",
     "make_source",
     "rebatch",
+    "source_tasks",
     "truth_reference",
     "validate_data_config",
 ]
