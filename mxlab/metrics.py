@@ -29,7 +29,7 @@ Conventions (the report prints :data:`METRIC_CONVENTIONS`):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 
@@ -349,14 +349,22 @@ class TaskView:
     true_probs: np.ndarray | None
 
 
-def load_eval(eval_npz: str | PathLike | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def load_eval(
+    eval_npz: str | PathLike | Mapping[str, np.ndarray], tasks: Sequence[str] | None = None
+) -> dict[str, np.ndarray]:
     """The arrays of an eval.npz (a path or an already-loaded mapping), checked for the required keys
-    (click, conversion, p_ctr, p_cvr, p_ctcvr, user_id; optional true_ctr, true_cvr) and equal lengths."""
+    (click, conversion, p_ctr, p_cvr, p_ctcvr, user_id; optional true_ctr, true_cvr) and equal lengths.
+    ``tasks``: the tasks the arrays label when they hold no ``tasks`` array (an eval.npz written before the
+    array was; a study's recorded source says them), added as that array unless it is every task; an array
+    present wins. Refuses ``tasks`` as :func:`eval_tasks` refuses the array."""
     if isinstance(eval_npz, Mapping):
         arrays = {k: np.asarray(v) for k, v in eval_npz.items()}
     else:
         with np.load(eval_npz) as npz:
             arrays = {k: npz[k] for k in npz.files}
+    if tasks is not None and EVAL_TASKS_KEY not in arrays and tuple(tasks) != TASKS:
+        arrays[EVAL_TASKS_KEY] = np.array(list(tasks))
+        eval_tasks(arrays)
     missing = [k for k in EVAL_REQUIRED_KEYS if k not in arrays]
     if missing:
         raise ValueError(

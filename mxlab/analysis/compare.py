@@ -208,7 +208,7 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
     base = study.baseline
     base_seeds = study.finished_seeds(base)
     reference_key = keys[0]
-    reference = metrics.load_eval(study.run_dir(*reference_key) / "eval.npz")
+    reference = study.eval_arrays(*reference_key)
     for key in keys[1:]:
         with np.load(study.run_dir(*key) / "eval.npz", allow_pickle=False) as loaded:
             for name in PAIRING_ARRAYS:
@@ -223,6 +223,7 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
         (
             [(f"{arm}/seed{seed}", study.run_dir(arm, seed) / "eval.npz") for arm, seed in group],
             f"{base}/seed{group[0][1]}" if group[0][1] in base_seeds else None,
+            study.tasks,
         )
         for group in per_seed
     ]

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from mxlab import io
+from mxlab import io, metrics
 from mxlab.analysis.stats import DeLongResult, SeedDeltas
+from mxlab.data import SOURCES, source_tasks
 from mxlab.experiment.artefacts import eval_problem
 
 RUN_STATUSES = ("finished", "diverged", "skipped", "missing")
@@ -60,18 +61,35 @@ class StudyData:
     seeds: list[int]
     runs: dict[tuple[str, int], RunStatus]
     has_runs: bool = True  # False: no runs/ folder, statuses come from summary.json
+    tasks: tuple[str, ...] = metrics.TASKS  # the tasks its recorded data source labels (recorded_tasks)
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.directory / "runs" / arm / f"seed{seed}"
+
+    def eval_arrays(self, arm: str, seed: int) -> dict[str, np.ndarray]:
+        """A run's eval.npz (mxlab.metrics.load_eval), labelled with the study's tasks where it has no tasks array."""
+        return metrics.load_eval(self.run_dir(arm, seed) / "eval.npz", self.tasks)
 
     def finished_seeds(self, arm: str) -> list[int]:
         return [s for s in self.seeds if self.runs[(arm, s)].status == "finished"]
 
 
+def recorded_tasks(spec: dict[str, Any]) -> tuple[str, ...]:
+    """The tasks the data source recorded in study.json labels (mxlab.data.source_tasks; every task when no
+    source is recorded). Refuses an unknown source, naming it and the accepted ones."""
+    source = (spec.get("data") or {}).get("source")
+    if source is None:
+        return metrics.TASKS
+    if source not in SOURCES:
+        raise ValueError(f"study.json records data source {source!r}; accepted: {', '.join(SOURCES)}")
+    return source_tasks(source)
+
+
 def load_study(study_dir: str | PathLike) -> StudyData:
     """Read study.json and every run's done.json (without a runs/ folder: the run statuses of
     summary.json). Refuses a missing study.json, a spec without
-    name/baseline/arms/seeds, a baseline that is not an arm, and an unknown done.json status."""
+    name/baseline/arms/seeds, a baseline that is not an arm, an unknown data source and an unknown done.json
+    status."""
     directory = Path(study_dir)
     spec_path = directory / "study.json"
     if not spec_path.is_file():
@@ -83,6 +101,7 @@ def load_study(study_dir: str | PathLike) -> StudyData:
     arms, seeds = [str(a) for a in spec["arms"]], [int(s) for s in spec["seeds"]]
     if spec["baseline"] not in arms:
         raise ValueError(f"baseline {spec['baseline']!r} is not one of the arms {arms}")
+    tasks = recorded_tasks(spec)
     runs: dict[tuple[str, int], RunStatus] = {}
     summary_path = directory / "summary.json"
     if not (directory / "runs").is_dir() and summary_path.is_file():
@@ -104,7 +123,9 @@ def load_study(study_dir: str | PathLike) -> StudyData:
         for arm in arms:
             for seed in seeds:
                 runs.setdefault((arm, seed), RunStatus(arm, seed, "missing", directory / "runs" / arm / f"seed{seed}"))
-        return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs, has_runs=False)
+        return StudyData(
+            directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs, has_runs=False, tasks=tasks
+        )
     for arm in arms:
         for seed in seeds:
             path = directory / "runs" / arm / f"seed{seed}"
@@ -136,7 +157,7 @@ def load_study(study_dir: str | PathLike) -> StudyData:
                 done.get("peak_memory_bytes"),
                 done.get("trained_with"),
             )
-    return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs)
+    return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, runs, tasks=tasks)
 
 
 @dataclass

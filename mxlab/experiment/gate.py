@@ -99,9 +99,14 @@ def gate_from_table(
         median_band=_names(table.get("median_band", []), "median_band"),
         **numbers,
     )
-    unlabelled = [name for name in config.beat_oracle + config.median_band if name.split(".", 1)[0] not in tasks]
-    if unlabelled:
-        raise ValueError(f"gate names {unlabelled}, but the data source labels only the tasks {list(tasks)}")
+    for key in ("beat_oracle", "median_band"):
+        unlabelled = [name for name in getattr(config, key) if name.split(".", 1)[0] not in tasks]
+        if unlabelled:
+            labelled = [name for name in GATE_METRICS if name.split(".", 1)[0] in tasks]
+            raise ValueError(
+                f"gate.{key} names {unlabelled}, but the data source labels only the tasks {list(tasks)}; "
+                f"accepted: {', '.join(labelled)}"
+            )
     if config.enabled and not fork:
         raise ValueError("[gate] judges fork warm-ups: set train.fork_from and train.fork_steps, or remove [gate]")
     if config.beat_oracle and not has_truth:

@@ -333,7 +333,7 @@ def _reliability_curves(analysis: StudyAnalysis) -> dict[str, dict[str, metrics.
     for arm in study.arms:
         pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {t: ([], []) for t in metrics.TASKS}
         for seed in study.finished_seeds(arm):
-            views = metrics.task_views(metrics.load_eval(study.run_dir(arm, seed) / "eval.npz"))
+            views = metrics.task_views(study.eval_arrays(arm, seed))
             for task, view in views.items():
                 pooled[task][0].append(view.labels)
                 pooled[task][1].append(np.asarray(view.probs, dtype=np.float64))

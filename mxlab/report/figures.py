@@ -264,10 +264,14 @@ def heldout_curves(
     path: Path,
     series: Mapping[str, Mapping[int, list[tuple[int, Mapping[str, Any]]]]],
     arms: Sequence[str],
-    metrics_shown: Sequence[str] = ("ctr.ne", "ctcvr.ne"),
+    metrics_shown: Sequence[str] | None = None,
 ) -> None:
-    """Held-out NE (one panel per metric) against step; one colour per arm, one line per seed; the fork
-    warm-ups ("_fork", grey, dashed) lead into the arms that continue from them."""
+    """Held-out NE (one panel per metric; by default ctr.ne and ctcvr.ne, each where a record holds it) against
+    step; one colour per arm, one line per seed; the fork warm-ups ("_fork", grey, dashed) lead into the arms
+    that continue from them."""
+    if metrics_shown is None:
+        held = {key for seeds in series.values() for points in seeds.values() for _, record in points for key in record}
+        metrics_shown = [m for m in ("ctr.ne", "ctcvr.ne") if m in held] or ["ctr.ne"]
     colors = {**arm_colors(arms), "_fork": "#7f7f7f"}
     figure = _new_figure(6 * len(metrics_shown), 4.0)
     axes = np.atleast_1d(figure.subplots(1, len(metrics_shown)))
