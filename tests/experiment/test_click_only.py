@@ -24,7 +24,7 @@ arms = ["bf16", "mxfp8-rceil"]
 [data]
 source = "criteo"
 path = "{path}"
-train_examples = 256
+train_examples = 128
 eval_examples = 256
 hash_size = 97
 shuffle_buffer = 64
@@ -42,7 +42,7 @@ batch_size = 64
 eval_batch_size = 256
 checkpoint_every = 4
 log_every = 1
-max_steps = 3
+max_steps = 2
 cpu_threads = 1
 eval_every = 1
 eval_slice = 128
@@ -105,7 +105,7 @@ def test_training_metrics_are_ctr_only(study):
             assert "loss_ctr" in keys, keys
             assert not [key for key in keys if OTHER_TASKS.search(key.replace("_", " "))], keys
             heldout = [record["heldout"] for record in records if "heldout" in record]
-            assert [record["step"] for record in records if "heldout" in record] == [1, 2, 3]
+            assert [record["step"] for record in records if "heldout" in record] == [1, 2]
             for record in heldout:
                 assert set(record) == HELDOUT_KEYS, record
                 assert record["examples"] == 128 and 0 < record["ctr.ne"] < 2 and 0 <= record["ctr.auc"] <= 1, record
@@ -198,11 +198,28 @@ def test_report_settings_naming_another_task_are_refused_for_a_click_only_study(
     assert {path.name: path.stat().st_mtime_ns for path in study.iterdir() if path.is_file()} == before
 
 
+def copy_study(study, to):
+    """A copy of the study's record and runs, without checkpoints or report files; returns its path."""
+    shutil.copytree(study, to, ignore=shutil.ignore_patterns("*.pt", "report.*", "summary.json", "figures"))
+    return to
+
+
+def test_report_settings_of_a_click_only_study_default_to_ctr(study, tmp_path):
+    rejudged = copy_study(study, tmp_path / "rejudged")
+    settings = tmp_path / "rejudge.toml"
+    settings.write_text('[report]\ncandidate = "mxfp8-rceil"\nne_regression_pct = 0.05\n')
+    run_cli("report", str(rejudged), "--settings", str(settings))
+    summary = json.loads((rejudged / "summary.json").read_text())
+    assert summary["settings"]["primary"] == ["ctr.ne"] and summary["settings"]["calibration_tasks"] == ["ctr"]
+    assert summary["settings"]["ne_regression_pct"] == 0.05
+    assert summary["preregistration"]["status"] == "post hoc"
+    assert summary["preregistration"]["changed"] == ["ne_regression_pct"]
+
+
 def test_an_eval_set_without_its_tasks_array_takes_the_study_source_tasks(study, tmp_path):
     """A click-only study from before eval.npz recorded its tasks (and before its [report] defaults followed the
     source) is analysed as CTR-only from study.json's data source."""
-    old = tmp_path / "old-study"
-    shutil.copytree(study, old, ignore=shutil.ignore_patterns("*.pt", "report.*", "summary.json", "figures"))
+    old = copy_study(study, tmp_path / "old-study")
     for path in sorted((old / "runs").glob("*/seed*/eval.npz")):
         with np.load(path) as npz:
             arrays = {key: npz[key] for key in npz.files}
