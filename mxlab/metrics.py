@@ -29,7 +29,7 @@ Conventions (the report prints :data:`METRIC_CONVENTIONS`):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from os import PathLike
 
@@ -45,6 +45,31 @@ PROBABILITY_CLIP = 1e-7
 ECE_BINS = 10
 EVAL_REQUIRED_KEYS: tuple[str, ...] = ("click", "conversion", "p_ctr", "p_cvr", "p_ctcvr", "user_id")
 EVAL_TRUTH_KEYS: tuple[str, ...] = ("true_ctr", "true_cvr")
+# Optional: the tasks the source labels (a click-only source writes ["ctr"]); absent = every task.
+EVAL_TASKS_KEY = "tasks"
+
+
+def conventions(tasks: tuple[str, ...] = TASKS) -> dict[str, str]:
+    """:data:`METRIC_CONVENTIONS` with its "tasks" entry naming only `tasks` (every task when empty)."""
+    named = [task for task in TASKS if task in tasks] or list(TASKS)
+    return {**METRIC_CONVENTIONS, "tasks": "; ".join(f"{task} {TASK_DESCRIPTIONS[task]}" for task in named)}
+
+
+def tasks_of(has_conversion: bool) -> tuple[str, ...]:
+    """The tasks a source labels: every task with conversion labels, CTR alone without them."""
+    return TASKS if has_conversion else ("ctr",)
+
+
+def eval_tasks(eval_arrays: Mapping[str, np.ndarray]) -> tuple[str, ...]:
+    """The tasks of loaded eval arrays: their ``tasks`` array, else every task. Refuses a ``tasks`` array that
+    names an unknown task or lacks ctr, naming it and the accepted tasks."""
+    if EVAL_TASKS_KEY not in eval_arrays:
+        return TASKS
+    named = tuple(str(task) for task in np.asarray(eval_arrays[EVAL_TASKS_KEY]).reshape(-1))
+    if "ctr" not in named or any(task not in TASKS for task in named):
+        raise ValueError(f"eval array 'tasks' is {list(named)}; accepted: ctr and any of {list(TASKS[1:])}")
+    return tuple(task for task in TASKS if task in named)
+
 
 METRIC_CONVENTIONS: dict[str, str] = {
     "tasks": "ctr on all impressions (p_ctr vs click); cvr on clicked impressions only (p_cvr vs conversion); "
@@ -324,14 +349,22 @@ class TaskView:
     true_probs: np.ndarray | None
 
 
-def load_eval(eval_npz: str | PathLike | Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def load_eval(
+    eval_npz: str | PathLike | Mapping[str, np.ndarray], tasks: Sequence[str] | None = None
+) -> dict[str, np.ndarray]:
     """The arrays of an eval.npz (a path or an already-loaded mapping), checked for the required keys
-    (click, conversion, p_ctr, p_cvr, p_ctcvr, user_id; optional true_ctr, true_cvr) and equal lengths."""
+    (click, conversion, p_ctr, p_cvr, p_ctcvr, user_id; optional true_ctr, true_cvr) and equal lengths.
+    ``tasks``: the tasks the arrays label when they hold no ``tasks`` array (an eval.npz written before the
+    array was; a study's recorded source says them), added as that array unless it is every task; an array
+    present wins. Refuses ``tasks`` as :func:`eval_tasks` refuses the array."""
     if isinstance(eval_npz, Mapping):
         arrays = {k: np.asarray(v) for k, v in eval_npz.items()}
     else:
         with np.load(eval_npz) as npz:
             arrays = {k: npz[k] for k in npz.files}
+    if tasks is not None and EVAL_TASKS_KEY not in arrays and tuple(tasks) != TASKS:
+        arrays[EVAL_TASKS_KEY] = np.array(list(tasks))
+        eval_tasks(arrays)
     missing = [k for k in EVAL_REQUIRED_KEYS if k not in arrays]
     if missing:
         raise ValueError(
@@ -348,7 +381,8 @@ def load_eval(eval_npz: str | PathLike | Mapping[str, np.ndarray]) -> dict[str, 
 
 
 def task_views(eval_arrays: Mapping[str, np.ndarray]) -> dict[str, TaskView]:
-    """One :class:`TaskView` per task (ctr, cvr on clicked impressions, ctcvr) of loaded eval arrays."""
+    """One :class:`TaskView` per task of loaded eval arrays (ctr, cvr on clicked impressions, ctcvr; only
+    those of :func:`eval_tasks`)."""
     click = eval_arrays["click"].astype(np.float64)
     conversion = eval_arrays["conversion"].astype(np.float64)
     if np.any(conversion > click):
@@ -360,7 +394,7 @@ def task_views(eval_arrays: Mapping[str, np.ndarray]) -> dict[str, TaskView]:
     true_ctr = eval_arrays["true_ctr"].astype(np.float64) if has_truth else None
     true_cvr = eval_arrays["true_cvr"].astype(np.float64) if has_truth else None
     clicked = click == 1
-    return {
+    views = {
         "ctr": TaskView("ctr", None, click, eval_arrays["p_ctr"], users, true_ctr),
         "cvr": TaskView(
             "cvr",
@@ -374,6 +408,7 @@ def task_views(eval_arrays: Mapping[str, np.ndarray]) -> dict[str, TaskView]:
             "ctcvr", None, conversion, eval_arrays["p_ctcvr"], users, true_ctr * true_cvr if has_truth else None
         ),
     }
+    return {task: views[task] for task in eval_tasks(eval_arrays)}
 
 
 def evaluate_run(
@@ -382,7 +417,7 @@ def evaluate_run(
     n_bins: int = ECE_BINS,
     orders: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """{task: {metric: value}} for ctr, cvr, ctcvr of one run's eval.npz (see :func:`task_metrics`;
+    """{task: {metric: value}} for each task (:func:`eval_tasks`) of one run's eval.npz (see :func:`task_metrics`;
     `orders`: per task the stable argsort of its predictions, when known).
 
     Refuses missing arrays, mismatched lengths, conversions without clicks and the errors of

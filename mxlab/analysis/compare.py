@@ -137,7 +137,7 @@ class StudyAnalysis:
                 "controls": self.controls,
                 "assays": self.assays,
                 "family_size": self.family_size,
-                "conventions": metrics.METRIC_CONVENTIONS,
+                "conventions": metrics.conventions(tuple(inputs.n_examples)),
                 "n_eval_examples": inputs.n_examples,
                 "n_eval_users": inputs.n_users,
                 "runs": [
@@ -208,7 +208,7 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
     base = study.baseline
     base_seeds = study.finished_seeds(base)
     reference_key = keys[0]
-    reference = metrics.load_eval(study.run_dir(*reference_key) / "eval.npz")
+    reference = study.eval_arrays(*reference_key)
     for key in keys[1:]:
         with np.load(study.run_dir(*key) / "eval.npz", allow_pickle=False) as loaded:
             for name in PAIRING_ARRAYS:
@@ -223,6 +223,7 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
         (
             [(f"{arm}/seed{seed}", study.run_dir(arm, seed) / "eval.npz") for arm, seed in group],
             f"{base}/seed{group[0][1]}" if group[0][1] in base_seeds else None,
+            study.tasks,
         )
         for group in per_seed
     ]
@@ -239,7 +240,11 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
         for t, v in views.items()
     }
     sums = {key: run.sums for key, run in reduced.items()}
-    usable = [m for m in metric_names if truth is not None or m.split(".", 1)[1] not in TRUTH_METRIC_KINDS]
+    usable = [
+        m
+        for m in metric_names
+        if m.split(".", 1)[0] in views and (truth is not None or m.split(".", 1)[1] not in TRUTH_METRIC_KINDS)
+    ]
 
     def seed_deltas(pairs: dict[int, tuple[tuple[str, int], tuple[str, int]]], metric: str) -> SeedDeltas:
         task, kind = metric.split(".", 1)

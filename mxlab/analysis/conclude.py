@@ -120,7 +120,7 @@ def preregistration(study: StudyData, settings: ReportSettings) -> Preregistrati
     record = study.spec.get("preregistered")
     if not isinstance(record, dict) or "report" not in record:
         return Preregistration("not recorded", None, None, settings.digest())
-    registered = ReportSettings.from_dict(record["report"], legacy=True)
+    registered = ReportSettings.from_dict(record["report"], legacy=True, tasks=study.tasks)
     used, before = settings.to_dict(), registered.to_dict()
     changed = sorted(k for k in used if used[k] != before.get(k))
     status = "pre-registered" if not changed else "post hoc"
@@ -239,7 +239,7 @@ def analyze_study(study_dir: str | PathLike | StudyData, settings: ReportSetting
     summary.json. Refuses what load_study, inputs_from_runs, inputs_from_summary and conclude refuse."""
     study = study_dir if isinstance(study_dir, StudyData) else load_study(study_dir)
     if settings is None:
-        settings = ReportSettings.from_dict(study.spec.get("report"), legacy=True)
+        settings = ReportSettings.from_dict(study.spec.get("report"), legacy=True, tasks=study.tasks)
     if study.has_runs:
         inputs = inputs_from_runs(study, METRIC_NAMES)
     else:

@@ -87,10 +87,10 @@ def _settings(study: StudyData) -> ReportSettings:
     summary = study.directory / "summary.json"
     if summary.is_file():
         try:
-            return ReportSettings.from_dict(json.loads(summary.read_text())["settings"], legacy=True)
+            return ReportSettings.from_dict(json.loads(summary.read_text())["settings"], legacy=True, tasks=study.tasks)
         except (KeyError, ValueError, TypeError):
             pass
-    return ReportSettings.from_dict(study.spec.get("report"), legacy=True)
+    return ReportSettings.from_dict(study.spec.get("report"), legacy=True, tasks=study.tasks)
 
 
 def read_pilot(path: str | PathLike) -> Pilot:

@@ -40,9 +40,12 @@ def user_indices(user_id: np.ndarray) -> tuple[np.ndarray, int]:
     return index, int(index.max()) + 1 if index.size else 0
 
 
-def _reduce_run(path: Path) -> tuple[dict, dict[str, RunSums], dict[str, tuple[np.ndarray, float, np.ndarray]]]:
-    """(metrics, per-task RunSums, per-task (labels, AUC, DeLong components)) of one run's eval.npz."""
-    arrays = metrics.load_eval(path)
+def _reduce_run(
+    path: Path, tasks: Sequence[str] | None = None
+) -> tuple[dict, dict[str, RunSums], dict[str, tuple[np.ndarray, float, np.ndarray]]]:
+    """(metrics, per-task RunSums, per-task (labels, AUC, DeLong components)) of one run's eval.npz (`tasks`: see
+    mxlab.metrics.load_eval)."""
+    arrays = metrics.load_eval(path, tasks)
     views = metrics.task_views(arrays)
     # one sort per task serves the metrics, the gAUC, the sums, the ECE bins and DeLong
     orders = {task: np.argsort(np.asarray(view.probs, dtype=np.float64), kind="stable") for task, view in views.items()}
@@ -64,14 +67,17 @@ def _reduce_run(path: Path) -> tuple[dict, dict[str, RunSums], dict[str, tuple[n
     return run_metrics, sums, components
 
 
-def reduce_seed(runs: Sequence[tuple[str, Path]], baseline: str | None = None) -> list[RunReduction]:
+def reduce_seed(
+    runs: Sequence[tuple[str, Path]], baseline: str | None = None, tasks: Sequence[str] | None = None
+) -> list[RunReduction]:
     """Reduce the runs (label, eval.npz path) of one seed, each once, in order; with `baseline` (the label
-    of the seed's baseline run among them), every other run also gets DeLong against it. The runs must
-    share the eval set (mxlab.analysis.compare checks it first). An error names the run."""
+    of the seed's baseline run among them), every other run also gets DeLong against it; `tasks`: those of an
+    eval.npz without a tasks array (mxlab.metrics.load_eval). The runs must share the eval set
+    (mxlab.analysis.compare checks it first). An error names the run."""
     reduced = {}
     for label, path in runs:
         try:
-            reduced[label] = _reduce_run(path)
+            reduced[label] = _reduce_run(path, tasks)
         except ValueError as error:
             raise ValueError(f"{label}: {error}") from error
     if baseline is not None and baseline not in reduced:
@@ -89,14 +95,16 @@ def reduce_seed(runs: Sequence[tuple[str, Path]], baseline: str | None = None) -
     return out
 
 
-def _reduce_one(job: tuple[Sequence[tuple[str, Path]], str | None]) -> list[RunReduction]:
+Runs = Sequence[tuple[str, Path]]
+Job = tuple[Runs, str | None] | tuple[Runs, str | None, Sequence[str] | None]  # reduce_seed's arguments
+
+
+def _reduce_one(job: Job) -> list[RunReduction]:
     return reduce_seed(*job)
 
 
-def reduce_runs(
-    jobs: Sequence[tuple[Sequence[tuple[str, Path]], str | None]], n_examples: int, workers: int | None = None
-) -> list[list[RunReduction]]:
-    """`reduce_seed` of every (runs of a seed, baseline label or None), in order. `workers`: processes to use
+def reduce_runs(jobs: Sequence[Job], n_examples: int, workers: int | None = None) -> list[list[RunReduction]]:
+    """`reduce_seed` of every (runs of a seed, baseline label or None[, tasks]), in order. `workers`: processes to use
     (default: every core, up to one per job, when runs x n_examples >= PARALLEL_MIN_EXAMPLES, else 1 =
     this process)."""
     runs = sum(len(job[0]) for job in jobs)

@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as scipy_stats
 
-from mxlab import io
+from mxlab import io, metrics
 from mxlab.analysis.stats import DeLongResult, SeedDeltas
+from mxlab.data import SOURCES, source_tasks
 from mxlab.experiment.artefacts import eval_problem
 
 RUN_STATUSES = ("finished", "diverged", "skipped", "missing")
@@ -60,6 +61,7 @@ class StudyData:
     seeds: list[int]
     runs: dict[tuple[str, int], RunStatus]
     has_runs: bool = True  # False: no runs/ folder, statuses come from summary.json
+    tasks: tuple[str, ...] = metrics.TASKS  # the tasks its recorded data source labels (recorded_tasks)
     runs_root: Path = Path()  # where the run folders are read (DIR/runs, or records unpacked elsewhere)
 
     def __post_init__(self) -> None:
@@ -69,14 +71,30 @@ class StudyData:
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.runs_root / arm / f"seed{seed}"
 
+    def eval_arrays(self, arm: str, seed: int) -> dict[str, np.ndarray]:
+        """A run's eval.npz (mxlab.metrics.load_eval), labelled with the study's tasks where it has no tasks array."""
+        return metrics.load_eval(self.run_dir(arm, seed) / "eval.npz", self.tasks)
+
     def finished_seeds(self, arm: str) -> list[int]:
         return [s for s in self.seeds if self.runs[(arm, s)].status == "finished"]
+
+
+def recorded_tasks(spec: dict[str, Any]) -> tuple[str, ...]:
+    """The tasks the data source recorded in study.json labels (mxlab.data.source_tasks; every task when no
+    source is recorded). Refuses an unknown source, naming it and the accepted ones."""
+    source = (spec.get("data") or {}).get("source")
+    if source is None:
+        return metrics.TASKS
+    if source not in SOURCES:
+        raise ValueError(f"study.json records data source {source!r}; accepted: {', '.join(SOURCES)}")
+    return source_tasks(source)
 
 
 def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = None) -> StudyData:
     """Read study.json and every run's done.json from `runs_root` (default DIR/runs; without that folder: the
     run statuses of summary.json). Refuses a missing study.json, a spec without
-    name/baseline/arms/seeds, a baseline that is not an arm, and an unknown done.json status."""
+    name/baseline/arms/seeds, a baseline that is not an arm, an unknown data source and an unknown done.json
+    status."""
     directory = Path(study_dir)
     runs = Path(runs_root) if runs_root is not None else directory / "runs"
     spec_path = directory / "study.json"
@@ -89,6 +107,7 @@ def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = Non
     arms, seeds = [str(a) for a in spec["arms"]], [int(s) for s in spec["seeds"]]
     if spec["baseline"] not in arms:
         raise ValueError(f"baseline {spec['baseline']!r} is not one of the arms {arms}")
+    tasks = recorded_tasks(spec)
     statuses: dict[tuple[str, int], RunStatus] = {}
     summary_path = directory / "summary.json"
     if not runs.is_dir() and summary_path.is_file():
@@ -110,7 +129,18 @@ def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = Non
         for arm in arms:
             for seed in seeds:
                 statuses.setdefault((arm, seed), RunStatus(arm, seed, "missing", runs / arm / f"seed{seed}"))
-        return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, statuses, False, runs)
+        return StudyData(
+            directory,
+            spec,
+            str(spec["name"]),
+            str(spec["baseline"]),
+            arms,
+            seeds,
+            statuses,
+            False,
+            tasks=tasks,
+            runs_root=runs,
+        )
     for arm in arms:
         for seed in seeds:
             path = runs / arm / f"seed{seed}"
@@ -142,7 +172,18 @@ def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = Non
                 done.get("peak_memory_bytes"),
                 done.get("trained_with"),
             )
-    return StudyData(directory, spec, str(spec["name"]), str(spec["baseline"]), arms, seeds, statuses, True, runs)
+    return StudyData(
+        directory,
+        spec,
+        str(spec["name"]),
+        str(spec["baseline"]),
+        arms,
+        seeds,
+        statuses,
+        True,
+        tasks=tasks,
+        runs_root=runs,
+    )
 
 
 @dataclass

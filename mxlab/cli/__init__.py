@@ -8,6 +8,8 @@ Each command imports its module lazily, so `mxlab --help` stays fast. Help is pl
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from mxlab.cli.command import Command
@@ -53,6 +55,28 @@ def recipe_command(
     except ValueError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(2) from None
+
+
+@app.command("spec-doc", cls=Command)
+def spec_doc_command(
+    path: Path = typer.Argument(..., metavar="FILE", help="The document to rebuild (docs/spec.md)."),
+    check: bool = typer.Option(False, "--check", help="Only report how FILE differs; exit 1 when it does."),
+) -> None:
+    """Rebuild the table of every experiment spec key (type, default) from the spec's dataclasses, keeping each
+    key's written meaning; a new key gets an empty meaning to write.
+
+    Example: mxlab spec-doc docs/spec.md
+    """
+    from mxlab.experiment.spec_doc import problems, render
+
+    text = path.read_text() if path.is_file() else ""
+    if check:
+        found = problems(text)
+        typer.echo("\n".join(found) if found else f"{path}: every spec key documented, types and defaults current")
+        raise typer.Exit(1 if found else 0)
+    path.write_text(render(text))
+    left = [line for line in problems(path.read_text()) if line.endswith("no meaning written")]
+    typer.echo(f"written: {path}" + "".join(f"\n{line}" for line in left))
 
 
 def _register() -> None:

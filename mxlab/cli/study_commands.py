@@ -154,11 +154,13 @@ def run(
 
 def report(study_dir: Path, settings_from: Path | None = None) -> int:
     """`mxlab report`: re-render the report of a study folder from its run folders; ``settings_from``: a spec
-    whose [report] table replaces the study's (the report says post hoc where it differs from the record)."""
+    whose [report] table replaces the study's (the report says post hoc where it differs from the record),
+    checked against the tasks of the study's recorded data source as `mxlab run` checks a spec."""
 
     def body() -> int:
         if not (Path(study_dir) / "study.json").is_file():
             raise ValueError(f"{study_dir} is not a study folder (no study.json); run `mxlab run SPEC.toml` first")
+        from mxlab import io
         from mxlab.experiment.spec import report_settings, tomllib
         from mxlab.report import write_report
 
@@ -166,7 +168,12 @@ def report(study_dir: Path, settings_from: Path | None = None) -> int:
         if settings_from is not None:
             if not Path(settings_from).is_file():
                 raise ValueError(f"--settings {settings_from}: no such file")
-            settings = report_settings(tomllib.loads(Path(settings_from).read_text()).get("report", {}))
+            source = (io.read_json(Path(study_dir) / "study.json").get("data") or {}).get("source")
+            table = tomllib.loads(Path(settings_from).read_text()).get("report", {})
+            try:
+                settings = report_settings(table, source)
+            except ValueError as error:
+                raise ValueError(f"--settings {settings_from} for a study of data source {source!r}: {error}") from None
         paths = write_report(Path(study_dir), settings=settings)
         typer.echo("report:")
         _print_report_paths(dict(paths))

@@ -13,9 +13,21 @@ from mxlab.data.batch import DataInfo, DataSource, JaggedBatch, rebatch
 from mxlab.data.config import config_keys, dataclass_from_config
 
 SOURCES = ("synthetic", "movielens-100k", "criteo")
+CLICK_ONLY_SOURCES = ("criteo",)  # no conversion labels (DataInfo.has_conversion False): CTR is the only task
 
 
-def _config_class(source: Any) -> type:
+def source_tasks(source: str) -> tuple[str, ...]:
+    """The tasks a source labels (mxlab.metrics.tasks_of): ("ctr",) for a click-only source, else every task.
+    Refuses an unknown source, naming the accepted ones."""
+    from mxlab.metrics import tasks_of
+
+    if source not in SOURCES:
+        raise ValueError(f"unknown data source {source!r}; accepted: {', '.join(SOURCES)}")
+    return tasks_of(source not in CLICK_ONLY_SOURCES)
+
+
+def config_class(source: Any) -> type:
+    """The config dataclass of a source's [data] table; refuses an unknown source, naming the accepted ones."""
     if source == "synthetic":
         from mxlab.data.synthetic import SyntheticConfig
 
@@ -37,7 +49,7 @@ _TABLE_ONLY_KEYS = {"synthetic": ("preset", "eval_impressions_per_user")}
 
 def data_config_keys() -> dict[str, tuple[str, ...]]:
     """Return the accepted [data] keys of each source."""
-    return {source: config_keys(_config_class(source)) + _TABLE_ONLY_KEYS.get(source, ()) for source in SOURCES}
+    return {source: config_keys(config_class(source)) + _TABLE_ONLY_KEYS.get(source, ()) for source in SOURCES}
 
 
 def validate_data_config(data_config: dict) -> Any:
@@ -49,13 +61,13 @@ def validate_data_config(data_config: dict) -> Any:
     if not isinstance(data_config, dict) or "source" not in data_config:
         raise ValueError(f"the [data] table needs a 'source' key; accepted sources: {', '.join(SOURCES)}")
     source = data_config["source"]
-    config_class = _config_class(source)
+    table_class = config_class(source)
     if source == "synthetic":
         from mxlab.data.synthetic import resolve_synthetic_table
 
         data_config = resolve_synthetic_table(data_config)
     return dataclass_from_config(
-        config_class, data_config, f"[data] for source {source!r}", ignore=_TABLE_ONLY_KEYS.get(source, ())
+        table_class, data_config, f"[data] for source {source!r}", ignore=_TABLE_ONLY_KEYS.get(source, ())
     )
 
 
@@ -105,10 +117,13 @@ __all__ = [
     "DataInfo",
     "DataSource",
     "JaggedBatch",
+    "CLICK_ONLY_SOURCES",
     "SOURCES",
+    "config_class",
     "data_config_keys",
     "make_source",
     "rebatch",
+    "source_tasks",
     "truth_reference",
     "validate_data_config",
 ]

@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mxlab import metrics
+
 EVAL_FIELDS = ("click", "conversion", "p_ctr", "p_cvr", "p_ctcvr", "user_id")
 TRUTH_FIELDS = ("true_ctr", "true_cvr")
 
@@ -22,8 +24,9 @@ def evaluate_model(
     """Run `model` over `source.eval_batches(batch_size)` (with `limit` > 0, only the first whole
     batches that hold at least `limit` examples); return eval.npz's arrays.
 
-    Keys: click, conversion, p_ctr, p_cvr, p_ctcvr (float32), user_id (int64), and true_ctr,
-    true_cvr when the source has ground truth. p_ctcvr = p_ctr * p_cvr. The model is left in
+    Keys: click, conversion, p_ctr, p_cvr, p_ctcvr (float32), user_id (int64), true_ctr, true_cvr when
+    the source has ground truth, and tasks (["ctr"]) when it has no conversion labels
+    (mxlab.metrics.eval_tasks). p_ctcvr = p_ctr * p_cvr. The model is left in
     train mode afterwards. Refuses an eval set with no examples.
     """
     was_training = model.training
@@ -66,19 +69,26 @@ def evaluate_model(
     arrays["p_ctr"] = arrays["p_ctr"].astype(np.float32)
     arrays["p_cvr"] = arrays["p_cvr"].astype(np.float32)
     arrays["p_ctcvr"] = arrays["p_ctcvr"].astype(np.float32)
+    tasks = source_tasks(source)
+    if tasks != metrics.TASKS:
+        arrays[metrics.EVAL_TASKS_KEY] = np.array(tasks)
     return arrays
+
+
+def source_tasks(source: Any) -> tuple[str, ...]:
+    """The tasks `source` labels (mxlab.metrics.tasks_of its info.has_conversion)."""
+    return metrics.tasks_of(getattr(source.info, "has_conversion", True))
 
 
 def held_out_metrics(
     model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int = 0
 ) -> dict[str, float | None]:
-    """NE and AUC of CTR and CTCVR on the first `limit` eval examples (0 = all; see `evaluate_model`):
-    {"ctr.ne", "ctr.auc", "ctcvr.ne", "ctcvr.auc", "examples"}; a metric the slice cannot give (one
-    class only) is None."""
-    from mxlab import metrics
-
+    """NE and AUC of CTR and CTCVR (CTR alone for a source without conversions) on the first `limit` eval
+    examples (0 = all; see `evaluate_model`): {"ctr.ne", "ctr.auc", "ctcvr.ne", "ctcvr.auc", "examples"};
+    a metric the slice cannot give (one class only) is None."""
     arrays = evaluate_model(model, source, min(batch_size, limit) if limit else batch_size, device, limit)
     labels = {"ctr": arrays["click"], "ctcvr": arrays["click"] * arrays["conversion"]}
+    labels = {task: label for task, label in labels.items() if task in source_tasks(source)}
     record: dict[str, float | None] = {"examples": float(len(arrays["click"]))}
     for task, label in labels.items():
         both = 0 < float(label.sum()) < len(label)

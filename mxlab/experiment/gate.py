@@ -62,11 +62,13 @@ def _names(value: Any, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def gate_from_table(table: Any, *, seeds: Sequence[int], fork: bool, has_truth: bool) -> GateConfig:
+def gate_from_table(
+    table: Any, *, seeds: Sequence[int], fork: bool, has_truth: bool, tasks: Sequence[str] = ("ctr", "cvr", "ctcvr")
+) -> GateConfig:
     """The [gate] table as a GateConfig. Refuses (ValueError naming the value and what is accepted): an
     unknown key, metric or oracle; spare seeds that are not distinct non-negative integers or repeat a
     declared seed; a negative margin; a band outside (0, 1); rules without the fork design; beat_oracle on
-    a source without truth."""
+    a source without truth; a metric of a task the source does not label (`tasks`)."""
     if not isinstance(table, Mapping):
         raise ValueError(f"[gate] must be a table, got {table!r}")
     unknown = [key for key in table if key not in GATE_KEYS]
@@ -97,6 +99,14 @@ def gate_from_table(table: Any, *, seeds: Sequence[int], fork: bool, has_truth: 
         median_band=_names(table.get("median_band", []), "median_band"),
         **numbers,
     )
+    for key in ("beat_oracle", "median_band"):
+        unlabelled = [name for name in getattr(config, key) if name.split(".", 1)[0] not in tasks]
+        if unlabelled:
+            labelled = [name for name in GATE_METRICS if name.split(".", 1)[0] in tasks]
+            raise ValueError(
+                f"gate.{key} names {unlabelled}, but the data source labels only the tasks {list(tasks)}; "
+                f"accepted: {', '.join(labelled)}"
+            )
     if config.enabled and not fork:
         raise ValueError("[gate] judges fork warm-ups: set train.fork_from and train.fork_steps, or remove [gate]")
     if config.beat_oracle and not has_truth:
@@ -105,20 +115,19 @@ def gate_from_table(table: Any, *, seeds: Sequence[int], fork: bool, has_truth: 
 
 
 def warmup_metrics(run_dir: Path) -> dict[str, float]:
-    """NE and AUC of CTR and CTCVR of a warm-up's eval.npz."""
-    import numpy as np
-
+    """NE and AUC of CTR and CTCVR (CTR alone where the eval set labels no conversions) of a warm-up's eval.npz."""
     from mxlab import metrics
 
-    with np.load(Path(run_dir) / "eval.npz") as npz:
-        click, conversion = npz["click"], npz["conversion"]
-        p = {"ctr": npz["p_ctr"], "ctcvr": npz["p_ctcvr"]}
-    labels = {"ctr": click, "ctcvr": click * conversion}
+    arrays = metrics.load_eval(Path(run_dir) / "eval.npz")
+    labels = {"ctr": arrays["click"], "ctcvr": arrays["click"] * arrays["conversion"]}
     return {
         f"{task}.{kind}": float(
-            metrics.auc(labels[task], p[task]) if kind == "auc" else metrics.normalized_entropy(labels[task], p[task])
+            metrics.auc(labels[task], arrays[f"p_{task}"])
+            if kind == "auc"
+            else metrics.normalized_entropy(labels[task], arrays[f"p_{task}"])
         )
         for task in ("ctr", "ctcvr")
+        if task in metrics.eval_tasks(arrays)
         for kind in ("auc", "ne")
     }
 

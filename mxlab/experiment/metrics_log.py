@@ -51,10 +51,16 @@ class LogInterval:
         self.seconds += entry.seconds
 
     def record(
-        self, entry: ReadStep, time_s: float, previous: dict[str, Any] | None = None, train: Any = None
+        self,
+        entry: ReadStep,
+        time_s: float,
+        previous: dict[str, Any] | None = None,
+        train: Any = None,
+        tasks: tuple[str, ...] = ("ctr", "ctcvr"),
     ) -> dict[str, Any]:
-        """The metrics.jsonl record of this interval, ending at `entry`: mean losses, loss scale, throughput,
-        and given `train` the health fields (mxlab.experiment.health; `previous`: the run's last record)."""
+        """The metrics.jsonl record of this interval, ending at `entry`: mean losses (loss_ctcvr only when
+        `tasks` has ctcvr), loss scale, throughput, and given `train` the health fields
+        (mxlab.experiment.health; `previous`: the run's last record)."""
         from mxlab.experiment.health import interval_health
 
         health = {}
@@ -66,7 +72,7 @@ class LogInterval:
             "epoch": entry.epoch,
             "loss": self.mean(0),
             "loss_ctr": self.mean(1),
-            "loss_ctcvr": self.mean(2),
+            **({"loss_ctcvr": self.mean(2)} if "ctcvr" in tasks else {}),
             "loss_scale": entry.scale,
             "skipped": entry.skipped,
             "examples_per_s": self.examples / self.seconds if self.seconds > 0 else 0.0,

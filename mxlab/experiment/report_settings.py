@@ -113,13 +113,21 @@ class ReportSettings:
         return float(getattr(self, MARGIN_SETTING[metric.split(".", 1)[1]]))
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None, *, legacy: bool = False) -> ReportSettings:
+    def from_dict(
+        cls, values: Mapping[str, Any] | None, *, legacy: bool = False, tasks: tuple[str, ...] = TASK_NAMES
+    ) -> ReportSettings:
         """Settings from a mapping. Refuses unknown keys, wrong types, an unknown primary metric, a
         negative margin, an unknown correction, naming the value and the accepted ones. ``legacy``
-        drops the keys of earlier versions (:data:`LEGACY_KEYS`), for reading old study folders."""
+        drops the keys of earlier versions (:data:`LEGACY_KEYS`), for reading old study folders, and there the
+        names of tasks outside ``tasks`` (recorded before the source decided the tasks; see :func:`_labelled`).
+        ``tasks``: the tasks the data source labels; the default primary metrics and calibration tasks
+        keep only those, and a primary metric, calibration task or margin of another task is refused."""
         values = dict(values or {})
         if legacy:
-            values = {k: v for k, v in values.items() if k not in LEGACY_KEYS}
+            values = _labelled({k: v for k, v in values.items() if k not in LEGACY_KEYS}, tuple(tasks))
+        if tuple(tasks) != TASK_NAMES:
+            values.setdefault("primary", [m for m in DEFAULT_PRIMARY if m.split(".", 1)[0] in tasks])
+            values.setdefault("calibration_tasks", list(tasks))
         accepted = [f.name for f in fields(cls)]
         unknown = sorted(set(values) - set(accepted))
         if unknown:
@@ -143,6 +151,16 @@ class ReportSettings:
             else:
                 clean[name] = _number(name, value)
         settings = cls(**clean)
+        unlabelled = [
+            name
+            for name in (*settings.primary, *settings.margins, *settings.calibration_tasks)
+            if name.split(".", 1)[0] not in tasks
+        ]
+        if unlabelled:
+            raise ValueError(
+                f"report setting names {unlabelled}, but the data source labels only the tasks {list(tasks)}; "
+                f"accepted: metrics and calibration tasks of {', '.join(tasks)}"
+            )
         for name in MARGIN_SETTING.values():
             if getattr(settings, name) < 0:
                 raise ValueError(
@@ -167,6 +185,26 @@ class ReportSettings:
         """SHA-256 of the settings as canonical JSON (sorted keys): what pre-registration records."""
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _labelled(values: dict[str, Any], tasks: tuple[str, ...]) -> dict[str, Any]:
+    """Recorded settings without the primary metrics, calibration tasks and margins of tasks outside `tasks`
+    (a primary left empty is dropped, so its default applies); values of another type are left to validation."""
+    if tasks == TASK_NAMES:
+        return values
+
+    def keep(name: Any) -> bool:
+        return not isinstance(name, str) or name.split(".", 1)[0] in tasks
+
+    out = dict(values)
+    for key in ("primary", "calibration_tasks"):
+        if isinstance(out.get(key), (list, tuple)):
+            out[key] = [name for name in out[key] if keep(name)]
+    if isinstance(out.get("margins"), Mapping):
+        out["margins"] = {name: margin for name, margin in out["margins"].items() if keep(name)}
+    if out.get("primary") == []:
+        del out["primary"]
+    return out
 
 
 def _names(name: str, value: Any, accepted: tuple[str, ...] | None, allow_empty: bool) -> tuple[str, ...]:

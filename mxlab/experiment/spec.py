@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mxlab.data import source_tasks
 from mxlab.experiment.gate import GateConfig, gate_from_table
 from mxlab.experiment.overrides import apply_overrides
-from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
+from mxlab.experiment.report_settings import TASK_NAMES, TRUTH_METRIC_KINDS, ReportSettings
 from mxlab.experiment.training_recipe import check_training_recipe
 
 if sys.version_info >= (3, 11):
@@ -327,16 +328,18 @@ def _find_validator(module_name: str, names: Sequence[str]) -> Any:
     return None
 
 
-def report_settings(table: Any) -> ReportSettings:
-    """The [report] table as ReportSettings (primary metrics, margins, correction).
+def report_settings(table: Any, source: str | None = None) -> ReportSettings:
+    """The [report] table as ReportSettings (primary metrics, margins, correction), its defaults kept to
+    the tasks `source` labels (mxlab.data.source_tasks; every task when None).
 
     Refuses what ReportSettings.from_dict refuses (unknown key or metric, wrong type, negative
-    margin), naming the [report] table.
+    margin, a task the source does not label), naming the [report] table.
     """
     if not isinstance(table, Mapping):
         raise ValueError(f"[report] must be a table, got {table!r}")
     try:
-        return ReportSettings.from_dict(dict(table))
+        tasks = source_tasks(source) if source is not None else TASK_NAMES
+        return ReportSettings.from_dict(dict(table), tasks=tasks)
     except ValueError as error:
         raise ValueError(f"[report]: {error}") from error
 
@@ -433,14 +436,18 @@ def spec_from_dict(
             fork_recipe_path = resolve_recipe_path(train.fork_from, recipe_dir)
         except ValueError as error:
             raise ValueError(f"train.fork_from: {error}") from None
-    report = report_settings(raw.get("report", {}))
+    report = report_settings(raw.get("report", {}), data["source"])
     try:
         report.check_arms(arms, baseline)
     except ValueError as error:
         raise ValueError(f"[report]: {error}") from None
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
     gate = gate_from_table(
-        raw.get("gate", {}), seeds=seeds, fork=bool(train.fork_from), has_truth=data["source"] in SOURCES_WITH_TRUTH
+        raw.get("gate", {}),
+        seeds=seeds,
+        fork=bool(train.fork_from),
+        has_truth=data["source"] in SOURCES_WITH_TRUTH,
+        tasks=source_tasks(data["source"]),
     )
     needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
     if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:

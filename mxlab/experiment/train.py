@@ -32,7 +32,7 @@ from mxlab.experiment.checkpoint import (
 from mxlab.experiment.checkpoint import save_checkpoint as write_checkpoint
 from mxlab.experiment.data_order import data_order_seed, training_batches
 from mxlab.experiment.distributed import World
-from mxlab.experiment.evaluate import evaluate_model, held_out_metrics
+from mxlab.experiment.evaluate import evaluate_model, held_out_metrics, source_tasks
 from mxlab.experiment.health import summarize
 from mxlab.experiment.metrics_log import LogInterval, median_step_ms
 from mxlab.experiment.optim import lr_factor, make_optimizer
@@ -378,7 +378,9 @@ def train_run(
                 )
             if entry.step % train.log_every == 0 or diverged_at is not None or (max_steps and entry.step >= max_steps):
                 seconds = elapsed_before + (time.perf_counter() - started)
-                metrics.append(interval.record(entry, seconds, metrics[-1] if metrics else None, train))
+                metrics.append(
+                    interval.record(entry, seconds, metrics[-1] if metrics else None, train, source_tasks(source))
+                )
                 progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
                 interval = LogInterval()
             if diverged_at is not None:
@@ -456,7 +458,9 @@ def train_run(
                 or read_pending([PendingStep.after(step, min(epoch, epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
             )
             seconds = elapsed_before + (time.perf_counter() - started)
-            metrics.append(interval.record(closing, seconds, metrics[-1] if metrics else None, train))
+            metrics.append(
+                interval.record(closing, seconds, metrics[-1] if metrics else None, train, source_tasks(source))
+            )
             interval = LogInterval()
         if status == "finished" and world.writes:
             save_checkpoint()

@@ -67,7 +67,7 @@ def _truth_ceiling(analysis: StudyAnalysis) -> list[Block]:
     base = analysis.study.baseline
     rm = analysis.inputs.run_metrics
     rows = []
-    for task in metrics.TASKS:
+    for task in [t for t in metrics.TASKS if t in truth]:
         bayes = truth[task]["ne"]
         for arm in analysis.study.arms:
             seeds = rm.get(arm, {})
@@ -135,8 +135,8 @@ def _per_seed(analysis: StudyAnalysis) -> Block:
 def _absolute_metrics(analysis: StudyAnalysis) -> Block:
     names = ["auc", "gauc", "log_loss", "ne", "calibration", "ece", "mae_truth"]
     blocks: list[Block] = []
-    for task in metrics.TASKS:
-        rm = analysis.inputs.run_metrics
+    rm = analysis.inputs.run_metrics
+    for task in [t for t in metrics.TASKS if any(t in m for seeds in rm.values() for m in seeds.values())]:
         present = [n for n in names if any(n in m[task] for seeds in rm.values() for m in seeds.values())]
         rows = [
             [arm + (" (baseline)" if arm == analysis.study.baseline else ""), str(len(rm.get(arm, {})))]
@@ -181,6 +181,12 @@ def _delong(analysis: StudyAnalysis) -> Block | None:
     )
 
 
+def _secondary_names(analysis: StudyAnalysis) -> list[str]:
+    """The metrics of the eval sets' tasks that are not endpoints, sorted."""
+    tasks = analysis.inputs.n_examples or dict.fromkeys(metrics.TASKS)
+    return sorted(m for m in METRIC_NAMES if m not in analysis.settings.endpoints and m.split(".", 1)[0] in tasks)
+
+
 def _method(analysis: StudyAnalysis) -> Block:
     s = analysis.settings
     return Details(
@@ -207,7 +213,7 @@ def _method(analysis: StudyAnalysis) -> Block:
                     "seeds: inconclusive.",
                     "Margins, fixed before the runs: "
                     f"{', '.join(f'{m} {format_value(m, s.margin(m), False)}' for m in s.endpoints)}; "
-                    f"secondary metrics {sorted(set(METRIC_NAMES) - set(s.endpoints))[:3]}...: "
+                    f"secondary metrics {_secondary_names(analysis)[:3]}...: "
                     "unadjusted intervals, no verdict.",
                     "What the study can decide: the smallest margin "
                     f"shown with {s.power:.0%} power when the true delta "
@@ -216,7 +222,9 @@ def _method(analysis: StudyAnalysis) -> Block:
                     "(mxlab/analysis/sensitivity.py).",
                 ]
             ),
-            BulletList([f"**{name}**: {text}" for name, text in metrics.METRIC_CONVENTIONS.items()]),
+            BulletList(
+                [f"**{name}**: {text}" for name, text in metrics.conventions(tuple(analysis.inputs.n_examples)).items()]
+            ),
         ],
     )
 

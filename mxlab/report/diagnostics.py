@@ -44,8 +44,7 @@ def calibration_runs(analysis: StudyAnalysis) -> dict[str, dict[int, dict[str, R
     """arm -> seed -> task -> RunCalibration of every finished run (reads each eval.npz)."""
     study = analysis.study
     return {
-        arm: {s: eval_calibration(study.run_dir(arm, s) / "eval.npz") for s in study.finished_seeds(arm)}
-        for arm in study.arms
+        arm: {s: eval_calibration(study.eval_arrays(arm, s)) for s in study.finished_seeds(arm)} for arm in study.arms
     }
 
 

@@ -138,11 +138,13 @@ def reliability_diagram(
     path: Path, curves: Mapping[str, Mapping[str, metrics.ReliabilityBins]], arms: Sequence[str]
 ) -> Figure:
     """Mean label against mean prediction in equal-count bins, one panel per task, one line per arm
-    (``curves[task][arm]``); log-log axes, the diagonal is perfect calibration."""
+    (``curves[task][arm]``; a panel per task of ``curves``, every task when it is empty); log-log axes, the
+    diagonal is perfect calibration."""
     colors = arm_colors(arms)
-    figure = _new_figure(4.2 * len(metrics.TASKS), 4.0)
-    axes = figure.subplots(1, len(metrics.TASKS), squeeze=False)[0]
-    for ax, task in zip(axes, metrics.TASKS):
+    tasks = [task for task in metrics.TASKS if task in curves] or list(metrics.TASKS)
+    figure = _new_figure(4.2 * len(tasks), 4.0)
+    axes = figure.subplots(1, len(tasks), squeeze=False)[0]
+    for ax, task in zip(axes, tasks):
         low, high = 1.0, 0.0
         for rank, arm in enumerate(arms):
             bins = curves.get(task, {}).get(arm)

@@ -12,13 +12,14 @@ POSITIVES_PER_BIN = 15
 
 
 def reliability_curves(analysis: StudyAnalysis) -> dict[str, dict[str, metrics.ReliabilityBins]]:
-    """Equal-count reliability bins per task and arm, pooled over the arm's finished seeds."""
+    """Equal-count reliability bins per task and arm, pooled over the arm's finished seeds (only the tasks the
+    eval sets label)."""
     curves: dict[str, dict[str, metrics.ReliabilityBins]] = {task: {} for task in metrics.TASKS}
     study = analysis.study
     for arm in study.arms:
         pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {t: ([], []) for t in metrics.TASKS}
         for seed in study.finished_seeds(arm):
-            views = metrics.task_views(metrics.load_eval(study.run_dir(arm, seed) / "eval.npz"))
+            views = metrics.task_views(study.eval_arrays(arm, seed))
             for task, view in views.items():
                 pooled[task][0].append(view.labels)
                 pooled[task][1].append(np.asarray(view.probs, dtype=np.float64))
@@ -27,7 +28,7 @@ def reliability_curves(analysis: StudyAnalysis) -> dict[str, dict[str, metrics.R
                 y, p = np.concatenate(labels), np.concatenate(probs)
                 n_bins = reliability_bin_count(int(y.sum()) // len(labels), y.size)
                 curves[task][arm] = metrics.reliability_bins(y, p, n_bins)
-    return curves
+    return {task: by_arm for task, by_arm in curves.items() if by_arm}
 
 
 def reliability_bin_count(positives_per_seed: int, n: int) -> int:
