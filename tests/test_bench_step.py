@@ -85,6 +85,32 @@ def test_bench_step_refuses_bad_arguments():
 
 
 @pytest.mark.gpu
+def test_bench_step_compile_on_cuda_runs_torch_compile_of_every_arm():
+    from mxlab.bench.step import run_step_bench
+
+    result = run_step_bench(
+        QUICKSTART,
+        arms=["mxfp8-rceil"],
+        batch_size=64,
+        max_history=16,
+        warmup=2,
+        steps=2,
+        batches=1,
+        device="cuda",
+        compile=True,
+        echo=lambda text: None,
+    )
+    assert [(row["arm"], row["compiled"]) for row in result["arms"]] == [
+        ("bf16", False),
+        ("bf16", True),
+        ("mxfp8-rceil", False),
+        ("mxfp8-rceil", True),
+    ]
+    for row in result["arms"]:
+        assert row["note"] == "" and row["ms_per_step"] > 0 and 0 < row["last_loss"] < 5
+
+
+@pytest.mark.gpu
 def test_bench_step_on_cuda_measures_peak_memory_per_arm(tmp_path):
     from mxlab.bench.step import run_step_bench
 
@@ -123,3 +149,43 @@ def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):
     assert list(rows) == ["bf16", "mxfp8-rceil", "mxfp4-all"]
     assert rows["mxfp8-rceil"]["ms_per_step"] is None and rows["mxfp8-rceil"]["note"].startswith("out of memory")
     assert rows["mxfp4-all"]["ms_per_step"] > 0 and rows["mxfp4-all"]["ratio_to_baseline"] > 0
+
+
+def test_bench_step_compile_times_every_arm_compiled_and_eager_against_the_eager_baseline(tmp_path, monkeypatch):
+    """The rows, their order and ratios of `--compile`. torch.compile itself is stood in for by a recorder that
+    returns the model: compiling the GEM model's step on this CPU takes minutes (Dynamo traces the emulation); the
+    real compile runs in the GPU test below."""
+    compiled: list[tuple[torch.nn.Module, dict]] = []
+
+    def recorder(model, **settings):
+        compiled.append((model, settings))
+        return model
+
+    monkeypatch.setattr(torch, "compile", recorder)
+    out = tmp_path / "step.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "step", "--device", "cpu", "--spec", str(QUICKSTART), "--preset", "tiny", "--batch", "32"]
+        + ["--max-history", "8", "--arm", "mxfp8-floor", "--warmup", "1", "--steps", "1", "--batches", "1"]
+        + ["--compile", "--json", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    for line in ("| bf16 | eager |", "| bf16 | compiled |", "| mxfp8-floor | eager |", "| mxfp8-floor | compiled |"):
+        assert line in result.output
+    assert "x baseline: ms / ms of the eager bf16 in this run" in result.output
+    record = json.loads(out.read_text())
+    assert record["compile"] is True
+    rows = [(row["arm"], row["compiled"]) for row in record["arms"]]
+    assert rows == [("bf16", False), ("bf16", True), ("mxfp8-floor", False), ("mxfp8-floor", True)]
+    base = record["arms"][0]
+    assert base["ratio_to_baseline"] == 1.0
+    for row in record["arms"][1:]:
+        assert row["ratio_to_baseline"] == pytest.approx(row["ms_per_step"] / base["ms_per_step"])
+    assert [settings for _, settings in compiled] == [{}, {}]  # default settings, once per compiled arm
+    from mxlab.nn.linear import QLinear
+
+    emulated = [
+        any(isinstance(module, QLinear) and module.precision is not None for module in model.modules())
+        for model, _ in compiled
+    ]
+    assert emulated == [False, True]  # each arm's own recipe-applied model is what is compiled

@@ -14,6 +14,10 @@ Model FLOPs per step are `mxlab.models.flops.model_flops(...).train_step` of the
 divides them by the step time, MFU divides that by `peak_tflops` (default 989 TFLOP/s, dense
 BF16 of an H100/H200 SXM). The warm-up should cover every batch once (`warmup >= batches`),
 so first-call compilation of a new shape is not timed.
+
+With `compile`, every arm is also timed with its model under `torch.compile` (default settings; the loss,
+backward and optimizer as in eager mode), after the eager arm, each from an empty compile cache; the warm-up
+steps compile it. Every ratio still divides by the eager baseline of the same run.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ class StepMeasurement:
     last_loss: float | None
     skipped_steps: int = 0
     note: str = ""
+    compiled: bool = False
 
 
 def bench_spec(
@@ -99,9 +104,10 @@ def _free(device: torch.device) -> None:
 
 
 def arm_stepper(
-    spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device
+    spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device, compile: bool = False
 ) -> tuple[Callable[[int], torch.Tensor], torch.nn.Module, Any]:
-    """Build the model (seed 0) and apply `recipe`, with the spec's optimizer and the recipe's loss scaler.
+    """Build the model (seed 0) and apply `recipe`, with the spec's optimizer and the recipe's loss scaler;
+    with `compile`, the steps call the model through `torch.compile(model)` (default settings).
 
     Returns (take, model, scaler): take(index) is one `train_step` on batches[index % len(batches)],
     returning its device-side losses.
@@ -118,10 +124,11 @@ def arm_stepper(
     model.to(device).train()
     optimizer = make_optimizer(spec.train, model)
     scaler = make_loss_scaler(recipe.loss_scaling, model)
+    forward = torch.compile(model) if compile else model
 
     def take(index: int) -> torch.Tensor:
         return train_step(
-            model,
+            forward,
             batches[index % len(batches)],
             optimizer,
             scaler,
@@ -134,13 +141,23 @@ def arm_stepper(
 
 
 def time_arm(
-    spec: Any, recipe: Any, info: Any, batches: Sequence[Any], device: torch.device, warmup: int, steps: int
+    spec: Any,
+    recipe: Any,
+    info: Any,
+    batches: Sequence[Any],
+    device: torch.device,
+    warmup: int,
+    steps: int,
+    compile: bool = False,
 ) -> tuple[float, int | None, float, int]:
-    """Build the arm (`arm_stepper`), take `warmup` then `steps` timed steps over `batches` in turn.
+    """Build the arm (`arm_stepper`, compiled with `compile` from an empty compile cache), take `warmup` then
+    `steps` timed steps over `batches` in turn.
 
     Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps).
     """
-    take, _, scaler = arm_stepper(spec, recipe, info, batches, device)
+    if compile:
+        torch._dynamo.reset()
+    take, _, scaler = arm_stepper(spec, recipe, info, batches, device, compile)
     for index in range(warmup):
         take(index)
     if device.type == "cuda":
@@ -177,11 +194,13 @@ def run_step_bench(
     peak_tflops: float = BF16_PEAK_TFLOPS,
     json_path: Path | None = None,
     echo: Callable[[str], None] = print,
+    compile: bool = False,
 ) -> dict[str, Any]:
-    """Time the training step of every arm (default: the spec's arms; the baseline always first).
+    """Time the training step of every arm (default: the spec's arms; the baseline always first); with `compile`,
+    each arm eager and then compiled (see the module docstring), all as ratios to the eager baseline.
 
     Returns (and writes to `json_path` when given) {spec, device, model, batch_size, history
-    (mean, max tokens per example), flops_per_step, peak_tflops, warmup, steps, batches, torch,
+    (mean, max tokens per example), flops_per_step, peak_tflops, warmup, steps, batches, compile, torch,
     arms: [StepMeasurement as dict]}. An arm whose backend cannot run on `device`, or that runs
     out of memory, gets a row with a note and no figures. Refuses (ValueError) an unknown arm,
     device "cuda" without CUDA, steps < 1, warmup < 0, peak_tflops <= 0.
@@ -214,20 +233,28 @@ def run_step_bench(
     timed = [index % len(on_device) for index in range(warmup, warmup + steps)]
     flops = sum(model_flops(spec.model, info, lengths[index]).train_step for index in timed) / steps
     rows: list[StepMeasurement] = []
-    for arm in names:
+    for arm, compiled in [(arm, compiled) for arm in names for compiled in ((False, True) if compile else (False,))]:
         reason = recipe_unavailable_reason(recipes[arm], target)
         if reason is not None:
-            rows.append(StepMeasurement(arm, None, None, None, None, None, None, note=reason))
+            rows.append(StepMeasurement(arm, None, None, None, None, None, None, note=reason, compiled=compiled))
             continue
         _free(target)
         try:
-            ms, peak, loss, skipped = time_arm(spec, recipes[arm], info, on_device, target, warmup, steps)
+            ms, peak, loss, skipped = time_arm(spec, recipes[arm], info, on_device, target, warmup, steps, compiled)
         except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one; a Triton launch says "out of memory"
             if not (isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()):
                 raise
             rows.append(
                 StepMeasurement(
-                    arm, None, None, None, None, None, None, note=f"out of memory: {str(error).splitlines()[0]}"
+                    arm,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    note=f"out of memory: {str(error).splitlines()[0]}",
+                    compiled=compiled,
                 )
             )
             continue
@@ -245,6 +272,7 @@ def run_step_bench(
                 None if peak is None else peak / 2**30,
                 loss,
                 skipped,
+                compiled=compiled,
             )
         )
     all_lengths = torch.cat(lengths)
@@ -260,6 +288,7 @@ def run_step_bench(
         "warmup": warmup,
         "steps": steps,
         "batches": len(on_device),
+        "compile": compile,
         "torch": torch.__version__,
         "arms": [asdict(row) for row in rows],
     }
@@ -282,14 +311,17 @@ def format_table(result: dict[str, Any]) -> str:
         f"{model.get('heads')} heads, max_history {model.get('max_history')}), batch {result['batch_size']}, "
         f"history mean {result['history']['mean']:.0f} / max {result['history']['max']}, "
         f"{result['flops_per_step'] / 1e12:.3g} model TFLOP per step, MFU against {result['peak_tflops']:g} TFLOP/s; "
-        f"{result['warmup']} warm-up + {result['steps']} timed steps",
+        f"{result['warmup']} warm-up + {result['steps']} timed steps; x baseline: ms / ms of the eager "
+        f"{result['arms'][0]['arm'] if result['arms'] else 'baseline'} in this run",
         "",
-        "| arm | ms / step | x baseline | model TFLOP/s | MFU | peak GiB | note |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | mode | ms / step | x baseline | model TFLOP/s | MFU | peak GiB | note |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for row in result["arms"]:
+        mode = "compiled" if row.get("compiled") else "eager"
         lines.append(
-            f"| {row['arm']} | {figure(row['ms_per_step'], '{:.1f}')} | {figure(row['ratio_to_baseline'], '{:.2f}')} | "
+            f"| {row['arm']} | {mode} | {figure(row['ms_per_step'], '{:.1f}')} | "
+            f"{figure(row['ratio_to_baseline'], '{:.2f}')} | "
             f"{figure(row['model_tflops'], '{:.3g}')} | {figure(row['mfu'], '{:.2%}')} | "
             f"{figure(row['peak_memory_gib'], '{:.1f}')} | {row['note']} |"
         )

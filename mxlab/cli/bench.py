@@ -245,11 +245,18 @@ def bench_step_command(
     json_path: Path | None = typer.Option(
         None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."
     ),
+    compile: bool = typer.Option(
+        False,
+        "--compile",
+        help="Also time each arm with its model under torch.compile (default settings), as ratios to the same "
+        "eager baseline.",
+    ),
 ) -> None:
     """The whole training step (forward, loss, backward, loss scaler, optimizer) of every arm against the baseline:
     ms/step, ratio, model TFLOP/s, MFU, peak memory.
 
     Example: mxlab bench step --spec experiments/gem-synthetic.toml --preset h200 --batch 4096
+    Example: mxlab bench step --preset h200 --batch 4096 --arm mxfp8-rceil --compile   (compiled against eager)
     """
     from mxlab.bench.step import run_step_bench
 
@@ -268,5 +275,6 @@ def bench_step_command(
             peak_tflops=peak_tflops,
             json_path=json_path,
             echo=typer.echo,
+            compile=compile,
         )
     )

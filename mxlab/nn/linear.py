@@ -62,6 +62,8 @@ def qlinear(
     if x.device.type == "meta" or weight.device.type == "meta":  # no values: the shapes and dtype only
         return F.linear(x, weight.to(x.dtype), None if bias is None else bias.to(x.dtype))
     x, weight = _autocast_operands(x, weight)
+    if x.dim() == 2:  # not a view of the product: FSDP2 hooks the output of a module for its backward
+        return qmatmul(x, weight.t(), precision, bias=bias)
     y = qmatmul(x.reshape(-1, weight.shape[1]), weight.t(), precision, bias=bias)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 

@@ -6,6 +6,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from mxlab.recipe.backends import Converter, Target
@@ -31,6 +32,22 @@ def _lazy_linears(model: nn.Module) -> list[str]:
         name or "the model"
         for name, module in model.named_modules()
         if isinstance(module, nn.modules.lazy.LazyModuleMixin) and module.has_uninitialized_params()
+    ]
+
+
+def _sharded_modules(model: nn.Module) -> list[str]:
+    """Names of the modules of `model` already sharded by FSDP (fully_shard, FullyShardedDataParallel) or holding
+    DTensor parameters."""
+    if not torch.distributed.is_available():
+        return []
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.tensor import DTensor
+
+    return [
+        name or "the model"
+        for name, module in model.named_modules()
+        if isinstance(module, (FSDPModule, FullyShardedDataParallel))
+        or any(isinstance(parameter, DTensor) for parameter in module.parameters(recurse=False))
     ]
 
 
@@ -70,7 +87,8 @@ def apply_recipe(
     nn.Linear); every JaggedAttention gets `policy` = AttentionPolicy or None. `seed` (the run seed)
     seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
     Refuses (ValueError) a rule that matches no GEMM site, listing the reachable ones, and a model holding a
-    lazy module (nn.LazyLinear) not yet materialised by a first forward.
+    lazy module (nn.LazyLinear) not yet materialised by a first forward, and a model already sharded by FSDP
+    (`fully_shard` or FullyShardedDataParallel): apply the recipe first, then shard.
     A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
     fast path (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
     policy has backend = "te" becomes a Transformer Engine te.Linear (mxlab.recipe.backends.te, which
@@ -93,6 +111,13 @@ def apply_recipe(
         raise ValueError(
             f"recipe {recipe.name!r}: lazy module(s) {', '.join(lazy)} have no weights yet; run one forward "
             "(which materialises them as nn.Linear) before apply_recipe"
+        )
+    sharded = _sharded_modules(model)
+    if sharded:
+        raise ValueError(
+            f"recipe {recipe.name!r}: module(s) {', '.join(sharded[:8])} are already sharded (FSDP2 fully_shard, "
+            "FSDP1 or DTensor parameters), whose GEMMs would see shards; apply_recipe to the unsharded model "
+            "first, then fully_shard it (FSDP2 and DDP are supported in that order)"
         )
     reachable = reachable_modules(model)
     names = [name for name, _, _ in reachable]
