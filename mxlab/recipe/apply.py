@@ -88,7 +88,8 @@ def apply_recipe(
     seeds stochastic rounding, per module (see `module_seed`). Never patches torch functions.
     Refuses (ValueError) a rule that matches no GEMM site, listing the reachable ones, and a model holding a
     lazy module (nn.LazyLinear) not yet materialised by a first forward, and a model already sharded by FSDP
-    (`fully_shard` or FullyShardedDataParallel): apply the recipe first, then shard.
+    (`fully_shard` or FullyShardedDataParallel): apply the recipe first, then shard; and a model that is itself
+    a linear or attention module (swaps replace submodules: wrap it in nn.Sequential).
     A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
     fast path (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
     policy has backend = "te" becomes a Transformer Engine te.Linear (mxlab.recipe.backends.te, which
@@ -120,6 +121,11 @@ def apply_recipe(
             "first, then fully_shard it (FSDP2 and DDP are supported in that order)"
         )
     reachable = reachable_modules(model)
+    if any(name == "" for name, _, _ in reachable):
+        raise ValueError(
+            f"recipe {recipe.name!r}: the model itself is a {type(model).__name__}, which apply_recipe cannot swap "
+            "in place (it replaces submodules); wrap it, e.g. model = nn.Sequential(layer), then apply_recipe(model)"
+        )
     names = [name for name, _, _ in reachable]
     parameters, products = site_candidates(model, set(names))
     for rule in recipe.rules:

@@ -17,6 +17,15 @@ def test_apply_recipe_takes_a_recipe_name():
         apply_recipe(nn.Sequential(nn.Linear(64, 32)), "no-such-recipe")
 
 
+def test_a_bare_linear_model_is_refused_with_the_way_round():
+    layer = nn.Linear(64, 32)
+    with pytest.raises(ValueError, match=r"the model itself is a Linear.*nn.Sequential\(layer\)"):
+        apply_recipe(layer, "mxfp8-rceil")
+    model = nn.Sequential(layer)
+    apply_recipe(model, "mxfp8-rceil")
+    assert isinstance(model[0], QLinear)
+
+
 def test_a_forward_on_meta_tensors_gives_the_shapes():
     model = nn.Sequential(nn.Linear(64, 48), nn.GELU(), nn.Linear(48, 32)).to("meta")
     apply_recipe(model, "mxfp8-rceil")
