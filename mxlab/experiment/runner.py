@@ -246,15 +246,14 @@ def preflight(jobs: Sequence[RunJob], source: Any, device: str) -> None:
     records them as skipped.
     """
     from mxlab.models import build_model
-    from mxlab.recipe import apply_recipe
-    from mxlab.recipe.backends.te import recipe_unavailable_reason
+    from mxlab.recipe import apply_recipe, unavailable_reason
 
     checked: set[str] = set()
     for job in jobs:
         if job.arm in checked:
             continue
         checked.add(job.arm)
-        if recipe_unavailable_reason(job.recipe, torch.device(device)) is not None:
+        if unavailable_reason(job.recipe, torch.device(device)) is not None:
             continue
         model = build_model(job.spec.model, source.info)
         try:

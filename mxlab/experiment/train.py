@@ -228,7 +228,7 @@ def train_run(
     A job with `fork_dir` and no checkpoint of its own starts from that run's final checkpoint
     (`start_from_fork`: weights, optimizer state unless post-training, data position; `step_limits`);
     a post-training job takes no step and only evaluates.
-    A recipe that Transformer Engine cannot run on `device` (mxlab.recipe.backends.te) is recorded as
+    A recipe that a backend cannot run on `device` (mxlab.recipe.unavailable_reason) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
     In a data-parallel group (`world`, mxlab.experiment.distributed) each rank trains on its shard
     of every batch and only rank 0 writes the run folder.
@@ -243,9 +243,9 @@ def train_run(
     world = world or World()
     train = job.spec.train
     device = torch.device(device)
-    from mxlab.recipe.backends.te import recipe_unavailable_reason
+    from mxlab.recipe import unavailable_reason
 
-    skip_reason = recipe_unavailable_reason(job.recipe, device)
+    skip_reason = unavailable_reason(job.recipe, device)
     if skip_reason is not None:  # the arm's backend (Transformer Engine) cannot run here: record why, train nothing
         result = RunResult(status="skipped", steps=0, wall_s=0.0, reason=skip_reason)
         if world.writes:

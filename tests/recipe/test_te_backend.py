@@ -223,6 +223,20 @@ def test_a_recipe_without_te_policies_needs_nothing(no_te):
     assert te_backend.recipe_unavailable_reason(load_recipe("bf16")) is None
 
 
+def test_the_recipe_interface_asks_every_backend_and_gives_te_reason(no_te, monkeypatch):
+    from mxlab.recipe import unavailable_reason
+    from mxlab.recipe.apply import converters_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = load_recipe("te-fp8-current")
+    assert {
+        name: converter.unavailable_reason(recipe, "cpu") for name, converter in converters_for(recipe).items()
+    } == {"te": te_backend.recipe_unavailable_reason(recipe, "cpu"), "mxlab": None}
+    reason = unavailable_reason(recipe, "cpu")
+    assert reason == te_backend.recipe_unavailable_reason(recipe, "cpu") and "cannot be imported" in reason
+    assert unavailable_reason(load_recipe("bf16"), "cpu") is None
+
+
 def test_no_cuda_device_is_refused_even_with_te(monkeypatch):
     fake = FakeTE()
     handle = TEHandle(pytorch=fake, recipe=_fake_recipe_module(), version="fake", requires_cuda=True)
