@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.recipe import apply_recipe, load_recipe, parse_recipe
 from mxlab.recipe.backends import te as te_backend
 from mxlab.recipe.backends.te import BackendUnavailableError, TEHandle, TEPolicy
@@ -508,7 +509,7 @@ def test_a_study_trains_a_te_arm_and_skips_one_the_gpu_cannot_run_with_the_reaso
     spec = load_spec(
         _te_study_spec(tmp_path, ["bf16", "te-fp8-current", "te-mxfp8"], train_examples=256, eval_examples=2048)
     )
-    run_study(spec, tmp_path / "study", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "study", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     from mxlab.report import write_report
 
     write_report(tmp_path / "study")
