@@ -119,3 +119,37 @@ def test_the_check_sees_a_planted_upward_import(tmp_path):
     ranks = layer_table()
     assert "mxlab.report.build" in targets
     assert rank_of("mxlab.report.build", ranks) > rank_of("mxlab.numerics.planted", ranks)
+
+
+# Layers that must reach a package only through its interface, never its modules: (importer, forbidden).
+# The experiment asks mxlab.recipe (unavailable_reason, apply_recipe) and never imports a backend.
+SEALED = (("mxlab.experiment", "mxlab.recipe.backends"),)
+
+
+def _within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def sealed_imports(graph: dict[str, set[str]]) -> list[str]:
+    """'importer imports target' for every import of a SEALED pair in `graph`."""
+    return sorted(
+        f"{name} imports {target}"
+        for name, targets in graph.items()
+        for importer, forbidden in SEALED
+        if _within(name, importer)
+        for target in targets
+        if _within(target, forbidden)
+    )
+
+
+def test_sealed_packages_are_reached_through_their_interface_only():
+    found = sealed_imports(import_graph())
+    assert found == [], "imports of sealed modules (ask their package's interface instead):\n" + "\n".join(found)
+
+
+def test_the_seal_check_sees_a_planted_backend_import(tmp_path):
+    planted = tmp_path / "planted.py"
+    planted.write_text("def f():\n    from mxlab.recipe.backends.te import recipe_unavailable_reason\n")
+    graph = import_graph()
+    graph["mxlab.experiment.planted"] = imports_of("mxlab.experiment.planted", planted, module_files())
+    assert sealed_imports(graph) == ["mxlab.experiment.planted imports mxlab.recipe.backends.te"]

@@ -69,22 +69,19 @@ def run_command(
     Example: mxlab run experiments/quickstart.toml --device cpu --resume
     """
     from mxlab.cli import study_commands
+    from mxlab.experiment.execution import ExecutionOptions
 
+    options = ExecutionOptions(
+        executor=executor,
+        ray_address=ray_address,
+        gpus=gpus,
+        runs_per_device=runs_per_device,
+        mps=mps,
+        nproc_per_node=nproc_per_node,
+        keep_runs=keep_runs,
+    )
     raise typer.Exit(
-        study_commands.run(
-            spec,
-            device=device,
-            out=out,
-            resume=resume,
-            overrides=overrides,
-            executor=executor,
-            ray_address=ray_address,
-            gpus=gpus,
-            nproc_per_node=nproc_per_node,
-            runs_per_device=runs_per_device,
-            mps=mps,
-            keep_runs=keep_runs,
-        )
+        study_commands.run(spec, device=device, out=out, resume=resume, overrides=overrides, options=options)
     )
 
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from mxlab.experiment.execution import ExecutionOptions
 
 EXIT_BAD_INPUT = 2
 EXIT_FAILED = 1
@@ -98,43 +101,18 @@ def write_study_report(out_dir: Path) -> dict[str, Path]:
 
 
 def run(
-    spec_path: Path,
-    *,
-    device: str,
-    out: Path | None,
-    resume: bool,
-    overrides: Sequence[str],
-    executor: str | None = None,
-    ray_address: str | None = None,
-    gpus: int | None = None,
-    nproc_per_node: int = 1,
-    runs_per_device: int | None = None,
-    mps: bool | None = None,
-    keep_runs: bool = True,
+    spec_path: Path, *, device: str, out: Path | None, resume: bool, overrides: Sequence[str], options: ExecutionOptions
 ) -> int:
-    """`mxlab run`: load and validate the spec, run the study, render the report, print where it is."""
+    """`mxlab run`: load and validate the spec, run the study with the execution `options`, render the
+    report, print where it is."""
 
     def body() -> int:
         from mxlab.experiment.runner import run_study
-        from mxlab.experiment.spec import EXECUTORS, load_spec
+        from mxlab.experiment.spec import load_spec
 
-        if executor is not None and executor not in EXECUTORS:
-            raise ValueError(f"unknown executor {executor!r}; accepted: {', '.join(EXECUTORS)}")
+        options.check()
         spec = load_spec(spec_path, overrides)
-        result = run_study(
-            spec,
-            out,
-            device=device,
-            resume=resume,
-            overrides=overrides,
-            executor=executor,
-            ray_address=ray_address,
-            gpus=gpus,
-            nproc_per_node=nproc_per_node,
-            runs_per_device=runs_per_device,
-            mps=mps,
-            keep_runs=keep_runs,
-        )
+        result = run_study(spec, out, device=device, resume=resume, overrides=overrides, options=options)
         typer.echo(closing_line(spec.name, result))
         typer.echo(f"runs in {result.out_dir / 'runs'}")
         if result.failed:
@@ -149,6 +127,7 @@ def run(
         return 0
 
     hint = f"Finished runs are kept; continue with: mxlab run {spec_path} --resume" + (f" --out {out}" if out else "")
+    hint += "".join(f" {flag}" for flag in options.flags())
     return _guarded(body, hint + "".join(f" --set {override}" for override in overrides))
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from mxlab import io
+from mxlab.experiment.execution import INLINE, ExecutionOptions
 from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
 from mxlab.experiment.gate import gated_spec, read_gate, run_gate
@@ -246,15 +247,14 @@ def preflight(jobs: Sequence[RunJob], source: Any, device: str) -> None:
     records them as skipped.
     """
     from mxlab.models import build_model
-    from mxlab.recipe import apply_recipe
-    from mxlab.recipe.backends.te import recipe_unavailable_reason
+    from mxlab.recipe import apply_recipe, unavailable_reason
 
     checked: set[str] = set()
     for job in jobs:
         if job.arm in checked:
             continue
         checked.add(job.arm)
-        if recipe_unavailable_reason(job.recipe, torch.device(device)) is not None:
+        if unavailable_reason(job.recipe, torch.device(device)) is not None:
             continue
         model = build_model(job.spec.model, source.info)
         try:
@@ -360,26 +360,19 @@ def run_study(
     show_progress: bool = True,
     on_step: Callable[[RunJob, int], None] | None = None,
     devices: Sequence[str] | None = None,
-    executor: str | None = None,
-    ray_address: str | None = None,
-    gpus: int | None = None,
-    nproc_per_node: int = 1,
-    runs_per_device: int | None = None,
-    mps: bool | None = None,
-    keep_runs: bool = True,
+    options: ExecutionOptions = ExecutionOptions(),
 ) -> StudyResult:
     """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
 
     Every finished or diverged run also gets its record (DIR/records, mxlab.experiment.records); with
-    `keep_runs` False the run folders that have one are removed at the end. `resume` counts a run present only
-    as a record as done (unless a run still to train starts from it).
+    `options.keep_runs` False the run folders that have one are removed at the end. `resume` counts a run
+    present only as a record as done (unless a run still to train starts from it).
 
-    `executor` ('local', 'ray', or 'inline': every run in this process, which `on_step` hooks
-    need) and `ray_address` / `gpus` default to the spec's [execution]; `devices` overrides the
-    device list resolved from `device` and `gpus`; `nproc_per_node` > 1 trains each run
-    data-parallel; `runs_per_device` (default: the spec's) runs that many runs at once per device;
-    `mps` (default: the spec's) starts the CUDA MPS daemon for the study (mxlab.experiment.executors.mps),
-    refused with the Ray executor or without a CUDA device.
+    `options` (mxlab.experiment.execution.ExecutionOptions, what the command line asked; each None takes the
+    spec's [execution] value): the executor ('local', 'ray', or 'inline': every run in this process, the
+    default with `on_step` hooks, which need it), the Ray address, the GPUs, runs per device, data-parallel
+    processes per run, the CUDA MPS daemon (mxlab.experiment.executors.mps; refused with the Ray executor or
+    without a CUDA device). `devices` overrides the device list resolved from `device` and the GPUs.
     Refuses an `out_dir` that is a file, an existing study folder with runs unless `resume`, and on
     `resume` a study whose data/model/train settings changed (naming the keys).
     A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
@@ -387,22 +380,19 @@ def run_study(
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file, not a folder; choose a folder (it is created if missing)")
-    execution = spec.execution
-    executor = executor or ("inline" if on_step is not None else execution.executor)
-    if on_step is not None and executor != "inline":
-        raise ValueError(f"on_step hooks need executor 'inline' (runs in this process), not {executor!r}")
-    gpus = execution.gpus if gpus is None else gpus
-    runs_per_device = execution.runs_per_device if runs_per_device is None else runs_per_device
-    ray_address = ray_address if ray_address is not None else execution.ray_address
+    if on_step is not None and options.executor is None:
+        options = dataclasses.replace(options, executor=INLINE)
+    chosen = options.resolved(spec.execution)
+    if on_step is not None and chosen.executor != INLINE:
+        raise ValueError(f"on_step hooks need executor 'inline' (runs in this process), not {chosen.executor!r}")
     if devices:
         devices = list(devices)
-    elif executor == "ray" and device == "cuda" and not torch.cuda.is_available():
+    elif chosen.executor == "ray" and device == "cuda" and not torch.cuda.is_available():
         devices = ["cuda"]  # a driver without GPUs, for workers with them
     else:
-        devices = resolve_devices(device, gpus)
-    mps = execution.mps if mps is None else mps
-    if mps:
-        check_mps_devices(devices, executor)
+        devices = resolve_devices(device, chosen.gpus)
+    if chosen.mps:
+        check_mps_devices(devices, chosen.executor)
     check_out_dir(spec, out_dir, resume)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
@@ -415,7 +405,7 @@ def run_study(
     recorded = recorded_results(jobs, out_dir) if resume else {}
     done_before = {job.label for job in jobs if run_is_done(job.run_dir) or job.label in recorded}
     # MPS before this process touches CUDA (preflight), so it and every worker are clients of the daemon
-    with mps_daemon(mps and len(done_before) < len(jobs)):
+    with mps_daemon(chosen.mps and len(done_before) < len(jobs)):
         source = None
         if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
             source = make_data_source(spec)
@@ -423,25 +413,10 @@ def run_study(
             if callable(check_rows):  # every row once, before any run: the first bad line, with file and line
                 check_rows()
             preflight([job for job in jobs if job.label not in done_before], source, devices[0])
-        if executor == "inline":
+        if chosen.executor == INLINE:
             runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
         else:
-            runner = make_executor(
-                executor,
-                devices,
-                ray_address=ray_address,
-                gpus=gpus,
-                nproc_per_node=nproc_per_node,
-                cpus_per_run=execution.cpus_per_run,
-                max_retries=execution.max_retries,
-                runs_per_device=runs_per_device,
-            )
-        options = [] if executor in ("local", "inline") else ["--executor", executor]
-        options += ["--ray-address", ray_address] if executor == "ray" and ray_address else []
-        options += ["--gpus", str(gpus)] if gpus else []
-        options += ["--nproc-per-node", str(nproc_per_node)] if nproc_per_node > 1 else []
-        options += ["--runs-per-device", str(runs_per_device)] if runs_per_device != execution.runs_per_device else []
-        options += (["--mps"] if mps else ["--no-mps"]) if mps != execution.mps else []
+            runner = make_executor(chosen, devices, spec.execution)
         out_dir.mkdir(parents=True, exist_ok=True)
         if len(done_before) < len(jobs) or not (out_dir / "study.json").exists():  # else: only the report, and the
             # study.json of the machine that trained the runs stays
@@ -449,17 +424,8 @@ def run_study(
                 spec,
                 out_dir,
                 devices,
-                reproduce_command(spec, out_dir, device, overrides, options),
-                {
-                    **vars(execution).copy(),
-                    "executor": executor,
-                    "ray_address": ray_address,
-                    "gpus": gpus,
-                    "devices": devices,
-                    "nproc_per_node": nproc_per_node,
-                    "runs_per_device": runs_per_device,
-                    "mps": mps,
-                },
+                reproduce_command(spec, out_dir, device, overrides, options.flags()),
+                options.record(spec.execution, devices),
             )
         to_warm = [job for job in warmups if job.label not in recorded]
         results: dict[str, RunResult] = {**recorded, **run_jobs(to_warm, runner, show_progress=show_progress)}
@@ -479,7 +445,7 @@ def run_study(
             pending = [job for job in phase if job.label not in results]
             results.update(run_jobs(pending, runner, show_progress=show_progress))
             write_missing_records(out_dir)
-    if not keep_runs:
+    if not chosen.keep_runs:
         drop_run_folders(out_dir)
     return StudyResult(
         out_dir=out_dir,

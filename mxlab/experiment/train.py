@@ -4,6 +4,11 @@ The run folder (docs/INTERFACES.md, "Study folder") is written atomically file b
 `done.json` comes last. A run with a checkpoint resumes from it and produces exactly what an
 uninterrupted run produces: the checkpoint holds the model, optimizer, loss scaler, every RNG
 state, the step, the data position (epoch, batches consumed in it) and the partial log interval.
+
+`train_run` is four phases over one `TrainingRun` (the run's state): setup (the model, optimizer,
+loss scaler, config files), resume (a checkpoint of its own, or the fork it starts from), the loop
+(steps, reads, checks, checkpoints) and finish (the last record, evaluation, done.json). The model
+factory and the loss are parameters (default: mxlab.models' GEM `build_model` and `esmm_loss`).
 """
 
 from __future__ import annotations
@@ -12,15 +17,13 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 
 from mxlab import io
-from mxlab.experiment.artefacts import run_is_complete
 from mxlab.experiment.checkpoint import (
     CHECKPOINT,
     fork_data_position,
@@ -37,146 +40,43 @@ from mxlab.experiment.health import summarize
 from mxlab.experiment.metrics_log import LogInterval, median_step_ms
 from mxlab.experiment.optim import lr_factor, make_optimizer
 from mxlab.experiment.provenance import trained_with
-from mxlab.experiment.spec import ExperimentSpec, TrainConfig
+from mxlab.experiment.run_job import (
+    DONE,
+    EVAL,
+    METRICS,
+    NUMERICS,
+    RunJob,
+    RunProgress,
+    RunResult,
+    SilentProgress,
+    StepHook,
+    estimated_total_steps,
+    run_is_done,
+    step_limits,
+)
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
 
-DONE = "done.json"
-METRICS = "metrics.jsonl"
-NUMERICS = "numerics.jsonl"
-EVAL = "eval.npz"
-
-StepHook = Callable[[int], None]
+ModelFactory = Callable[[dict[str, Any], Any], torch.nn.Module]  # (model_config, DataInfo) -> model
+LossFunction = Callable[[Any, Any], dict[str, torch.Tensor]]  # (model output, batch) -> {"loss": total, ...}
 
 
-class RunProgress(Protocol):
-    """What the training loop reports to (the runner shows it with rich)."""
-
-    def start(self, label: str, total_steps: int, start_step: int) -> None: ...
-
-    def advance(self, step: int, loss: float, examples_per_s: float) -> None: ...
-
-    def evaluating(self) -> None: ...  # an evaluation begins; the next advance ends it
-
-    def finish(self, status: str) -> None: ...
-
-
-class SilentProgress:
-    """A RunProgress that shows nothing."""
-
-    def start(self, label: str, total_steps: int, start_step: int) -> None:
-        pass
-
-    def advance(self, step: int, loss: float, examples_per_s: float) -> None:
-        pass
-
-    def evaluating(self) -> None:
-        pass
-
-    def finish(self, status: str) -> None:
-        pass
-
-
-@dataclass
-class RunJob:
-    """One arm x seed: what to train (`recipe` is a loaded mxlab.recipe.Recipe) and where to write it.
-
-    `fork_dir`: the run folder whose final checkpoint the run starts from (the fork design's
-    warm-up: its weights, optimizer state and data position), None from scratch; `post_training`:
-    evaluate the weights of `fork_dir` (the baseline arm's run of the seed), train nothing.
-    """
-
-    arm: str
-    seed: int
-    recipe: Any
-    recipe_source: str
-    run_dir: Path
-    spec: ExperimentSpec
-    extra_config: dict[str, Any] = field(default_factory=dict)
-    fork_dir: Path | None = None
-    post_training: bool = False
-
-    @property
-    def label(self) -> str:
-        return f"{self.arm}/seed{self.seed}"
-
-
-@dataclass
-class RunResult:
-    """The outcome recorded in done.json."""
-
-    status: str  # finished | diverged | skipped (its backend cannot run here) | failed (crashed); `reason` says why
-    steps: int
-    wall_s: float
-    diverged_at_step: int | None = None
-    reason: str | None = None
-    skipped_steps: int = 0
-    resumed_from_step: int | None = None
-    # What the run cost: the median over its log intervals of ms per training step, and on a GPU the
-    # peak memory allocated by this run's process (torch.cuda.max_memory_allocated; None elsewhere).
-    step_ms: float | None = None
-    peak_memory_bytes: int | None = None
-    # The code and device that trained it (mxlab.experiment.provenance.trained_with): a study resumed
-    # over several machines or commits shows which runs came from which.
-    trained_with: dict[str, Any] | None = None
-    health: dict[str, Any] | None = None  # mxlab.experiment.health.summarize of its metrics records
-    recovered: str | None = None  # how an unreadable checkpoint was handled on resume (None: nothing to heal)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "diverged_at_step": self.diverged_at_step,
-            "reason": self.reason,
-            "steps": self.steps,
-            "skipped_steps": self.skipped_steps,
-            "wall_s": self.wall_s,
-            "resumed_from_step": self.resumed_from_step,
-            "step_ms": self.step_ms,
-            "peak_memory_bytes": self.peak_memory_bytes,
-            "trained_with": self.trained_with,
-            "health": self.health,
-            **({"recovered": self.recovered} if self.recovered else {}),
-        }
-
-
-def run_is_done(run_dir: Path) -> bool:
-    """True when `run_dir` holds a readable done.json of a finished run (with a readable eval.npz) or a diverged
-    one (mxlab.experiment.artefacts); a skipped, failed or corrupt run is tried again."""
-    return run_is_complete(run_dir)
-
-
-def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
+def build_run_model(job: RunJob, info: Any, model_factory: ModelFactory | None = None) -> tuple[torch.nn.Module, Any]:
     """Build the model with torch.manual_seed(job.seed) (same init for every arm of a seed), set its output
     biases (train.output_bias), then apply the recipe. Returns (model on the CPU, plan).
+    `model_factory(model_config, info)` builds the model (default: mxlab.models.build_model, the GEM model).
     """
     from mxlab.experiment.training_recipe import set_output_biases
-    from mxlab.models import build_model
     from mxlab.recipe import apply_recipe
 
+    if model_factory is None:
+        from mxlab.models import build_model as model_factory
     torch.manual_seed(job.seed)
     np.random.seed(job.seed)
     random.seed(job.seed)
-    model = build_model(job.spec.model, info)
+    model = model_factory(job.spec.model, info)
     set_output_biases(model, info, job.spec.train.output_bias)
     plan = apply_recipe(model, job.recipe, seed=job.seed)
     return model, plan
-
-
-def estimated_total_steps(train: TrainConfig, n_train: int) -> int:
-    """Steps the run will take: epochs x ceil(n_train / batch_size), capped by max_steps when set."""
-    total = train.epochs * max(1, math.ceil(n_train / train.batch_size))
-    return min(total, train.max_steps) if train.max_steps else total
-
-
-def step_limits(job: RunJob, n_train: int) -> tuple[int, int]:
-    """(last step, epoch bound) of the run's loop (0 = no step cap): the spec's max_steps and epochs from
-    scratch; after a fork, the warm-up's steps plus the study's (its max_steps, else its epochs' worth),
-    on the data stream continued past the warm-up (no epoch bound); a post-training run takes no step."""
-    train = job.spec.train
-    if job.post_training:
-        return 0, 0
-    if job.fork_dir is None:
-        return train.max_steps, train.epochs
-    return train.fork_steps + estimated_total_steps(train, n_train), 2**62
 
 
 def _rounding_state(model: torch.nn.Module) -> dict[str, int]:
@@ -205,6 +105,302 @@ def _plan_dict(plan: Any) -> Any:
     return to_dict() if callable(to_dict) else {"plan": str(plan)}
 
 
+class TrainingRun:
+    """One run's state from setup to finish: the model, optimizer, loss scaler and monitor, the data position
+    (step, epoch, batches taken in the epoch), the log records and the divergence checks' state.
+
+    Constructing it is the setup (nothing trained), `resume` continues a checkpoint or a fork, `loop`
+    trains, `finish` evaluates and writes done.json.
+    """
+
+    def __init__(
+        self,
+        job: RunJob,
+        source: Any,
+        device: torch.device,
+        *,
+        progress: RunProgress,
+        world: World,
+        model_factory: ModelFactory | None,
+        loss: LossFunction,
+    ) -> None:
+        """Set the run up: its model built and its recipe applied, config.json, plan.json and plan.txt written
+        (rank 0); nothing trained."""
+        from mxlab.recipe.loss_scaling import make_loss_scaler
+
+        self.job, self.source, self.device, self.progress, self.world = job, source, device, progress, world
+        self.loss, self.run_dir, self.train = loss, Path(job.run_dir), job.spec.train
+        if world.writes:
+            (self.run_dir / DONE).unlink(missing_ok=True)  # a "skipped" or "failed" record of an earlier try
+        if device.type == "cpu" and self.train.cpu_threads:
+            torch.set_num_threads(self.train.cpu_threads)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        self.model, self.plan = build_run_model(job, source.info, model_factory)
+        self.model.to(device)
+        self.trained = world.wrap(self.model)
+        self.optimizer = make_optimizer(self.train, self.model)
+        self.scaler = make_loss_scaler(job.recipe.loss_scaling, self.model)
+        self.monitor = None
+        if self.train.diagnostics_every:
+            from mxlab.recipe.diagnostics import NumericsMonitor
+
+            self.monitor = NumericsMonitor(self.model, every=self.train.diagnostics_every)
+        self.step, self.epoch, self.batches_in_epoch = 0, 0, 0
+        self.nonfinite_streak, self.elapsed_before = 0, 0.0
+        self.metrics: list[dict[str, Any]] = []
+        self.numerics: list[dict[str, Any]] = []
+        self.interval = LogInterval()
+        self.resumed_from: int | None = None
+        self.recovered: str | None = None
+        self.fork_position: tuple[int, int] | None = None  # the fork warm-up's (epoch, batches taken in it)
+        self.max_steps, self.epochs = step_limits(job, source.n_train)
+        self.total_steps = self.max_steps or estimated_total_steps(self.train, source.n_train)
+        self.pending: list[PendingStep] = []  # steps taken whose losses are still on the device
+        self.last_read: ReadStep | None = None
+        self.diverged_at: int | None = None
+        self.reason: str | None = None
+        self.status = "finished"
+        self.started = time.perf_counter()
+        self._write_config()
+
+    def _write_config(self) -> None:
+        job = self.job
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "arm": job.arm,
+            "seed": job.seed,
+            "data_order_seed": data_order_seed(job),
+            "recipe": job.recipe_source,
+            "device": str(self.device),
+            "data": job.spec.data,
+            "model": job.spec.model,
+            "train": job.spec.to_dict()["train"],
+            "study": job.spec.name,
+            "world_size": self.world.size,
+            "fork": None if job.fork_dir is None else {"from": str(job.fork_dir), "post_training": job.post_training},
+            **job.extra_config,
+        }
+        if self.world.writes:
+            io.write_json(self.run_dir / "config.json", config)
+            io.write_json(self.run_dir / "plan.json", _plan_dict(self.plan))
+            io.write_text(self.run_dir / "plan.txt", _plan_text(self.plan) + "\n")
+
+    def resume(self) -> None:
+        """Continue from the run's own checkpoint (model, optimizer, scaler, RNGs, data position, logs), else
+        from the run it forks from (`start_from_fork`); from scratch when it has neither."""
+        job, model = self.job, self.model
+        checkpoint, self.recovered = load_resume_checkpoint(self.run_dir)
+        if checkpoint is not None:
+            model.load_state_dict(checkpoint["model"])
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
+            self.scaler.load_state_dict(checkpoint["scaler"])
+            self.step, self.epoch = checkpoint["step"], checkpoint["epoch"]
+            self.batches_in_epoch = checkpoint["batches_in_epoch"]
+            self.nonfinite_streak, self.elapsed_before = checkpoint["nonfinite_streak"], checkpoint["elapsed_s"]
+            self.interval.load(checkpoint["interval"])
+            self.metrics = [record for record in io.read_jsonl(self.run_dir / METRICS) if record["step"] <= self.step]
+            self.numerics = [record for record in io.read_jsonl(self.run_dir / NUMERICS) if record["step"] <= self.step]
+            restore_rng(checkpoint["rng"])
+            _load_rounding_state(model, checkpoint["rounding"])
+            self.resumed_from = self.step
+            self.fork_position = fork_data_position(job.fork_dir) if job.fork_dir is not None else None
+        elif job.fork_dir is not None:
+            optimizer = None if job.post_training else self.optimizer
+            self.step, self.epoch, self.batches_in_epoch = start_from_fork(job.fork_dir, model, optimizer)
+            self.fork_position = (self.epoch, self.batches_in_epoch)
+
+    def seconds(self) -> float:
+        """Training seconds so far, over every attempt of the run."""
+        return self.elapsed_before + (time.perf_counter() - self.started)
+
+    def save_logs(self) -> None:
+        if not self.world.writes:
+            return
+        io.write_jsonl(self.run_dir / METRICS, self.metrics)
+        if self.monitor is not None:
+            io.write_jsonl(self.run_dir / NUMERICS, self.numerics)
+
+    def save_checkpoint(self) -> None:
+        self.save_logs()  # logs first: a crash in between leaves logs ahead of the checkpoint, trimmed on resume
+        if not self.world.writes:
+            return
+        write_checkpoint(
+            self.run_dir / CHECKPOINT,
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict(),
+                "rng": rng_state(),
+                "step": self.step,
+                "epoch": self.epoch,
+                "batches_in_epoch": self.batches_in_epoch,
+                "nonfinite_streak": self.nonfinite_streak,
+                "elapsed_s": self.seconds(),
+                "interval": self.interval.state(),
+                "rounding": _rounding_state(self.model),
+            },
+        )
+
+    def replay_pending(self) -> None:
+        """Read the pending steps back (one transfer) and run the per-step checks and log records on them.
+
+        On a divergence, `step` becomes the step that diverged (the steps queued after it are dropped).
+        """
+        train = self.train
+        waited = time.perf_counter()
+        entries = read_pending(self.pending)
+        self.pending.clear()
+        if entries:
+            entries[-1].seconds += time.perf_counter() - waited  # the wait for the device belongs to the steps
+        for entry in entries:
+            self.last_read = entry
+            self.interval.add(entry)
+            self.nonfinite_streak = 0 if math.isfinite(entry.losses[0]) else self.nonfinite_streak + 1
+            if self.nonfinite_streak > train.nonfinite_patience:
+                self.diverged_at = entry.step
+                self.reason = f"non-finite loss ({entry.losses[0]}) on {self.nonfinite_streak} consecutive steps"
+            elif entry.scale < train.min_loss_scale:
+                self.diverged_at = entry.step
+                self.reason = f"loss scale {entry.scale:g} fell below the floor {train.min_loss_scale:g}"
+            at_end = bool(self.max_steps and entry.step >= self.max_steps)
+            if entry.step % train.log_every == 0 or self.diverged_at is not None or at_end:
+                self._record(entry)
+                self.progress.advance(entry.step, self.metrics[-1]["loss"], self.metrics[-1]["examples_per_s"])
+            if self.diverged_at is not None:
+                self.step = entry.step
+                return
+
+    def _record(self, entry: ReadStep) -> None:
+        """Close the log interval at `entry` into a metrics record."""
+        previous = self.metrics[-1] if self.metrics else None
+        tasks = source_tasks(self.source)
+        self.metrics.append(self.interval.record(entry, self.seconds(), previous, self.train, tasks))
+        self.interval = LogInterval()
+
+    def loop(self, on_step: StepHook | None = None) -> None:
+        """Train until the step cap, the epoch bound or a divergence; `on_step(step)` after every step (after its
+        checkpoint)."""
+        train, device, optimizer, monitor = self.train, self.device, self.optimizer, self.monitor
+        self.progress.start(self.job.label, self.total_steps, self.step)
+        self.started = time.perf_counter()
+        self.model.train()
+        while self.epoch < self.epochs and self.diverged_at is None and not self._at_cap():
+            batches = training_batches(self.job, self.source, self.epoch, self.batches_in_epoch, self.fork_position)
+            tick = time.perf_counter()
+            for batch in batches:
+                rows = int(batch.click.shape[0])
+                batch, weight = self.world.shard(batch)
+                batch = batch.to(device)
+                sampling = monitor.sampling(self.step + 1) if monitor is not None else None
+                factor = lr_factor(train, self.step + 1, self.total_steps)  # of the step alone: resumes agree
+                for group in optimizer.param_groups:
+                    group["lr"] = group["base_lr"] * factor
+                losses = train_step(
+                    self.trained,
+                    batch,
+                    optimizer,
+                    self.scaler,
+                    self.loss,
+                    device=device,
+                    precision=train.precision,
+                    sampling=sampling,
+                    loss_weight=weight,
+                )
+                losses = self.world.mean_on_device(losses, weight)
+                self.step += 1
+                self.batches_in_epoch += 1
+                if monitor is not None:
+                    self.numerics.extend(monitor.drain())
+                seconds = time.perf_counter() - tick
+                self.pending.append(
+                    PendingStep.after(self.step, self.epoch, losses, self.scaler, rows, seconds, optimizer.grad_norm)
+                )
+                at_end = self._at_cap()
+                checkpoint_due = bool(train.checkpoint_every and self.step % train.checkpoint_every == 0)
+                if self.step % train.log_every == 0 or checkpoint_due or at_end:
+                    self.replay_pending()
+                if train.eval_every and self.step % train.eval_every == 0 and self.diverged_at is None:
+                    self.progress.evaluating()
+                    # into this step's record (eval_every is a multiple of log_every); every rank evaluates, so
+                    # stochastic-rounding counters stay the same across a data-parallel group
+                    with autocast(device, train.precision):
+                        self.metrics[-1]["heldout"] = held_out_metrics(
+                            self.model, self.source, train.eval_batch_size, device, train.eval_slice
+                        )
+                tick = time.perf_counter()
+                if self.diverged_at is not None or at_end:
+                    break
+                if checkpoint_due:
+                    self.save_checkpoint()
+                if on_step is not None:
+                    on_step(self.step)
+            else:
+                self.replay_pending()
+                self.epoch += 1
+                self.batches_in_epoch = 0
+
+    def _at_cap(self) -> bool:
+        return bool(self.max_steps and self.step >= self.max_steps)
+
+    def finish(self) -> RunResult:
+        """Close the last partial log interval, evaluate a finished run (eval.npz) or keep a diverged one's logs,
+        write done.json (rank 0); returns its RunResult."""
+        train, device, scaler = self.train, self.device, self.scaler
+        if self.diverged_at is not None:
+            self.status = "diverged"
+        if self.interval.losses:  # a last record for a partial log interval at the end of training
+            closing = (
+                self.last_read
+                or read_pending(
+                    [PendingStep.after(self.step, min(self.epoch, self.epochs - 1), torch.zeros(3), scaler, 0, 0.0)]
+                )[0]
+            )
+            self._record(closing)
+        if self.status == "finished" and self.world.writes:
+            self.save_checkpoint()
+            self.progress.evaluating()
+            with autocast(device, train.precision):
+                arrays = evaluate_model(self.model, self.source, train.eval_batch_size, device)
+            io.write_npz(self.run_dir / EVAL, arrays)
+        else:
+            self.save_logs()
+        diverged = self.diverged_at is not None and self.last_read
+        result = RunResult(
+            status=self.status,
+            steps=self.step,
+            wall_s=self.seconds(),
+            diverged_at_step=self.diverged_at,
+            reason=self.reason,
+            skipped_steps=self.last_read.skipped if diverged else int(getattr(scaler, "skipped_steps", 0)),
+            resumed_from_step=self.resumed_from,
+            step_ms=median_step_ms(self.metrics, train.batch_size),
+            peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
+            trained_with=trained_with(str(device)),
+            health=summarize(self.metrics),
+            recovered=self.recovered,
+        )
+        if self.world.writes:
+            io.write_json(self.run_dir / DONE, result.to_dict())
+        return result
+
+
+def _skipped(job: RunJob, device: torch.device, progress: RunProgress, world: World) -> RunResult | None:
+    """The "skipped" RunResult (written to done.json) when a backend of the arm's recipe cannot run on `device`
+    (mxlab.recipe.unavailable_reason); None when it can."""
+    from mxlab.recipe import unavailable_reason
+
+    reason = unavailable_reason(job.recipe, device)
+    if reason is None:
+        return None
+    result = RunResult(status="skipped", steps=0, wall_s=0.0, reason=reason)
+    if world.writes:
+        Path(job.run_dir).mkdir(parents=True, exist_ok=True)
+        io.write_json(Path(job.run_dir) / DONE, result.to_dict())
+    progress.finish("skipped")
+    return result
+
+
 def train_run(
     job: RunJob,
     source: Any,
@@ -213,6 +409,8 @@ def train_run(
     progress: RunProgress | None = None,
     on_step: StepHook | None = None,
     world: World | None = None,
+    model_factory: ModelFactory | None = None,
+    loss: LossFunction | None = None,
 ) -> RunResult:
     """Train and evaluate one arm x seed, writing its run folder; continue from its checkpoint if there is one.
 
@@ -228,266 +426,49 @@ def train_run(
     A job with `fork_dir` and no checkpoint of its own starts from that run's final checkpoint
     (`start_from_fork`: weights, optimizer state unless post-training, data position; `step_limits`);
     a post-training job takes no step and only evaluates.
-    A recipe that Transformer Engine cannot run on `device` (mxlab.recipe.backends.te) is recorded as
+    A recipe that a backend cannot run on `device` (mxlab.recipe.unavailable_reason) is recorded as
     skipped, with the reason, before the model is built (done.json status "skipped").
     In a data-parallel group (`world`, mxlab.experiment.distributed) each rank trains on its shard
     of every batch and only rank 0 writes the run folder.
+    `model_factory(model_config, info) -> nn.Module` and `loss(output, batch) -> {"loss": ..., ...}` default to
+    mxlab.models' `build_model` (the GEM model) and `esmm_loss`.
     """
-    from mxlab.models import esmm_loss
-    from mxlab.recipe.loss_scaling import make_loss_scaler
-
     run_dir = Path(job.run_dir)
     if run_is_done(run_dir):
         raise ValueError(f"{run_dir} already has {DONE}; remove it to run {job.label} again")
     progress = progress or SilentProgress()
     world = world or World()
-    train = job.spec.train
     device = torch.device(device)
-    from mxlab.recipe.backends.te import recipe_unavailable_reason
-
-    skip_reason = recipe_unavailable_reason(job.recipe, device)
-    if skip_reason is not None:  # the arm's backend (Transformer Engine) cannot run here: record why, train nothing
-        result = RunResult(status="skipped", steps=0, wall_s=0.0, reason=skip_reason)
-        if world.writes:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            io.write_json(run_dir / DONE, result.to_dict())
-        progress.finish("skipped")
-        return result
-
-    if world.writes:
-        (run_dir / DONE).unlink(missing_ok=True)  # a "skipped" or "failed" record of an earlier attempt; this one runs
-    if device.type == "cpu" and train.cpu_threads:
-        torch.set_num_threads(train.cpu_threads)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    model, plan = build_run_model(job, source.info)
-    model.to(device)
-    trained = world.wrap(model)
-    optimizer = make_optimizer(train, model)
-    scaler = make_loss_scaler(job.recipe.loss_scaling, model)
-    monitor = None
-    if train.diagnostics_every:
-        from mxlab.recipe.diagnostics import NumericsMonitor
-
-        monitor = NumericsMonitor(model, every=train.diagnostics_every)
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    config = {
-        "arm": job.arm,
-        "seed": job.seed,
-        "data_order_seed": data_order_seed(job),
-        "recipe": job.recipe_source,
-        "device": str(device),
-        "data": job.spec.data,
-        "model": job.spec.model,
-        "train": job.spec.to_dict()["train"],
-        "study": job.spec.name,
-        "world_size": world.size,
-        "fork": None if job.fork_dir is None else {"from": str(job.fork_dir), "post_training": job.post_training},
-        **job.extra_config,
-    }
-    if world.writes:
-        io.write_json(run_dir / "config.json", config)
-        io.write_json(run_dir / "plan.json", _plan_dict(plan))
-        io.write_text(run_dir / "plan.txt", _plan_text(plan) + "\n")
-
-    step, epoch, batches_in_epoch = 0, 0, 0
-    nonfinite_streak, elapsed_before = 0, 0.0
-    metrics: list[dict[str, Any]] = []
-    numerics: list[dict[str, Any]] = []
-    interval = LogInterval()
-    resumed_from: int | None = None
-    fork_position: tuple[int, int] | None = (
-        None  # the fork warm-up's (epoch, batches taken in it): where the arm's data begins
-    )
-    checkpoint_path = run_dir / CHECKPOINT
-    checkpoint, recovered = load_resume_checkpoint(run_dir)
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scaler.load_state_dict(checkpoint["scaler"])
-        step, epoch, batches_in_epoch = checkpoint["step"], checkpoint["epoch"], checkpoint["batches_in_epoch"]
-        nonfinite_streak, elapsed_before = checkpoint["nonfinite_streak"], checkpoint["elapsed_s"]
-        interval.load(checkpoint["interval"])
-        metrics = [record for record in io.read_jsonl(run_dir / METRICS) if record["step"] <= step]
-        numerics = [record for record in io.read_jsonl(run_dir / NUMERICS) if record["step"] <= step]
-        restore_rng(checkpoint["rng"])
-        _load_rounding_state(model, checkpoint["rounding"])
-        resumed_from = step
-        fork_position = fork_data_position(job.fork_dir) if job.fork_dir is not None else None
-    elif job.fork_dir is not None:
-        step, epoch, batches_in_epoch = start_from_fork(job.fork_dir, model, None if job.post_training else optimizer)
-        fork_position = (epoch, batches_in_epoch)
-    max_steps, epochs = step_limits(job, source.n_train)
-
-    def save_logs() -> None:
-        if not world.writes:
-            return
-        io.write_jsonl(run_dir / METRICS, metrics)
-        if monitor is not None:
-            io.write_jsonl(run_dir / NUMERICS, numerics)
-
-    def save_checkpoint() -> None:
-        save_logs()  # logs first: a crash in between leaves logs ahead of the checkpoint, trimmed on resume
-        if not world.writes:
-            return
-        write_checkpoint(
-            checkpoint_path,
-            {
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict(),
-                "rng": rng_state(),
-                "step": step,
-                "epoch": epoch,
-                "batches_in_epoch": batches_in_epoch,
-                "nonfinite_streak": nonfinite_streak,
-                "elapsed_s": elapsed_before + (time.perf_counter() - started),
-                "interval": interval.state(),
-                "rounding": _rounding_state(model),
-            },
-        )
-
-    pending: list[PendingStep] = []  # steps taken whose losses are still on the device
-    last_read: ReadStep | None = None
-
-    def replay_pending() -> None:
-        """Read the pending steps back (one transfer) and run the per-step checks and log records on them.
-
-        On a divergence, `step` becomes the step that diverged (the steps queued after it are dropped).
-        """
-        nonlocal nonfinite_streak, interval, diverged_at, reason, step, last_read
-        waited = time.perf_counter()
-        entries = read_pending(pending)
-        pending.clear()
-        if entries:
-            entries[-1].seconds += time.perf_counter() - waited  # the wait for the device belongs to the steps
-        for entry in entries:
-            last_read = entry
-            interval.add(entry)
-            nonfinite_streak = 0 if math.isfinite(entry.losses[0]) else nonfinite_streak + 1
-            if nonfinite_streak > train.nonfinite_patience:
-                diverged_at, reason = (
-                    entry.step,
-                    f"non-finite loss ({entry.losses[0]}) on {nonfinite_streak} consecutive steps",
-                )
-            elif entry.scale < train.min_loss_scale:
-                diverged_at, reason = (
-                    entry.step,
-                    f"loss scale {entry.scale:g} fell below the floor {train.min_loss_scale:g}",
-                )
-            if entry.step % train.log_every == 0 or diverged_at is not None or (max_steps and entry.step >= max_steps):
-                seconds = elapsed_before + (time.perf_counter() - started)
-                metrics.append(
-                    interval.record(entry, seconds, metrics[-1] if metrics else None, train, source_tasks(source))
-                )
-                progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
-                interval = LogInterval()
-            if diverged_at is not None:
-                step = entry.step
-                return
-
-    total_steps = max_steps or estimated_total_steps(train, source.n_train)
-    progress.start(job.label, total_steps, step)
-    started = time.perf_counter()
-    diverged_at: int | None = None
-    reason: str | None = None
-    model.train()
-    status = "finished"
+    skipped = _skipped(job, device, progress, world)
+    if skipped is not None:
+        return skipped
+    if loss is None:
+        from mxlab.models import esmm_loss as loss
+    run = TrainingRun(job, source, device, progress=progress, world=world, model_factory=model_factory, loss=loss)
+    run.resume()
     try:
-        while epoch < epochs and diverged_at is None and not (max_steps and step >= max_steps):
-            batches = training_batches(job, source, epoch, batches_in_epoch, fork_position)
-            tick = time.perf_counter()
-            for batch in batches:
-                rows = int(batch.click.shape[0])
-                batch, weight = world.shard(batch)
-                batch = batch.to(device)
-                sampling = monitor.sampling(step + 1) if monitor is not None else None
-                factor = lr_factor(train, step + 1, total_steps)  # of the step alone: a resumed run takes the same
-                for group in optimizer.param_groups:
-                    group["lr"] = group["base_lr"] * factor
-                losses = train_step(
-                    trained,
-                    batch,
-                    optimizer,
-                    scaler,
-                    esmm_loss,
-                    device=device,
-                    precision=train.precision,
-                    sampling=sampling,
-                    loss_weight=weight,
-                )
-                losses = world.mean_on_device(losses, weight)
-                step += 1
-                batches_in_epoch += 1
-                if monitor is not None:
-                    numerics.extend(monitor.drain())
-                seconds = time.perf_counter() - tick
-                pending.append(PendingStep.after(step, epoch, losses, scaler, rows, seconds, optimizer.grad_norm))
-                at_end = bool(max_steps and step >= max_steps)
-                checkpoint_due = bool(train.checkpoint_every and step % train.checkpoint_every == 0)
-                if step % train.log_every == 0 or checkpoint_due or at_end:
-                    replay_pending()
-                if train.eval_every and step % train.eval_every == 0 and diverged_at is None:
-                    progress.evaluating()
-                    with autocast(
-                        device, train.precision
-                    ):  # into this step's record (eval_every is a multiple of log_every);
-                        # every rank evaluates, so stochastic-rounding counters stay the same across
-                        # a data-parallel group
-                        metrics[-1]["heldout"] = held_out_metrics(
-                            model, source, train.eval_batch_size, device, train.eval_slice
-                        )
-                tick = time.perf_counter()
-                if diverged_at is not None or at_end:
-                    break
-                if checkpoint_due:
-                    save_checkpoint()
-                if on_step is not None:
-                    on_step(step)
-            else:
-                replay_pending()
-                epoch += 1
-                batches_in_epoch = 0
-        if diverged_at is not None:
-            status = "diverged"
-        # a last record for a partial log interval at the end of training
-        if interval.losses:
-            closing = (
-                last_read
-                or read_pending([PendingStep.after(step, min(epoch, epochs - 1), torch.zeros(3), scaler, 0, 0.0)])[0]
-            )
-            seconds = elapsed_before + (time.perf_counter() - started)
-            metrics.append(
-                interval.record(closing, seconds, metrics[-1] if metrics else None, train, source_tasks(source))
-            )
-            interval = LogInterval()
-        if status == "finished" and world.writes:
-            save_checkpoint()
-            progress.evaluating()
-            with autocast(device, train.precision):
-                arrays = evaluate_model(model, source, train.eval_batch_size, device)
-            io.write_npz(run_dir / EVAL, arrays)
-        else:
-            save_logs()
-        result = RunResult(
-            status=status,
-            steps=step,
-            wall_s=elapsed_before + (time.perf_counter() - started),
-            diverged_at_step=diverged_at,
-            reason=reason,
-            skipped_steps=last_read.skipped
-            if diverged_at is not None and last_read
-            else int(getattr(scaler, "skipped_steps", 0)),
-            resumed_from_step=resumed_from,
-            step_ms=median_step_ms(metrics, train.batch_size),
-            peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
-            trained_with=trained_with(str(device)),
-            health=summarize(metrics),
-            recovered=recovered,
-        )
-        if world.writes:
-            io.write_json(run_dir / DONE, result.to_dict())
+        run.loop(on_step)
+        return run.finish()
     finally:
-        progress.finish(status if run_is_done(run_dir) else "interrupted")
-    return result
+        progress.finish(run.status if run_is_done(run_dir) else "interrupted")
+
+
+__all__ = [
+    "DONE",
+    "EVAL",
+    "METRICS",
+    "NUMERICS",
+    "LossFunction",
+    "ModelFactory",
+    "RunJob",
+    "RunProgress",
+    "RunResult",
+    "SilentProgress",
+    "StepHook",
+    "TrainingRun",
+    "build_run_model",
+    "estimated_total_steps",
+    "run_is_done",
+    "step_limits",
+    "train_run",
+]

@@ -7,7 +7,8 @@ The package, one job per module:
 - `library`: the one place recipes are found (`load_recipe`, `available_recipes`, `find_recipe`:
   a path, or a name in the caller's folders, $MXLAB_RECIPES, then the shipped recipes);
 - `plan`: what a recipe reaches in a model, the `Plan` it returns, `replace_module`;
-- `apply`: `apply_recipe(model, recipe, seed=)`, which hands each module to its backend's converter;
+- `apply`: `apply_recipe(model, recipe, seed=)`, which hands each module to its backend's converter, and
+  `unavailable_reason(recipe, device)`, which asks every backend whether it can run the recipe here;
 - `backends/`: the converters (`mxlab`: mxlab's emulation; `te`: Transformer Engine), one interface;
 - `loss_scaling`: the loss scalers of a recipe's `[loss_scaling]` table (`plan.loss_scaler(model)` makes one);
 - `fast_paths`: keeps PyTorch's fused fast paths (TransformerEncoderLayer) from bypassing emulated layers;
@@ -18,7 +19,7 @@ This module re-exports the public API, so `from mxlab.recipe import load_recipe,
 
 from __future__ import annotations
 
-from mxlab.recipe.apply import apply_recipe, load_rounding_state, rounding_state
+from mxlab.recipe.apply import apply_recipe, load_rounding_state, rounding_state, unavailable_reason
 from mxlab.recipe.library import available_recipes, find_recipe, load_recipe, recipe_dirs
 from mxlab.recipe.loss_scaling import LossScaler, make_loss_scaler
 from mxlab.recipe.plan import Plan, PlanEntry, module_seed, quantizable_modules, reachable_modules, replace_module
@@ -59,4 +60,5 @@ __all__ = [
     "replace_module",
     "rounding_state",
     "single_layer_recipe",
+    "unavailable_reason",
 ]

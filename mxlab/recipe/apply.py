@@ -27,6 +27,14 @@ def converters_for(recipe: Recipe) -> dict[str, Converter]:
     return {"te": TEConverter(), "mxlab": MXLabConverter(recipe.attention)}
 
 
+def unavailable_reason(recipe: Recipe, device: Any = None) -> str | None:
+    """None when every backend of `recipe` can run it here (on `device` when given); else the backends'
+    reasons, joined (each converter's `unavailable_reason`)."""
+    reasons = [converter.unavailable_reason(recipe, device) for converter in converters_for(recipe).values()]
+    found = [reason for reason in reasons if reason]
+    return "; ".join(found) if found else None
+
+
 def _lazy_linears(model: nn.Module) -> list[str]:
     return [
         name or "the model"

@@ -182,5 +182,6 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
     recipe = types.ModuleType("mxlab.recipe")
     recipe.load_recipe, recipe.apply_recipe = load_recipe, apply_recipe
     recipe.quantizable_modules, recipe.single_layer_recipe = quantizable_modules, single_layer_recipe
+    recipe.unavailable_reason = lambda recipe, device=None: None  # stand-in recipes need no backend
     for name, module in (("mxlab.data", data), ("mxlab.models", models), ("mxlab.recipe", recipe)):
         monkeypatch.setitem(sys.modules, name, module)

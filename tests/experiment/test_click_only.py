@@ -13,6 +13,7 @@ import pytest
 
 from mxlab.data.criteo import N_CATEGORICAL, N_INTEGER
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study
 
 SPEC = """
@@ -92,7 +93,7 @@ def study(tmp_path_factory):
     spec = root / "click-only.toml"
     spec.write_text(SPEC.format(path=root / "train.txt", train_extra="", report_extra=""))
     out = root / "study"
-    run_study(load_spec(spec), out, device="cpu", executor="inline", show_progress=False)
+    run_study(load_spec(spec), out, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     return out
 
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study, study_jobs
 from mxlab.experiment.train import train_run
 from mxlab.experiment.worker import make_data_source
@@ -80,7 +81,13 @@ def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> Non
 def test_torchrun_over_two_gloo_processes_matches_one_process(tmp_path):
     spec_path = _spec_path(tmp_path)
     overrides = MICRO + ARMS
-    run_study(load_spec(spec_path, overrides), tmp_path / "one", device="cpu", executor="inline", show_progress=False)
+    run_study(
+        load_spec(spec_path, overrides),
+        tmp_path / "one",
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor="inline"),
+    )
     command = [
         sys.executable,
         "-m",
@@ -116,7 +123,13 @@ def test_a_checkpoint_written_at_world_size_two_resumes_at_one(tmp_path):
         MICRO
         + ['arms=["mx-fwd-dgrad"]', 'baseline="mx-fwd-dgrad"', "train.max_steps=2", 'train.precision="fp32"', *SGD],
     )
-    result = run_study(short, tmp_path / "two", device="cpu", executor="local", nproc_per_node=2, show_progress=False)
+    result = run_study(
+        short,
+        tmp_path / "two",
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor="local", nproc_per_node=2),
+    )
     assert result.trained == ["mx-fwd-dgrad/seed0"] and not result.failed
     run_dir = tmp_path / "two/runs/mx-fwd-dgrad/seed0"
     assert json.loads((run_dir / "config.json").read_text())["world_size"] == 2
@@ -135,9 +148,13 @@ def test_a_checkpoint_written_at_world_size_two_resumes_at_one(tmp_path):
 @pytest.mark.gpu
 def test_gpu_two_ranks_sharing_one_gpu_match_one_process(tmp_path):
     spec = load_spec(_spec_path(tmp_path), MICRO + ARMS)
-    run_study(spec, tmp_path / "one", device="cuda", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "one", device="cuda", show_progress=False, options=ExecutionOptions(executor="inline"))
     result = run_study(
-        spec, tmp_path / "two", device="cuda", gpus=1, executor="local", nproc_per_node=2, show_progress=False
+        spec,
+        tmp_path / "two",
+        device="cuda",
+        show_progress=False,
+        options=ExecutionOptions(gpus=1, executor="local", nproc_per_node=2),
     )
     assert sorted(result.trained) == ["bf16/seed0", "mx-fwd-dgrad/seed0"] and not result.failed
     for arm in ("bf16", "mx-fwd-dgrad"):

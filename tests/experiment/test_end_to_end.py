@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "experiments" / "quickstart.toml"
@@ -116,7 +117,7 @@ def test_bf16_baseline_runs_its_gemms_in_bf16_with_fp32_master_weights(tmp_path,
 
     monkeypatch.setattr(mxlab.models, "build_model", recording_build)
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "train.max_steps=2"])
-    run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     assert linear_output_dtypes == {torch.bfloat16}
     checkpoint = torch.load(tmp_path / "out/runs/bf16/seed0/checkpoint.pt", weights_only=True)
     assert {value.dtype for value in checkpoint["model"].values() if value.is_floating_point()} == {torch.float32}
@@ -126,7 +127,7 @@ def test_bf16_baseline_runs_its_gemms_in_bf16_with_fp32_master_weights(tmp_path,
 
     linear_output_dtypes.clear()
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "train.max_steps=2", 'train.precision="fp32"'])
-    run_study(spec, tmp_path / "fp32", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "fp32", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     assert linear_output_dtypes == {torch.float32}
 
 
@@ -136,15 +137,31 @@ class Kill(Exception):
 
 def test_resume_with_stochastic_rounding_is_bit_identical(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ['arms=["mxfp8-rceil-sr"]', 'baseline="mxfp8-rceil-sr"'])
-    run_study(spec, tmp_path / "reference", device="cpu", executor="inline", show_progress=False)
+    run_study(
+        spec, tmp_path / "reference", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+    )
 
     def kill(job, step):
         if step == 3:
             raise Kill()
 
     with pytest.raises(Kill):
-        run_study(spec, tmp_path / "resumed", device="cpu", executor="inline", show_progress=False, on_step=kill)
-    run_study(spec, tmp_path / "resumed", device="cpu", resume=True, executor="inline", show_progress=False)
+        run_study(
+            spec,
+            tmp_path / "resumed",
+            device="cpu",
+            show_progress=False,
+            on_step=kill,
+            options=ExecutionOptions(executor="inline"),
+        )
+    run_study(
+        spec,
+        tmp_path / "resumed",
+        device="cpu",
+        resume=True,
+        show_progress=False,
+        options=ExecutionOptions(executor="inline"),
+    )
     run = "runs/mxfp8-rceil-sr/seed0"
     assert json.loads((tmp_path / "resumed" / run / "done.json").read_text())["resumed_from_step"] == 2
     assert _eval_bytes(tmp_path / "reference" / run) == _eval_bytes(tmp_path / "resumed" / run)
@@ -152,8 +169,16 @@ def test_resume_with_stochastic_rounding_is_bit_identical(tmp_path):
 
 def test_parallel_workers_match_the_sequential_runner(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.max_steps=2"])
-    run_study(spec, tmp_path / "sequential", device="cpu", executor="inline", show_progress=False)
-    result = run_study(spec, tmp_path / "parallel", executor="local", show_progress=False, devices=["cpu", "cpu"])
+    run_study(
+        spec, tmp_path / "sequential", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+    )
+    result = run_study(
+        spec,
+        tmp_path / "parallel",
+        show_progress=False,
+        devices=["cpu", "cpu"],
+        options=ExecutionOptions(executor="local"),
+    )
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"]
     for seed in (0, 1):
         run = f"runs/bf16/seed{seed}"
@@ -172,14 +197,18 @@ def test_a_recipe_that_does_not_fit_the_model_is_refused_before_any_training(tmp
     spec_path.write_text(QUICKSTART.read_text())
     spec = load_spec(spec_path, MICRO + ['arms=["bf16", "misfit"]'])
     with pytest.raises(ValueError, match=r"arm 'misfit' .* does not fit the model: .*no\.such\.module"):
-        run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
+        run_study(
+            spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+        )
     assert not (tmp_path / "out/runs").exists()
 
 
 @pytest.mark.gpu
 def test_cuda_study_runs_one_job_per_gpu(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ["seeds=[0, 1]", "train.max_steps=3"])
-    result = run_study(spec, tmp_path / "out", device="cuda", executor="local", show_progress=False)
+    result = run_study(
+        spec, tmp_path / "out", device="cuda", show_progress=False, options=ExecutionOptions(executor="local")
+    )
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1", "mxfp8-rceil-sr/seed0", "mxfp8-rceil-sr/seed1"]
     study = json.loads((tmp_path / "out/study.json").read_text())
     assert study["environment"]["devices"] == [f"cuda:{i}" for i in range(torch.cuda.device_count())]
@@ -225,7 +254,7 @@ def test_pairing_with_the_real_source_and_model(tmp_path, monkeypatch):
     monkeypatch.setattr(runner_module, "preflight", lambda jobs, source, device: None)
     monkeypatch.setattr(mxlab.models, "build_model", recording_build)
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16", "mxfp8-floor"]', "seeds=[0, 1]", "train.max_steps=3"])
-    run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
 
     runs = [served[index * 3 : index * 3 + 3] for index in range(4)]  # (seed0 bf16, seed0 mx, seed1 bf16, seed1 mx)
     assert runs[0] == runs[1] and runs[2] == runs[3] and runs[0] != runs[2]

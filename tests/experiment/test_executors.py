@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study
 from tests.experiment.test_end_to_end import MICRO, QUICKSTART
 
@@ -53,7 +54,13 @@ def _study_with_a_kill(out: Path, executor: str):
     """Run the LONGER study on `executor`, killing the process of bf16/seed0 between steps 4 and 40 (of 48)."""
     killed: list[int] = []
     watcher = _kill_when_running(out / "runs/bf16/seed0", 4, killed)
-    result = run_study(load_spec(QUICKSTART, LONGER), out, device="cpu", executor=executor, show_progress=False)
+    result = run_study(
+        load_spec(QUICKSTART, LONGER),
+        out,
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor=executor),
+    )
     watcher.join()
     assert killed, "the run finished before it could be killed"
     return result
@@ -69,7 +76,9 @@ def test_a_killed_local_worker_is_recorded_and_the_study_goes_on(tmp_path):
     assert json.loads((out / "runs/bf16/seed1/done.json").read_text())["status"] == "finished"
     stamps = {path.name: path.stat().st_mtime_ns for path in (out / "runs/bf16/seed1").iterdir()}
 
-    again = run_study(spec, out, device="cpu", executor="local", resume=True, show_progress=False)
+    again = run_study(
+        spec, out, device="cpu", resume=True, show_progress=False, options=ExecutionOptions(executor="local")
+    )
     assert again.trained == ["bf16/seed0"] and again.already_done == ["bf16/seed1"] and not again.failed
     done = json.loads((out / "runs/bf16/seed0/done.json").read_text())
     assert done["status"] == "finished" and done["steps"] == 48 and done["resumed_from_step"] >= 2
@@ -77,7 +86,11 @@ def test_a_killed_local_worker_is_recorded_and_the_study_goes_on(tmp_path):
 
     reference = tmp_path / "reference"
     run_study(
-        load_spec(QUICKSTART, LONGER + ["seeds=[0]"]), reference, device="cpu", executor="inline", show_progress=False
+        load_spec(QUICKSTART, LONGER + ["seeds=[0]"]),
+        reference,
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor="inline"),
     )
     assert _eval_bytes(reference / "runs/bf16/seed0") == _eval_bytes(out / "runs/bf16/seed0")
 
@@ -92,8 +105,10 @@ def local_ray():
 
 def test_ray_gives_the_same_bits_as_local(local_ray, tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ['arms=["mxfp8-rceil-sr"]', 'baseline="mxfp8-rceil-sr"'])
-    run_study(spec, tmp_path / "local", device="cpu", executor="local", show_progress=False)
-    result = run_study(spec, tmp_path / "ray", device="cpu", executor="ray", show_progress=False)
+    run_study(spec, tmp_path / "local", device="cpu", show_progress=False, options=ExecutionOptions(executor="local"))
+    result = run_study(
+        spec, tmp_path / "ray", device="cpu", show_progress=False, options=ExecutionOptions(executor="ray")
+    )
     assert result.trained == ["mxfp8-rceil-sr/seed0"] and not result.failed
     run = "runs/mxfp8-rceil-sr/seed0"
     assert _eval_bytes(tmp_path / "local" / run) == _eval_bytes(tmp_path / "ray" / run)
@@ -109,7 +124,9 @@ def test_a_killed_ray_worker_is_retried_from_its_checkpoint(local_ray, tmp_path)
     assert retried["status"] == "finished" and retried["steps"] == 48 and retried["resumed_from_step"] >= 2
     untouched = json.loads((out / "runs/bf16/seed1/done.json").read_text())
     assert untouched["status"] == "finished" and untouched["resumed_from_step"] is None
-    again = run_study(spec, out, device="cpu", executor="ray", resume=True, show_progress=False)
+    again = run_study(
+        spec, out, device="cpu", resume=True, show_progress=False, options=ExecutionOptions(executor="ray")
+    )
     assert again.trained == [] and again.already_done == ["bf16/seed0", "bf16/seed1"]
 
 
@@ -123,13 +140,17 @@ def _overlap(first: Path, second: Path) -> bool:
 def test_two_runs_per_device_train_at_once_and_give_the_same_bits(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.max_steps=48"])
     result = run_study(
-        spec, tmp_path / "shared", device="cpu", executor="local", runs_per_device=2, show_progress=False
+        spec,
+        tmp_path / "shared",
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor="local", runs_per_device=2),
     )
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"] and not result.failed
     runs = tmp_path / "shared/runs/bf16"
     assert _overlap(runs / "seed0", runs / "seed1")
     assert json.loads((tmp_path / "shared/study.json").read_text())["execution"]["runs_per_device"] == 2
-    run_study(spec, tmp_path / "inline", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "inline", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     for seed in ("seed0", "seed1"):
         assert _eval_bytes(runs / seed) == _eval_bytes(tmp_path / "inline/runs/bf16" / seed), seed
 
@@ -137,16 +158,20 @@ def test_two_runs_per_device_train_at_once_and_give_the_same_bits(tmp_path):
 def test_runs_per_device_refuses_zero_and_ddp(tmp_path):
     spec = load_spec(QUICKSTART, MICRO)
     with pytest.raises(ValueError, match="runs-per-device must be >= 1, got 0"):
-        run_study(spec, tmp_path / "a", device="cpu", executor="local", runs_per_device=0, show_progress=False)
+        run_study(
+            spec,
+            tmp_path / "a",
+            device="cpu",
+            show_progress=False,
+            options=ExecutionOptions(executor="local", runs_per_device=0),
+        )
     with pytest.raises(ValueError, match="does not combine with --runs-per-device 2"):
         run_study(
             spec,
             tmp_path / "b",
             device="cpu",
-            executor="local",
-            nproc_per_node=2,
-            runs_per_device=2,
             show_progress=False,
+            options=ExecutionOptions(executor="local", nproc_per_node=2, runs_per_device=2),
         )
     with pytest.raises(ValueError, match="execution.runs_per_device must be >= 1, got 0"):
         load_spec(QUICKSTART, MICRO + ["execution.runs_per_device=0"])
@@ -155,7 +180,9 @@ def test_runs_per_device_refuses_zero_and_ddp(tmp_path):
 @pytest.mark.gpu
 def test_gpu_local_executor_runs_on_the_gpus_asked_for(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ["seeds=[0, 1]", "train.max_steps=3"])
-    result = run_study(spec, tmp_path / "out", device="cuda", gpus=1, executor="local", show_progress=False)
+    result = run_study(
+        spec, tmp_path / "out", device="cuda", show_progress=False, options=ExecutionOptions(gpus=1, executor="local")
+    )
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1", "mxfp8-rceil-sr/seed0", "mxfp8-rceil-sr/seed1"]
     assert not result.failed
     execution = json.loads((tmp_path / "out/study.json").read_text())["execution"]
@@ -163,7 +190,11 @@ def test_gpu_local_executor_runs_on_the_gpus_asked_for(tmp_path):
     for label in result.trained:
         assert json.loads((tmp_path / "out/runs" / label / "config.json").read_text())["device"] == "cuda:0"
     shared = run_study(
-        spec, tmp_path / "shared", device="cuda", gpus=1, executor="local", runs_per_device=2, show_progress=False
+        spec,
+        tmp_path / "shared",
+        device="cuda",
+        show_progress=False,
+        options=ExecutionOptions(gpus=1, executor="local", runs_per_device=2),
     )
     assert sorted(shared.trained) == sorted(result.trained) and not shared.failed
     first_two = [tmp_path / "shared/runs" / label for label in ("bf16/seed0", "mxfp8-rceil-sr/seed0")]  # the job order
@@ -175,7 +206,9 @@ def test_a_fork_study_gives_the_same_bits_inline_local_and_on_ray(local_ray, tmp
 
     spec = load_spec(QUICKSTART, FORK)
     for executor in ("inline", "local", "ray"):
-        result = run_study(spec, tmp_path / executor, device="cpu", executor=executor, show_progress=False)
+        result = run_study(
+            spec, tmp_path / executor, device="cpu", show_progress=False, options=ExecutionOptions(executor=executor)
+        )
         assert not result.failed and sorted(result.trained) == sorted(RUNS), executor
     for run in RUNS:
         assert (

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study, study_jobs
 from tests.experiment.test_end_to_end import MICRO, QUICKSTART
 
@@ -42,7 +43,7 @@ def _metrics(run_dir: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("reference")
-    result = run_study(_spec(), out, device="cpu", executor="inline", show_progress=False)
+    result = run_study(_spec(), out, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     assert not result.failed and set(result.trained) == set(RUNS)
     return out
 
@@ -78,9 +79,18 @@ def test_fork_study_resumes_after_a_kill_bit_identical(reference, tmp_path, kill
             raise KeyboardInterrupt(f"killed at {job.label} step {step}")
 
     with pytest.raises(KeyboardInterrupt):
-        run_study(_spec(), tmp_path, device="cpu", executor="inline", show_progress=False, on_step=hook)
+        run_study(
+            _spec(),
+            tmp_path,
+            device="cpu",
+            show_progress=False,
+            on_step=hook,
+            options=ExecutionOptions(executor="inline"),
+        )
     assert not (tmp_path / "runs/post:mxfp8-rceil/seed0/done.json").exists()
-    resumed = run_study(_spec(), tmp_path, device="cpu", executor="inline", show_progress=False, resume=True)
+    resumed = run_study(
+        _spec(), tmp_path, device="cpu", show_progress=False, resume=True, options=ExecutionOptions(executor="inline")
+    )
     assert not resumed.failed
     for label in RUNS:
         assert _eval_bytes(tmp_path / "runs" / label) == _eval_bytes(reference / "runs" / label), label
@@ -105,8 +115,8 @@ def test_the_arms_of_a_seed_start_from_the_warmup_weights_and_optimizer_state(tm
         _spec(['arms=["bf16", "mxfp8-rceil", "mxfp4-all"]']),
         tmp_path,
         device="cpu",
-        executor="inline",
         show_progress=False,
+        options=ExecutionOptions(executor="inline"),
     )
     warmup = torch.load(tmp_path / "runs/_fork/seed0/checkpoint.pt", weights_only=True)
     assert [entry[0] for entry in loaded] == [4, 4, 4]
@@ -146,7 +156,11 @@ def test_post_training_arm_is_a_forward_pass_of_the_baseline_model(reference):
 
 def test_a_diverged_warmup_fails_its_arms_and_says_why(tmp_path):
     result = run_study(
-        _spec(["train.min_loss_scale=1e30"]), tmp_path, device="cpu", executor="inline", show_progress=False
+        _spec(["train.min_loss_scale=1e30"]),
+        tmp_path,
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor="inline"),
     )
     assert "_fork/seed0" in result.diverged
     assert set(result.failed) == {"bf16/seed0", "mxfp8-rceil/seed0", "post:mxfp8-rceil/seed0"}
@@ -185,12 +199,14 @@ def test_the_report_names_the_design_and_draws_the_held_out_curves(reference):
 
 def test_a_study_recorded_before_the_fork_keys_existed_still_resumes(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ["train.max_steps=2"])
-    run_study(spec, tmp_path, device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     study = json.loads((tmp_path / "study.json").read_text())
     for key in ("fork_from", "fork_steps", "eval_every", "eval_slice"):
         del study["train"][key]
     (tmp_path / "study.json").write_text(json.dumps(study))
-    resumed = run_study(spec, tmp_path, device="cpu", executor="inline", show_progress=False, resume=True)
+    resumed = run_study(
+        spec, tmp_path, device="cpu", show_progress=False, resume=True, options=ExecutionOptions(executor="inline")
+    )
     assert resumed.trained == [] and len(resumed.already_done) == 2
     # that resume rendered only, so study.json still lacks the key: recorded as null, not at its default
     with pytest.raises(ValueError, match=r"train.fork_from null \(recorded\) vs \"bf16\""):
@@ -198,9 +214,9 @@ def test_a_study_recorded_before_the_fork_keys_existed_still_resumes(tmp_path):
             load_spec(QUICKSTART, MICRO + ["train.max_steps=2", "train.fork_from=bf16", "train.fork_steps=2"]),
             tmp_path,
             device="cpu",
-            executor="inline",
             show_progress=False,
             resume=True,
+            options=ExecutionOptions(executor="inline"),
         )
 
 
@@ -280,7 +296,7 @@ def test_lr_decay_ends_each_arm_and_leaves_the_warmup_constant(tmp_path, monkeyp
 
     monkeypatch.setattr(train_module, "train_step", recording)
     spec = _spec(DECAY + ['arms=["bf16", "mxfp8-rceil"]'])
-    run_study(spec, tmp_path, device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     lr = spec.train.lr
     arm = [lr, lr, lr * 2 / 3, lr / 3]
     assert taken == pytest.approx([lr] * 4 + arm + arm)
@@ -293,10 +309,24 @@ def test_a_decaying_fork_study_resumes_after_a_kill_bit_identical(reference, tmp
             raise KeyboardInterrupt("killed")
 
     spec = _spec(DECAY + ['arms=["bf16", "mxfp8-rceil"]'])
-    run_study(spec, tmp_path / "whole", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "whole", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     with pytest.raises(KeyboardInterrupt):
-        run_study(spec, tmp_path / "killed", device="cpu", executor="inline", show_progress=False, on_step=hook)
-    run_study(spec, tmp_path / "killed", device="cpu", executor="inline", show_progress=False, resume=True)
+        run_study(
+            spec,
+            tmp_path / "killed",
+            device="cpu",
+            show_progress=False,
+            on_step=hook,
+            options=ExecutionOptions(executor="inline"),
+        )
+    run_study(
+        spec,
+        tmp_path / "killed",
+        device="cpu",
+        show_progress=False,
+        resume=True,
+        options=ExecutionOptions(executor="inline"),
+    )
     for label in ("bf16/seed0", "mxfp8-rceil/seed0"):
         assert _eval_bytes(tmp_path / "killed/runs" / label) == _eval_bytes(tmp_path / "whole/runs" / label), label
     assert _eval_bytes(tmp_path / "whole/runs/bf16/seed0") != _eval_bytes(
@@ -336,7 +366,7 @@ def _recorded_batches(monkeypatch, spec, out, **kwargs):
         return original(model, batch, *args, **inner)
 
     monkeypatch.setattr(train_module, "train_step", recording)
-    run_study(spec, out, device="cpu", executor="inline", show_progress=False, **kwargs)
+    run_study(spec, out, device="cpu", show_progress=False, **kwargs, options=ExecutionOptions(executor="inline"))
     monkeypatch.setattr(train_module, "train_step", original)
     return seen
 
@@ -362,7 +392,14 @@ def test_a_fork_placebo_killed_mid_pair_resumes_bit_identical(tmp_path, monkeypa
 
     whole = _recorded_batches(monkeypatch, spec, tmp_path / "whole")
     with pytest.raises(KeyboardInterrupt):
-        run_study(spec, tmp_path / "killed", device="cpu", executor="inline", show_progress=False, on_step=hook)
+        run_study(
+            spec,
+            tmp_path / "killed",
+            device="cpu",
+            show_progress=False,
+            on_step=hook,
+            options=ExecutionOptions(executor="inline"),
+        )
     resumed = _recorded_batches(monkeypatch, spec, tmp_path / "killed", resume=True)
     assert resumed == whole[-3:]  # steps 6-8 again from the checkpoint at 5, in the same swapped order
     assert _eval_bytes(tmp_path / "killed/runs/placebo/seed0") == _eval_bytes(tmp_path / "whole/runs/placebo/seed0")

@@ -10,6 +10,7 @@ import pytest
 
 import mxlab.experiment.gate as gate_module
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.gate import GateConfig, judge
 from mxlab.experiment.runner import run_study
 from tests.experiment.test_end_to_end import MICRO, QUICKSTART
@@ -41,7 +42,13 @@ def planted(monkeypatch):
 def test_a_bad_warmup_is_replaced_by_the_next_spare_seed_and_the_report_names_it(tmp_path, planted):
     from mxlab.report.gate import gate_text
 
-    result = run_study(load_spec(QUICKSTART, GATED), tmp_path, device="cpu", executor="inline", show_progress=False)
+    result = run_study(
+        load_spec(QUICKSTART, GATED),
+        tmp_path,
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor="inline"),
+    )
     assert not result.failed
     decision = json.loads((tmp_path / "gate.json").read_text())
     assert decision["replaced"] == {"1": 7} and decision["unfilled"] == [] and decision["accepted_seeds"] == [0, 7, 2]
@@ -54,12 +61,21 @@ def test_a_bad_warmup_is_replaced_by_the_next_spare_seed_and_the_report_names_it
     assert "1 of 3 declared seeds replaced (seed 1 by seed 7)" in text and "seed 1: ctr.auc 0.1000" in text
 
     again = run_study(
-        load_spec(QUICKSTART, GATED), tmp_path, device="cpu", executor="inline", show_progress=False, resume=True
+        load_spec(QUICKSTART, GATED),
+        tmp_path,
+        device="cpu",
+        show_progress=False,
+        resume=True,
+        options=ExecutionOptions(executor="inline"),
     )
     assert again.trained == [] and json.loads((tmp_path / "gate.json").read_text()) == decision
     with pytest.raises(ValueError, match=r"\[gate\] differs from the one its gate.json decided with"):
         run_study(
-            load_spec(QUICKSTART, GATED + ["gate.band=0.5"]), tmp_path, device="cpu", executor="inline", resume=True
+            load_spec(QUICKSTART, GATED + ["gate.band=0.5"]),
+            tmp_path,
+            device="cpu",
+            resume=True,
+            options=ExecutionOptions(executor="inline"),
         )
 
 

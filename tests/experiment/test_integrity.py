@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.integrity import mixed_arm_warnings
 from mxlab.experiment.runner import run_study
 from tests.experiment.faults import Kill, cli, fingerprints, install, write_spec
@@ -25,7 +26,14 @@ def _interrupted(spec_path: Path, out: Path, arm: str = "noisy", at: int = 7) ->
             raise Kill()
 
     with pytest.raises(Kill):
-        run_study(load_spec(spec_path), out, device="cpu", executor="inline", show_progress=False, on_step=kill)
+        run_study(
+            load_spec(spec_path),
+            out,
+            device="cpu",
+            show_progress=False,
+            on_step=kill,
+            options=ExecutionOptions(executor="inline"),
+        )
 
 
 def test_resume_refuses_a_recipe_edited_since_the_study_started(spec_path, tmp_path):
@@ -58,7 +66,13 @@ def test_resume_refuses_a_recipe_edited_since_the_study_started(spec_path, tmp_p
 
 def test_the_report_flags_an_arm_whose_runs_trained_different_recipes(spec_path, tmp_path):
     out = tmp_path / "out"
-    run_study(load_spec(spec_path, ["seeds=[0, 1]"]), out, device="cpu", executor="inline", show_progress=False)
+    run_study(
+        load_spec(spec_path, ["seeds=[0, 1]"]),
+        out,
+        device="cpu",
+        show_progress=False,
+        options=ExecutionOptions(executor="inline"),
+    )
     assert mixed_arm_warnings(out / "runs", ["base", "noisy"], [0, 1]) == []
     config_path = out / "runs/noisy/seed1/config.json"  # as an older mxlab let an edited recipe train on
     config = json.loads(config_path.read_text())
@@ -85,7 +99,7 @@ def test_out_into_a_folder_that_is_not_a_study_is_refused(spec_path, tmp_path):
 
 def test_a_truncated_eval_npz_is_named_by_report_and_evaluated_again_on_resume(spec_path, tmp_path):
     out = tmp_path / "out"
-    run_study(load_spec(spec_path), out, device="cpu", executor="inline", show_progress=False)
+    run_study(load_spec(spec_path), out, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     base = fingerprints(out / "runs/base")
     evaluated = (out / "runs/noisy/seed0/eval.npz").read_bytes()
     (out / "runs/noisy/seed0/eval.npz").write_bytes(evaluated[: len(evaluated) // 2])
@@ -94,7 +108,14 @@ def test_a_truncated_eval_npz_is_named_by_report_and_evaluated_again_on_resume(s
     assert code == 2 and len(lines) == 1, lines
     assert "runs/noisy/seed0/eval.npz cannot be read" in lines[0] and "--resume" in lines[0]
 
-    result = run_study(load_spec(spec_path), out, device="cpu", resume=True, executor="inline", show_progress=False)
+    result = run_study(
+        load_spec(spec_path),
+        out,
+        device="cpu",
+        resume=True,
+        show_progress=False,
+        options=ExecutionOptions(executor="inline"),
+    )
     assert result.trained == ["noisy/seed0"] and result.already_done == ["base/seed0"]
     assert (out / "runs/noisy/seed0/eval.npz").read_bytes() == evaluated  # the same model evaluated again
     assert fingerprints(out / "runs/base") == base
@@ -102,7 +123,9 @@ def test_a_truncated_eval_npz_is_named_by_report_and_evaluated_again_on_resume(s
 
 def test_an_unreadable_checkpoint_falls_back_to_the_previous_one_or_to_step_0(spec_path, tmp_path):
     reference = tmp_path / "reference"
-    run_study(load_spec(spec_path), reference, device="cpu", executor="inline", show_progress=False)
+    run_study(
+        load_spec(spec_path), reference, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+    )
     expected = (reference / "runs/noisy/seed0/eval.npz").read_bytes()
 
     for planted, note in (
@@ -116,7 +139,14 @@ def test_an_unreadable_checkpoint_falls_back_to_the_previous_one_or_to_step_0(sp
         for name in planted:
             data = (run / name).read_bytes()
             (run / name).write_bytes(data[: len(data) // 3])
-        run_study(load_spec(spec_path), out, device="cpu", resume=True, executor="inline", show_progress=False)
+        run_study(
+            load_spec(spec_path),
+            out,
+            device="cpu",
+            resume=True,
+            show_progress=False,
+            options=ExecutionOptions(executor="inline"),
+        )
         done = json.loads((run / "done.json").read_text())
         assert done["status"] == "finished" and note in done["recovered"] and "checkpoint.pt" in done["recovered"]
         assert done["resumed_from_step"] == (4 if len(planted) == 1 else None)

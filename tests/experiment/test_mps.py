@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.executors.mps import mps_daemon
 
 STAND_IN = f"""#!{sys.executable}
@@ -122,7 +123,7 @@ def test_a_study_on_the_cpu_refuses_mps_before_writing_anything(tmp_path):
 
     spec = load_spec(Path(__file__).parents[2] / "experiments" / "quickstart.toml")
     with pytest.raises(ValueError, match=r"--mps needs CUDA devices and the local executor; got devices \['cpu'\]"):
-        run_study(spec, tmp_path / "study", device="cpu", mps=True, show_progress=False)
+        run_study(spec, tmp_path / "study", device="cpu", show_progress=False, options=ExecutionOptions(mps=True))
     assert not (tmp_path / "study").exists()
 
 
@@ -148,8 +149,20 @@ def test_gpu_a_study_under_mps_gives_the_bits_of_one_without(tmp_path):
     if shutil.which("nvidia-cuda-mps-control") is None:
         pytest.skip("nvidia-cuda-mps-control is not on PATH")
     spec = load_spec(QUICKSTART, MICRO + ["seeds=[0, 1]", "train.max_steps=3"])
-    plain = run_study(spec, tmp_path / "plain", device="cuda", gpus=1, runs_per_device=2, show_progress=False)
-    shared = run_study(spec, tmp_path / "mps", device="cuda", gpus=1, runs_per_device=2, mps=True, show_progress=False)
+    plain = run_study(
+        spec,
+        tmp_path / "plain",
+        device="cuda",
+        show_progress=False,
+        options=ExecutionOptions(gpus=1, runs_per_device=2),
+    )
+    shared = run_study(
+        spec,
+        tmp_path / "mps",
+        device="cuda",
+        show_progress=False,
+        options=ExecutionOptions(gpus=1, runs_per_device=2, mps=True),
+    )
     assert not plain.failed and not shared.failed and sorted(shared.trained) == sorted(plain.trained)
     assert json.loads((tmp_path / "mps/study.json").read_text())["execution"]["mps"] is True
     for label in plain.trained:

@@ -11,6 +11,7 @@ import pytest
 
 from mxlab import io
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.oserrors import is_disk_full, os_error_line, stopped
 from mxlab.experiment.runner import run_study
 from mxlab.experiment.worker import record_failure
@@ -43,7 +44,9 @@ def test_a_read_only_out_folder_is_one_line_and_exit_1(spec_path, tmp_path, monk
 
 def test_a_full_disk_mid_study_is_one_line_keeps_finished_runs_and_resumes(spec_path, tmp_path, monkeypatch):
     reference = tmp_path / "reference"
-    run_study(load_spec(spec_path), reference, device="cpu", executor="inline", show_progress=False)
+    run_study(
+        load_spec(spec_path), reference, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+    )
     write_file = io.write_file
 
     def no_space(temporary):  # as a write() on a full disk fails: errno ENOSPC, no file name

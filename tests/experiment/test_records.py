@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.merge import merge_studies
 from mxlab.experiment.records import read_eval_set, read_record, record_path, runs_for_report
 from mxlab.experiment.runner import run_study
@@ -26,7 +27,7 @@ def two_machines(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("records")
     for name, seed in (("a", 0), ("b", 1)):
         spec = load_spec(QUICKSTART, [*SPEC, f"seeds=[{seed}]"])
-        run_study(spec, root / name, device="cpu", executor="inline", show_progress=False)
+        run_study(spec, root / name, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     return root / "a", root / "b"
 
 
@@ -90,12 +91,21 @@ def test_resume_counts_runs_kept_only_as_records_as_done(two_machines, tmp_path)
     folder = tmp_path / "a"
     shutil.copytree(a, folder)
     spec = load_spec(QUICKSTART, [*SPEC, "seeds=[0]"])
-    first = run_study(spec, folder, device="cpu", resume=True, executor="inline", show_progress=False, keep_runs=False)
+    first = run_study(
+        spec,
+        folder,
+        device="cpu",
+        resume=True,
+        show_progress=False,
+        options=ExecutionOptions(executor="inline", keep_runs=False),
+    )
     assert first.trained == [] and not (folder / "runs").exists()
-    again = run_study(spec, folder, device="cpu", resume=True, executor="inline", show_progress=False)
+    again = run_study(
+        spec, folder, device="cpu", resume=True, show_progress=False, options=ExecutionOptions(executor="inline")
+    )
     assert again.trained == [] and sorted(again.already_done) == [f"{arm}/seed0" for arm in ARMS]
     with pytest.raises(ValueError, match="already holds runs"):
-        run_study(spec, folder, device="cpu", executor="inline", show_progress=False)
+        run_study(spec, folder, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     with runs_for_report(folder) as root:
         assert sorted(p.parent.parent.name for p in root.glob("*/seed0/eval.npz")) == sorted(ARMS)
     write_report(folder)

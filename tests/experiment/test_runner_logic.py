@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study
 from tests.experiment import standins
 
@@ -78,7 +79,7 @@ def test_pairing_same_data_order_and_init_within_a_seed(source, spec_path, tmp_p
     monkeypatch.setattr(sys.modules["mxlab.models"], "build_model", recording_build)
     monkeypatch.setattr("mxlab.experiment.runner.preflight", lambda jobs, source, device: None)  # count run builds only
     spec = load_spec(spec_path)
-    run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
 
     # seed-major order: (seed0, base), (seed0, noisy), (seed1, base), (seed1, noisy)
     assert len(initial_states) == 4
@@ -114,7 +115,7 @@ class Kill(Exception):
 def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(source, spec_path, tmp_path):
     spec = load_spec(spec_path, ["seeds=[0]"])
     reference = tmp_path / "reference"
-    run_study(spec, reference, device="cpu", executor="inline", show_progress=False)
+    run_study(spec, reference, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
 
     interrupted = tmp_path / "interrupted"
 
@@ -123,7 +124,14 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
             raise Kill()
 
     with pytest.raises(Kill):
-        run_study(spec, interrupted, device="cpu", executor="inline", show_progress=False, on_step=kill_second_run)
+        run_study(
+            spec,
+            interrupted,
+            device="cpu",
+            show_progress=False,
+            on_step=kill_second_run,
+            options=ExecutionOptions(executor="inline"),
+        )
     finished = interrupted / "runs/base/seed0"
     killed = interrupted / "runs/noisy/seed0"
     assert (finished / "done.json").exists() and not (killed / "done.json").exists()
@@ -131,10 +139,17 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
     stamps = {path.name: path.stat().st_mtime_ns for path in finished.iterdir()}
 
     with pytest.raises(ValueError, match="--resume"):
-        run_study(spec, interrupted, device="cpu", executor="inline", show_progress=False)
+        run_study(spec, interrupted, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     changed = load_spec(spec_path, ["seeds=[0]", "train.lr=0.5"])
     with pytest.raises(ValueError, match=r"cannot resume .*: train\.lr 0\.05 \(recorded\) vs 0\.5 \(now\); use"):
-        run_study(changed, interrupted, device="cpu", resume=True, executor="inline", show_progress=False)
+        run_study(
+            changed,
+            interrupted,
+            device="cpu",
+            resume=True,
+            show_progress=False,
+            options=ExecutionOptions(executor="inline"),
+        )
 
     steps_seen: list[tuple[str, int]] = []
     result = run_study(
@@ -142,9 +157,9 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
         interrupted,
         device="cpu",
         resume=True,
-        executor="inline",
         show_progress=False,
         on_step=lambda job, step: steps_seen.append((job.arm, step)),
+        options=ExecutionOptions(executor="inline"),
     )
     assert result.already_done == ["base/seed0"] and result.trained == ["noisy/seed0"]
     assert {path.name: path.stat().st_mtime_ns for path in finished.iterdir()} == stamps
@@ -165,7 +180,9 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
 
 def test_divergence_is_recorded_and_the_study_goes_on(source, spec_path, tmp_path):
     spec = load_spec(spec_path, ['arms=["base", "poisoned"]', "seeds=[0]"])
-    result = run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
+    result = run_study(
+        spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+    )
     runs = tmp_path / "out/runs"
     poisoned = json.loads((runs / "poisoned/seed0/done.json").read_text())
     assert poisoned["status"] == "diverged" and poisoned["diverged_at_step"] == 5
@@ -183,14 +200,14 @@ def test_loss_scale_collapse_is_a_divergence_but_skipped_steps_are_not(source, s
     spec = load_spec(
         spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]", "train.min_loss_scale=1.0"]
     )
-    run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     done = json.loads((tmp_path / "out/runs/collapsing/seed0/done.json").read_text())
     assert done["status"] == "diverged" and "loss scale 0.5" in done["reason"]
     assert done["diverged_at_step"] == 5 and done["skipped_steps"] == 3
 
     # the same overflow with a floor low enough: steps are skipped, the run finishes
     spec = load_spec(spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]"])
-    run_study(spec, tmp_path / "out2", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "out2", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     done = json.loads((tmp_path / "out2/runs/collapsing/seed0/done.json").read_text())
     assert done["status"] == "finished" and done["skipped_steps"] == 10
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study
 from tests.experiment.faults import SPEC, cli, install, write_spec
 
@@ -25,7 +26,9 @@ def test_study_files_take_the_umask_mode_and_name_no_absolute_path(spec_path, tm
     previous = os.umask(0o022)
     try:
         out = tmp_path / "out"
-        run_study(load_spec(spec_path), out, device="cpu", executor="inline", show_progress=False)
+        run_study(
+            load_spec(spec_path), out, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+        )
     finally:
         os.umask(previous)
     for path in [out / "study.json", *(out / "runs").rglob("*")]:

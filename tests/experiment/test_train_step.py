@@ -12,6 +12,7 @@ import torch
 
 from mxlab.data import make_source
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.step import PendingStep, read_pending, train_step
 from mxlab.models import build_model, esmm_loss
 from mxlab.nn.attention import JaggedAttention
@@ -113,7 +114,7 @@ def test_the_loop_reads_losses_every_log_every_steps_and_at_checkpoints(monkeypa
         train_module, "read_pending", lambda pending: read_at.append([p.step for p in pending]) or original(pending)
     )
     spec = load_spec(tmp_path / "logic.toml", ['arms=["base"]', 'baseline="base"', "seeds=[0]"])
-    run_study(spec, tmp_path / "out", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     # 96 examples / 16 = 6 steps per epoch, 2 epochs; log_every 3, checkpoint_every 4; epoch ends at 6 and 12
     assert [steps for steps in read_at if steps] == [[1, 2, 3], [4], [5, 6], [7, 8], [9], [10, 11, 12]]
     metrics = [line for line in (tmp_path / "out/runs/base/seed0/metrics.jsonl").read_text().splitlines()]

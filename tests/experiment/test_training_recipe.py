@@ -11,6 +11,7 @@ import torch
 
 from mxlab.data import make_source
 from mxlab.experiment import load_spec
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.optim import lr_factor, make_optimizer
 from mxlab.experiment.rowwise_adagrad import RowWiseAdagrad
 from mxlab.experiment.spec import TrainConfig
@@ -120,7 +121,9 @@ def test_a_run_records_health_and_trains_with_the_recipe(tmp_path):
     from tests.experiment.test_end_to_end import MICRO
 
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "train.clip_grad_norm=0.05", "train.max_steps=6"])
-    assert not run_study(spec, tmp_path, device="cpu", executor="inline", show_progress=False).failed
+    assert not run_study(
+        spec, tmp_path, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
+    ).failed
     import json
 
     run = tmp_path / "runs/bf16/seed0"

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from mxlab.experiment.execution import ExecutionOptions
 from mxlab.recipe import apply_recipe, load_recipe, parse_recipe
 from mxlab.recipe.backends import te as te_backend
 from mxlab.recipe.backends.te import BackendUnavailableError, TEHandle, TEPolicy
@@ -221,6 +222,20 @@ def test_without_te_the_reason_also_names_the_missing_cuda(no_te, monkeypatch):
 
 def test_a_recipe_without_te_policies_needs_nothing(no_te):
     assert te_backend.recipe_unavailable_reason(load_recipe("bf16")) is None
+
+
+def test_the_recipe_interface_asks_every_backend_and_gives_te_reason(no_te, monkeypatch):
+    from mxlab.recipe import unavailable_reason
+    from mxlab.recipe.apply import converters_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    recipe = load_recipe("te-fp8-current")
+    assert {
+        name: converter.unavailable_reason(recipe, "cpu") for name, converter in converters_for(recipe).items()
+    } == {"te": te_backend.recipe_unavailable_reason(recipe, "cpu"), "mxlab": None}
+    reason = unavailable_reason(recipe, "cpu")
+    assert reason == te_backend.recipe_unavailable_reason(recipe, "cpu") and "cannot be imported" in reason
+    assert unavailable_reason(load_recipe("bf16"), "cpu") is None
 
 
 def test_no_cuda_device_is_refused_even_with_te(monkeypatch):
@@ -494,7 +509,7 @@ def test_a_study_trains_a_te_arm_and_skips_one_the_gpu_cannot_run_with_the_reaso
     spec = load_spec(
         _te_study_spec(tmp_path, ["bf16", "te-fp8-current", "te-mxfp8"], train_examples=256, eval_examples=2048)
     )
-    run_study(spec, tmp_path / "study", device="cpu", executor="inline", show_progress=False)
+    run_study(spec, tmp_path / "study", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     from mxlab.report import write_report
 
     write_report(tmp_path / "study")

@@ -1,10 +1,16 @@
-"""Recipe backends: a backend is a converter, one object with one method.
+"""Recipe backends: a backend is a converter, one object with two methods.
 
 ```python
 class Converter(Protocol):
     name: str                                   # the policy's `backend` ("mxlab" when a policy has none)
+    def unavailable_reason(self, recipe, device=None) -> str | None: ...
     def convert(self, model, targets: list[Target], *, seed: int = 0) -> list[PlanEntry]: ...
 ```
+
+`unavailable_reason` answers the capability question before any model is built: None when this
+backend can run its share of `recipe` here (on `device` when given), else why not (a missing
+library, no CUDA device, a GPU too old). mxlab.recipe.unavailable_reason asks every backend, so
+callers (the experiment runner) never import a backend module.
 
 `convert` gives each target module (in `model`, in place) the precision of its policy and returns
 one `PlanEntry` per target, in the order given. It refuses, before it changes any module, whatever
@@ -42,6 +48,10 @@ class Converter(Protocol):
     """A recipe backend (see the module docstring)."""
 
     name: str
+
+    def unavailable_reason(self, recipe: Any, device: Any = None) -> str | None:
+        """None when this backend can run its policies of `recipe` here (on `device` when given); else the reason."""
+        ...
 
     def convert(self, model: nn.Module, targets: list[Target], *, seed: int = 0) -> list[Any]:
         """Apply each target's policy in place; returns one PlanEntry per target."""

@@ -4,6 +4,8 @@ module as it was."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
 from mxlab.nn.linear import QLinear
@@ -24,6 +26,10 @@ class MXLabConverter:
 
     def __init__(self, attention: AttentionRecipe | None = None) -> None:
         self.attention = attention
+
+    def unavailable_reason(self, recipe: Any, device: Any = None) -> str | None:
+        """Always None: mxlab's emulation runs on every device torch runs on."""
+        return None
 
     def convert(self, model: nn.Module, targets: list[Target], *, seed: int = 0) -> list[PlanEntry]:
         """Give each target its policy; returns their PlanEntries. `seed` (the run seed) seeds

@@ -349,6 +349,11 @@ class TEConverter:
 
     name = BACKEND_NAME
 
+    def unavailable_reason(self, recipe: Any, device: torch.device | str | None = None) -> str | None:
+        """None when TE can run every TE policy of `recipe` here (or it has none); else the reason
+        (`recipe_unavailable_reason`)."""
+        return recipe_unavailable_reason(recipe, device)
+
     def convert(self, model: nn.Module, targets: list[Target], *, seed: int = 0) -> list[PlanEntry]:
         """Swap every target (linear modules with a TEPolicy) for a TE module; returns their PlanEntries.
 
