@@ -63,6 +63,8 @@ def cli(*args: str) -> tuple[int, list[str]]:
     from mxlab.cli import app
 
     result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception  # an unexpected error is the test's failure, with its traceback
     return result.exit_code, result.output.strip().splitlines()
 
 

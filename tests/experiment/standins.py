@@ -175,8 +175,12 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
     import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
     import mxlab.recipe.shipped  # noqa: F401  (the shipped recipes, where a spec's arms are looked up last)
 
+    import mxlab.data as real_data
+
     data = types.ModuleType("mxlab.data")
     data.make_source = lambda data_config, max_history: source
+    for name in ("SOURCES", "CLICK_ONLY_SOURCES", "source_tasks"):  # what the analysis reads of a recorded source
+        setattr(data, name, getattr(real_data, name))
     models = types.ModuleType("mxlab.models")
     models.build_model, models.esmm_loss = build_model, esmm_loss
     recipe = types.ModuleType("mxlab.recipe")
