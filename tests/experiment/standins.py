@@ -172,10 +172,9 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
     The real mxlab.recipe.library stays importable (the spec resolves recipe files through it)."""
     import sys
 
+    import mxlab.data as real_data
     import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
     import mxlab.recipe.shipped  # noqa: F401  (the shipped recipes, where a spec's arms are looked up last)
-
-    import mxlab.data as real_data
 
     data = types.ModuleType("mxlab.data")
     data.make_source = lambda data_config, max_history: source
