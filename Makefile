@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test venv clean
+.PHONY: demo test test-all venv clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff format --check --quiet . || (echo "ruff format: run '$(VENV)/bin/ruff format .'" && false)
 	$(VENV)/bin/ruff check --quiet .
+	$(PY) -m pytest -q -n auto -m "not slow" tests
+
+# Every case: the slow ones too (each interpreted Triton kernel sweep whole, compile sweeps on every backend).
+test-all: $(STAMP)
 	$(PY) -m pytest -q -n auto tests
 
 clean:
