@@ -117,17 +117,16 @@ def gate_from_table(
 def warmup_metrics(run_dir: Path) -> dict[str, float]:
     """NE and AUC of CTR and CTCVR (CTR alone where the eval set labels no conversions) of a warm-up's eval.npz."""
     from mxlab import metrics
+    from mxlab.experiment.evaluate import gate_labels
 
     arrays = metrics.load_eval(Path(run_dir) / "eval.npz")
-    labels = {"ctr": arrays["click"], "ctcvr": arrays["click"] * arrays["conversion"]}
     return {
         f"{task}.{kind}": float(
-            metrics.auc(labels[task], arrays[f"p_{task}"])
+            metrics.auc(label, arrays[f"p_{task}"])
             if kind == "auc"
-            else metrics.normalized_entropy(labels[task], arrays[f"p_{task}"])
+            else metrics.normalized_entropy(label, arrays[f"p_{task}"])
         )
-        for task in ("ctr", "ctcvr")
-        if task in metrics.eval_tasks(arrays)
+        for task, label in gate_labels(arrays).items()
         for kind in ("auc", "ne")
     }
 

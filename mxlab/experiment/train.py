@@ -145,17 +145,18 @@ def run_is_done(run_dir: Path) -> bool:
 
 
 def build_run_model(job: RunJob, info: Any) -> tuple[torch.nn.Module, Any]:
-    """Build the model with torch.manual_seed(job.seed) (same init for every arm of a seed), set its output
-    biases (train.output_bias), then apply the recipe. Returns (model on the CPU, plan).
+    """Build the model of the spec's [model] and [tasks] (mxlab.models.build) with torch.manual_seed(job.seed)
+    (same init for every arm of a seed), set its output biases (train.output_bias), then apply the recipe.
+    Returns (model on the CPU, plan); refuses what mxlab.models.build refuses.
     """
     from mxlab.experiment.training_recipe import set_output_biases
-    from mxlab.models import build_model
+    from mxlab.models import build
     from mxlab.recipe import apply_recipe
 
     torch.manual_seed(job.seed)
     np.random.seed(job.seed)
     random.seed(job.seed)
-    model = build_model(job.spec.model, info)
+    model = build(job.spec.model, info, job.spec.tasks)
     set_output_biases(model, info, job.spec.train.output_bias)
     plan = apply_recipe(model, job.recipe, seed=job.seed)
     return model, plan
@@ -233,7 +234,7 @@ def train_run(
     In a data-parallel group (`world`, mxlab.experiment.distributed) each rank trains on its shard
     of every batch and only rank 0 writes the run folder.
     """
-    from mxlab.models import esmm_loss
+    from mxlab.models import loss_components, loss_for
     from mxlab.recipe.loss_scaling import make_loss_scaler
 
     run_dir = Path(job.run_dir)
@@ -261,6 +262,8 @@ def train_run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     model, plan = build_run_model(job, source.info)
+    loss_fn, components = loss_for(job.spec.tasks), loss_components(job.spec.tasks)
+    tasks = source_tasks(source, job.spec.tasks)
     model.to(device)
     trained = world.wrap(model)
     optimizer = make_optimizer(train, model)
@@ -379,7 +382,7 @@ def train_run(
             if entry.step % train.log_every == 0 or diverged_at is not None or (max_steps and entry.step >= max_steps):
                 seconds = elapsed_before + (time.perf_counter() - started)
                 metrics.append(
-                    interval.record(entry, seconds, metrics[-1] if metrics else None, train, source_tasks(source))
+                    interval.record(entry, seconds, metrics[-1] if metrics else None, train, tasks, components)
                 )
                 progress.advance(entry.step, metrics[-1]["loss"], metrics[-1]["examples_per_s"])
                 interval = LogInterval()
@@ -411,7 +414,7 @@ def train_run(
                     batch,
                     optimizer,
                     scaler,
-                    esmm_loss,
+                    loss_fn,
                     device=device,
                     precision=train.precision,
                     sampling=sampling,
@@ -436,7 +439,7 @@ def train_run(
                         # every rank evaluates, so stochastic-rounding counters stay the same across
                         # a data-parallel group
                         metrics[-1]["heldout"] = held_out_metrics(
-                            model, source, train.eval_batch_size, device, train.eval_slice
+                            model, source, train.eval_batch_size, device, train.eval_slice, job.spec.tasks
                         )
                 tick = time.perf_counter()
                 if diverged_at is not None or at_end:
@@ -459,14 +462,14 @@ def train_run(
             )
             seconds = elapsed_before + (time.perf_counter() - started)
             metrics.append(
-                interval.record(closing, seconds, metrics[-1] if metrics else None, train, source_tasks(source))
+                interval.record(closing, seconds, metrics[-1] if metrics else None, train, tasks, components)
             )
             interval = LogInterval()
         if status == "finished" and world.writes:
             save_checkpoint()
             progress.evaluating()
             with autocast(device, train.precision):
-                arrays = evaluate_model(model, source, train.eval_batch_size, device)
+                arrays = evaluate_model(model, source, train.eval_batch_size, device, tasks=job.spec.tasks)
             io.write_npz(run_dir / EVAL, arrays)
         else:
             save_logs()

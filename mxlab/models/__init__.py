@@ -1,4 +1,6 @@
-"""Models: the GEM-like CTR/CVR model (`build_model`) and its ESMM loss (`esmm_loss`).
+"""Models: the GEM-like CTR/CVR model (`build_model`) and its ESMM loss (`esmm_loss`); plug-in builders by name
+or import path (`MODEL_BUILDERS`, `build`), the heads a model returns (`head_logits`) and the loss of the
+declared tasks (`loss_for`); the contracts are mxlab.models.protocols.
 
 `validate_model_config(model_config)` resolves and checks a [model] table without building
 anything; `MODEL_CONFIG_KEYS` lists the accepted keys and `PRESETS` the sizes ("tiny", "h200").
@@ -16,10 +18,22 @@ from mxlab.models.gem import (
     build_model,
     validate_model_config,
 )
-from mxlab.models.losses import esmm_loss
+from mxlab.models.heads import check_outputs, head_label, head_logits
+from mxlab.models.losses import esmm_loss, independent_loss
+from mxlab.models.plugins import MODEL_BUILDERS, build, builder_name, loss_components, loss_for, validate_model_table
 
 __all__ = [
     "DEFAULT_MAX_HISTORY",
+    "MODEL_BUILDERS",
+    "build",
+    "builder_name",
+    "check_outputs",
+    "head_label",
+    "head_logits",
+    "independent_loss",
+    "loss_components",
+    "loss_for",
+    "validate_model_table",
     "GEMModel",
     "MODEL_CONFIG_KEYS",
     "ModelConfig",

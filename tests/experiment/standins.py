@@ -174,11 +174,22 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
 
     import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
     import mxlab.recipe.shipped  # noqa: F401  (the shipped recipes, where a spec's arms are looked up last)
+    from mxlab.data import SOURCE_REGISTRY
+
+    for name in SOURCE_REGISTRY:  # the registered sources' modules, cached before their package is replaced
+        SOURCE_REGISTRY.resolve(name)
 
     data = types.ModuleType("mxlab.data")
     data.make_source = lambda data_config, max_history: source
+    from mxlab.models import check_outputs, loss_components
+
     models = types.ModuleType("mxlab.models")
     models.build_model, models.esmm_loss = build_model, esmm_loss
+    # the plug-in seam of the real package, over the stand-ins (build_model looked up when called, so a test
+    # may replace it)
+    models.build = lambda table, info, tasks: sys.modules["mxlab.models"].build_model(table, info)
+    models.loss_for = lambda tasks: sys.modules["mxlab.models"].esmm_loss
+    models.check_outputs, models.loss_components = check_outputs, loss_components
     recipe = types.ModuleType("mxlab.recipe")
     recipe.load_recipe, recipe.apply_recipe = load_recipe, apply_recipe
     recipe.quantizable_modules, recipe.single_layer_recipe = quantizable_modules, single_layer_recipe
