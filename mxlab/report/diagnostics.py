@@ -55,7 +55,7 @@ def calibration_section(analysis: StudyAnalysis) -> list[Block]:
         return blocks + [Paragraph(NOT_HERE)]
     runs = calibration_runs(analysis)
     base = analysis.study.baseline
-    tasks = [t for t in ("ctr", "cvr", "ctcvr") if any(t in r for seeds in runs.values() for r in seeds.values())]
+    tasks = [t for t in analysis.study.tasks if any(t in r for seeds in runs.values() for r in seeds.values())]
     rows, decile_rows = [], {t: [] for t in tasks}
     for arm, seeds in runs.items():
         for task in tasks:
