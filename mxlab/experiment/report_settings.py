@@ -113,9 +113,9 @@ class ReportSettings:
 
     def margin(self, metric: str) -> float:
         """The margin of a metric name (``TASK.KIND``); refuses an unknown name, listing the accepted ones."""
-        if metric.split(".", 1)[-1] not in METRIC_KINDS or "." not in metric:
+        if metric not in METRIC_NAMES and (metric.count(".") != 1 or metric.split(".")[1] not in METRIC_KINDS):
             raise ValueError(
-                f"unknown metric {metric!r}; accepted: TASK.KIND with KIND one of {', '.join(METRIC_KINDS)}"
+                f"unknown metric {metric!r}; accepted: {', '.join(METRIC_NAMES)}, or TASK.KIND of a declared task"
             )
         if metric in self.margins:
             return self.margins[metric]

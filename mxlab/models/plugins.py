@@ -19,11 +19,11 @@ DEFAULT_BUILDER = "gem"
 MODEL_BUILDERS = Registry("model builder", {DEFAULT_BUILDER: "mxlab.models.plugins:build_gem"})
 
 
-def build_gem(info: DataInfo, heads: tuple[str, ...], **keywords: Any) -> torch.nn.Module:
-    """The GEM-like ESMM model from its [model] keys (mxlab.models.gem.build_model); refuses heads other than
-    ctr, cvr, naming them."""
-    if tuple(heads) != ESMM_HEADS:
-        raise ValueError(f"model builder 'gem' has the heads {list(ESMM_HEADS)}; the [tasks] declare {list(heads)}")
+def build_gem(info: DataInfo, outputs: tuple[str, ...], /, **keywords: Any) -> torch.nn.Module:
+    """The GEM-like ESMM model from its [model] keys (mxlab.models.gem.build_model); refuses output heads other
+    than ctr, cvr, naming them."""
+    if tuple(outputs) != ESMM_HEADS:
+        raise ValueError(f"model builder 'gem' has the heads {list(ESMM_HEADS)}; the [tasks] declare {list(outputs)}")
     return build_model(dict(keywords), info)
 
 

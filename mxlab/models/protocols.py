@@ -13,9 +13,10 @@ from mxlab.data.batch import DataInfo, JaggedBatch
 @runtime_checkable
 class ModelBuilder(Protocol):
     """``builder(info, heads, **keywords)``: a torch.nn.Module for the source described by `info` with one
-    output logit per head in `heads` (mxlab.tasks.TaskSet.heads); `keywords` are the [model] table's other keys."""
+    output logit per head in `heads` (mxlab.tasks.TaskSet.heads; both passed by position); `keywords` are the
+    [model] table's other keys."""
 
-    def __call__(self, info: DataInfo, heads: tuple[str, ...], **keywords: Any) -> torch.nn.Module: ...
+    def __call__(self, info: DataInfo, heads: tuple[str, ...], /, **keywords: Any) -> torch.nn.Module: ...
 
 
 @runtime_checkable
