@@ -9,22 +9,14 @@ from typing import Any
 import torch
 
 from mxlab.data.batch import DataInfo, JaggedBatch
-from mxlab.models.gem import build_model, validate_model_config
+from mxlab.models.gem import validate_model_config
 from mxlab.models.heads import check_outputs, head_logits
 from mxlab.models.losses import esmm_loss, independent_loss
 from mxlab.registry import Registry
-from mxlab.tasks import ESMM_HEADS, TaskSet
+from mxlab.tasks import TaskSet
 
 DEFAULT_BUILDER = "gem"
-MODEL_BUILDERS = Registry("model builder", {DEFAULT_BUILDER: "mxlab.models.plugins:build_gem"})
-
-
-def build_gem(info: DataInfo, outputs: tuple[str, ...], /, **keywords: Any) -> torch.nn.Module:
-    """The GEM-like ESMM model from its [model] keys (mxlab.models.gem.build_model); refuses output heads other
-    than ctr, cvr, naming them."""
-    if tuple(outputs) != ESMM_HEADS:
-        raise ValueError(f"model builder 'gem' has the heads {list(ESMM_HEADS)}; the [tasks] declare {list(outputs)}")
-    return build_model(dict(keywords), info)
+MODEL_BUILDERS = Registry("model builder", {DEFAULT_BUILDER: "mxlab.models:build_gem"})
 
 
 def builder_name(model_table: Mapping[str, Any]) -> str:
@@ -72,7 +64,6 @@ def loss_components(tasks: TaskSet) -> tuple[str, ...]:
 __all__ = [
     "MODEL_BUILDERS",
     "build",
-    "build_gem",
     "builder_name",
     "check_outputs",
     "head_logits",

@@ -181,7 +181,7 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
 
     data = types.ModuleType("mxlab.data")
     data.make_source = lambda data_config, max_history: source
-    from mxlab.models import check_outputs, loss_components
+    from mxlab.models import DEFAULT_BUILDER, builder_name, check_outputs, loss_components
 
     models = types.ModuleType("mxlab.models")
     models.build_model, models.esmm_loss = build_model, esmm_loss
@@ -190,6 +190,7 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
     models.build = lambda table, info, tasks: sys.modules["mxlab.models"].build_model(table, info)
     models.loss_for = lambda tasks: sys.modules["mxlab.models"].esmm_loss
     models.check_outputs, models.loss_components = check_outputs, loss_components
+    models.DEFAULT_BUILDER, models.builder_name = DEFAULT_BUILDER, builder_name
     recipe = types.ModuleType("mxlab.recipe")
     recipe.load_recipe, recipe.apply_recipe = load_recipe, apply_recipe
     recipe.quantizable_modules, recipe.single_layer_recipe = quantizable_modules, single_layer_recipe
