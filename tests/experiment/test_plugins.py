@@ -202,3 +202,17 @@ def test_a_bad_tasks_table_is_refused():
 
 
 _TABLE = {"train_examples": 8, "eval_examples": 8}
+
+
+def test_mxlab_run_refuses_a_model_whose_heads_are_not_the_declared_tasks(tmp_path):
+    from typer.testing import CliRunner
+
+    from mxlab.cli import app
+
+    spec = tmp_path / "plugin.toml"
+    text = SPEC.format(here=HERE, heads=json.dumps(["ctr", "like"]))
+    spec.write_text(text.replace(f"{HERE}:build_heads", f"{HERE}:build_two_heads").replace("hidden = 8\n", ""))
+    result = CliRunner().invoke(app, ["run", str(spec), "--device", "cpu", "--out", str(tmp_path / "study")])
+    assert result.exit_code != 0
+    assert "returns the heads ['ctr', 'other']; the [tasks] declare ['ctr', 'like']" in " ".join(result.output.split())
+    assert not (tmp_path / "study" / "runs").exists()
