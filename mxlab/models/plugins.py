@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -16,7 +17,9 @@ from mxlab.registry import Registry
 from mxlab.tasks import TaskSet
 
 DEFAULT_BUILDER = "gem"
-MODEL_BUILDERS = Registry("model builder", {DEFAULT_BUILDER: "mxlab.models:build_gem"})
+MODEL_BUILDERS = Registry(
+    "model builder", {DEFAULT_BUILDER: "mxlab.models:build_gem", "dcn": "mxlab.models.dcn:build_dcn"}
+)
 
 
 def builder_name(model_table: Mapping[str, Any]) -> str:
@@ -25,16 +28,21 @@ def builder_name(model_table: Mapping[str, Any]) -> str:
 
 
 def validate_model_table(model_table: Mapping[str, Any]) -> Any:
-    """Return the checked [model] table: the GEM-like model's ModelConfig, or a plug-in builder's table as given.
-    Refuses (ValueError) what validate_model_config refuses and a builder that is not registered, does not
-    import or is not callable, naming the value and the accepted builders."""
+    """Return the checked [model] table: the GEM-like model's ModelConfig; for another builder, its table with the
+    defaults its `validate` attribute fills in (a builder without one: the table as given). Refuses (ValueError)
+    what those validators refuse and a builder that is not registered, does not import or is not callable,
+    naming the value and the accepted builders."""
     if not isinstance(model_table, Mapping):
         raise ValueError(f"[model] must be a table, got {model_table!r}")
     name = builder_name(model_table)
     if name == DEFAULT_BUILDER:
         return validate_model_config({k: v for k, v in model_table.items() if k != "builder"})
-    MODEL_BUILDERS.resolve(name)
-    return dict(model_table)
+    validate = getattr(MODEL_BUILDERS.resolve(name), "validate", None)
+    if validate is None:
+        return dict(model_table)
+    config = validate({k: v for k, v in model_table.items() if k != "builder"})
+    values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    return {"builder": name, **{k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}}
 
 
 def build(model_table: Mapping[str, Any], info: DataInfo, tasks: TaskSet) -> torch.nn.Module:
