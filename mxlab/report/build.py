@@ -181,6 +181,13 @@ def _delong(analysis: StudyAnalysis) -> Block | None:
     )
 
 
+def _eval_size(n: dict[str, int]) -> str:
+    """The eval set's size: impressions (and clicked ones) of the ESMM tasks, else of the first declared task."""
+    if not n or set(n) <= set(metrics.TASKS):
+        return f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked)"
+    return f"{next(iter(n.values()))} eval impressions"
+
+
 def _secondary_names(analysis: StudyAnalysis) -> list[str]:
     """The metrics of the eval sets' tasks that are not endpoints, sorted."""
     tasks = tuple(analysis.inputs.n_examples or metrics.TASKS)
@@ -364,9 +371,7 @@ def _write_report(directory: Path, analysis: StudyAnalysis) -> dict[str, Path]:
         Paragraph(
             f"Baseline **{study.baseline}**; arms "
             f"{', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
-            f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
-            + design_text(study.spec)
-            + gate_text(study.spec)
+            f"{_eval_size(n)} from {analysis.inputs.n_users} users. " + design_text(study.spec) + gate_text(study.spec)
         )
     )
     blocks += decision_section(analysis) + ship_table(analysis) + diagnostics(analysis) + _truth_ceiling(analysis)
