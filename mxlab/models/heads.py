@@ -37,7 +37,11 @@ def head_logits(output: Any, heads: tuple[str, ...]) -> dict[str, torch.Tensor]:
 
 def check_outputs(model: torch.nn.Module, batch: JaggedBatch, tasks: TaskSet) -> None:
     """Run `model` on `batch` without gradients and refuse (ValueError) outputs that are not one (B,) logit per
-    declared head, naming the heads, shapes and what was expected."""
+    declared head, and a batch without the label of an independent head, naming the heads, shapes and what was
+    expected."""
+    if tasks.relation != "esmm":
+        for head in tasks.heads:
+            head_label(batch, head)
     was_training = model.training
     model.eval()
     try:

@@ -216,3 +216,20 @@ def test_mxlab_run_refuses_a_model_whose_heads_are_not_the_declared_tasks(tmp_pa
     assert result.exit_code != 0
     assert "returns the heads ['ctr', 'other']; the [tasks] declare ['ctr', 'like']" in " ".join(result.output.split())
     assert not (tmp_path / "study" / "runs").exists()
+
+
+def test_mxlab_run_refuses_a_declared_head_the_source_does_not_label(tmp_path):
+    from typer.testing import CliRunner
+
+    from mxlab.cli import app
+
+    spec = tmp_path / "dcn.toml"
+    spec.write_text(
+        'name = "unlabelled"\nseeds = [0]\nbaseline = "bf16"\narms = ["bf16"]\n'
+        '[data]\nsource = "synthetic"\ntrain_examples = 256\neval_examples = 256\nn_users = 20\n'
+        '[model]\nbuilder = "dcn"\nmax_history = 8\n'
+        '[tasks]\nrelation = "independent"\nheads = ["ctr", "like"]\n'
+    )
+    result = CliRunner().invoke(app, ["run", str(spec), "--device", "cpu", "--out", str(tmp_path / "study")])
+    assert result.exit_code != 0
+    assert "the batch has no label for the head 'like'; it labels: ['ctr']" in " ".join(result.output.split())
