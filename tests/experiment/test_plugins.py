@@ -233,3 +233,27 @@ def test_mxlab_run_refuses_a_declared_head_the_source_does_not_label(tmp_path):
     result = CliRunner().invoke(app, ["run", str(spec), "--device", "cpu", "--out", str(tmp_path / "study")])
     assert result.exit_code != 0
     assert "the batch has no label for the head 'like'; it labels: ['ctr']" in " ".join(result.output.split())
+
+
+def test_a_study_of_a_torchrec_model_through_the_plug_in_path(tmp_path):
+    pytest.importorskip("torchrec", reason="torchrec not installed (docs/applying.md)")
+    from mxlab.cli.study_commands import write_study_report
+    from mxlab.experiment import load_spec
+    from mxlab.experiment.runner import run_study
+
+    spec = tmp_path / "torchrec.toml"
+    spec.write_text(
+        'name = "torchrec-dcn"\nseeds = [0]\nbaseline = "bf16"\narms = ["bf16", "mxfp8-rceil"]\n'
+        '[data]\nsource = "synthetic"\ntrain_examples = 256\neval_examples = 1024\nn_users = 40\n'
+        "base_ctr = 0.2\nbase_cvr = 0.3\n"
+        '[model]\nbuilder = "experiments.examples.torchrec_dcn:build_dlrm_dcn"\nmax_history = 8\n'
+        "[train]\nbatch_size = 64\nmax_steps = 2\neval_batch_size = 1024\ncpu_threads = 1\n"
+    )
+    out = tmp_path / "study"
+    run_study(load_spec(spec), out, device="cpu", executor="inline", show_progress=False)  # one process: one import
+    write_study_report(out)
+    quantized = json.loads((out / "runs/mxfp8-rceil/seed0/plan.json").read_text())["quantized"]
+    assert any(name.startswith("dlrm.dense_arch.") for name in quantized)
+    assert any(name.startswith("dlrm.over_arch.") for name in quantized)
+    summary = json.loads((out / "summary.json").read_text())
+    assert {row["metric"].split(".")[0] for row in summary["comparisons"]} == {"ctr", "cvr", "ctcvr"}
