@@ -122,7 +122,8 @@ def stability_section(analysis: StudyAnalysis) -> list[Block]:
     settings = analysis.settings
     threshold, rows = stability(analysis.study, analysis.inputs.run_metrics, settings.confidence, settings.correction)
     criterion = (
-        f"stuck = finished with a final held-out CTR AUC below {threshold:.4f} (the baseline runs' median minus "
+        f"stuck = finished with a final held-out {analysis.study.tasks[0].upper()} AUC below {threshold:.4f} "
+        "(the baseline runs' median minus "
         f"{STUCK_MADS:g} x their median absolute deviation, at least {MAD_FLOOR:g})"
         if math.isfinite(threshold)
         else "stuck runs not assessed: fewer than 3 finished baseline runs"
