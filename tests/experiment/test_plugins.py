@@ -257,3 +257,15 @@ def test_a_study_of_a_torchrec_model_through_the_plug_in_path(tmp_path):
     assert any(name.startswith("dlrm.over_arch.") for name in quantized)
     summary = json.loads((out / "summary.json").read_text())
     assert {row["metric"].split(".")[0] for row in summary["comparisons"]} == {"ctr", "cvr", "ctcvr"}
+
+
+def test_the_warm_up_gate_judges_independent_tasks_by_their_own_metrics():
+    from mxlab.experiment.gate import gate_from_table
+
+    tasks = ("ctr", "like")
+    gate = gate_from_table({"median_band": ["like.ne", "ctr.auc"]}, seeds=[0], fork=True, has_truth=False, tasks=tasks)
+    assert gate.median_band == ("like.ne", "ctr.auc")
+    with pytest.raises(ValueError, match=r"gate.median_band names \['ctcvr.ne'\], .* accepted: ctr.auc, ctr.ne, like"):
+        gate_from_table({"median_band": ["ctcvr.ne"]}, seeds=[0], fork=True, has_truth=False, tasks=tasks)
+    with pytest.raises(ValueError, match=r"gate.median_band names unknown metric 'share.ne'; accepted: ctr.auc"):
+        gate_from_table({"median_band": ["share.ne"]}, seeds=[0], fork=True, has_truth=False, tasks=tasks)
