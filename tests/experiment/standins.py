@@ -174,6 +174,7 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
 
     import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
     import mxlab.recipe.shipped  # noqa: F401  (the shipped recipes, where a spec's arms are looked up last)
+    import mxlab.report  # noqa: F401  (the analysis and report, bound to the real mxlab.data before it is replaced)
     from mxlab.data import SOURCE_REGISTRY
 
     for name in SOURCE_REGISTRY:  # the registered sources' modules, cached before their package is replaced
