@@ -6,6 +6,9 @@ Tasks (the ESMM decomposition):
 - ``cvr``: conversion given click, on the clicked impressions only, predictions ``p_cvr``.
 - ``ctcvr``: click and conversion given impression, on all impressions, predictions ``p_ctcvr``.
 
+Independent tasks (mxlab.tasks, relation "independent"): task ``T`` on all impressions, labels ``label_T``,
+predictions ``p_T``; the ``tasks`` array names them.
+
 Conventions (the report prints :data:`METRIC_CONVENTIONS`):
 
 - AUC is exact: the Mann-Whitney statistic from average (mid) ranks, so tied
@@ -47,12 +50,22 @@ EVAL_REQUIRED_KEYS: tuple[str, ...] = ("click", "conversion", "p_ctr", "p_cvr", 
 EVAL_TRUTH_KEYS: tuple[str, ...] = ("true_ctr", "true_cvr")
 # Optional: the tasks the source labels (a click-only source writes ["ctr"]); absent = every task.
 EVAL_TASKS_KEY = "tasks"
+LABEL_PREFIX = "label_"  # the labels of an independent task T: label_T (predictions p_T)
+
+
+def independent_tasks(eval_arrays: Mapping[str, np.ndarray]) -> tuple[str, ...]:
+    """The independent tasks of eval arrays: those of their ``tasks`` array with a ``label_T`` array."""
+    named = np.asarray(eval_arrays.get(EVAL_TASKS_KEY, np.array([], dtype=str))).reshape(-1)
+    return tuple(str(task) for task in named if f"{LABEL_PREFIX}{task}" in eval_arrays)
 
 
 def conventions(tasks: tuple[str, ...] = TASKS) -> dict[str, str]:
     """:data:`METRIC_CONVENTIONS` with its "tasks" entry naming only `tasks` (every task when empty)."""
     named = [task for task in TASKS if task in tasks] or list(TASKS)
-    return {**METRIC_CONVENTIONS, "tasks": "; ".join(f"{task} {TASK_DESCRIPTIONS[task]}" for task in named)}
+    described = [f"{task} {TASK_DESCRIPTIONS[task]}" for task in named]
+    if any(task not in TASKS for task in tasks):
+        described = [f"{task} on all impressions (p_{task} against {LABEL_PREFIX}{task})" for task in tasks]
+    return {**METRIC_CONVENTIONS, "tasks": "; ".join(described)}
 
 
 def tasks_of(has_conversion: bool) -> tuple[str, ...]:
@@ -66,8 +79,14 @@ def eval_tasks(eval_arrays: Mapping[str, np.ndarray]) -> tuple[str, ...]:
     if EVAL_TASKS_KEY not in eval_arrays:
         return TASKS
     named = tuple(str(task) for task in np.asarray(eval_arrays[EVAL_TASKS_KEY]).reshape(-1))
+    independent = independent_tasks(eval_arrays)
+    if independent and independent == named:
+        return named
     if "ctr" not in named or any(task not in TASKS for task in named):
-        raise ValueError(f"eval array 'tasks' is {list(named)}; accepted: ctr and any of {list(TASKS[1:])}")
+        raise ValueError(
+            f"eval array 'tasks' is {list(named)}; accepted: ctr and any of {list(TASKS[1:])}, "
+            f"or independent tasks T each with a {LABEL_PREFIX}T array"
+        )
     return tuple(task for task in TASKS if task in named)
 
 
@@ -365,6 +384,15 @@ def load_eval(
     if tasks is not None and EVAL_TASKS_KEY not in arrays and tuple(tasks) != TASKS:
         arrays[EVAL_TASKS_KEY] = np.array(list(tasks))
         eval_tasks(arrays)
+    independent = independent_tasks(arrays)
+    if independent:
+        required = ("user_id",) + tuple(f"{prefix}{t}" for t in independent for prefix in (LABEL_PREFIX, "p_"))
+        missing = [k for k in required if k not in arrays]
+        if missing:
+            raise ValueError(
+                f"eval arrays lack {missing}; required for the tasks {list(independent)}: {list(required)}"
+            )
+        return _same_lengths(arrays, required, "user_id")
     missing = [k for k in EVAL_REQUIRED_KEYS if k not in arrays]
     if missing:
         raise ValueError(
@@ -373,16 +401,29 @@ def load_eval(
     has_truth = [k in arrays for k in EVAL_TRUTH_KEYS]
     if any(has_truth) and not all(has_truth):
         raise ValueError(f"eval arrays must have both or none of {list(EVAL_TRUTH_KEYS)}, got {sorted(arrays)}")
-    n = arrays["click"].shape
-    for key in EVAL_REQUIRED_KEYS + EVAL_TRUTH_KEYS:
+    return _same_lengths(arrays, EVAL_REQUIRED_KEYS + EVAL_TRUTH_KEYS, "click")
+
+
+def _same_lengths(arrays: dict[str, np.ndarray], keys: Sequence[str], first: str) -> dict[str, np.ndarray]:
+    """`arrays`, refused (ValueError) when one of `keys` has another shape than `first`, naming both."""
+    n = arrays[first].shape
+    for key in keys:
         if key in arrays and arrays[key].shape != n:
-            raise ValueError(f"eval array {key!r} has shape {arrays[key].shape}, expected {n} like 'click'")
+            raise ValueError(f"eval array {key!r} has shape {arrays[key].shape}, expected {n} like {first!r}")
     return arrays
 
 
 def task_views(eval_arrays: Mapping[str, np.ndarray]) -> dict[str, TaskView]:
     """One :class:`TaskView` per task of loaded eval arrays (ctr, cvr on clicked impressions, ctcvr; only
-    those of :func:`eval_tasks`)."""
+    those of :func:`eval_tasks`; an independent task T: label_T against p_T on all impressions)."""
+    independent = independent_tasks(eval_arrays)
+    if independent:
+        return {
+            task: TaskView(
+                task, None, eval_arrays[f"{LABEL_PREFIX}{task}"], eval_arrays[f"p_{task}"], eval_arrays["user_id"], None
+            )
+            for task in independent
+        }
     click = eval_arrays["click"].astype(np.float64)
     conversion = eval_arrays["conversion"].astype(np.float64)
     if np.any(conversion > click):

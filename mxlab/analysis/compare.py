@@ -16,7 +16,7 @@ import numpy as np
 
 from mxlab import metrics
 from mxlab.analysis.decision import CandidateDecision
-from mxlab.analysis.reduce import PAIRING_ARRAYS, reduce_runs, user_indices
+from mxlab.analysis.reduce import pairing_arrays, reduce_runs, user_indices
 from mxlab.analysis.stats import SeedDeltas, eval_variances, paired_delta, truth_log_loss
 from mxlab.analysis.study import StudyData, StudyInputs, disjoint_pairs
 from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
@@ -211,7 +211,7 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
     reference = study.eval_arrays(*reference_key)
     for key in keys[1:]:
         with np.load(study.run_dir(*key) / "eval.npz", allow_pickle=False) as loaded:
-            for name in PAIRING_ARRAYS:
+            for name in pairing_arrays(reference):
                 if not np.array_equal(loaded[name], reference[name]):
                     raise ValueError(
                         f"eval.npz of {key[0]}/seed{key[1]} has different {name!r} from {reference_key[0]}/"
@@ -227,7 +227,7 @@ def inputs_from_runs(study: StudyData, metric_names: tuple[str, ...], workers: i
         )
         for group in per_seed
     ]
-    reductions = reduce_runs(jobs, int(reference["click"].size), workers)
+    reductions = reduce_runs(jobs, int(reference["user_id"].size), workers)
     reduced = {key: run for group, runs in zip(per_seed, reductions) for key, run in zip(group, runs)}
     for (arm, seed), run in reduced.items():
         run_metrics[arm][seed] = run.metrics

@@ -21,10 +21,10 @@ from mxlab.analysis.stats import Estimate, SeedDeltas, estimate
 from mxlab.analysis.study import StudyData, StudyInputs, inputs_from_summary, load_study
 from mxlab.analysis.verdicts import Hypothesis, Verdict, decide
 from mxlab.experiment.report_settings import (
-    METRIC_NAMES,
     MIN_PAIRED_SEEDS,
     TRUTH_METRIC_KINDS,
     ReportSettings,
+    metric_names,
     worse_when,
 )
 
@@ -146,12 +146,13 @@ def _is_fork(study: StudyData) -> bool:
 def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) -> StudyAnalysis:
     """The analysis of a study (module docstring). Refuses a primary truth metric (excess_ne) on a study
     without truth, and a candidate or control that is not an arm."""
+    names = metric_names(study.tasks)
     if inputs.truth is None and inputs.deltas:
         lacking = [m for m in settings.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
         if lacking:
             raise ValueError(
                 f"primary metric(s) {lacking} need a source with truth; this study has none "
-                f"(accepted here: {[m for m in METRIC_NAMES if m.split('.', 1)[1] not in TRUTH_METRIC_KINDS]})"
+                f"(accepted here: {[m for m in names if m.split('.')[1] not in TRUTH_METRIC_KINDS]})"
             )
     settings.check_arms(study.arms, study.baseline)
     endpoints = [m for m in settings.endpoints if any(k[1] == m for k in inputs.deltas)]
@@ -196,7 +197,7 @@ def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) ->
                 "secondary metric: unadjusted interval, no verdict", settings.margin(metric), role,
             )
         )  # fmt: skip
-    order = {m: i for i, m in enumerate(endpoints + [m for m in METRIC_NAMES if m not in endpoints])}
+    order = {m: i for i, m in enumerate(endpoints + [m for m in names if m not in endpoints])}
     comparisons.sort(key=lambda c: (study.arms.index(c.arm), order[c.metric]))
     aa = []
     if not _is_fork(study):  # a fork's disjoint pairs start from different warm-ups: no A/A; the placebo is its null
@@ -241,7 +242,7 @@ def analyze_study(study_dir: str | PathLike | StudyData, settings: ReportSetting
     if settings is None:
         settings = ReportSettings.from_dict(study.spec.get("report"), legacy=True, tasks=study.tasks)
     if study.has_runs:
-        inputs = inputs_from_runs(study, METRIC_NAMES)
+        inputs = inputs_from_runs(study, metric_names(study.tasks))
     else:
         inputs = inputs_from_summary(json.loads((study.directory / "summary.json").read_text()), study.baseline)
     return conclude(study, inputs, settings)

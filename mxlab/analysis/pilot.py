@@ -23,7 +23,7 @@ import numpy as np
 from mxlab.analysis.compare import inputs_from_runs
 from mxlab.analysis.power import NoiseModel, fit_noise_model
 from mxlab.analysis.study import StudyData, inputs_from_summary, load_study
-from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
+from mxlab.experiment.report_settings import ReportSettings, metric_names
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def _study_and_inputs(path: Path):
             raise ValueError(f"pilot {str(directory)!r} has no runs/ folder and no summary.json")
         inputs = inputs_from_summary(json.loads(summary.read_text()), study.baseline)
     else:
-        inputs = inputs_from_runs(study, METRIC_NAMES)
+        inputs = inputs_from_runs(study, metric_names(study.tasks))
     return study, inputs
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +22,16 @@ from mxlab import metrics
 from mxlab.analysis.stats import DeLongResult, RunSums, delong_components, delong_from_components, delong_result
 
 PAIRING_ARRAYS = ("click", "conversion", "user_id")  # what every run of a study must share, in the same order
+
+
+def pairing_arrays(arrays: Mapping[str, np.ndarray]) -> tuple[str, ...]:
+    """The arrays every run of a study must share: PAIRING_ARRAYS, or the users and labels of independent tasks."""
+    independent = metrics.independent_tasks(arrays)
+    if independent:
+        return ("user_id",) + tuple(f"{metrics.LABEL_PREFIX}{task}" for task in independent)
+    return PAIRING_ARRAYS
+
+
 PARALLEL_MIN_EXAMPLES = 4_000_000  # runs x eval examples from which a pool of processes pays for its start
 
 

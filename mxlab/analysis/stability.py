@@ -65,11 +65,14 @@ def stability(
     confidence: float = 0.95,
     correction: str = "holm",
 ) -> tuple[float, list[ArmStability]]:
-    """(the stuck threshold, per trained arm its ArmStability, the baseline first). ``run_metrics``:
-    arm -> seed -> task -> metrics (StudyInputs.run_metrics). Refuses an unknown correction."""
+    """(the stuck threshold, per trained arm its ArmStability, the baseline first), on the AUC of the study's first
+    task (CTR under ESMM). ``run_metrics``: arm -> seed -> task -> metrics (StudyInputs.run_metrics). Refuses an
+    unknown correction."""
+
+    task = study.tasks[0]  # CTR, or the first declared task
 
     def auc(arm: str, seed: int) -> float:
-        return float(run_metrics.get(arm, {}).get(seed, {}).get("ctr", {}).get("auc", math.nan))
+        return float(run_metrics.get(arm, {}).get(seed, {}).get(task, {}).get("auc", math.nan))
 
     base = study.baseline
     threshold = stuck_threshold([auc(base, s) for s in study.seeds if study.runs[(base, s)].status == "finished"])

@@ -21,8 +21,9 @@ from scipy import stats as scipy_stats
 
 from mxlab import io, metrics
 from mxlab.analysis.stats import DeLongResult, SeedDeltas
-from mxlab.data import SOURCES, source_tasks
+from mxlab.data import SOURCE_REGISTRY, source_tasks
 from mxlab.experiment.artefacts import eval_problem
+from mxlab.tasks import task_set
 
 RUN_STATUSES = ("finished", "diverged", "skipped", "missing")
 LEGACY_METRIC_KINDS = {"ne_pct": "ne", "auc": "auc", "calibration_error": "calibration_error", "ece": "ece"}
@@ -80,13 +81,19 @@ class StudyData:
 
 
 def recorded_tasks(spec: dict[str, Any]) -> tuple[str, ...]:
-    """The tasks the data source recorded in study.json labels (mxlab.data.source_tasks; every task when no
-    source is recorded). Refuses an unknown source, naming it and the accepted ones."""
+    """The tasks of the study recorded in study.json: its declared independent heads ([tasks], mxlab.tasks), else
+    those its data source labels (mxlab.data.source_tasks; every task when no source is recorded). Refuses an
+    unknown source or tasks table, naming it and the accepted ones."""
+    declared = task_set(spec.get("tasks"))
+    if declared.relation != "esmm":
+        return declared.heads
     source = (spec.get("data") or {}).get("source")
     if source is None:
         return metrics.TASKS
-    if source not in SOURCES:
-        raise ValueError(f"study.json records data source {source!r}; accepted: {', '.join(SOURCES)}")
+    if not SOURCE_REGISTRY.is_known(source):
+        raise ValueError(
+            f"study.json records data source {source!r}; accepted: {', '.join(SOURCE_REGISTRY)} or 'pkg.module:attr'"
+        )
     return source_tasks(source)
 
 

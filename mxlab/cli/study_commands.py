@@ -142,15 +142,17 @@ def report(study_dir: Path, settings_from: Path | None = None) -> int:
         from mxlab import io
         from mxlab.experiment.spec import report_settings, tomllib
         from mxlab.report import write_report
+        from mxlab.tasks import task_set
 
         settings = None
         if settings_from is not None:
             if not Path(settings_from).is_file():
                 raise ValueError(f"--settings {settings_from}: no such file")
-            source = (io.read_json(Path(study_dir) / "study.json").get("data") or {}).get("source")
+            recorded = io.read_json(Path(study_dir) / "study.json")
+            source = (recorded.get("data") or {}).get("source")
             table = tomllib.loads(Path(settings_from).read_text()).get("report", {})
             try:
-                settings = report_settings(table, source)
+                settings = report_settings(table, source, task_set(recorded.get("tasks")))
             except ValueError as error:
                 raise ValueError(f"--settings {settings_from} for a study of data source {source!r}: {error}") from None
         paths = write_report(Path(study_dir), settings=settings)

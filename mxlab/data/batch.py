@@ -17,7 +17,8 @@ class JaggedBatch:
     (oldest first), with one action type per item. ``true_ctr``/``true_cvr`` are the true
     probabilities where the source knows them (synthetic data), else None. ``has_conversion``
     is False for sources without a conversion label (Criteo): ``conversion`` is then all zeros
-    and `mxlab.models.esmm_loss` leaves the CTCVR term out of the loss.
+    and `mxlab.models.esmm_loss` leaves the CTCVR term out of the loss. ``labels``: the 0/1 labels of
+    independent tasks by head name (mxlab.tasks), (B,) each, where the source has such tasks, else None.
     """
 
     dense: torch.Tensor
@@ -31,6 +32,7 @@ class JaggedBatch:
     true_ctr: torch.Tensor | None = None
     true_cvr: torch.Tensor | None = None
     has_conversion: bool = True
+    labels: dict[str, torch.Tensor] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -50,6 +52,8 @@ class JaggedBatch:
         for field in fields(self):
             value = getattr(self, field.name)
             moved[field.name] = value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
+        if self.labels is not None:
+            moved["labels"] = {name: label.to(device, non_blocking=True) for name, label in self.labels.items()}
         return JaggedBatch(**moved)
 
     def take(self, index: torch.Tensor) -> JaggedBatch:
@@ -77,6 +81,7 @@ class JaggedBatch:
             user_id=rows(self.user_id),
             true_ctr=rows(self.true_ctr),
             true_cvr=rows(self.true_cvr),
+            labels=None if self.labels is None else {name: rows(label) for name, label in self.labels.items()},
         )
 
     def slice(self, start: int, stop: int) -> JaggedBatch:
@@ -97,6 +102,7 @@ class JaggedBatch:
             user_id=rows(self.user_id),
             true_ctr=rows(self.true_ctr),
             true_cvr=rows(self.true_cvr),
+            labels=None if self.labels is None else {name: rows(label) for name, label in self.labels.items()},
         )
 
     @staticmethod
@@ -128,6 +134,9 @@ class JaggedBatch:
             true_ctr=cat("true_ctr"),
             true_cvr=cat("true_cvr"),
             has_conversion=batches[0].has_conversion,
+            labels=None
+            if batches[0].labels is None
+            else {name: torch.cat([batch.labels[name] for batch in batches]) for name in batches[0].labels},
         )
 
 
@@ -158,11 +167,22 @@ class DataInfo:
 
 
 class DataSource(ABC):
-    """A source of train and eval batches (see docs/INTERFACES.md)."""
+    """A source of train and eval batches (see docs/INTERFACES.md). A built-in source class also says how its
+    [data] table is read: `config_class` (the dataclass of its keys), `table_only_keys` (keys resolved into
+    the config's fields), `tasks` (the tasks it labels) and `knows_truth` (true probabilities are known)."""
 
     info: DataInfo
     n_train: int
     n_eval: int
+    config_class: type | None = None
+    table_only_keys: tuple[str, ...] = ()
+    tasks: tuple[str, ...] = ("ctr", "cvr", "ctcvr")
+    knows_truth: bool = False
+
+    @classmethod
+    def resolve_table(cls, table: dict) -> dict:
+        """The [data] table with its table-only keys resolved (a synthetic preset); the table itself by default."""
+        return table
 
     @abstractmethod
     def train_batches(self, batch_size: int, seed: int, epoch: int) -> Iterator[JaggedBatch]:

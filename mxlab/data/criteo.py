@@ -132,6 +132,9 @@ def _count_rows(path: Path) -> int:
 class CriteoSource(DataSource):
     """Streaming Criteo-format examples; see the module docstring."""
 
+    config_class = CriteoConfig
+    tasks = ("ctr",)  # no conversion labels (DataInfo.has_conversion False)
+
     def __init__(self, config: CriteoConfig, max_history: int) -> None:
         self.config = config
         self.path = Path(config.path)

@@ -194,6 +194,8 @@ def _bucket(values: np.ndarray, edges: tuple[int, ...]) -> np.ndarray:
 class MovieLensSource(DataSource):
     """MovieLens-100K examples in memory (100k ratings); see the module docstring."""
 
+    config_class = MovieLensConfig
+
     def __init__(self, config: MovieLensConfig, max_history: int) -> None:
         cache_dir = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
         if not (cache_dir / FILES[0]).exists():

@@ -254,6 +254,15 @@ class _World:
 class SyntheticSource(DataSource):
     """Streamed synthetic examples with known true CTR and CVR (module docstring has the process)."""
 
+    config_class = SyntheticConfig
+    table_only_keys = ("preset", "eval_impressions_per_user")
+    knows_truth = True
+
+    @classmethod
+    def resolve_table(cls, table: dict) -> dict:
+        """The [data] table with its preset expanded (`resolve_synthetic_table`)."""
+        return resolve_synthetic_table(table)
+
     def __init__(self, config: SyntheticConfig, max_history: int) -> None:
         if max_history < 1:
             raise ValueError(f"max_history must be >= 1; got {max_history}")

@@ -8,6 +8,8 @@ import numpy as np
 import torch
 
 from mxlab import metrics
+from mxlab.models import head_label, head_logits
+from mxlab.tasks import ESMM_HEADS, TaskSet
 
 EVAL_FIELDS = ("click", "conversion", "p_ctr", "p_cvr", "p_ctcvr", "user_id")
 TRUTH_FIELDS = ("true_ctr", "true_cvr")
@@ -19,16 +21,24 @@ def _numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
 
 @torch.no_grad()
 def evaluate_model(
-    model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int = 0
+    model: torch.nn.Module,
+    source: Any,
+    batch_size: int,
+    device: torch.device | str,
+    limit: int = 0,
+    tasks: TaskSet | None = None,
 ) -> dict[str, np.ndarray]:
     """Run `model` over `source.eval_batches(batch_size)` (with `limit` > 0, only the first whole
     batches that hold at least `limit` examples); return eval.npz's arrays.
 
     Keys: click, conversion, p_ctr, p_cvr, p_ctcvr (float32), user_id (int64), true_ctr, true_cvr when
     the source has ground truth, and tasks (["ctr"]) when it has no conversion labels
-    (mxlab.metrics.eval_tasks). p_ctcvr = p_ctr * p_cvr. The model is left in
+    (mxlab.metrics.eval_tasks). p_ctcvr = p_ctr * p_cvr. Independent `tasks` (mxlab.tasks) give instead
+    per head H label_H and p_H, user_id and tasks (the heads). The model is left in
     train mode afterwards. Refuses an eval set with no examples.
     """
+    if tasks is not None and tasks.relation != "esmm":
+        return _evaluate_heads(model, source, batch_size, device, limit, tasks.heads)
     was_training = model.training
     model.eval()
     columns: dict[str, list[Any]] = {key: [] for key in EVAL_FIELDS + TRUTH_FIELDS}
@@ -38,11 +48,11 @@ def evaluate_model(
             if limit and seen >= limit:
                 break
             seen += int(host_batch.click.shape[0])
-            output = model(host_batch.to(device))
+            output = head_logits(model(host_batch.to(device)), ESMM_HEADS)
             # predictions stay on the device until the end (one read, no sync per batch); labels
             # come from the batch as the source made it
-            columns["p_ctr"].append(output.ctr_logit.detach().float())
-            columns["p_cvr"].append(output.cvr_logit.detach().float())
+            columns["p_ctr"].append(output["ctr"].detach().float())
+            columns["p_cvr"].append(output["cvr"].detach().float())
             columns["click"].append(_numpy(host_batch.click, torch.float32))
             columns["conversion"].append(_numpy(host_batch.conversion, torch.float32))
             columns["user_id"].append(_numpy(host_batch.user_id, torch.int64))
@@ -69,29 +79,78 @@ def evaluate_model(
     arrays["p_ctr"] = arrays["p_ctr"].astype(np.float32)
     arrays["p_cvr"] = arrays["p_cvr"].astype(np.float32)
     arrays["p_ctcvr"] = arrays["p_ctcvr"].astype(np.float32)
-    tasks = source_tasks(source)
-    if tasks != metrics.TASKS:
-        arrays[metrics.EVAL_TASKS_KEY] = np.array(tasks)
+    labelled = source_tasks(source)
+    if labelled != metrics.TASKS:
+        arrays[metrics.EVAL_TASKS_KEY] = np.array(labelled)
     return arrays
 
 
-def source_tasks(source: Any) -> tuple[str, ...]:
-    """The tasks `source` labels (mxlab.metrics.tasks_of its info.has_conversion)."""
+def _evaluate_heads(
+    model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int, heads: tuple[str, ...]
+) -> dict[str, np.ndarray]:
+    """eval.npz's arrays of independent heads: label_H, p_H (float32) per head, user_id, tasks."""
+    was_training = model.training
+    model.eval()
+    columns: dict[str, list[Any]] = {"user_id": []}
+    try:
+        seen = 0
+        for host_batch in source.eval_batches(batch_size):
+            if limit and seen >= limit:
+                break
+            seen += int(host_batch.click.shape[0])
+            logits = head_logits(model(host_batch.to(device)), heads)
+            for head in heads:
+                columns.setdefault(f"p_{head}", []).append(torch.sigmoid(logits[head].detach().float()).cpu())
+                columns.setdefault(f"{metrics.LABEL_PREFIX}{head}", []).append(head_label(host_batch, head).cpu())
+            columns["user_id"].append(_numpy(host_batch.user_id, torch.int64))
+    finally:
+        model.train(was_training)
+    if not columns["user_id"]:
+        raise ValueError("the eval set has no examples; set data.eval_examples > 0")
+    arrays = {
+        key: np.concatenate([_numpy(torch.as_tensor(v), torch.float32) for v in values])
+        for key, values in columns.items()
+        if key != "user_id"
+    }
+    arrays["user_id"] = np.concatenate(columns["user_id"])
+    arrays[metrics.EVAL_TASKS_KEY] = np.array(heads)
+    return arrays
+
+
+def source_tasks(source: Any, tasks: TaskSet | None = None) -> tuple[str, ...]:
+    """The tasks evaluated on `source`: under ESMM those it labels (mxlab.metrics.tasks_of its
+    info.has_conversion), else the independent heads of `tasks`."""
+    if tasks is not None and tasks.relation != "esmm":
+        return tasks.heads
     return metrics.tasks_of(getattr(source.info, "has_conversion", True))
 
 
 def held_out_metrics(
-    model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int = 0
+    model: torch.nn.Module,
+    source: Any,
+    batch_size: int,
+    device: torch.device | str,
+    limit: int = 0,
+    tasks: TaskSet | None = None,
 ) -> dict[str, float | None]:
-    """NE and AUC of CTR and CTCVR (CTR alone for a source without conversions) on the first `limit` eval
-    examples (0 = all; see `evaluate_model`): {"ctr.ne", "ctr.auc", "ctcvr.ne", "ctcvr.auc", "examples"};
-    a metric the slice cannot give (one class only) is None."""
-    arrays = evaluate_model(model, source, min(batch_size, limit) if limit else batch_size, device, limit)
-    labels = {"ctr": arrays["click"], "ctcvr": arrays["click"] * arrays["conversion"]}
-    labels = {task: label for task, label in labels.items() if task in source_tasks(source)}
-    record: dict[str, float | None] = {"examples": float(len(arrays["click"]))}
+    """NE and AUC of CTR and CTCVR (CTR alone for a source without conversions; each head of independent `tasks`)
+    on the first `limit` eval examples (0 = all; see `evaluate_model`): {"ctr.ne", "ctr.auc", "ctcvr.ne",
+    "ctcvr.auc", "examples"}; a metric the slice cannot give (one class only) is None."""
+    arrays = evaluate_model(model, source, min(batch_size, limit) if limit else batch_size, device, limit, tasks)
+    labels = gate_labels(arrays)
+    record: dict[str, float | None] = {"examples": float(len(arrays["user_id"]))}
     for task, label in labels.items():
         both = 0 < float(label.sum()) < len(label)
         record[f"{task}.ne"] = metrics.normalized_entropy(label, arrays[f"p_{task}"]) if both else None
         record[f"{task}.auc"] = metrics.auc(label, arrays[f"p_{task}"]) if both else None
     return record
+
+
+def gate_labels(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The labels of the tasks that held-out metrics and the warm-up gate judge: CTR and CTCVR of the ESMM tasks
+    the arrays label (mxlab.metrics.eval_tasks), or every independent task."""
+    independent = metrics.independent_tasks(arrays)
+    if independent:
+        return {task: arrays[f"{metrics.LABEL_PREFIX}{task}"] for task in independent}
+    labels = {"ctr": arrays["click"], "ctcvr": arrays["click"] * arrays["conversion"]}
+    return {task: label for task, label in labels.items() if task in metrics.eval_tasks(arrays)}

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlab import io
+from mxlab.tasks import ESMM_TASKS
 
 GATE = "gate.json"
 GATE_METRICS = ("ctr.auc", "ctr.ne", "ctcvr.auc", "ctcvr.ne")
@@ -53,12 +54,12 @@ class GateConfig:
         return {key: list(value) if isinstance(value, tuple) else value for key, value in vars(self).items()}
 
 
-def _names(value: Any, key: str) -> tuple[str, ...]:
+def _names(value: Any, key: str, accepted: tuple[str, ...] = GATE_METRICS) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ValueError(f"gate.{key} must be a list of metric names ({', '.join(GATE_METRICS)}), got {value!r}")
+        raise ValueError(f"gate.{key} must be a list of metric names ({', '.join(accepted)}), got {value!r}")
     for name in value:
-        if name not in GATE_METRICS:
-            raise ValueError(f"gate.{key} names unknown metric {name!r}; accepted: {', '.join(GATE_METRICS)}")
+        if name not in accepted:
+            raise ValueError(f"gate.{key} names unknown metric {name!r}; accepted: {', '.join(accepted)}")
     return tuple(value)
 
 
@@ -92,17 +93,19 @@ def gate_from_table(
         raise ValueError(f"gate.oracle_margin must be >= 0, got {numbers['oracle_margin']}")
     if not 0 < numbers["band"] < 1:
         raise ValueError(f"gate.band must be in (0, 1) (a share of the median), got {numbers['band']}")
+    # independent tasks (mxlab.tasks) are judged on their own NE and AUC
+    accepted = GATE_METRICS + tuple(f"{t}.{kind}" for t in tasks if t not in ESMM_TASKS for kind in ("auc", "ne"))
     config = GateConfig(
         spare_seeds=tuple(spares),
-        beat_oracle=_names(table.get("beat_oracle", []), "beat_oracle"),
+        beat_oracle=_names(table.get("beat_oracle", []), "beat_oracle", accepted),
         oracle=oracle,
-        median_band=_names(table.get("median_band", []), "median_band"),
+        median_band=_names(table.get("median_band", []), "median_band", accepted),
         **numbers,
     )
     for key in ("beat_oracle", "median_band"):
         unlabelled = [name for name in getattr(config, key) if name.split(".", 1)[0] not in tasks]
         if unlabelled:
-            labelled = [name for name in GATE_METRICS if name.split(".", 1)[0] in tasks]
+            labelled = [name for name in accepted if name.split(".", 1)[0] in tasks]
             raise ValueError(
                 f"gate.{key} names {unlabelled}, but the data source labels only the tasks {list(tasks)}; "
                 f"accepted: {', '.join(labelled)}"
@@ -117,17 +120,16 @@ def gate_from_table(
 def warmup_metrics(run_dir: Path) -> dict[str, float]:
     """NE and AUC of CTR and CTCVR (CTR alone where the eval set labels no conversions) of a warm-up's eval.npz."""
     from mxlab import metrics
+    from mxlab.experiment.evaluate import gate_labels
 
     arrays = metrics.load_eval(Path(run_dir) / "eval.npz")
-    labels = {"ctr": arrays["click"], "ctcvr": arrays["click"] * arrays["conversion"]}
     return {
         f"{task}.{kind}": float(
-            metrics.auc(labels[task], arrays[f"p_{task}"])
+            metrics.auc(label, arrays[f"p_{task}"])
             if kind == "auc"
-            else metrics.normalized_entropy(labels[task], arrays[f"p_{task}"])
+            else metrics.normalized_entropy(label, arrays[f"p_{task}"])
         )
-        for task in ("ctr", "ctcvr")
-        if task in metrics.eval_tasks(arrays)
+        for task, label in gate_labels(arrays).items()
         for kind in ("auc", "ne")
     }
 

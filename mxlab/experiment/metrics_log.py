@@ -57,9 +57,10 @@ class LogInterval:
         previous: dict[str, Any] | None = None,
         train: Any = None,
         tasks: tuple[str, ...] = ("ctr", "ctcvr"),
+        components: tuple[str, ...] = ("ctr", "ctcvr"),
     ) -> dict[str, Any]:
-        """The metrics.jsonl record of this interval, ending at `entry`: mean losses (loss_ctcvr only when
-        `tasks` has ctcvr), loss scale, throughput, and given `train` the health fields
+        """The metrics.jsonl record of this interval, ending at `entry`: mean losses (loss_C of each of the loss's
+        `components` that `tasks` has), loss scale, throughput, and given `train` the health fields
         (mxlab.experiment.health; `previous`: the run's last record)."""
         from mxlab.experiment.health import interval_health
 
@@ -71,8 +72,7 @@ class LogInterval:
             "step": entry.step,
             "epoch": entry.epoch,
             "loss": self.mean(0),
-            "loss_ctr": self.mean(1),
-            **({"loss_ctcvr": self.mean(2)} if "ctcvr" in tasks else {}),
+            **{f"loss_{name}": self.mean(i + 1) for i, name in enumerate(components) if name in tasks},
             "loss_scale": entry.scale,
             "skipped": entry.skipped,
             "examples_per_s": self.examples / self.seconds if self.seconds > 0 else 0.0,

@@ -98,10 +98,10 @@ class SplitOptimizer:
 def make_optimizer(train: TrainConfig, model: nn.Module) -> SplitOptimizer:
     """The run's SplitOptimizer: train.optimizer (adam, adamw, sgd, adagrad; fused on CUDA for the first
     three) at train.lr over the dense parameters, weight_decay on those of 2+ dims only (GEMM weights,
-    not biases or norms); the nn.Embedding tables under RowWiseAdagrad at train.embedding_lr
+    not biases or norms); the nn.Embedding and nn.EmbeddingBag tables under RowWiseAdagrad at train.embedding_lr
     (embedding_optimizer "rowwise-adagrad") or in the dense optimizer without decay ("dense");
     gradients clipped at train.clip_grad_norm."""
-    tables = {id(module.weight) for module in model.modules() if isinstance(module, nn.Embedding)}
+    tables = {id(module.weight) for module in model.modules() if isinstance(module, (nn.Embedding, nn.EmbeddingBag))}
     decay, no_decay, embeddings = [], [], []
     for parameter in model.parameters():
         if id(parameter) in tables:

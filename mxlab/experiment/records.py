@@ -2,7 +2,8 @@
 
 A record (DIR/records/ARM/seedK.npz, deflated, written atomically) holds what the report reads from a run
 folder and nothing else: the run's exact float32 predictions (p_ctr, p_cvr; p_ctcvr only where it is not
-their float32 product), and in its `meta` entry (UTF-8 JSON) the run's small files verbatim (done.json with
+their float32 product; p_T of each independent task T), and in its `meta` entry (UTF-8 JSON) the run's small
+files verbatim (done.json with
 its step time, memory and health, config.json, plan.json, plan.txt, metrics.jsonl, numerics.jsonl), the
 study's spec digest, the eval set's fingerprint and the numerics version. The eval set itself (labels, users,
 true probabilities: the same for every run of a study) is stored once, DIR/records/eval-set.npz.
@@ -31,6 +32,7 @@ import numpy as np
 
 from mxlab import io
 from mxlab.experiment.artefacts import DONE, DONE_STATUSES, EVAL, read_done, run_is_complete
+from mxlab.metrics import LABEL_PREFIX
 
 RECORDS = "records"
 EVAL_SET = "eval-set.npz"
@@ -106,7 +108,7 @@ def read_eval_set(out_dir: Path) -> dict[str, np.ndarray]:
 
 def _write_eval_set(out_dir: Path, arrays: dict[str, np.ndarray]) -> str:
     """Write DIR/records/eval-set.npz once; return its fingerprint. Refuses an eval set other than the one there."""
-    eval_set = {key: arrays[key] for key in EVAL_SET_KEYS if key in arrays}
+    eval_set = {key: arrays[key] for key in arrays if key in EVAL_SET_KEYS or key.startswith(LABEL_PREFIX)}
     fingerprint = eval_set_fingerprint(eval_set)
     path = Path(out_dir) / RECORDS / EVAL_SET
     if path.is_file():
@@ -136,9 +138,12 @@ def write_record(out_dir: Path, arm: str, seed: int, run_dir: Path, study: dict[
         with np.load(run_dir / EVAL, allow_pickle=False) as npz:
             arrays = {key: npz[key] for key in npz.files}
         fingerprint = _write_eval_set(out_dir, arrays)
-        predictions = {key: arrays[key] for key in ("p_ctr", "p_cvr")}
-        if not np.array_equal(_ctcvr(predictions), arrays["p_ctcvr"]):
-            predictions["p_ctcvr"] = arrays["p_ctcvr"]
+        if "p_cvr" in arrays:
+            predictions = {key: arrays[key] for key in ("p_ctr", "p_cvr")}
+            if not np.array_equal(_ctcvr(predictions), arrays["p_ctcvr"]):
+                predictions["p_ctcvr"] = arrays["p_ctcvr"]
+        else:  # independent tasks (mxlab.tasks): p_T of each
+            predictions = {key: arrays[key] for key in arrays if key.startswith("p_")}
     meta = {
         "format": RECORD_FORMAT,
         "arm": arm,
@@ -207,7 +212,8 @@ def unpack_record(record: RunRecord, eval_set: dict[str, np.ndarray], run_dir: P
         io.write_text(run_dir / name, text)
     if record.done.get("status") == "finished":
         predictions = dict(record.predictions)
-        predictions.setdefault("p_ctcvr", _ctcvr(predictions))
+        if "p_cvr" in predictions:
+            predictions.setdefault("p_ctcvr", _ctcvr(predictions))
         io.write_npz(run_dir / EVAL, {**eval_set, **predictions})
 
 

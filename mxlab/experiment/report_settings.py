@@ -30,7 +30,14 @@ from typing import Any
 
 TASK_NAMES: tuple[str, ...] = ("ctr", "cvr", "ctcvr")
 METRIC_KINDS: tuple[str, ...] = ("ne", "excess_ne", "auc", "calibration", "calibration_error", "ece")
-METRIC_NAMES: tuple[str, ...] = tuple(f"{task}.{kind}" for task in TASK_NAMES for kind in METRIC_KINDS)
+
+
+def metric_names(tasks: tuple[str, ...] = TASK_NAMES) -> tuple[str, ...]:
+    """Every compared metric name (TASK.KIND) of `tasks`."""
+    return tuple(f"{task}.{kind}" for task in tasks for kind in METRIC_KINDS)
+
+
+METRIC_NAMES: tuple[str, ...] = metric_names()
 TRUTH_METRIC_KINDS: tuple[str, ...] = ("excess_ne",)
 CORRECTIONS: tuple[str, ...] = ("holm", "bonferroni", "none")
 DEFAULT_PRIMARY: tuple[str, ...] = ("ctr.ne", "ctcvr.ne")
@@ -106,8 +113,10 @@ class ReportSettings:
 
     def margin(self, metric: str) -> float:
         """The margin of a metric name (``TASK.KIND``); refuses an unknown name, listing the accepted ones."""
-        if metric not in METRIC_NAMES:
-            raise ValueError(f"unknown metric {metric!r}; accepted: {', '.join(METRIC_NAMES)}")
+        if metric not in METRIC_NAMES and (metric.count(".") != 1 or metric.split(".")[1] not in METRIC_KINDS):
+            raise ValueError(
+                f"unknown metric {metric!r}; accepted: {', '.join(METRIC_NAMES)}, or TASK.KIND of a declared task"
+            )
         if metric in self.margins:
             return self.margins[metric]
         return float(getattr(self, MARGIN_SETTING[metric.split(".", 1)[1]]))
@@ -125,21 +134,28 @@ class ReportSettings:
         values = dict(values or {})
         if legacy:
             values = _labelled({k: v for k, v in values.items() if k not in LEGACY_KEYS}, tuple(tasks))
+        independent = any(task not in TASK_NAMES for task in tasks)
         if tuple(tasks) != TASK_NAMES:
-            values.setdefault("primary", [m for m in DEFAULT_PRIMARY if m.split(".", 1)[0] in tasks])
+            primary = (
+                [f"{t}.ne" for t in tasks]
+                if independent
+                else [m for m in DEFAULT_PRIMARY if m.split(".", 1)[0] in tasks]
+            )
+            values.setdefault("primary", primary)
             values.setdefault("calibration_tasks", list(tasks))
-        accepted = [f.name for f in fields(cls)]
-        unknown = sorted(set(values) - set(accepted))
+        keys = [f.name for f in fields(cls)]
+        unknown = sorted(set(values) - set(keys))
         if unknown:
-            raise ValueError(f"unknown report setting(s) {unknown}; accepted: {accepted}")
+            raise ValueError(f"unknown report setting(s) {unknown}; accepted: {keys}")
+        accepted = tuple(dict.fromkeys(METRIC_NAMES + metric_names(tuple(tasks))))
         clean: dict[str, Any] = {}
         for name, value in values.items():
             if name == "primary":
-                clean[name] = _primary(value)
+                clean[name] = _primary(value, accepted)
             elif name == "margins":
-                clean[name] = _margins(value)
+                clean[name] = _margins(value, accepted)
             elif name == "calibration_tasks":
-                clean[name] = _names(name, value, TASK_NAMES, allow_empty=True)
+                clean[name] = _names(name, value, tuple(dict.fromkeys(TASK_NAMES + tuple(tasks))), allow_empty=True)
             elif name == "candidate":
                 clean[name] = _names(name, [value] if isinstance(value, str) else value, None, allow_empty=True)
             elif name == "controls":
@@ -238,31 +254,27 @@ def _number(name: str, value: Any) -> float:
     return float(value)
 
 
-def _primary(value: Any) -> tuple[str, ...]:
+def _primary(value: Any, accepted: tuple[str, ...] = METRIC_NAMES) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise ValueError(
             f"report setting primary={value!r} must be a non-empty list of metric names; "
-            f"accepted names: {', '.join(METRIC_NAMES)}"
+            f"accepted names: {', '.join(accepted)}"
         )
     for name in value:
-        if name not in METRIC_NAMES:
-            raise ValueError(
-                f"report setting primary names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}"
-            )
+        if name not in accepted:
+            raise ValueError(f"report setting primary names unknown metric {name!r}; accepted: {', '.join(accepted)}")
     if len(set(value)) != len(value):
         raise ValueError(f"report setting primary={list(value)!r} repeats a metric")
     return tuple(value)
 
 
-def _margins(value: Any) -> dict[str, float]:
+def _margins(value: Any, accepted: tuple[str, ...] = METRIC_NAMES) -> dict[str, float]:
     if not isinstance(value, Mapping):
         raise ValueError(f"report setting margins={value!r} must be a table of metric name = margin")
     out = {}
     for name, margin in value.items():
-        if name not in METRIC_NAMES:
-            raise ValueError(
-                f"report setting margins names unknown metric {name!r}; accepted: {', '.join(METRIC_NAMES)}"
-            )
+        if name not in accepted:
+            raise ValueError(f"report setting margins names unknown metric {name!r}; accepted: {', '.join(accepted)}")
         out[name] = _number(f"margins.{name}", margin)
         if out[name] < 0:
             raise ValueError(f"report setting margins.{name}={margin!r} must be >= 0 (accepted: a number >= 0)")

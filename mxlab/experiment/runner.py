@@ -243,10 +243,11 @@ def preflight(jobs: Sequence[RunJob], source: Any, device: str) -> None:
     """Apply each arm's recipe to a freshly built model (CPU) before any training.
 
     Refuses (ValueError naming the arm) a recipe that does not fit the model, e.g. a rule that
-    matches no module. Arms whose backend cannot run on `device` are left to the runner, which
-    records them as skipped.
+    matches no module, and (once, for a plug-in model or declared tasks) outputs that are not one logit per
+    declared head or a source without a declared head's labels (mxlab.models.check_outputs, first eval
+    examples). Arms whose backend cannot run on `device` are left to the runner, which records them as skipped.
     """
-    from mxlab.models import build_model
+    from mxlab.models import DEFAULT_BUILDER, build, builder_name, check_outputs
     from mxlab.recipe import apply_recipe, unavailable_reason
 
     checked: set[str] = set()
@@ -256,7 +257,9 @@ def preflight(jobs: Sequence[RunJob], source: Any, device: str) -> None:
         checked.add(job.arm)
         if unavailable_reason(job.recipe, torch.device(device)) is not None:
             continue
-        model = build_model(job.spec.model, source.info)
+        model = build(job.spec.model, source.info, job.spec.tasks)
+        if len(checked) == 1 and (builder_name(job.spec.model) != DEFAULT_BUILDER or not job.spec.tasks.is_default):
+            check_outputs(model, next(iter(source.eval_batches(2))), job.spec.tasks)
         try:
             apply_recipe(model, job.recipe, seed=job.seed)
         except ValueError as error:

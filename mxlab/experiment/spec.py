@@ -15,23 +15,36 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mxlab.data import source_tasks
+from mxlab.data import SOURCE_REGISTRY, source_knows_truth
 from mxlab.experiment.gate import GateConfig, gate_from_table
 from mxlab.experiment.overrides import apply_overrides
-from mxlab.experiment.report_settings import TASK_NAMES, TRUTH_METRIC_KINDS, ReportSettings
+from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
+from mxlab.experiment.spec_tables import report_settings, study_tasks, validate_data_table, validate_model_table
 from mxlab.experiment.training_recipe import check_training_recipe
+from mxlab.tasks import TaskSet, task_set
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-DATA_SOURCES = ("synthetic", "movielens-100k", "criteo")
-SOURCES_WITH_TRUTH = ("synthetic",)
 OPTIMIZERS = ("adam", "adamw", "sgd", "adagrad")
 PRECISIONS = ("bf16", "fp32")
 TOP_LEVEL_KEYS = (
-    *("name", "description", "seeds", "baseline", "arms", "data", "model", "train", "report", "execution", "gate"),
+    *(
+        "name",
+        "description",
+        "seeds",
+        "baseline",
+        "arms",
+        "data",
+        "model",
+        "train",
+        "report",
+        "execution",
+        "gate",
+        "tasks",
+    ),
 )
 EXECUTORS = ("local", "ray")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
@@ -140,6 +153,12 @@ class ExperimentSpec:
     gate: GateConfig = field(default_factory=GateConfig)  # the [gate] table (mxlab.experiment.gate)
     spec_path: Path | None = None
     fork_recipe_path: Path | None = None  # the warm-up's recipe file in the fork design
+    tasks: TaskSet = field(default_factory=TaskSet)  # the [tasks] table (mxlab.tasks)
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        """The evaluated tasks: ESMM's that the source labels (mxlab.data.source_tasks), or the independent heads."""
+        return study_tasks(self.tasks, self.data["source"])
 
     @property
     def design(self) -> dict[str, Any]:
@@ -171,6 +190,7 @@ class ExperimentSpec:
             "recipes": {arm: str(path) for arm, path in self.recipe_paths.items()},
             "spec_path": str(self.spec_path) if self.spec_path else None,
             "design": self.design,
+            **({} if self.tasks.is_default else {"tasks": self.tasks.to_dict()}),
         }
 
     def with_train(self, **changes: Any) -> ExperimentSpec:
@@ -280,71 +300,6 @@ def _check_ranges(config: Any, where: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# [data] and [model] (validated by their owners' modules when they offer a validator)
-
-
-def _validate_data(data: Any) -> dict[str, Any]:
-    if not isinstance(data, Mapping):
-        raise ValueError(f"[data] must be a table, got {data!r}")
-    source = data.get("source")
-    if source is None:
-        raise ValueError(f"[data] needs a source; accepted sources: {', '.join(DATA_SOURCES)}")
-    if source not in DATA_SOURCES:
-        raise ValueError(f"unknown data source {source!r}; accepted sources: {', '.join(DATA_SOURCES)}")
-    validator = _find_validator("mxlab.data", ("validate_data_config",))
-    return _resolved(validator(dict(data)) if validator is not None else None, data)
-
-
-def _validate_model(model: Any) -> dict[str, Any]:
-    if not isinstance(model, Mapping):
-        raise ValueError(f"[model] must be a table, got {model!r}")
-    validator = _find_validator("mxlab.models", ("validate_model_config",))
-    return _resolved(validator(dict(model)) if validator is not None else None, model)
-
-
-def _resolved(validated: Any, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The table with its owner's defaults filled in (when the validator returns a dataclass or a mapping)."""
-    if dataclasses.is_dataclass(validated) and not isinstance(validated, type):
-        return {
-            key: (list(value) if isinstance(value, tuple) else value)
-            for key, value in dataclasses.asdict(validated).items()
-        }
-    if isinstance(validated, Mapping):
-        return dict(validated)
-    return dict(given)
-
-
-def _find_validator(module_name: str, names: Sequence[str]) -> Any:
-    import importlib
-
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError:
-        return None
-    for name in names:
-        function = getattr(module, name, None)
-        if callable(function):
-            return function
-    return None
-
-
-def report_settings(table: Any, source: str | None = None) -> ReportSettings:
-    """The [report] table as ReportSettings (primary metrics, margins, correction), its defaults kept to
-    the tasks `source` labels (mxlab.data.source_tasks; every task when None).
-
-    Refuses what ReportSettings.from_dict refuses (unknown key or metric, wrong type, negative
-    margin, a task the source does not label), naming the [report] table.
-    """
-    if not isinstance(table, Mapping):
-        raise ValueError(f"[report] must be a table, got {table!r}")
-    try:
-        tasks = source_tasks(source) if source is not None else TASK_NAMES
-        return ReportSettings.from_dict(dict(table), tasks=tasks)
-    except ValueError as error:
-        raise ValueError(f"[report]: {error}") from error
-
-
-# ----------------------------------------------------------------------------------------------
 # recipes
 
 
@@ -421,8 +376,8 @@ def spec_from_dict(
     if baseline not in arms:
         raise ValueError(f"baseline {baseline!r} is not one of the arms: {', '.join(arms)}")
 
-    data = _validate_data(raw["data"])
-    model = _validate_model(raw["model"])
+    data = validate_data_table(raw["data"])
+    model = validate_model_table(raw["model"])
     train = _build_table(TrainConfig, raw.get("train", {}), "train")
     recipe_paths = {arm: resolve_recipe_path(post_training_recipe(arm) or arm, recipe_dir) for arm in arms}
     if post_training_recipe(baseline) is not None:
@@ -436,7 +391,8 @@ def spec_from_dict(
             fork_recipe_path = resolve_recipe_path(train.fork_from, recipe_dir)
         except ValueError as error:
             raise ValueError(f"train.fork_from: {error}") from None
-    report = report_settings(raw.get("report", {}), data["source"])
+    tasks = task_set(raw.get("tasks"))
+    report = report_settings(raw.get("report", {}), data["source"], tasks)
     try:
         report.check_arms(arms, baseline)
     except ValueError as error:
@@ -446,13 +402,14 @@ def spec_from_dict(
         raw.get("gate", {}),
         seeds=seeds,
         fork=bool(train.fork_from),
-        has_truth=data["source"] in SOURCES_WITH_TRUTH,
-        tasks=source_tasks(data["source"]),
+        has_truth=source_knows_truth(data["source"]),
+        tasks=study_tasks(tasks, data["source"]),
     )
     needs_truth = [m for m in report.primary if m.split(".", 1)[1] in TRUTH_METRIC_KINDS]
-    if needs_truth and data["source"] not in SOURCES_WITH_TRUTH:
+    if needs_truth and not source_knows_truth(data["source"]):
+        truthful = [name for name in SOURCE_REGISTRY if source_knows_truth(name)]
         raise ValueError(
-            f"[report] primary {needs_truth} needs a source with truth ({', '.join(SOURCES_WITH_TRUTH)}); "
+            f"[report] primary {needs_truth} needs a source with truth ({', '.join(truthful)}); "
             f"[data] source is {data['source']!r}"
         )
 
@@ -477,6 +434,7 @@ def spec_from_dict(
         gate=gate,
         spec_path=Path(spec_path).resolve() if spec_path else None,
         fork_recipe_path=fork_recipe_path,
+        tasks=tasks,
     )
 
 

@@ -96,11 +96,15 @@ def tables() -> dict[str, type]:
     from mxlab.experiment.report_settings import ReportSettings
     from mxlab.experiment.spec import ExecutionConfig, ExperimentSpec, TrainConfig
     from mxlab.models import ModelConfig
+    from mxlab.models.dcn import DCNConfig
+    from mxlab.tasks import TaskSet
 
     return {
         "top level": ExperimentSpec,
         **{f'[data] source = "{source}"': config_class(source) for source in SOURCE_TABLES},
         "[model]": ModelConfig,
+        '[model] builder = "dcn"': DCNConfig,
+        "[tasks]": TaskSet,
         "[train]": TrainConfig,
         "[report]": ReportSettings,
         "[execution]": ExecutionConfig,

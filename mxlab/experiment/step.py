@@ -59,7 +59,8 @@ def train_step(
     scaled backward, `scaler.step_on_device(optimizer)` (with a fused optimizer
     the skip of a non-finite step is decided on the device too).
 
-    Returns the detached float32 tensor [loss, loss_ctr, loss_ctcvr] on the device; reads nothing
+    Returns the detached float32 tensor of the loss's values in its order ([loss, loss_ctr, loss_ctcvr] for
+    ESMM's; mxlab.models.loss_components) on the device; reads nothing
     back to the host itself. `sampling` (a diagnostics context) wraps forward and backward;
     `loss_weight` multiplies the loss that is backpropagated (a data-parallel rank's share of the batch).
     Refuses an unknown precision (ValueError).
@@ -71,7 +72,7 @@ def train_step(
         losses = loss_fn(output, batch)
         scaler.scale(losses["loss"] * loss_weight if loss_weight != 1.0 else losses["loss"]).backward()
     scaler.step_on_device(optimizer)
-    return torch.stack([losses["loss"], losses["ctr"], losses["ctcvr"]]).detach().float()
+    return torch.stack(list(losses.values())).detach().float()
 
 
 @dataclass
@@ -80,7 +81,7 @@ class PendingStep:
 
     step: int
     epoch: int
-    losses: torch.Tensor  # (3,) on the device: loss, ctr, ctcvr
+    losses: torch.Tensor  # on the device: loss, then the loss's components (ctr, ctcvr for ESMM's)
     scale: torch.Tensor  # 0-d, the loss scale after the step
     skipped: torch.Tensor  # 0-d, the scaler's skipped steps after the step
     examples: int

@@ -26,7 +26,6 @@ from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe
 from mxlab.experiment.train import RunJob, build_run_model, estimated_total_steps
 from mxlab.experiment.worker import make_data_source
 
-SWEEP_TASKS = ("ctr", "cvr", "ctcvr")
 DEFAULT_SWEEP_STEPS = 200
 
 
@@ -73,8 +72,7 @@ def _ne_and_auc(eval_npz: Path) -> dict[str, dict[str, float]]:
     """{task: {ne, auc}} of one eval.npz (no per-user metrics: a short run's eval set may not support them)."""
     from mxlab.metrics import load_eval, task_metrics, task_views
 
-    views = task_views(load_eval(eval_npz))
-    return {task: task_metrics(views[task].labels, views[task].probs) for task in SWEEP_TASKS}
+    return {task: task_metrics(view.labels, view.probs) for task, view in task_views(load_eval(eval_npz)).items()}
 
 
 def _run_deltas(run_dir: Path, baseline_dir: Path) -> dict[str, float] | None:
@@ -83,7 +81,7 @@ def _run_deltas(run_dir: Path, baseline_dir: Path) -> dict[str, float] | None:
         return None
     run, base = _ne_and_auc(run_dir / "eval.npz"), _ne_and_auc(baseline_dir / "eval.npz")
     deltas = {}
-    for task in SWEEP_TASKS:
+    for task in run:
         deltas[f"ne_pct_{task}"] = 100.0 * (run[task]["ne"] - base[task]["ne"]) / base[task]["ne"]
         deltas[f"auc_{task}"] = run[task]["auc"] - base[task]["auc"]
     return deltas
@@ -99,18 +97,20 @@ def _baseline_noise_floor(baseline_dir: Path, seeds: Sequence[int]) -> float | N
         abs(100.0 * (metrics[b][task]["ne"] - metrics[a][task]["ne"]) / metrics[a][task]["ne"])
         for index, a in enumerate(seeds)
         for b in seeds[index + 1 :]
-        for task in SWEEP_TASKS
+        for task in metrics[a]
     ]
     return float(np.mean(deltas))
 
 
-def _mean_deltas(per_seed: Sequence[dict[str, float] | None]) -> tuple[dict[str, float], int]:
+def _mean_deltas(per_seed: Sequence[dict[str, float] | None], tasks: Sequence[str]) -> tuple[dict[str, float], int]:
+    """({ne_pct_TASK, auc_TASK} mean over the finished seeds, with ne_pct_mean and auc_mean over `tasks`; inf when
+    none finished, the number diverged)."""
     finished = [deltas for deltas in per_seed if deltas is not None]
     diverged = len(per_seed) - len(finished)
-    keys = [f"ne_pct_{task}" for task in SWEEP_TASKS] + [f"auc_{task}" for task in SWEEP_TASKS]
+    keys = [f"ne_pct_{task}" for task in tasks] + [f"auc_{task}" for task in tasks]
     mean = {key: float(np.mean([d[key] for d in finished])) if finished else math.inf for key in keys}
-    mean["ne_pct_mean"] = float(np.mean([mean[f"ne_pct_{task}"] for task in SWEEP_TASKS]))
-    mean["auc_mean"] = float(np.mean([mean[f"auc_{task}"] for task in SWEEP_TASKS]))
+    mean["ne_pct_mean"] = float(np.mean([mean[f"ne_pct_{task}"] for task in tasks]))
+    mean["auc_mean"] = float(np.mean([mean[f"auc_{task}"] for task in tasks]))
     return mean, diverged
 
 
@@ -122,7 +122,10 @@ def _format_table(
     steps: int,
     noise_floor: float | None,
     warmup: str = "",
+    task: str = "ctr",
 ) -> str:
+    """The sweep's markdown table; AUC columns are `task`'s (the study's first task)."""
+    auc, name = f"auc_{task}", f"{task.upper()} AUC"
     start = f" from the seed's {warmup} (the spec's fork design)" if warmup else " from scratch"
     lines = [
         f"# Layer sensitivity of `{recipe}`",
@@ -136,7 +139,7 @@ def _format_table(
         "all-but-this loses: what keeping this module in BF16 wins back.",
         "",
         f"Full recipe (every module quantized): NE {full['ne_pct_mean']:+.3f}% (mean over tasks), "
-        f"CTR AUC {full['auc_ctr']:+.5f}.",
+        f"{name} {full[auc]:+.5f}.",
         "",
         (
             "Noise floor: the baseline against itself under another "
@@ -147,7 +150,7 @@ def _format_table(
             "before trusting small differences."
         ),
         "",
-        "| rank | module | only: NE % | only: CTR AUC | all but: NE % | all but: CTR AUC | recovers NE % | diverged |",
+        f"| rank | module | only: NE % | only: {name} | all but: NE % | all but: {name} | recovers NE % | diverged |",
         "|---:|---|---:|---:|---:|---:|---:|---|",
     ]
     for rank, layer in enumerate(layers, 1):
@@ -158,8 +161,8 @@ def _format_table(
             else ""
         )
         lines.append(
-            f"| {rank} | `{layer.module}` | {layer.only['ne_pct_mean']:+.3f} | {layer.only['auc_ctr']:+.5f} | "
-            f"{layer.allbut['ne_pct_mean']:+.3f} | {layer.allbut['auc_ctr']:+.5f} | {recovers:+.3f} | {diverged} |"
+            f"| {rank} | `{layer.module}` | {layer.only['ne_pct_mean']:+.3f} | {layer.only[auc]:+.5f} | "
+            f"{layer.allbut['ne_pct_mean']:+.3f} | {layer.allbut[auc]:+.5f} | {recovers:+.3f} | {diverged} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -286,17 +289,18 @@ def sweep_layers(
             f"the baseline arm {spec.baseline!r} diverged for seeds "
             f"{baseline_missing}; the sweep has nothing to compare against"
         )
-    full, _ = _mean_deltas(per_seed(recipe_name))
+    tasks = spec.task_names
+    full, _ = _mean_deltas(per_seed(recipe_name), tasks)
     layers = []
     for module in modules:
-        only, only_diverged = _mean_deltas(per_seed(_arm_folder("only", module)))
-        allbut, allbut_diverged = _mean_deltas(per_seed(_arm_folder("allbut", module)))
+        only, only_diverged = _mean_deltas(per_seed(_arm_folder("only", module)), tasks)
+        allbut, allbut_diverged = _mean_deltas(per_seed(_arm_folder("allbut", module)), tasks)
         layers.append(LayerSensitivity(module, only, allbut, only_diverged, allbut_diverged))
     layers.sort(key=lambda layer: (-layer.score, layer.only["auc_mean"]))
 
     noise_floor = _baseline_noise_floor(runs_root / spec.baseline, seeds)
     warmup = f"{spec.train.fork_from} warm-up of {spec.train.fork_steps} steps" if warmups else ""
-    table = _format_table(recipe_name, layers, full, seeds, steps, noise_floor, warmup)
+    table = _format_table(recipe_name, layers, full, seeds, steps, noise_floor, warmup, tasks[0])
     markdown_path, json_path = sweep_dir / "sweep.md", sweep_dir / "sweep.json"
     io.write_text(markdown_path, table)
     io.write_json(

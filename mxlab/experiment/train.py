@@ -63,13 +63,18 @@ LossFunction = Callable[[Any, Any], dict[str, torch.Tensor]]  # (model output, b
 def build_run_model(job: RunJob, info: Any, model_factory: ModelFactory | None = None) -> tuple[torch.nn.Module, Any]:
     """Build the model with torch.manual_seed(job.seed) (same init for every arm of a seed), set its output
     biases (train.output_bias), then apply the recipe. Returns (model on the CPU, plan).
-    `model_factory(model_config, info)` builds the model (default: mxlab.models.build_model, the GEM model).
+    `model_factory(model_config, info)` builds the model (default: the spec's [model] and [tasks] through
+    mxlab.models.build, which refuses what it cannot build).
     """
     from mxlab.experiment.training_recipe import set_output_biases
     from mxlab.recipe import apply_recipe
 
     if model_factory is None:
-        from mxlab.models import build_model as model_factory
+        from mxlab.models import build
+
+        def model_factory(config: Any, info: Any) -> torch.nn.Module:
+            return build(config, info, job.spec.tasks)
+
     torch.manual_seed(job.seed)
     np.random.seed(job.seed)
     random.seed(job.seed)
@@ -126,10 +131,12 @@ class TrainingRun:
     ) -> None:
         """Set the run up: its model built and its recipe applied, config.json, plan.json and plan.txt written
         (rank 0); nothing trained."""
+        from mxlab.models import loss_components
         from mxlab.recipe.loss_scaling import make_loss_scaler
 
         self.job, self.source, self.device, self.progress, self.world = job, source, device, progress, world
         self.loss, self.run_dir, self.train = loss, Path(job.run_dir), job.spec.train
+        self.components = loss_components(job.spec.tasks)  # the loss parts each metrics record carries
         if world.writes:
             (self.run_dir / DONE).unlink(missing_ok=True)  # a "skipped" or "failed" record of an earlier try
         if device.type == "cpu" and self.train.cpu_threads:
@@ -274,8 +281,8 @@ class TrainingRun:
     def _record(self, entry: ReadStep) -> None:
         """Close the log interval at `entry` into a metrics record."""
         previous = self.metrics[-1] if self.metrics else None
-        tasks = source_tasks(self.source)
-        self.metrics.append(self.interval.record(entry, self.seconds(), previous, self.train, tasks))
+        tasks = source_tasks(self.source, self.job.spec.tasks)
+        self.metrics.append(self.interval.record(entry, self.seconds(), previous, self.train, tasks, self.components))
         self.interval = LogInterval()
 
     def loop(self, on_step: StepHook | None = None) -> None:
@@ -326,7 +333,12 @@ class TrainingRun:
                     # stochastic-rounding counters stay the same across a data-parallel group
                     with autocast(device, train.precision):
                         self.metrics[-1]["heldout"] = held_out_metrics(
-                            self.model, self.source, train.eval_batch_size, device, train.eval_slice
+                            self.model,
+                            self.source,
+                            train.eval_batch_size,
+                            device,
+                            train.eval_slice,
+                            self.job.spec.tasks,
                         )
                 tick = time.perf_counter()
                 if self.diverged_at is not None or at_end:
@@ -361,7 +373,9 @@ class TrainingRun:
             self.save_checkpoint()
             self.progress.evaluating()
             with autocast(device, train.precision):
-                arrays = evaluate_model(self.model, self.source, train.eval_batch_size, device)
+                arrays = evaluate_model(
+                    self.model, self.source, train.eval_batch_size, device, tasks=self.job.spec.tasks
+                )
             io.write_npz(self.run_dir / EVAL, arrays)
         else:
             self.save_logs()
@@ -443,7 +457,9 @@ def train_run(
     if skipped is not None:
         return skipped
     if loss is None:
-        from mxlab.models import esmm_loss as loss
+        from mxlab.models import loss_for
+
+        loss = loss_for(job.spec.tasks)
     run = TrainingRun(job, source, device, progress=progress, world=world, model_factory=model_factory, loss=loss)
     run.resume()
     try:

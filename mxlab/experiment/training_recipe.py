@@ -82,6 +82,8 @@ def set_output_biases(model: torch.nn.Module, info: Any, rule: str) -> tuple[flo
         return None
     with torch.no_grad():
         for name, rate in zip(("ctr", "cvr"), rates):
+            if name not in towers:  # a model with other heads (mxlab.tasks)
+                continue
             rate = min(max(float(rate), 1e-6), 1 - 1e-6)
             towers[name].out.bias.fill_(math.log(rate / (1.0 - rate)))
     return tuple(float(rate) for rate in rates)

@@ -1,14 +1,16 @@
-"""The ESMM loss of the GEM-like model's CTR and CTCVR outputs, in float32."""
+"""The training losses, in float32: ESMM's (CTR and CTCVR) and the sum of independent heads' cross-entropies."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from mxlab.data.batch import JaggedBatch
-from mxlab.models.gem import ModelOutput
+from mxlab.models.heads import head_label, head_logits
+from mxlab.tasks import ESMM_HEADS
 
 
 def _log1mexp(log_p: torch.Tensor) -> torch.Tensor:
@@ -21,12 +23,13 @@ def _log1mexp(log_p: torch.Tensor) -> torch.Tensor:
     return torch.where(near_zero, torch.log(-torch.expm1(log_p_near)), torch.log1p(-torch.exp(log_p_far)))
 
 
-def esmm_loss(output: ModelOutput, batch: JaggedBatch) -> dict[str, torch.Tensor]:
+def esmm_loss(output: Any, batch: JaggedBatch) -> dict[str, torch.Tensor]:
     """Return {loss, ctr, ctcvr} (float32 scalars): binary cross-entropies of p_ctr against
     clicks and of p_ctcvr = p_ctr * p_cvr against click-and-convert, over all impressions;
     ``loss = ctr + ctcvr``, or ``ctr`` alone when the batch has no conversion labels
     (``batch.has_conversion`` False; ctcvr is still reported)."""
-    ctr_logit, cvr_logit = output.ctr_logit.float(), output.cvr_logit.float()
+    logits = head_logits(output, ESMM_HEADS)
+    ctr_logit, cvr_logit = logits["ctr"].float(), logits["cvr"].float()
     click = batch.click.float()
     converted = click * batch.conversion.float()
     ctr = F.binary_cross_entropy_with_logits(ctr_logit, click)
@@ -34,3 +37,14 @@ def esmm_loss(output: ModelOutput, batch: JaggedBatch) -> dict[str, torch.Tensor
     ctcvr = -(converted * log_ctcvr + (1.0 - converted) * _log1mexp(log_ctcvr)).mean()
     loss = ctr + ctcvr if batch.has_conversion else ctr
     return {"loss": loss, "ctr": ctr, "ctcvr": ctcvr}
+
+
+def independent_loss(output: Any, batch: JaggedBatch, heads: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Return {loss, HEAD...} (float32 scalars): the binary cross-entropy of each head's logit against its label
+    (mxlab.models.heads.head_label) and their sum. Refuses what head_logits and head_label refuse."""
+    logits = head_logits(output, heads)
+    parts = {
+        head: F.binary_cross_entropy_with_logits(logits[head].float(), head_label(batch, head).float())
+        for head in heads
+    }
+    return {"loss": torch.stack(list(parts.values())).sum(), **parts}

@@ -19,7 +19,7 @@ from mxlab import io, metrics
 from mxlab.analysis import StudyAnalysis, analyze_study, load_study
 from mxlab.experiment.integrity import mixed_arm_warnings
 from mxlab.experiment.records import runs_for_report
-from mxlab.experiment.report_settings import METRIC_NAMES, ReportSettings
+from mxlab.experiment.report_settings import ReportSettings, metric_names
 from mxlab.report import figures
 from mxlab.report.alerts import QUESTIONS, Alert
 from mxlab.report.convergence import WARMUP_ARM, convergence_warning, design_text, heldout_series
@@ -136,7 +136,7 @@ def _absolute_metrics(analysis: StudyAnalysis) -> Block:
     names = ["auc", "gauc", "log_loss", "ne", "calibration", "ece", "mae_truth"]
     blocks: list[Block] = []
     rm = analysis.inputs.run_metrics
-    for task in [t for t in metrics.TASKS if any(t in m for seeds in rm.values() for m in seeds.values())]:
+    for task in [t for t in analysis.study.tasks if any(t in m for seeds in rm.values() for m in seeds.values())]:
         present = [n for n in names if any(n in m[task] for seeds in rm.values() for m in seeds.values())]
         rows = [
             [arm + (" (baseline)" if arm == analysis.study.baseline else ""), str(len(rm.get(arm, {})))]
@@ -181,10 +181,17 @@ def _delong(analysis: StudyAnalysis) -> Block | None:
     )
 
 
+def _eval_size(n: dict[str, int]) -> str:
+    """The eval set's size: impressions (and clicked ones) of the ESMM tasks, else of the first declared task."""
+    if not n or set(n) <= set(metrics.TASKS):
+        return f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked)"
+    return f"{next(iter(n.values()))} eval impressions"
+
+
 def _secondary_names(analysis: StudyAnalysis) -> list[str]:
     """The metrics of the eval sets' tasks that are not endpoints, sorted."""
-    tasks = analysis.inputs.n_examples or dict.fromkeys(metrics.TASKS)
-    return sorted(m for m in METRIC_NAMES if m not in analysis.settings.endpoints and m.split(".", 1)[0] in tasks)
+    tasks = tuple(analysis.inputs.n_examples or metrics.TASKS)
+    return sorted(m for m in metric_names(tasks) if m not in analysis.settings.endpoints)
 
 
 def _method(analysis: StudyAnalysis) -> Block:
@@ -364,9 +371,7 @@ def _write_report(directory: Path, analysis: StudyAnalysis) -> dict[str, Path]:
         Paragraph(
             f"Baseline **{study.baseline}**; arms "
             f"{', '.join(f'**{a}**' for a in non_baseline) or '(none)'}; seeds {study.seeds}; "
-            f"{n.get('ctr', 0)} eval impressions ({n.get('cvr', 0)} clicked) from {analysis.inputs.n_users} users. "
-            + design_text(study.spec)
-            + gate_text(study.spec)
+            f"{_eval_size(n)} from {analysis.inputs.n_users} users. " + design_text(study.spec) + gate_text(study.spec)
         )
     )
     blocks += decision_section(analysis) + ship_table(analysis) + diagnostics(analysis) + _truth_ceiling(analysis)

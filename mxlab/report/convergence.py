@@ -1,9 +1,9 @@
 """The study design line and the convergence gate of a report, from the held-out records of metrics.jsonl.
 
 With `[train] eval_every`, a run's metrics records every `eval_every` steps hold `heldout`: NE and
-AUC of CTR and CTCVR on a fixed slice of the eval set. The gate reads the baseline arm's held-out
-NE: per seed the improvement between its last two evaluations (earlier minus last; NE falls as a
-model learns). The baseline has **not plateaued** when the mean improvement over seeds exceeds
+AUC of CTR and CTCVR (of each head of independent tasks) on a fixed slice of the eval set. The gate reads
+the baseline arm's held-out NE: per seed the improvement between its last two evaluations (earlier minus
+last; NE falls as a model learns). The baseline has **not plateaued** when the mean improvement over seeds exceeds
 PLATEAU_FRACTION of the between-seed standard deviation of the last value (with one seed, or no
 spread, RELATIVE_FALLBACK of the last value): training on would still move the baseline by more
 than the seeds differ, so the deltas are measured on models still changing.
@@ -46,7 +46,8 @@ def heldout_series(study: Any) -> Series:
 def convergence_warning(series: Series, baseline: str) -> str | None:
     """The report's top-line warning when the baseline's held-out NE has not plateaued (module docstring), else None."""
     findings = []
-    for metric in GATE_METRICS:
+    recorded = {m for points in series.get(baseline, {}).values() for p in points for m in p[1] if m.endswith(".ne")}
+    for metric in [m for m in GATE_METRICS if m in recorded] + sorted(recorded - set(GATE_METRICS)):
         last, gain = [], []
         for points in series.get(baseline, {}).values():
             values = [p[1].get(metric) for p in points]

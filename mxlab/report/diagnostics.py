@@ -55,7 +55,7 @@ def calibration_section(analysis: StudyAnalysis) -> list[Block]:
         return blocks + [Paragraph(NOT_HERE)]
     runs = calibration_runs(analysis)
     base = analysis.study.baseline
-    tasks = [t for t in ("ctr", "cvr", "ctcvr") if any(t in r for seeds in runs.values() for r in seeds.values())]
+    tasks = [t for t in analysis.study.tasks if any(t in r for seeds in runs.values() for r in seeds.values())]
     rows, decile_rows = [], {t: [] for t in tasks}
     for arm, seeds in runs.items():
         for task in tasks:
@@ -122,7 +122,8 @@ def stability_section(analysis: StudyAnalysis) -> list[Block]:
     settings = analysis.settings
     threshold, rows = stability(analysis.study, analysis.inputs.run_metrics, settings.confidence, settings.correction)
     criterion = (
-        f"stuck = finished with a final held-out CTR AUC below {threshold:.4f} (the baseline runs' median minus "
+        f"stuck = finished with a final held-out {analysis.study.tasks[0].upper()} AUC below {threshold:.4f} "
+        "(the baseline runs' median minus "
         f"{STUCK_MADS:g} x their median absolute deviation, at least {MAD_FLOOR:g})"
         if math.isfinite(threshold)
         else "stuck runs not assessed: fewer than 3 finished baseline runs"

@@ -141,7 +141,7 @@ def reliability_diagram(
     (``curves[task][arm]``; a panel per task of ``curves``, every task when it is empty); log-log axes, the
     diagonal is perfect calibration."""
     colors = arm_colors(arms)
-    tasks = [task for task in metrics.TASKS if task in curves] or list(metrics.TASKS)
+    tasks = list(curves) or list(metrics.TASKS)
     figure = _new_figure(4.2 * len(tasks), 4.0)
     axes = figure.subplots(1, len(tasks), squeeze=False)[0]
     for ax, task in zip(axes, tasks):

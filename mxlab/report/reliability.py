@@ -14,10 +14,10 @@ POSITIVES_PER_BIN = 15
 def reliability_curves(analysis: StudyAnalysis) -> dict[str, dict[str, metrics.ReliabilityBins]]:
     """Equal-count reliability bins per task and arm, pooled over the arm's finished seeds (only the tasks the
     eval sets label)."""
-    curves: dict[str, dict[str, metrics.ReliabilityBins]] = {task: {} for task in metrics.TASKS}
     study = analysis.study
+    curves: dict[str, dict[str, metrics.ReliabilityBins]] = {task: {} for task in study.tasks}
     for arm in study.arms:
-        pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {t: ([], []) for t in metrics.TASKS}
+        pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {t: ([], []) for t in study.tasks}
         for seed in study.finished_seeds(arm):
             views = metrics.task_views(study.eval_arrays(arm, seed))
             for task, view in views.items():

@@ -172,16 +172,26 @@ def install(monkeypatch: Any, source: StandinSource) -> None:
     The real mxlab.recipe.library stays importable (the spec resolves recipe files through it)."""
     import sys
 
-    import mxlab.data as real_data
     import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
     import mxlab.recipe.shipped  # noqa: F401  (the shipped recipes, where a spec's arms are looked up last)
+    import mxlab.report  # noqa: F401  (the analysis and report, bound to the real mxlab.data before it is replaced)
+    from mxlab.data import SOURCE_REGISTRY
+
+    for name in SOURCE_REGISTRY:  # the registered sources' modules, cached before their package is replaced
+        SOURCE_REGISTRY.resolve(name)
 
     data = types.ModuleType("mxlab.data")
     data.make_source = lambda data_config, max_history: source
-    for name in ("SOURCES", "CLICK_ONLY_SOURCES", "source_tasks"):  # what the analysis reads of a recorded source
-        setattr(data, name, getattr(real_data, name))
+    from mxlab.models import DEFAULT_BUILDER, builder_name, check_outputs, loss_components
+
     models = types.ModuleType("mxlab.models")
     models.build_model, models.esmm_loss = build_model, esmm_loss
+    # the plug-in seam of the real package, over the stand-ins (build_model looked up when called, so a test
+    # may replace it)
+    models.build = lambda table, info, tasks: sys.modules["mxlab.models"].build_model(table, info)
+    models.loss_for = lambda tasks: sys.modules["mxlab.models"].esmm_loss
+    models.check_outputs, models.loss_components = check_outputs, loss_components
+    models.DEFAULT_BUILDER, models.builder_name = DEFAULT_BUILDER, builder_name
     recipe = types.ModuleType("mxlab.recipe")
     recipe.load_recipe, recipe.apply_recipe = load_recipe, apply_recipe
     recipe.quantizable_modules, recipe.single_layer_recipe = quantizable_modules, single_layer_recipe

@@ -38,7 +38,13 @@ def test_every_field_of_the_spec_dataclasses_is_documented():
     from mxlab.models import ModelConfig
 
     _, documented, _ = spec_doc.parse(DOC.read_text())
-    tables = {"[train]": "train", "[report]": "report", "[execution]": "execution", "[gate]": "gate"}
+    tables = {
+        "[train]": "train",
+        "[report]": "report",
+        "[execution]": "execution",
+        "[gate]": "gate",
+        "[tasks]": "tasks",
+    }
     written = {f"{tables[table]}.{key}" if table in tables else key for table, key in documented}
     nested = {name for name in walk(ExperimentSpec) if "." in name}
     top = {name for name in walk(ExperimentSpec) if name in TOP_LEVEL_KEYS and name not in ("data", "model")}
