@@ -239,6 +239,7 @@ def test_a_study_of_a_torchrec_model_through_the_plug_in_path(tmp_path):
     pytest.importorskip("torchrec", reason="torchrec not installed (docs/applying.md)")
     from mxlab.cli.study_commands import write_study_report
     from mxlab.experiment import load_spec
+    from mxlab.experiment.execution import ExecutionOptions
     from mxlab.experiment.runner import run_study
 
     spec = tmp_path / "torchrec.toml"
@@ -250,7 +251,8 @@ def test_a_study_of_a_torchrec_model_through_the_plug_in_path(tmp_path):
         "[train]\nbatch_size = 64\nmax_steps = 2\neval_batch_size = 1024\ncpu_threads = 1\n"
     )
     out = tmp_path / "study"
-    run_study(load_spec(spec), out, device="cpu", executor="inline", show_progress=False)  # one process: one import
+    # one process: one import
+    run_study(load_spec(spec), out, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     write_study_report(out)
     quantized = json.loads((out / "runs/mxfp8-rceil/seed0/plan.json").read_text())["quantized"]
     assert any(name.startswith("dlrm.dense_arch.") for name in quantized)
