@@ -22,6 +22,12 @@ def run_command(
     resume: bool = typer.Option(
         False, "--resume", help="Skip finished runs; continue interrupted ones from their checkpoint."
     ),
+    rerun_diverged: bool = typer.Option(
+        False,
+        "--rerun-diverged",
+        help="With --resume: move the diverged runs aside (DIR/diverged/N) and train them again from scratch "
+        "with the changed train.* settings given by --set; study.json records the rerun, the report warns.",
+    ),
     overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
     executor: str | None = typer.Option(
         None,
@@ -81,7 +87,15 @@ def run_command(
         keep_runs=keep_runs,
     )
     raise typer.Exit(
-        study_commands.run(spec, device=device, out=out, resume=resume, overrides=overrides, options=options)
+        study_commands.run(
+            spec,
+            device=device,
+            out=out,
+            resume=resume,
+            overrides=overrides,
+            options=options,
+            rerun_diverged=rerun_diverged,
+        )
     )
 
 

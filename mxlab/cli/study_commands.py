@@ -101,18 +101,40 @@ def write_study_report(out_dir: Path) -> dict[str, Path]:
 
 
 def run(
-    spec_path: Path, *, device: str, out: Path | None, resume: bool, overrides: Sequence[str], options: ExecutionOptions
+    spec_path: Path,
+    *,
+    device: str,
+    out: Path | None,
+    resume: bool,
+    overrides: Sequence[str],
+    options: ExecutionOptions,
+    rerun_diverged: bool = False,
 ) -> int:
-    """`mxlab run`: load and validate the spec, run the study with the execution `options`, render the
-    report, print where it is."""
+    """`mxlab run`: load and validate the spec, run the study with the execution `options` (with
+    `rerun_diverged`, first move its diverged runs aside to train them again: mxlab.experiment.rerun; refused
+    without `resume`; none diverged: says so and returns 0), render the report, print where it is."""
 
     def body() -> int:
-        from mxlab.experiment.runner import run_study
+        from mxlab.experiment.runner import reproduce_command, run_study
         from mxlab.experiment.spec import load_spec
 
+        if rerun_diverged and not resume:
+            raise ValueError("--rerun-diverged needs --resume: it reruns the diverged runs of an existing study")
         options.check()
         spec = load_spec(spec_path, overrides)
-        result = run_study(spec, out, device=device, resume=resume, overrides=overrides, options=options)
+        if rerun_diverged:
+            from mxlab.experiment.rerun import prepare_rerun
+
+            out_dir = out if out is not None else Path("reports") / spec.name
+            flags = [*options.flags(), "--resume", "--rerun-diverged"]
+            rerun = prepare_rerun(spec, out_dir, reproduce_command(spec, out_dir, device, overrides, flags))
+            if not rerun:
+                typer.echo(f"no diverged runs in {out_dir}: nothing to rerun")
+                return 0
+            typer.echo(f"rerunning {len(rerun)} diverged runs from scratch: {', '.join(rerun)}")
+        result = run_study(
+            spec, out, device=device, resume=resume, overrides=overrides, options=options, rerun=rerun_diverged
+        )
         typer.echo(closing_line(spec.name, result))
         typer.echo(f"runs in {result.out_dir / 'runs'}")
         if result.failed:
@@ -127,6 +149,7 @@ def run(
         return 0
 
     hint = f"Finished runs are kept; continue with: mxlab run {spec_path} --resume" + (f" --out {out}" if out else "")
+    hint += " --rerun-diverged" if rerun_diverged else ""
     hint += "".join(f" {flag}" for flag in options.flags())
     return _guarded(body, hint + "".join(f" --set {override}" for override in overrides))
 

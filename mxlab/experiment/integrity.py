@@ -27,8 +27,10 @@ STUDY_ENTRIES = (
     "summary.json",
     "figures",
     "sweep",
+    "diverged",
     ".lock",
 )
+RERUNS = "reruns"  # study.json's list of reruns of diverged runs (mxlab.experiment.rerun)
 
 
 def recipe_file_record(path: Path) -> dict[str, Any]:
@@ -141,6 +143,21 @@ def mixed_arm_warnings(runs_root: Path, arms: list[str], seeds: list[int]) -> li
         f"study folder before reading its verdicts."
         for arm, what in mixed_arms(runs_root, arms, seeds).items()
     ]
+
+
+def unfinished_reruns(out_dir: Path, study: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """{label: its study.json "reruns" entry} for every run a recorded rerun started that has neither a done run
+    folder (finished or diverged) nor a record yet."""
+    from mxlab.experiment.artefacts import run_is_complete
+    from mxlab.experiment.records import record_is_done
+
+    unfinished = {}
+    for entry in (study or {}).get(RERUNS) or []:
+        for label in entry.get("runs", []):
+            arm, _, seed = label.partition("/seed")
+            if not run_is_complete(Path(out_dir) / "runs" / label) and not record_is_done(out_dir, arm, int(seed)):
+                unfinished[label] = entry
+    return unfinished
 
 
 def relative_to_study(out_dir: Path, path: str | Path | None) -> str | None:

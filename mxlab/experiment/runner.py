@@ -37,10 +37,12 @@ from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
 from mxlab.experiment.gate import gated_spec, read_gate, run_gate
 from mxlab.experiment.integrity import (
     check_foreign_folder,
+    RERUNS,
     check_recipes_unchanged,
     recipe_file_record,
     spec_recipe_files,
     study_paths,
+    unfinished_reruns,
 )
 from mxlab.experiment.provenance import code_commit, device_name
 from mxlab.experiment.records import drop_run_folders, recorded_results, study_records, write_missing_records
@@ -273,11 +275,17 @@ def _existing_runs(runs_root: Path) -> list[Path]:
 
 
 def check_out_dir(
-    spec: ExperimentSpec, out_dir: Path, resume: bool, runs_root: Path | None = None, recorded: str = "study.json"
+    spec: ExperimentSpec,
+    out_dir: Path,
+    resume: bool,
+    runs_root: Path | None = None,
+    recorded: str = "study.json",
+    rerun: bool = False,
 ) -> None:
     """Refuse a non-empty folder that is not a study, to start over existing runs without `resume`, or to
-    resume a study whose data/model/train or recipe files differ from those recorded in `out_dir/recorded`
-    (and its runs' config.json)."""
+    resume a study whose data/model/train (data/model for a `rerun` of diverged runs) or recipe files differ
+    from those recorded in `out_dir/recorded` (and its runs' config.json), or, without `rerun`, one whose
+    recorded rerun of diverged runs is unfinished."""
     if runs_root is None:
         check_foreign_folder(out_dir)
     runs_root = runs_root or Path(out_dir) / "runs"
@@ -292,21 +300,38 @@ def check_out_dir(
         check_recipes_unchanged(spec, out_dir, io.read_json(study_path) if study_path.exists() else None)
     if resume and study_path.exists():
         recorded_study = io.read_json(study_path)
-        current = json.loads(io.to_json(spec.to_dict()))
-        defaults = {
-            f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()
-        }
+        unfinished = unfinished_reruns(out_dir, recorded_study) if not rerun else {}
+        if unfinished:
+            entry = next(iter(unfinished.values()))
+            raise ValueError(
+                f"cannot resume {out_dir}: runs {', '.join(unfinished)} were being rerun with changed settings "
+                f"({', '.join(entry.get('changed', {}))}); continue with --rerun-diverged and the same --set"
+            )
         changed = [
             f"{key} {short_value(old)} (recorded) vs {short_value(new)} (now)"
-            for table in ("data", "model", "train")
-            for key, old, new in changed_keys(recorded_study.get(table), current[table], table)
-            if not (old is None and key in defaults and new == defaults[key])  # a key added since, at its default
+            for key, old, new in settings_changes(recorded_study, spec)
+            if not (rerun and key.startswith("train."))  # a rerun's train changes: mxlab.experiment.rerun
         ]
         if changed:
             raise ValueError(
                 f"cannot resume {out_dir}: the settings differ from the study recorded there: "
                 f"{'; '.join(changed)}; use those settings or a fresh --out"
             )
+
+
+def settings_changes(recorded_study: dict[str, Any], spec: ExperimentSpec) -> list[tuple[str, Any, Any]]:
+    """[(dotted key, recorded value, value now)] for every data/model/train setting of `spec` that differs from
+    the study record (a train key added since the study was recorded, at its default, does not count)."""
+    current = json.loads(io.to_json(spec.to_dict()))
+    defaults = {
+        f"train.{key}": value for key, value in json.loads(io.to_json(dataclasses.asdict(TrainConfig()))).items()
+    }
+    return [
+        (key, old, new)
+        for table in ("data", "model", "train")
+        for key, old, new in changed_keys(recorded_study.get(table), current[table], table)
+        if not (old is None and key in defaults and new == defaults[key])  # a key added since, at its default
+    ]
 
 
 def short_value(value: Any) -> str:
@@ -347,6 +372,7 @@ def write_study_json(
         "environment": environment_info(devices),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "preregistered": record,
+        **({RERUNS: earlier[RERUNS]} if earlier.get(RERUNS) else {}),
     }
     study = study_paths(study, Path(out_dir))  # no absolute path of this machine in the record
     io.write_json(Path(out_dir) / "study.json", study)
@@ -364,6 +390,7 @@ def run_study(
     on_step: Callable[[RunJob, int], None] | None = None,
     devices: Sequence[str] | None = None,
     options: ExecutionOptions = ExecutionOptions(),
+    rerun: bool = False,
 ) -> StudyResult:
     """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
 
@@ -377,7 +404,9 @@ def run_study(
     processes per run, the CUDA MPS daemon (mxlab.experiment.executors.mps; refused with the Ray executor or
     without a CUDA device). `devices` overrides the device list resolved from `device` and the GPUs.
     Refuses an `out_dir` that is a file, an existing study folder with runs unless `resume`, and on
-    `resume` a study whose data/model/train settings changed (naming the keys).
+    `resume` a study whose data/model/train settings changed (naming the keys). `rerun` (set by
+    mxlab.experiment.rerun, which checks the train settings and moves the diverged runs aside) lets the train
+    settings differ and keeps study.json as recorded.
     A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
     """
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
@@ -396,7 +425,7 @@ def run_study(
         devices = resolve_devices(device, chosen.gpus)
     if chosen.mps:
         check_mps_devices(devices, chosen.executor)
-    check_out_dir(spec, out_dir, resume)
+    check_out_dir(spec, out_dir, resume, rerun=rerun)
     if spec.train.cpu_threads and all(d == "cpu" for d in devices):
         torch.set_num_threads(spec.train.cpu_threads)  # also what the environment records
     decision = read_gate(out_dir) if spec.gate.enabled else None  # an earlier visit's gate decision stands
@@ -421,8 +450,8 @@ def run_study(
         else:
             runner = make_executor(chosen, devices, spec.execution)
         out_dir.mkdir(parents=True, exist_ok=True)
-        if len(done_before) < len(jobs) or not (out_dir / "study.json").exists():  # else: only the report, and the
-            # study.json of the machine that trained the runs stays
+        if not rerun and (len(done_before) < len(jobs) or not (out_dir / "study.json").exists()):  # else: the
+            # study.json of the machine that trained the runs stays (a rerun adds its entry to it)
             write_study_json(
                 spec,
                 out_dir,

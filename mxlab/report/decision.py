@@ -103,6 +103,7 @@ def _preregistration_warning(analysis: StudyAnalysis) -> list[Alert]:
 def warnings(analysis: StudyAnalysis) -> list[Alert]:
     """The warnings at the top: pre-registration, notes, outlying baseline seeds, seeds, margins, runs."""
     out = _preregistration_warning(analysis) + [Alert(WEAKENS, note) for note in analysis.inputs.notes]
+    out += [Alert(WEAKENS, text) for text in rerun_warnings(analysis.study.spec)]
     out += [Alert(WEAKENS, text) for text in _baseline_outlier_warnings(analysis)]
     for d in analysis.detectable:
         if d.n_seeds < MIN_PAIRED_SEEDS:
@@ -134,6 +135,19 @@ def warnings(analysis: StudyAnalysis) -> list[Alert]:
             out.append(Alert(WEAKENS, f"**{arm} was skipped** on seeds {sorted(r.skipped)} ({reasons})."))
         if r.missing:
             out.append(Alert(WEAKENS, f"{arm}: seeds {r.missing} not run or not finished."))
+    return out
+
+
+def rerun_warnings(study: dict[str, Any]) -> list[str]:
+    """One warning per rerun of diverged runs recorded in study.json ("reruns"): the runs and the changed settings."""
+    out = []
+    for entry in study.get("reruns") or []:
+        changed = "; ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in (entry.get("changed") or {}).items())
+        out.append(
+            f"**Runs {', '.join(entry.get('runs', []))} were rerun** after they {entry.get('reason', 'diverged')}, "
+            f"with changed settings ({changed}); the other runs trained with the recorded ones, so these seeds' "
+            f"deltas mix settings (the first attempts are kept in {entry.get('moved_to', 'the study folder')})."
+        )
     return out
 
 
