@@ -36,8 +36,8 @@ from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_execu
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
 from mxlab.experiment.gate import gated_spec, read_gate, run_gate
 from mxlab.experiment.integrity import (
-    check_foreign_folder,
     RERUNS,
+    check_foreign_folder,
     check_recipes_unchanged,
     recipe_file_record,
     spec_recipe_files,
