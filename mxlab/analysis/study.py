@@ -283,8 +283,9 @@ def inputs_from_summary(summary: dict[str, Any], baseline: str) -> StudyInputs:
         deltas = {(d["arm"], d["metric"]): _seed_deltas(d) for d in raw["deltas"]}
         aa = {d["metric"]: _seed_deltas(d) for d in raw["aa"]}
         notes = [n for n in raw.get("notes", []) if not n.startswith(CALIBRATION_NOTE[:40])]
-        if _add_calibration_shifts(deltas, run_metrics, baseline):
-            notes.append(CALIBRATION_NOTE)
+        approximated = len(notes) < len(raw.get("notes", []))  # shifts approximated when an earlier render read them
+        if _add_calibration_shifts(deltas, run_metrics, baseline) or approximated:
+            notes.append(CALIBRATION_NOTE)  # the note of this version, once, for as long as the shifts are those
         pairs = [tuple(p) for p in raw["aa_pairs"]]
         return StudyInputs(run_metrics, truth, deltas, aa, pairs, delong, n_examples, n_users, "summary", notes)
     if "comparisons" not in summary:

@@ -123,6 +123,26 @@ def test_an_earlier_versions_study_folder_without_runs_is_read_from_its_summary(
     assert c.verdict == "inconclusive"  # 2 paired seeds
 
 
+def test_approximated_calibration_shifts_keep_their_note_through_a_re_render(tmp_path):
+    """The shifts a summary without them gets are approximated (study.CALIBRATION_NOTE); the summary written from
+    that reading carries the shifts, and reading it again must still say they are approximated."""
+    from mxlab.analysis.study import CALIBRATION_NOTE
+
+    source = Path(__file__).parent / "data" / "legacy-movielens"
+    folder = tmp_path / "movielens"
+    folder.mkdir()
+    shutil.copy(source / "study.json", folder)
+    shutil.copy(source / "summary.json", folder)
+    first = analysis.analyze_study(folder)
+    assert first.inputs.notes.count(CALIBRATION_NOTE) == 1
+    (folder / "summary.json").write_text(json.dumps(first.to_dict()))
+    second = analysis.analyze_study(folder)
+    assert second.inputs.notes.count(CALIBRATION_NOTE) == 1
+    assert second.comparison("mxfp4-all", "ctr.calibration").per_seed == (
+        first.comparison("mxfp4-all", "ctr.calibration").per_seed
+    )
+
+
 def test_a_spec_with_a_truth_metric_on_a_source_without_truth_is_refused(tmp_path):
     from mxlab.experiment.spec import spec_from_dict
 
