@@ -116,6 +116,11 @@ def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = Non
         raise ValueError(f"baseline {spec['baseline']!r} is not one of the arms {arms}")
     tasks = recorded_tasks(spec)
     statuses: dict[tuple[str, int], RunStatus] = {}
+
+    def study(has_runs: bool) -> StudyData:
+        name, baseline = str(spec["name"]), str(spec["baseline"])
+        return StudyData(directory, spec, name, baseline, arms, seeds, statuses, has_runs, tasks=tasks, runs_root=runs)
+
     summary_path = directory / "summary.json"
     if not runs.is_dir() and summary_path.is_file():
         for r in json.loads(summary_path.read_text()).get("runs", []):
@@ -136,18 +141,7 @@ def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = Non
         for arm in arms:
             for seed in seeds:
                 statuses.setdefault((arm, seed), RunStatus(arm, seed, "missing", runs / arm / f"seed{seed}"))
-        return StudyData(
-            directory,
-            spec,
-            str(spec["name"]),
-            str(spec["baseline"]),
-            arms,
-            seeds,
-            statuses,
-            False,
-            tasks=tasks,
-            runs_root=runs,
-        )
+        return study(has_runs=False)
     for arm in arms:
         for seed in seeds:
             path = runs / arm / f"seed{seed}"
@@ -179,18 +173,7 @@ def load_study(study_dir: str | PathLike, runs_root: str | PathLike | None = Non
                 done.get("peak_memory_bytes"),
                 done.get("trained_with"),
             )
-    return StudyData(
-        directory,
-        spec,
-        str(spec["name"]),
-        str(spec["baseline"]),
-        arms,
-        seeds,
-        statuses,
-        True,
-        tasks=tasks,
-        runs_root=runs,
-    )
+    return study(has_runs=True)
 
 
 @dataclass

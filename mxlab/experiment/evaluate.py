@@ -19,6 +19,22 @@ def _numpy(tensor: torch.Tensor, dtype: torch.dtype) -> np.ndarray:
     return tensor.detach().to(dtype).cpu().numpy()
 
 
+def _outputs(model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int) -> Any:
+    """Yield (host batch, model output) over `source.eval_batches(batch_size)`, stopping after the first whole
+    batches that hold at least `limit` examples (0: all); the model is in eval mode meanwhile, then as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        seen = 0
+        for host_batch in source.eval_batches(batch_size):
+            if limit and seen >= limit:
+                break
+            seen += int(host_batch.click.shape[0])
+            yield host_batch, model(host_batch.to(device))
+    finally:
+        model.train(was_training)
+
+
 @torch.no_grad()
 def evaluate_model(
     model: torch.nn.Module,
@@ -39,29 +55,20 @@ def evaluate_model(
     """
     if tasks is not None and tasks.relation != "esmm":
         return _evaluate_heads(model, source, batch_size, device, limit, tasks.heads)
-    was_training = model.training
-    model.eval()
     columns: dict[str, list[Any]] = {key: [] for key in EVAL_FIELDS + TRUTH_FIELDS}
-    try:
-        seen = 0
-        for host_batch in source.eval_batches(batch_size):
-            if limit and seen >= limit:
-                break
-            seen += int(host_batch.click.shape[0])
-            output = head_logits(model(host_batch.to(device)), ESMM_HEADS)
-            # predictions stay on the device until the end (one read, no sync per batch); labels
-            # come from the batch as the source made it
-            columns["p_ctr"].append(output["ctr"].detach().float())
-            columns["p_cvr"].append(output["cvr"].detach().float())
-            columns["click"].append(_numpy(host_batch.click, torch.float32))
-            columns["conversion"].append(_numpy(host_batch.conversion, torch.float32))
-            columns["user_id"].append(_numpy(host_batch.user_id, torch.int64))
-            for key in TRUTH_FIELDS:
-                value = getattr(host_batch, key, None)
-                if value is not None:
-                    columns[key].append(_numpy(value, torch.float32))
-    finally:
-        model.train(was_training)
+    for host_batch, raw in _outputs(model, source, batch_size, device, limit):
+        output = head_logits(raw, ESMM_HEADS)
+        # predictions stay on the device until the end (one read, no sync per batch); labels
+        # come from the batch as the source made it
+        columns["p_ctr"].append(output["ctr"].detach().float())
+        columns["p_cvr"].append(output["cvr"].detach().float())
+        columns["click"].append(_numpy(host_batch.click, torch.float32))
+        columns["conversion"].append(_numpy(host_batch.conversion, torch.float32))
+        columns["user_id"].append(_numpy(host_batch.user_id, torch.int64))
+        for key in TRUTH_FIELDS:
+            value = getattr(host_batch, key, None)
+            if value is not None:
+                columns[key].append(_numpy(value, torch.float32))
     if columns["p_ctr"]:
         logits = torch.stack([torch.cat(columns["p_ctr"]), torch.cat(columns["p_cvr"])])
         probabilities = torch.sigmoid(logits)
@@ -88,31 +95,23 @@ def evaluate_model(
 def _evaluate_heads(
     model: torch.nn.Module, source: Any, batch_size: int, device: torch.device | str, limit: int, heads: tuple[str, ...]
 ) -> dict[str, np.ndarray]:
-    """eval.npz's arrays of independent heads: label_H, p_H (float32) per head, user_id, tasks."""
-    was_training = model.training
-    model.eval()
-    columns: dict[str, list[Any]] = {"user_id": []}
-    try:
-        seen = 0
-        for host_batch in source.eval_batches(batch_size):
-            if limit and seen >= limit:
-                break
-            seen += int(host_batch.click.shape[0])
-            logits = head_logits(model(host_batch.to(device)), heads)
-            for head in heads:
-                columns.setdefault(f"p_{head}", []).append(torch.sigmoid(logits[head].detach().float()).cpu())
-                columns.setdefault(f"{metrics.LABEL_PREFIX}{head}", []).append(head_label(host_batch, head).cpu())
-            columns["user_id"].append(_numpy(host_batch.user_id, torch.int64))
-    finally:
-        model.train(was_training)
-    if not columns["user_id"]:
+    """eval.npz's arrays of independent heads: label_H, p_H (float32) per head, user_id, tasks. Predictions stay
+    on the device until the end (one read, no sync per batch)."""
+    logits: dict[str, list[torch.Tensor]] = {head: [] for head in heads}
+    labels: dict[str, list[np.ndarray]] = {head: [] for head in heads}
+    users: list[np.ndarray] = []
+    for host_batch, raw in _outputs(model, source, batch_size, device, limit):
+        output = head_logits(raw, heads)
+        for head in heads:
+            logits[head].append(output[head].detach().float())
+            labels[head].append(_numpy(torch.as_tensor(head_label(host_batch, head)), torch.float32))
+        users.append(_numpy(host_batch.user_id, torch.int64))
+    if not users:
         raise ValueError("the eval set has no examples; set data.eval_examples > 0")
-    arrays = {
-        key: np.concatenate([_numpy(torch.as_tensor(v), torch.float32) for v in values])
-        for key, values in columns.items()
-        if key != "user_id"
-    }
-    arrays["user_id"] = np.concatenate(columns["user_id"])
+    probabilities = torch.sigmoid(torch.stack([torch.cat(logits[head]) for head in heads])).cpu().numpy()
+    arrays = {f"p_{head}": probabilities[i].astype(np.float32) for i, head in enumerate(heads)}
+    arrays |= {f"{metrics.LABEL_PREFIX}{head}": np.concatenate(labels[head]) for head in heads}
+    arrays["user_id"] = np.concatenate(users)
     arrays[metrics.EVAL_TASKS_KEY] = np.array(heads)
     return arrays
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from mxlab.data.batch import DataInfo, JaggedBatch
 from mxlab.data.config import dataclass_from_config
+from mxlab.models.gem import LowRankCross
 
 DCN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(dim=16, cross_layers=2, cross_rank=16, over_arch=(64, 32), max_history=16),
@@ -58,18 +59,6 @@ def validate_dcn_config(keywords: dict[str, Any]) -> DCNConfig:
     return dataclass_from_config(DCNConfig, {**DCN_PRESETS[size], **keywords}, "[model] of builder 'dcn'")
 
 
-class CrossLayer(nn.Module):
-    """One low-rank DCNv2 cross layer: x0 * (up(down(x)) + bias) + x."""
-
-    def __init__(self, width: int, rank: int) -> None:
-        super().__init__()
-        self.down = nn.Linear(width, rank, bias=False)
-        self.up = nn.Linear(rank, width)
-
-    def forward(self, x0: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        return x0 * self.up(self.down(x)) + x
-
-
 class Tower(nn.Module):
     """One head's output: a linear map of the over-arch's last activations to one logit."""
 
@@ -91,7 +80,7 @@ class DCNModel(nn.Module):
         self.fields = nn.ModuleList(nn.Embedding(cardinality, dim) for cardinality in info.field_cardinalities)
         self.history = nn.EmbeddingBag(max(info.n_items, 1), dim, mode="mean") if info.has_history else None
         width = dim * (1 + len(info.field_cardinalities) + (1 if info.has_history else 0))
-        self.cross = nn.ModuleList(CrossLayer(width, config.cross_rank) for _ in range(config.cross_layers))
+        self.cross = nn.ModuleList(LowRankCross(width, config.cross_rank) for _ in range(config.cross_layers))
         layers: list[nn.Module] = []
         for hidden in config.over_arch:
             layers += [nn.Linear(width, hidden), nn.ReLU()]
