@@ -14,11 +14,14 @@
 #   linear-compile  mxlab bench linear --compile at M = 65536, K = N = 512 / 1024 / 4096 -> bench_linear_compile.CARD.txt/.json
 #   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab.txt, ab_{base,other,base2}.txt
 #   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
+#   step-compile    mxlab bench step --compile, bf16 and mxfp8-rceil at the h200 preset -> bench_step_compile.CARD.txt/.json
+#   baseline        benchmarks/baseline_check.py: 16 + 16 gem-mxfp8 BF16 warm-ups, new and old training recipe -> baseline_check.CARD.txt/.json
+#   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study without run folders)
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
 # Records the commit it ran in visit.txt: $COMMIT, else git rev-parse HEAD. Pass COMMIT (the short hash here): the
 # copy of the tree on the GPU machine may carry a stale .git whose HEAD is not the tree sent.
 set -u
-if [ $# -lt 2 ]; then sed -n 2,18p "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n 2,21p "$0" >&2; exit 2; fi
 seconds=$1; shift
 out=${OUT:?set OUT to the folder results go to}
 start=$(date +%s)
@@ -53,6 +56,14 @@ for job in "$@"; do
     linear) run_to "$out/bench_linear.$card.txt" python3 -m mxlab.cli bench linear --json "$out/bench_linear.$card.json" ;;
     linear-compile) run_to "$out/bench_linear_compile.$card.txt" python3 -m mxlab.cli bench linear --compile \
              --shape 65536x512x512 --shape 65536x1024x1024 --shape 65536x4096x4096 --json "$out/bench_linear_compile.$card.json" ;;
+    step-compile) run_to "$out/bench_step_compile.$card.txt" python3 -m mxlab.cli bench step --spec experiments/gem-synthetic.toml \
+             --preset h200 --batch 4096 --max-history 1024 --arm mxfp8-rceil --warmup 3 --steps 10 --batches 2 --compile \
+             --json "$out/bench_step_compile.$card.json" ;;
+    baseline) run_to "$out/baseline_check.$card.txt" python3 benchmarks/baseline_check.py --spec experiments/gem-mxfp8.toml \
+             --seeds 16 --mps --runs-per-device 16 --out "$HOME/baseline" --json "$out/baseline_check.$card.json" ;;
+    plateau) run_to "$out/plateau.$card.txt" python3 -m mxlab.cli run experiments/learnable-plateau.toml --device cuda --mps \
+             --runs-per-device 2 --out "$HOME/plateau" --no-keep-runs
+             tar -czf "$out/plateau.tar.gz" --exclude=checkpoint.pt --exclude=eval.npz -C "$HOME" plateau ;;
     gelu) run_to "$out/gelu_cast_probe.$card.txt" python3 benchmarks/gelu_cast_probe.py --json "$out/gelu_cast_probe.$card.json" ;;
     quant) run_to "$out/bench_quant.$card.txt" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 \
              --size 1482752x1024 --no-compile --json "$out/bench_quant.$card.json" ;;
