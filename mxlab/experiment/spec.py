@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mxlab.data import SOURCE_REGISTRY, source_knows_truth
+from mxlab.experiment.execution import EXECUTORS, ExecutionConfig
 from mxlab.experiment.gate import GateConfig, gate_from_table
 from mxlab.experiment.overrides import apply_overrides
 from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
@@ -46,7 +47,6 @@ TOP_LEVEL_KEYS = (
         "tasks",
     ),
 )
-EXECUTORS = ("local", "ray")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
 POST_TRAINING_PREFIX = "post:"  # an arm "post:RECIPE": the baseline's trained model evaluated under RECIPE, no training
 
@@ -107,29 +107,6 @@ class TrainConfig:
     clip_grad_norm: float = 1.0
     output_bias: str = "base-rates"
     spike_factor: float = 2.0
-
-
-@dataclass(frozen=True)
-class ExecutionConfig:
-    """The [execution] table: where the runs run (docs/running.md); it does not change any result.
-
-    `executor`: "local" (each run in its own worker process on this machine, one per GPU) or "ray"
-    (each run a Ray task). `gpus`: how many GPUs to use, 0 = every visible one. `ray_address`: ""
-    starts a local Ray, else ray.init(address=...) (e.g. "auto"). `cpus_per_run`: a Ray task's
-    num_cpus on CPU. `max_retries`: how often Ray retries a run whose worker died. `runs_per_device`:
-    how many runs share one device at a time (a small model leaves most of a GPU idle; each run still
-    has its own process, and its results do not depend on its neighbours). `mps`: start the CUDA MPS
-    control daemon for the study (local executor, CUDA devices), so runs that share a GPU run their
-    kernels side by side (docs/running.md).
-    """
-
-    executor: str = "local"
-    gpus: int = 0
-    ray_address: str = ""
-    cpus_per_run: int = 1
-    max_retries: int = 3
-    runs_per_device: int = 1
-    mps: bool = False
 
 
 @dataclass(frozen=True)
