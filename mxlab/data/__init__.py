@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from mxlab.data.batch import DataInfo, DataSource, JaggedBatch, rebatch
-from mxlab.data.config import config_keys, dataclass_from_config
 from mxlab.data.protocols import Source, check_source
 from mxlab.registry import Registry
+from mxlab.tables import field_names, table_to_dataclass
 
 # The built-in sources by name; a spec may also name any factory by import path ("pkg.module:attr").
 SOURCE_REGISTRY = Registry(
@@ -54,7 +54,7 @@ def config_class(source: Any) -> type | None:
 def data_config_keys() -> dict[str, tuple[str, ...]]:
     """Return the accepted [data] keys of each built-in source."""
     return {
-        source: config_keys(config_class(source)) + tuple(getattr(source_factory(source), "table_only_keys", ()))
+        source: field_names(config_class(source)) + tuple(getattr(source_factory(source), "table_only_keys", ()))
         for source in SOURCES
     }
 
@@ -76,8 +76,12 @@ def validate_data_config(data_config: dict) -> Any:
     if table_class is None:
         return dict(data_config)
     data_config = factory.resolve_table(data_config) if hasattr(factory, "resolve_table") else data_config
-    return dataclass_from_config(
-        table_class, data_config, f"[data] for source {source!r}", ignore=tuple(getattr(factory, "table_only_keys", ()))
+    return table_to_dataclass(
+        table_class,
+        data_config,
+        "data",
+        where=f"[data] for source {source!r}",
+        ignore=tuple(getattr(factory, "table_only_keys", ())),
     )
 
 

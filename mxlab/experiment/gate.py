@@ -21,18 +21,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mxlab import io
+from mxlab.tables import table_to_dataclass
 from mxlab.tasks import ESMM_TASKS
 
 GATE = "gate.json"
 GATE_METRICS = ("ctr.auc", "ctr.ne", "ctcvr.auc", "ctcvr.ne")
 ORACLES = ("truth", "no_history", "no_item_bias")
-GATE_KEYS = ("spare_seeds", "beat_oracle", "oracle", "oracle_margin", "median_band", "band")
 
 
 @dataclass(frozen=True)
@@ -54,55 +54,37 @@ class GateConfig:
         return {key: list(value) if isinstance(value, tuple) else value for key, value in vars(self).items()}
 
 
-def _names(value: Any, key: str, accepted: tuple[str, ...] = GATE_METRICS) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ValueError(f"gate.{key} must be a list of metric names ({', '.join(accepted)}), got {value!r}")
-    for name in value:
+def _names(names: tuple[str, ...], key: str, accepted: tuple[str, ...]) -> None:
+    """Refuses a metric name of gate.KEY not in `accepted`, listing them."""
+    for name in names:
         if name not in accepted:
             raise ValueError(f"gate.{key} names unknown metric {name!r}; accepted: {', '.join(accepted)}")
-    return tuple(value)
 
 
 def gate_from_table(
     table: Any, *, seeds: Sequence[int], fork: bool, has_truth: bool, tasks: Sequence[str] = ("ctr", "cvr", "ctcvr")
 ) -> GateConfig:
-    """The [gate] table as a GateConfig. Refuses (ValueError naming the value and what is accepted): an
-    unknown key, metric or oracle; spare seeds that are not distinct non-negative integers or repeat a
+    """The [gate] table as a GateConfig. Refuses (ValueError naming the value and what is accepted) what
+    mxlab.tables.table_to_dataclass refuses (a non-table, an unknown key, a value of the wrong type); an
+    unknown metric or oracle; spare seeds that are not distinct non-negative integers or repeat a
     declared seed; a negative margin; a band outside (0, 1); rules without the fork design; beat_oracle on
     a source without truth; a metric of a task the source does not label (`tasks`)."""
-    if not isinstance(table, Mapping):
-        raise ValueError(f"[gate] must be a table, got {table!r}")
-    unknown = [key for key in table if key not in GATE_KEYS]
-    if unknown:
-        raise ValueError(f"unknown key 'gate.{unknown[0]}'; accepted keys in [gate]: {', '.join(GATE_KEYS)}")
-    spares = table.get("spare_seeds", [])
-    if not isinstance(spares, list) or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in spares):
+    config = table_to_dataclass(GateConfig, table, "gate")
+    spares = list(config.spare_seeds)
+    if any(seed < 0 for seed in spares):
         raise ValueError(f"gate.spare_seeds must be a list of integers >= 0, got {spares!r}")
     if len(set(spares)) != len(spares) or set(spares) & set(seeds):
         raise ValueError(f"gate.spare_seeds must be distinct and not among seeds {list(seeds)}, got {spares}")
-    oracle = table.get("oracle", "no_history")
-    if oracle not in ORACLES:
-        raise ValueError(f"gate.oracle {oracle!r} is not one of: {', '.join(ORACLES)}")
-    numbers = {}
-    for key, default in (("oracle_margin", 0.0), ("band", 0.05)):
-        value = table.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"gate.{key} must be a number, got {value!r}")
-        numbers[key] = float(value)
-    if numbers["oracle_margin"] < 0:
-        raise ValueError(f"gate.oracle_margin must be >= 0, got {numbers['oracle_margin']}")
-    if not 0 < numbers["band"] < 1:
-        raise ValueError(f"gate.band must be in (0, 1) (a share of the median), got {numbers['band']}")
+    if config.oracle not in ORACLES:
+        raise ValueError(f"gate.oracle {config.oracle!r} is not one of: {', '.join(ORACLES)}")
+    if config.oracle_margin < 0:
+        raise ValueError(f"gate.oracle_margin must be >= 0, got {config.oracle_margin}")
+    if not 0 < config.band < 1:
+        raise ValueError(f"gate.band must be in (0, 1) (a share of the median), got {config.band}")
     # independent tasks (mxlab.tasks) are judged on their own NE and AUC
     accepted = GATE_METRICS + tuple(f"{t}.{kind}" for t in tasks if t not in ESMM_TASKS for kind in ("auc", "ne"))
-    config = GateConfig(
-        spare_seeds=tuple(spares),
-        beat_oracle=_names(table.get("beat_oracle", []), "beat_oracle", accepted),
-        oracle=oracle,
-        median_band=_names(table.get("median_band", []), "median_band", accepted),
-        **numbers,
-    )
     for key in ("beat_oracle", "median_band"):
+        _names(getattr(config, key), key, accepted)
         unlabelled = [name for name in getattr(config, key) if name.split(".", 1)[0] not in tasks]
         if unlabelled:
             labelled = [name for name in accepted if name.split(".", 1)[0] in tasks]

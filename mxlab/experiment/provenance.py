@@ -1,5 +1,5 @@
 """Where a study's code and runs came from: the code's git commit (or the best substitute when there is no
-checkout) and the device a run trained on."""
+checkout), the device a run trained on and the environment a study ran in."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import hashlib
 import os
 import platform
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,3 +75,35 @@ def device_name(device: str) -> str:
 def trained_with(device: str) -> dict[str, Any]:
     """What a run records of the code and machine that trained it: {"code": code_commit(), "device": device_name}."""
     return {"code": code_commit(), "device": device_name(device)}
+
+
+def environment_info(devices: Sequence[str]) -> dict[str, Any]:
+    """Device names, library versions (torch, triton, numpy, mxlab, python) and the git commit of mxlab."""
+    from importlib import metadata
+
+    import torch
+
+    import mxlab
+
+    def version(package: str) -> str | None:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    names = [device_name(d) for d in devices]
+    return {
+        "devices": list(devices),
+        "device_names": names,
+        "device": names[0] if names else None,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": version("triton"),
+        "numpy": version("numpy"),
+        "mxlab": mxlab.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "git": code_commit(),
+    }

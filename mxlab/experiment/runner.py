@@ -20,8 +20,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
-import platform
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +30,7 @@ import torch
 
 from mxlab import io
 from mxlab.experiment.execution import INLINE, ExecutionOptions
-from mxlab.experiment.executors import InlineExecutor, StudyProgress, make_executor
+from mxlab.experiment.executors import StudyProgress, make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
 from mxlab.experiment.gate import gated_spec, read_gate, run_gate
 from mxlab.experiment.integrity import (
@@ -44,7 +42,7 @@ from mxlab.experiment.integrity import (
     study_paths,
     unfinished_reruns,
 )
-from mxlab.experiment.provenance import code_commit, device_name
+from mxlab.experiment.provenance import environment_info
 from mxlab.experiment.records import drop_run_folders, recorded_results, study_records, write_missing_records
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
@@ -97,36 +95,6 @@ def resolve_devices(device: str, gpus: int = 0) -> list[str]:
     return [f"cuda:{index}" for index in range(gpus or count)]
 
 
-def environment_info(devices: Sequence[str]) -> dict[str, Any]:
-    """Device names, library versions (torch, triton, numpy, mxlab, python) and the git commit of mxlab."""
-    from importlib import metadata
-
-    import mxlab
-
-    def version(package: str) -> str | None:
-        try:
-            return metadata.version(package)
-        except metadata.PackageNotFoundError:
-            return None
-
-    names = [device_name(d) for d in devices]
-    return {
-        "devices": list(devices),
-        "device_names": names,
-        "device": names[0] if names else None,
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": version("triton"),
-        "numpy": version("numpy"),
-        "mxlab": mxlab.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "git": code_commit(),
-    }
-
-
 def reproduce_command(
     spec: ExperimentSpec, out_dir: Path, device: str, overrides: Sequence[str], options: Sequence[str] = ()
 ) -> str:
@@ -148,12 +116,26 @@ def reproduce_command(
 
 
 def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
-    """One RunJob per seed x arm (seed-major, arms in spec order), recipes loaded from spec.recipe_paths;
-    in the fork design each starts from its seed's warm-up folder (`fork_jobs`)."""
+    """One RunJob per seed x arm of `spec` (`arm_jobs`), recipes loaded from spec.recipe_paths."""
     from mxlab.recipe import load_recipe
 
-    recipes = {arm: load_recipe(spec.recipe_paths[arm]) for arm in spec.arms}
-    files = {arm: recipe_file_record(spec.recipe_paths[arm]) for arm in spec.arms}
+    paths = spec.recipe_paths
+    return arm_jobs(
+        spec,
+        runs_root,
+        [
+            (arm, load_recipe(paths[arm]), str(paths[arm]), {"recipe_file": recipe_file_record(paths[arm])})
+            for arm in spec.arms
+        ],
+    )
+
+
+def arm_jobs(
+    spec: ExperimentSpec, runs_root: Path, arms: Sequence[tuple[str, Any, str, dict[str, Any]]]
+) -> list[RunJob]:
+    """One RunJob per seed of `spec` x arm of `arms` (seed-major; each arm a tuple (name, recipe, recipe
+    source, extra config)), in runs_root/ARM/seedK; a post-training arm starts from its seed's baseline run,
+    and in the fork design every other arm from its seed's warm-up folder (`fork_jobs`)."""
 
     def start(arm: str, seed: int) -> Path | None:
         if post_training_recipe(arm) is not None:
@@ -164,16 +146,16 @@ def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
         RunJob(
             arm=arm,
             seed=seed,
-            recipe=recipes[arm],
-            recipe_source=str(spec.recipe_paths[arm]),
+            recipe=recipe,
+            recipe_source=recipe_source,
             run_dir=Path(runs_root) / arm / f"seed{seed}",
             spec=spec,
             fork_dir=start(arm, seed),
             post_training=post_training_recipe(arm) is not None,
-            extra_config={"recipe_file": files[arm]},
+            extra_config=dict(extra_config),
         )
         for seed in spec.seeds
-        for arm in spec.arms
+        for arm, recipe, recipe_source, extra_config in arms
     ]
 
 
@@ -235,6 +217,16 @@ def run_jobs(jobs: Sequence[RunJob], executor: Any, *, show_progress: bool = Tru
         with StudyProgress(len(pending), enabled=show_progress) as progress:
             results.update(executor.run(pending, progress))
     return results
+
+
+def run_phase(
+    jobs: Sequence[RunJob], results: dict[str, RunResult], executor: Any, *, show_progress: bool = True
+) -> None:
+    """Add the records of `jobs` to `results` ({label: record} of the runs so far): a job whose starting run
+    did not finish is recorded failed (`blocked_runs`), every other job not in `results` runs (`run_jobs`)."""
+    results.update(blocked_runs(jobs, results))
+    pending = [job for job in jobs if job.label not in results]
+    results.update(run_jobs(pending, executor, show_progress=show_progress))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -445,10 +437,7 @@ def run_study(
             if callable(check_rows):  # every row once, before any run: the first bad line, with file and line
                 check_rows()
             preflight([job for job in jobs if job.label not in done_before], source, devices[0])
-        if chosen.executor == INLINE:
-            runner: Any = InlineExecutor(devices[0], source=source, on_step=on_step)
-        else:
-            runner = make_executor(chosen, devices, spec.execution)
+        runner = make_executor(chosen, devices, spec.execution, source=source, on_step=on_step)
         out_dir.mkdir(parents=True, exist_ok=True)
         if not rerun and (len(done_before) < len(jobs) or not (out_dir / "study.json").exists()):  # else: the
             # study.json of the machine that trained the runs stays (a rerun adds its entry to it)
@@ -472,10 +461,8 @@ def run_study(
             jobs = warmups + study_jobs(gated, out_dir / "runs")
         arms = jobs[len(warmups) :]
         for phase in ([job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
-            phase = [job for job in phase if job.label not in recorded]  # a recorded run is done
-            results.update(blocked_runs(phase, results))  # a run waits for the run it starts from
-            pending = [job for job in phase if job.label not in results]
-            results.update(run_jobs(pending, runner, show_progress=show_progress))
+            # a recorded run is done; a run waits for the run it starts from
+            run_phase([job for job in phase if job.label not in recorded], results, runner, show_progress=show_progress)
             write_missing_records(out_dir)
     if not chosen.keep_runs:
         drop_run_folders(out_dir)

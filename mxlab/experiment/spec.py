@@ -16,11 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from mxlab.data import SOURCE_REGISTRY, source_knows_truth
+from mxlab.experiment.execution import EXECUTORS, ExecutionConfig
 from mxlab.experiment.gate import GateConfig, gate_from_table
 from mxlab.experiment.overrides import apply_overrides
 from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
 from mxlab.experiment.spec_tables import report_settings, study_tasks, validate_data_table, validate_model_table
 from mxlab.experiment.training_recipe import check_training_recipe
+from mxlab.tables import check_keys, check_value, table_to_dataclass
 from mxlab.tasks import TaskSet, task_set
 
 if sys.version_info >= (3, 11):
@@ -46,7 +48,6 @@ TOP_LEVEL_KEYS = (
         "tasks",
     ),
 )
-EXECUTORS = ("local", "ray")
 REQUIRED_TOP_LEVEL_KEYS = ("name", "seeds", "baseline", "arms", "data", "model")
 POST_TRAINING_PREFIX = "post:"  # an arm "post:RECIPE": the baseline's trained model evaluated under RECIPE, no training
 
@@ -107,29 +108,6 @@ class TrainConfig:
     clip_grad_norm: float = 1.0
     output_bias: str = "base-rates"
     spike_factor: float = 2.0
-
-
-@dataclass(frozen=True)
-class ExecutionConfig:
-    """The [execution] table: where the runs run (docs/running.md); it does not change any result.
-
-    `executor`: "local" (each run in its own worker process on this machine, one per GPU) or "ray"
-    (each run a Ray task). `gpus`: how many GPUs to use, 0 = every visible one. `ray_address`: ""
-    starts a local Ray, else ray.init(address=...) (e.g. "auto"). `cpus_per_run`: a Ray task's
-    num_cpus on CPU. `max_retries`: how often Ray retries a run whose worker died. `runs_per_device`:
-    how many runs share one device at a time (a small model leaves most of a GPU idle; each run still
-    has its own process, and its results do not depend on its neighbours). `mps`: start the CUDA MPS
-    control daemon for the study (local executor, CUDA devices), so runs that share a GPU run their
-    kernels side by side (docs/running.md).
-    """
-
-    executor: str = "local"
-    gpus: int = 0
-    ray_address: str = ""
-    cpus_per_run: int = 1
-    max_retries: int = 3
-    runs_per_device: int = 1
-    mps: bool = False
 
 
 @dataclass(frozen=True)
@@ -200,47 +178,12 @@ class ExperimentSpec:
 
 
 # ----------------------------------------------------------------------------------------------
-# type checking helpers
-
-
-def _type_name(expected: type) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(expected, str(expected))
-
-
-def _check_type(value: Any, expected: type, where: str) -> Any:
-    """Return `value` converted to `expected` (int -> float allowed) or raise a ValueError naming `where`."""
-    if expected is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where} must be {_type_name(float)}, got {value!r} ({type(value).__name__})")
-        return float(value)
-    if expected is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{where} must be {_type_name(int)}, got {value!r} ({type(value).__name__})")
-        return value
-    if not isinstance(value, expected):
-        raise ValueError(f"{where} must be {_type_name(expected)}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _check_keys(table: Mapping[str, Any], accepted: Sequence[str], where: str) -> None:
-    unknown = [key for key in table if key not in accepted]
-    if unknown:
-        full_key = f"{where}.{unknown[0]}" if where else unknown[0]
-        table = f" in [{where}]" if where else ""
-        raise ValueError(f"unknown key {full_key!r}; accepted keys{table}: {', '.join(accepted)}")
+# tables
 
 
 def _build_table(cls: type, table: Mapping[str, Any], where: str) -> Any:
-    """Build the frozen dataclass `cls` from a TOML table, checking keys and types."""
-    if not isinstance(table, Mapping):
-        raise ValueError(f"[{where}] must be a table, got {table!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    _check_keys(table, list(fields), where)
-    values = {}
-    for key, value in table.items():
-        expected = {"int": int, "float": float, "str": str, "bool": bool}[str(fields[key].type)]
-        values[key] = _check_type(value, expected, f"{where}.{key}")
-    config = cls(**values)
+    """The frozen dataclass `cls` of a TOML table: keys and types checked (mxlab.tables), then its ranges."""
+    config = table_to_dataclass(cls, table, where)
     _check_ranges(config, where)
     return config
 
@@ -346,20 +289,20 @@ def spec_from_dict(
     """
     if not isinstance(raw, Mapping):
         raise ValueError(f"an experiment spec must be a table, got {raw!r}")
-    _check_keys(raw, TOP_LEVEL_KEYS, "")
+    check_keys(raw, TOP_LEVEL_KEYS, "")
     missing = [key for key in REQUIRED_TOP_LEVEL_KEYS if key not in raw]
     if missing:
         raise ValueError(f"the spec is missing {missing[0]!r}; required keys: {', '.join(REQUIRED_TOP_LEVEL_KEYS)}")
 
-    name = _check_type(raw["name"], str, "name")
+    name = check_value(raw["name"], str, "name")
     if not name or "/" in name or name.startswith("."):
         raise ValueError(f"name {name!r} must be a non-empty folder name (no '/', not starting with '.')")
-    description = _check_type(raw.get("description", ""), str, "description")
+    description = check_value(raw.get("description", ""), str, "description")
 
     seeds_raw = raw["seeds"]
     if not isinstance(seeds_raw, list) or not seeds_raw:
         raise ValueError(f"seeds must be a non-empty list of integers, got {seeds_raw!r}")
-    seeds = tuple(_check_type(seed, int, f"seeds[{index}]") for index, seed in enumerate(seeds_raw))
+    seeds = tuple(check_value(seed, int, f"seeds[{index}]") for index, seed in enumerate(seeds_raw))
     if any(seed < 0 for seed in seeds):
         raise ValueError(f"seeds must be >= 0, got {list(seeds)}")
     if len(set(seeds)) != len(seeds):
@@ -368,11 +311,11 @@ def spec_from_dict(
     arms_raw = raw["arms"]
     if not isinstance(arms_raw, list) or not arms_raw:
         raise ValueError(f"arms must be a non-empty list of recipe names, got {arms_raw!r}")
-    arms = tuple(_check_type(arm, str, f"arms[{index}]") for index, arm in enumerate(arms_raw))
+    arms = tuple(check_value(arm, str, f"arms[{index}]") for index, arm in enumerate(arms_raw))
     if len(set(arms)) != len(arms):
         duplicated = sorted({arm for arm in arms if arms.count(arm) > 1})
         raise ValueError(f"arms must be distinct; repeated: {', '.join(duplicated)}")
-    baseline = _check_type(raw["baseline"], str, "baseline")
+    baseline = check_value(raw["baseline"], str, "baseline")
     if baseline not in arms:
         raise ValueError(f"baseline {baseline!r} is not one of the arms: {', '.join(arms)}")
 

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 
 from mxlab import io
-from mxlab.experiment.executors import InlineExecutor, LocalExecutor
+from mxlab.experiment.execution import INLINE, ExecutionOptions
+from mxlab.experiment.executors import make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
-from mxlab.experiment.runner import FORK_DIR, blocked_runs, check_out_dir, fork_jobs, resolve_devices, run_jobs
+from mxlab.experiment.runner import arm_jobs, check_out_dir, fork_jobs, resolve_devices, run_phase
 from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe_path
-from mxlab.experiment.train import RunJob, build_run_model, estimated_total_steps
+from mxlab.experiment.train import RunJob, RunResult, build_run_model, estimated_total_steps
 from mxlab.experiment.worker import make_data_source
 
 DEFAULT_SWEEP_STEPS = 200
@@ -228,41 +229,20 @@ def sweep_layers(
         raise ValueError("the model has no quantizable modules to sweep")
     del probe_model
 
-    arms: list[tuple[str, Any, str]] = [
-        (spec.baseline, probe.recipe, str(spec.recipe_paths[spec.baseline])),
-        (recipe_name, quantized_recipe, recipe_source),
+    tag = {"sweep_recipe": recipe_name}
+    arms: list[tuple[str, Any, str, dict[str, Any]]] = [
+        (spec.baseline, probe.recipe, str(spec.recipe_paths[spec.baseline]), tag),
+        (recipe_name, quantized_recipe, recipe_source, tag),
     ]
     for module in modules:
-        arms.append(
-            (
-                _arm_folder("only", module),
-                single_layer_recipe(quantized_recipe, module, invert=False),
-                f"{recipe_source} only {module}",
-            )
-        )
-        arms.append(
-            (
-                _arm_folder("allbut", module),
-                single_layer_recipe(quantized_recipe, module, invert=True),
-                f"{recipe_source} all but {module}",
-            )
-        )
+        for kind, invert, words in (("only", False, "only"), ("allbut", True, "all but")):
+            arm_recipe = single_layer_recipe(quantized_recipe, module, invert=invert)
+            arms.append((_arm_folder(kind, module), arm_recipe, f"{recipe_source} {words} {module}", tag))
     warmups = fork_jobs(sweep_spec, runs_root)
-    jobs = [
-        RunJob(
-            arm=arm,
-            seed=seed,
-            recipe=arm_recipe,
-            recipe_source=source_text,
-            run_dir=runs_root / arm / f"seed{seed}",
-            spec=sweep_spec,
-            extra_config={"sweep_recipe": recipe_name},
-            fork_dir=runs_root / FORK_DIR / f"seed{seed}" if warmups else None,
-        )
-        for seed in seeds
-        for arm, arm_recipe, source_text in arms
-    ]
+    jobs = arm_jobs(sweep_spec, runs_root, arms)
     devices = resolve_devices(device)
+    one_by_one = len(devices) <= 1 and runs_per_device is None  # short runs: one at a time, in this process
+    options = ExecutionOptions(executor=INLINE if one_by_one else "local", runs_per_device=runs_per_device, mps=mps)
     if mps:
         check_mps_devices(devices, "local")
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -270,13 +250,10 @@ def sweep_layers(
         sweep_dir / "sweep_spec.json", {**sweep_spec.to_dict(), "sweep_recipe": recipe_source, "modules": modules}
     )
     with mps_daemon(mps):
-        if len(devices) <= 1 and runs_per_device is None:  # short runs: one at a time, in this process
-            executor: Any = InlineExecutor(devices[0], source=source)
-        else:
-            executor = LocalExecutor(devices, runs_per_device=runs_per_device or 1)
-        results = run_jobs(warmups, executor, show_progress=show_progress)
-        results.update(blocked_runs(jobs, results))  # a seed whose warm-up failed has nothing to continue from
-        run_jobs([job for job in jobs if job.label not in results], executor, show_progress=show_progress)
+        executor = make_executor(options, devices, spec.execution, source=source)
+        results: dict[str, RunResult] = {}
+        for phase in (warmups, jobs):  # a seed whose warm-up failed has nothing to continue from
+            run_phase(phase, results, executor, show_progress=show_progress)
 
     def per_seed(arm: str) -> list[dict[str, float] | None]:
         return [

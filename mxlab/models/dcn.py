@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from mxlab.data.batch import DataInfo, JaggedBatch
-from mxlab.data.config import dataclass_from_config
 from mxlab.models.gem import LowRankCross
+from mxlab.tables import table_to_dataclass
 
 DCN_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(dim=16, cross_layers=2, cross_rank=16, over_arch=(64, 32), max_history=16),
@@ -56,7 +56,7 @@ def validate_dcn_config(keywords: dict[str, Any]) -> DCNConfig:
     size = keywords.get("size", DCNConfig.size)
     if size not in DCN_PRESETS:
         raise ValueError(f"unknown dcn size {size!r}; accepted: {', '.join(DCN_PRESETS)}")
-    return dataclass_from_config(DCNConfig, {**DCN_PRESETS[size], **keywords}, "[model] of builder 'dcn'")
+    return table_to_dataclass(DCNConfig, {**DCN_PRESETS[size], **keywords}, "model", where="[model] of builder 'dcn'")
 
 
 class Tower(nn.Module):

@@ -45,10 +45,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from mxlab.data.batch import DataInfo, JaggedBatch
-from mxlab.data.config import config_keys, dataclass_from_config
 from mxlab.nn.attention import ACTIVATIONS, JaggedAttention
 from mxlab.nn.norms import layer_norm, rms_norm
 from mxlab.nn.rotary import RotaryTable, rotary_embedding, rotary_table, segment_positions
+from mxlab.tables import field_names, table_to_dataclass
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
@@ -131,7 +131,7 @@ class ModelConfig:
                 raise ValueError(f"[model] {name} must be in (0, 1); got {getattr(self, name)}")
 
 
-MODEL_CONFIG_KEYS: tuple[str, ...] = config_keys(ModelConfig)
+MODEL_CONFIG_KEYS: tuple[str, ...] = field_names(ModelConfig)
 DEFAULT_MAX_HISTORY = PRESETS[DEFAULT_SIZE]["max_history"]
 
 
@@ -146,7 +146,7 @@ def validate_model_config(model_config: dict) -> ModelConfig:
     size = model_config.get("size", DEFAULT_SIZE)
     if size not in PRESETS:
         raise ValueError(f"unknown model size {size!r}; accepted: {', '.join(PRESETS)}")
-    given = dataclass_from_config(ModelConfig, {**PRESETS[size], **model_config, "size": size}, "[model]")
+    given = table_to_dataclass(ModelConfig, {**PRESETS[size], **model_config, "size": size}, "model")
     return given
 
 

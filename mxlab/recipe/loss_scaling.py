@@ -47,11 +47,13 @@ per step (each backward only adds its gradient's counts on the device).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from mxlab.tables import table_to_dataclass
 
 LOSS_SCALING_POLICIES = ("none", "static", "dynamic", "per_layer")
 PENDING_LIMIT = 1024  # scale values kept on the device before scale_history reads them back
@@ -93,27 +95,12 @@ class LossScalingConfig:
 def parse_loss_scaling(table: dict[str, Any] | None) -> LossScalingConfig:
     """A LossScalingConfig from a recipe's `[loss_scaling]` table (None: policy none).
 
-    Refuses unknown keys and invalid values with a ValueError naming them.
+    Refuses what mxlab.tables.table_to_dataclass refuses (a non-table, an unknown key, a wrong type) and
+    invalid values, with a ValueError naming them.
     """
     if table is None:
         return LossScalingConfig()
-    if not isinstance(table, dict):
-        raise ValueError(f"[loss_scaling] must be a table, got {table!r}")
-    accepted = [f.name for f in fields(LossScalingConfig)]
-    unknown = sorted(set(table) - set(accepted))
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} in [loss_scaling]; accepted: {', '.join(accepted)}")
-    values = dict(table)
-    for key in ("init_scale", "growth_factor", "backoff_factor", "underflow_threshold", "max_layer_scale"):
-        if key in values:
-            if isinstance(values[key], bool) or not isinstance(values[key], (int, float)):
-                raise ValueError(f"loss_scaling.{key} must be a number, got {values[key]!r}")
-            values[key] = float(values[key])
-    if "growth_interval" in values and (
-        isinstance(values["growth_interval"], bool) or not isinstance(values["growth_interval"], int)
-    ):
-        raise ValueError(f"loss_scaling.growth_interval must be an integer, got {values['growth_interval']!r}")
-    return LossScalingConfig(**values)
+    return table_to_dataclass(LossScalingConfig, table, "loss_scaling")
 
 
 def _optimizer_grads(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

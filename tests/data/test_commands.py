@@ -35,4 +35,4 @@ def test_bad_names_exit_with_status_2_and_a_message():
     result = runner.invoke(app, ["data", "fetch", "movielens-1m"])
     assert result.exit_code == 2 and "accepted: movielens-100k" in result.output
     result = runner.invoke(app, ["data", "describe", "synthetic", "--set", "n_ads=5"])
-    assert result.exit_code == 2 and "unknown key 'n_ads'" in result.output
+    assert result.exit_code == 2 and "unknown key 'data.n_ads'" in result.output

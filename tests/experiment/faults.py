@@ -53,7 +53,10 @@ def install(monkeypatch: pytest.MonkeyPatch) -> standins.StandinSource:
 
     source = standins.StandinSource()
     standins.install(monkeypatch, source)
-    monkeypatch.setattr("mxlab.experiment.runner.make_executor", lambda *args, **kwargs: InlineExecutor("cpu"))
+    monkeypatch.setattr(  # every executor inline, with the study's step hooks
+        "mxlab.experiment.runner.make_executor",
+        lambda *args, **kwargs: InlineExecutor("cpu", on_step=kwargs["on_step"]),
+    )
     monkeypatch.setattr("mxlab.cli.study_commands.write_study_report", lambda out_dir: {})
     return source
 

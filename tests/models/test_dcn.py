@@ -54,7 +54,7 @@ def test_dcn_learns_and_a_recipe_reaches_every_gemm():
 
 def test_dcn_refuses_an_unknown_key_or_size():
     with pytest.raises(
-        ValueError, match=r"unknown key 'depth' in \[model\] of builder 'dcn'; accepted keys: size, dim"
+        ValueError, match=r"unknown key 'model\.depth'; accepted keys in \[model\] of builder 'dcn': size, dim"
     ):
         validate_model_table({"builder": "dcn", "depth": 3})
     with pytest.raises(ValueError, match=r"unknown dcn size 'huge'; accepted: tiny, h200"):

@@ -201,7 +201,7 @@ def test_config_validation_and_presets():
     big = validate_model_config({"size": "h200"})
     assert big.dim >= 128 and big.layers >= 2 and big.max_history == 1024
     assert validate_model_config({"size": "h200", "dim": 128, "tower_dims": [64]}).tower_dims == (64,)
-    with pytest.raises(ValueError, match=r"unknown key 'depth' in \[model\]; accepted keys:.*dim.*layers"):
+    with pytest.raises(ValueError, match=r"unknown key 'model\.depth'; accepted keys in \[model\]:.*dim.*layers"):
         validate_model_config({"depth": 3})
     with pytest.raises(ValueError, match="multiple of heads"):
         validate_model_config({"dim": 30, "heads": 4})
