@@ -121,7 +121,7 @@ def source_tasks(source: Any, tasks: TaskSet | None = None) -> tuple[str, ...]:
     info.has_conversion), else the independent heads of `tasks`."""
     if tasks is not None and tasks.relation != "esmm":
         return tasks.heads
-    return metrics.tasks_of(getattr(source.info, "has_conversion", True))
+    return metrics.tasks_of(source.info.has_conversion)
 
 
 def held_out_metrics(

@@ -264,10 +264,9 @@ def resolve_recipe_path(name: str, recipe_dir: Path) -> Path:
 
 
 def _check_recipe_loads(arm: str, path: Path) -> None:
-    try:
-        from mxlab.recipe import load_recipe
-    except ImportError:
-        return
+    """Refuses (ValueError naming the arm and the file) a recipe file that load_recipe refuses."""
+    from mxlab.recipe import load_recipe
+
     try:
         load_recipe(path)
     except ValueError as error:

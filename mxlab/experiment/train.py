@@ -8,7 +8,8 @@ state, the step, the data position (epoch, batches consumed in it) and the parti
 `train_run` is four phases over one `TrainingRun` (the run's state): setup (the model, optimizer,
 loss scaler, config files), resume (a checkpoint of its own, or the fork it starts from), the loop
 (steps, reads, checks, checkpoints) and finish (the last record, evaluation, done.json). The model
-factory and the loss are parameters (default: mxlab.models' GEM `build_model` and `esmm_loss`).
+factory and the loss are parameters (default: the spec's builder through `mxlab.models.build`, and
+`mxlab.models.loss_for` of its [tasks]).
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ from mxlab.experiment.run_job import (
     step_limits,
 )
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
+from mxlab.experiment.training_recipe import set_output_biases
+from mxlab.models import build, loss_components, loss_for
 
 ModelFactory = Callable[[dict[str, Any], Any], torch.nn.Module]  # (model_config, DataInfo) -> model
 LossFunction = Callable[[Any, Any], dict[str, torch.Tensor]]  # (model output, batch) -> {"loss": total, ...}
@@ -66,11 +69,9 @@ def build_run_model(job: RunJob, info: Any, model_factory: ModelFactory | None =
     `model_factory(model_config, info)` builds the model (default: the spec's [model] and [tasks] through
     mxlab.models.build, which refuses what it cannot build).
     """
-    from mxlab.experiment.training_recipe import set_output_biases
-    from mxlab.recipe import apply_recipe
+    from mxlab.recipe import apply_recipe  # here, not at import: mxlab.recipe loads the MX emulation
 
     if model_factory is None:
-        from mxlab.models import build
 
         def model_factory(config: Any, info: Any) -> torch.nn.Module:
             return build(config, info, job.spec.tasks)
@@ -82,32 +83,6 @@ def build_run_model(job: RunJob, info: Any, model_factory: ModelFactory | None =
     set_output_biases(model, info, job.spec.train.output_bias)
     plan = apply_recipe(model, job.recipe, seed=job.seed)
     return model, plan
-
-
-def _rounding_state(model: torch.nn.Module) -> dict[str, int]:
-    """The stochastic-rounding call counters of the quantized products (empty with stand-in recipes)."""
-    import mxlab.recipe as recipe_module
-
-    state = getattr(recipe_module, "rounding_state", None)
-    return state(model) if state is not None else {}
-
-
-def _load_rounding_state(model: torch.nn.Module, state: dict[str, int]) -> None:
-    import mxlab.recipe as recipe_module
-
-    load = getattr(recipe_module, "load_rounding_state", None)
-    if load is not None:
-        load(model, state)
-
-
-def _plan_text(plan: Any) -> str:
-    table = getattr(plan, "table", None)
-    return table() if callable(table) else str(plan)
-
-
-def _plan_dict(plan: Any) -> Any:
-    to_dict = getattr(plan, "to_dict", None)
-    return to_dict() if callable(to_dict) else {"plan": str(plan)}
 
 
 class TrainingRun:
@@ -131,7 +106,6 @@ class TrainingRun:
     ) -> None:
         """Set the run up: its model built and its recipe applied, config.json, plan.json and plan.txt written
         (rank 0); nothing trained."""
-        from mxlab.models import loss_components
         from mxlab.recipe.loss_scaling import make_loss_scaler
 
         self.job, self.source, self.device, self.progress, self.world = job, source, device, progress, world
@@ -190,12 +164,14 @@ class TrainingRun:
         }
         if self.world.writes:
             io.write_json(self.run_dir / "config.json", config)
-            io.write_json(self.run_dir / "plan.json", _plan_dict(self.plan))
-            io.write_text(self.run_dir / "plan.txt", _plan_text(self.plan) + "\n")
+            io.write_json(self.run_dir / "plan.json", self.plan.to_dict())
+            io.write_text(self.run_dir / "plan.txt", self.plan.table() + "\n")
 
     def resume(self) -> None:
         """Continue from the run's own checkpoint (model, optimizer, scaler, RNGs, data position, logs), else
         from the run it forks from (`start_from_fork`); from scratch when it has neither."""
+        from mxlab.recipe import load_rounding_state
+
         job, model = self.job, self.model
         checkpoint, self.recovered = load_resume_checkpoint(self.run_dir)
         if checkpoint is not None:
@@ -209,7 +185,7 @@ class TrainingRun:
             self.metrics = [record for record in io.read_jsonl(self.run_dir / METRICS) if record["step"] <= self.step]
             self.numerics = [record for record in io.read_jsonl(self.run_dir / NUMERICS) if record["step"] <= self.step]
             restore_rng(checkpoint["rng"])
-            _load_rounding_state(model, checkpoint["rounding"])
+            load_rounding_state(model, checkpoint["rounding"])
             self.resumed_from = self.step
             self.fork_position = fork_data_position(job.fork_dir) if job.fork_dir is not None else None
         elif job.fork_dir is not None:
@@ -229,6 +205,8 @@ class TrainingRun:
             io.write_jsonl(self.run_dir / NUMERICS, self.numerics)
 
     def save_checkpoint(self) -> None:
+        from mxlab.recipe import rounding_state
+
         self.save_logs()  # logs first: a crash in between leaves logs ahead of the checkpoint, trimmed on resume
         if not self.world.writes:
             return
@@ -245,7 +223,7 @@ class TrainingRun:
                 "nonfinite_streak": self.nonfinite_streak,
                 "elapsed_s": self.seconds(),
                 "interval": self.interval.state(),
-                "rounding": _rounding_state(self.model),
+                "rounding": rounding_state(self.model),
             },
         )
 
@@ -386,7 +364,7 @@ class TrainingRun:
             wall_s=self.seconds(),
             diverged_at_step=self.diverged_at,
             reason=self.reason,
-            skipped_steps=self.last_read.skipped if diverged else int(getattr(scaler, "skipped_steps", 0)),
+            skipped_steps=self.last_read.skipped if diverged else scaler.skipped_steps,
             resumed_from_step=self.resumed_from,
             step_ms=median_step_ms(self.metrics, train.batch_size),
             peak_memory_bytes=int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda" else None,
@@ -445,7 +423,7 @@ def train_run(
     In a data-parallel group (`world`, mxlab.experiment.distributed) each rank trains on its shard
     of every batch and only rank 0 writes the run folder.
     `model_factory(model_config, info) -> nn.Module` and `loss(output, batch) -> {"loss": ..., ...}` default to
-    mxlab.models' `build_model` (the GEM model) and `esmm_loss`.
+    the spec's [model] builder (mxlab.models.build) and the loss of its [tasks] (mxlab.models.loss_for).
     """
     run_dir = Path(job.run_dir)
     if run_is_done(run_dir):
@@ -457,8 +435,6 @@ def train_run(
     if skipped is not None:
         return skipped
     if loss is None:
-        from mxlab.models import loss_for
-
         loss = loss_for(job.spec.tasks)
     run = TrainingRun(job, source, device, progress=progress, world=world, model_factory=model_factory, loss=loss)
     run.resume()

@@ -29,9 +29,11 @@ from typing import Any
 import torch
 
 from mxlab import io
+from mxlab.data import make_source
 from mxlab.experiment.distributed import World
 from mxlab.experiment.spec import ExperimentSpec
 from mxlab.experiment.train import DONE, RunJob, RunResult, run_is_done, train_run
+from mxlab.models import DEFAULT_MAX_HISTORY
 
 PROGRESS = "progress.json"
 ORPHANED_EXIT = 3  # a worker's exit code when its driver died before it
@@ -63,21 +65,12 @@ def preload_worker_modules() -> None:
 
 
 def max_history_of(model_config: dict[str, Any]) -> int:
-    """The model's max_history (its own default when the spec leaves it out)."""
-    if "max_history" in model_config:
-        return int(model_config["max_history"])
-    import mxlab.models as models
-
-    default = getattr(models, "DEFAULT_MAX_HISTORY", None)
-    if default is None:
-        raise ValueError("[model] needs max_history (the longest user history the model attends over)")
-    return int(default)
+    """The model's max_history (mxlab.models.DEFAULT_MAX_HISTORY when the spec leaves it out)."""
+    return int(model_config.get("max_history", DEFAULT_MAX_HISTORY))
 
 
 def make_data_source(spec: ExperimentSpec) -> Any:
     """The spec's data source (mxlab.data.make_source with the model's max_history)."""
-    from mxlab.data import make_source
-
     return make_source(dict(spec.data), max_history_of(spec.model))
 
 

@@ -1,4 +1,4 @@
-"""Shared set-up for the planted-fault tests: a stand-in study folder, the CLI run inline, file fingerprints."""
+"""Shared set-up for the planted-fault tests: a study of the stand-in plug-ins, the CLI run inline, fingerprints."""
 
 from __future__ import annotations
 
@@ -10,27 +10,7 @@ from typer.testing import CliRunner
 
 from tests.experiment import standins
 
-SPEC = """
-name = "faults"
-seeds = [0]
-baseline = "base"
-arms = ["base", "noisy"]
-
-[data]
-source = "synthetic"
-
-[model]
-dim = 8
-max_history = 4
-
-[train]
-batch_size = 16
-lr = 0.05
-epochs = 2
-checkpoint_every = 4
-log_every = 3
-cpu_threads = 1
-"""
+SPEC = standins.spec_text("faults", [0])
 
 
 class Kill(Exception):
@@ -39,26 +19,21 @@ class Kill(Exception):
 
 def write_spec(folder: Path, text: str = SPEC) -> Path:
     """A spec with recipes base and noisy in `folder`; returns its path."""
-    (folder / "recipes").mkdir(parents=True, exist_ok=True)
-    (folder / "recipes" / "base.toml").write_text('name = "base"\n')
-    (folder / "recipes" / "noisy.toml").write_text('name = "noisy"\nnoise = 0.01\n')
+    standins.write_recipes(folder, "base", "noisy")
     path = folder / "faults.toml"
     path.write_text(text)
     return path
 
 
-def install(monkeypatch: pytest.MonkeyPatch) -> standins.StandinSource:
-    """Stand-in modules, and `mxlab run` on the inline executor without a report (fast, in this process)."""
+def run_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Have `mxlab run` train on the inline executor and write no report (fast, in this process)."""
     from mxlab.experiment.executors import InlineExecutor
 
-    source = standins.StandinSource()
-    standins.install(monkeypatch, source)
     monkeypatch.setattr(  # every executor inline, with the study's step hooks
         "mxlab.experiment.runner.make_executor",
         lambda *args, **kwargs: InlineExecutor("cpu", on_step=kwargs["on_step"]),
     )
     monkeypatch.setattr("mxlab.cli.study_commands.write_study_report", lambda out_dir: {})
-    return source
 
 
 def cli(*args: str) -> tuple[int, list[str]]:

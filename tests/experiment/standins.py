@@ -1,72 +1,124 @@
-"""Small stand-ins for mxlab.data / mxlab.models / mxlab.recipe with the documented interfaces.
+"""A small data source and model for the runner's own tests, reached by a spec as plug-ins.
 
-They let the runner's own logic (pairing, checkpoints, resume, divergence) be tested in
-isolation and fast; the end-to-end tests use the real modules.
+`[data] source = SOURCE` and `[model] builder = BUILDER`: fixed random dense-only examples with click and
+conversion labels, and an MLP of one hidden layer and one output layer, small enough that the real recipes' MX
+emulation on the CPU is fast. The runner's logic (pairing, checkpoints, resume, divergence, faults) is tested
+on them with the real recipes: `write_recipes` puts renamed copies of shipped recipes beside a spec.
+
+Planted faults are the builder's keywords `nan_loss_from_step` (a NaN CTR logit) and `inf_grad_from_step`
+(an infinite gradient through it), counted in training forwards. They fire only in a model a recipe quantized
+(a QLinear with a precision), so the BF16 arm of the same spec trains clean: that is what makes them arm-specific.
 """
 
 from __future__ import annotations
 
-import types
+import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from mxlab.data import DataInfo, JaggedBatch
+from mxlab.nn.linear import QLinear
+from mxlab.recipe import find_recipe
 
-@dataclass
-class StandinBatch:
-    dense: torch.Tensor
-    click: torch.Tensor
-    conversion: torch.Tensor
-    user_id: torch.Tensor
-    true_ctr: torch.Tensor | None = None
-    true_cvr: torch.Tensor | None = None
+SOURCE = "tests.experiment.standins:StandinSource"
+BUILDER = "tests.experiment.standins:build_standin"
+N_DENSE = 6
 
-    def to(self, device: Any) -> StandinBatch:
-        return self
+# name -> (the shipped recipe it copies, its [loss_scaling] table in place of the shipped one's, or "")
+RECIPES = {
+    "base": ("bf16", ""),
+    "noisy": ("mxfp8-rceil", ""),
+    "poisoned": ("mxfp8-rceil", ""),
+    # its loss scale halves on every overflow: 4 -> 2 -> 1 -> 0.5
+    "collapsing": ("mxfp8-rceil", 'policy = "dynamic"\ninit_scale = 4.0\nbackoff_factor = 0.5\n'),
+}
 
 
-@dataclass
-class StandinInfo:
-    n_dense: int = 6
+def spec_text(name: str, seeds: list[int]) -> str:
+    """A spec over the stand-in source and model with arms base (BF16) and noisy (MXFP8), 12 steps per run; the
+    high-precision GEMMs in float32 (no autocast: faster on the CPU)."""
+    return f"""
+name = "{name}"
+seeds = {seeds}
+baseline = "base"
+arms = ["base", "noisy"]
+
+[data]
+source = "{SOURCE}"
+
+[model]
+builder = "{BUILDER}"
+dim = 8
+max_history = 4
+
+[train]
+batch_size = 16
+lr = 0.05
+epochs = 2
+checkpoint_every = 4
+log_every = 3
+cpu_threads = 1
+precision = "fp32"
+"""
+
+
+def recipe_text(name: str) -> str:
+    """The text of the recipe `name` of RECIPES: its shipped recipe's, renamed, with its own [loss_scaling]
+    table where it has one."""
+    like, loss_scaling = RECIPES[name]
+    text = re.sub(r'^name = ".*"$', f'name = "{name}"', find_recipe(like).read_text(), count=1, flags=re.M)
+    if loss_scaling:
+        text = text[: text.index("[loss_scaling]")] + "[loss_scaling]\n" + loss_scaling
+    return text
+
+
+def write_recipes(folder: Path, *names: str) -> None:
+    """Write `folder`/recipes/NAME.toml for each of `names` (keys of RECIPES)."""
+    (folder / "recipes").mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / "recipes" / f"{name}.toml").write_text(recipe_text(name))
 
 
 class StandinSource:
-    """Fixed random examples; train order permuted by (seed, epoch); records every order it served."""
+    """Fixed random examples (the [data] keys `train_examples`, `eval_examples`); the train order is a
+    permutation fixed by (seed, epoch), partial batches dropped; the eval set in a fixed order."""
 
-    def __init__(self, n_train: int = 96, n_eval: int = 64) -> None:
+    def __init__(self, table: dict, max_history: int) -> None:
         generator = torch.Generator().manual_seed(1234)
-        self.info = StandinInfo()
-        self.n_train, self.n_eval = n_train, n_eval
-        total = n_train + n_eval
-        self.dense = torch.randn(total, self.info.n_dense, generator=generator)
+        self.info = DataInfo(N_DENSE, (1,), 1, 1, False, "standin", has_history=False)
+        self.n_train, self.n_eval = int(table.get("train_examples", 96)), int(table.get("eval_examples", 64))
+        total = self.n_train + self.n_eval
+        self.dense = torch.randn(total, N_DENSE, generator=generator)
         logits = self.dense[:, 0] - 0.5 * self.dense[:, 1]
         self.click = (torch.rand(total, generator=generator) < torch.sigmoid(logits)).float()
         self.conversion = self.click * (torch.rand(total, generator=generator) < 0.4).float()
-        self.user_id = torch.arange(total) % 7
-        self.served: list[tuple[int, int, list[int]]] = []
 
-    def _batch(self, index: torch.Tensor) -> StandinBatch:
-        return StandinBatch(self.dense[index], self.click[index], self.conversion[index], self.user_id[index])
+    def _batch(self, index: torch.Tensor) -> JaggedBatch:
+        rows = index.numel()
+        return JaggedBatch(
+            dense=self.dense[index],
+            sparse=torch.zeros(rows, 1, dtype=torch.int64),
+            history_items=torch.zeros(0, dtype=torch.int64),
+            history_actions=torch.zeros(0, dtype=torch.int64),
+            history_offsets=torch.zeros(rows + 1, dtype=torch.int64),
+            click=self.click[index],
+            conversion=self.conversion[index],
+            user_id=index % 7,
+        )
 
-    def train_batches(self, batch_size: int, seed: int, epoch: int) -> Iterator[StandinBatch]:
+    def train_batches(self, batch_size: int, seed: int, epoch: int) -> Iterator[JaggedBatch]:
         order = torch.randperm(self.n_train, generator=torch.Generator().manual_seed(seed * 1000 + epoch))
         for start in range(0, self.n_train - batch_size + 1, batch_size):
-            index = order[start : start + batch_size]
-            self.served.append((seed, epoch, index.tolist()))
-            yield self._batch(index)
+            yield self._batch(order[start : start + batch_size])
 
-    def eval_batches(self, batch_size: int) -> Iterator[StandinBatch]:
-        for start in range(self.n_train, self.n_train + self.n_eval, batch_size):
-            yield self._batch(torch.arange(start, min(start + batch_size, self.n_train + self.n_eval)))
-
-
-@dataclass
-class StandinOutput:
-    ctr_logit: torch.Tensor
-    cvr_logit: torch.Tensor
+    def eval_batches(self, batch_size: int) -> Iterator[JaggedBatch]:
+        end = self.n_train + self.n_eval
+        for start in range(self.n_train, end, batch_size):
+            yield self._batch(torch.arange(start, min(start + batch_size, end)))
 
 
 class InfiniteGradient(torch.autograd.Function):
@@ -82,119 +134,42 @@ class InfiniteGradient(torch.autograd.Function):
 
 
 class StandinModel(nn.Module):
-    def __init__(self, n_dense: int, hidden: int) -> None:
+    """One hidden layer over the dense features and one linear output of a logit per head; returns
+    {head: (B,) logit}."""
+
+    def __init__(self, heads: tuple[str, ...], dim: int, nan_loss_from_step: int, inf_grad_from_step: int) -> None:
         super().__init__()
-        self.tower = nn.Sequential(nn.Linear(n_dense, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU())
-        self.ctr = nn.Linear(hidden, 1)
-        self.cvr = nn.Linear(hidden, 1)
-        self.poison_at_step: int | None = None
-        self.overflow_from_step: int | None = None
-        self.calls = 0
+        self.heads = heads
+        self.tower = nn.Sequential(nn.Linear(N_DENSE, dim), nn.ReLU())
+        self.out = nn.Linear(dim, len(heads))
+        self.nan_loss_from_step, self.inf_grad_from_step = nan_loss_from_step, inf_grad_from_step
+        self.steps = 0  # training forwards so far
 
-    def forward(self, batch: StandinBatch) -> StandinOutput:
-        hidden = self.tower(batch.dense)
-        ctr = self.ctr(hidden).squeeze(-1)
-        if self.training:
-            self.calls += 1
-            if self.poison_at_step is not None and self.calls >= self.poison_at_step:
-                ctr = ctr * float("nan")
-            if self.overflow_from_step is not None and self.calls >= self.overflow_from_step:
-                ctr = InfiniteGradient.apply(ctr)
-        return StandinOutput(ctr, self.cvr(hidden).squeeze(-1))
+    def quantized(self) -> bool:
+        """True when a recipe gave one of the model's layers a quantized precision."""
+        return any(isinstance(module, QLinear) and module.precision is not None for module in self.modules())
 
-
-def esmm_loss(output: StandinOutput, batch: StandinBatch) -> dict[str, torch.Tensor]:
-    bce = nn.functional.binary_cross_entropy_with_logits
-    ctr = bce(output.ctr_logit, batch.click)
-    p_ctcvr = (torch.sigmoid(output.ctr_logit) * torch.sigmoid(output.cvr_logit)).clamp(1e-7, 1 - 1e-7)
-    ctcvr = -(batch.conversion * p_ctcvr.log() + (1 - batch.conversion) * (1 - p_ctcvr).log()).mean()
-    return {"loss": ctr + ctcvr, "ctr": ctr, "ctcvr": ctcvr}
+    def forward(self, batch: JaggedBatch) -> dict[str, torch.Tensor]:
+        logits = dict(zip(self.heads, self.out(self.tower(batch.dense)).unbind(-1)))
+        if self.training and (self.nan_loss_from_step or self.inf_grad_from_step) and self.quantized():
+            self.steps += 1
+            if self.nan_loss_from_step and self.steps >= self.nan_loss_from_step:
+                logits["ctr"] = logits["ctr"] * float("nan")
+            if self.inf_grad_from_step and self.steps >= self.inf_grad_from_step:
+                logits["ctr"] = InfiniteGradient.apply(logits["ctr"])
+        return logits
 
 
-def build_model(model_config: dict, info: StandinInfo) -> StandinModel:
-    return StandinModel(info.n_dense, int(model_config.get("dim", 8)))
-
-
-@dataclass
-class StandinRecipe:
-    name: str
-    noise: float = 0.0
-    poison_at_step: int | None = None
-    overflow_from_step: int | None = None
-    loss_scaling: dict | None = None
-
-
-@dataclass
-class StandinPlan:
-    recipe: str
-
-    def table(self) -> str:
-        return f"plan of {self.recipe}"
-
-    def to_dict(self) -> dict:
-        return {"recipe": self.recipe}
-
-
-def load_recipe(path: Any, search_dirs: Any = ()) -> StandinRecipe:
-    from pathlib import Path
-
-    import tomllib
-
-    raw = tomllib.loads(Path(path).read_text())
-    unknown = set(raw) - {"name", "noise", "poison_at_step", "overflow_from_step", "loss_scaling"}
-    if unknown:
-        raise ValueError(f"unknown recipe key {sorted(unknown)[0]!r}")
-    return StandinRecipe(**raw)
-
-
-def apply_recipe(model: StandinModel, recipe: StandinRecipe, seed: int = 0) -> StandinPlan:
-    if recipe.noise:
-        with torch.no_grad():  # an arm-specific perturbation so arms differ, deterministic
-            for parameter in model.parameters():
-                parameter.add_(recipe.noise)
-    model.poison_at_step = recipe.poison_at_step
-    model.overflow_from_step = recipe.overflow_from_step
-    return StandinPlan(recipe.name)
-
-
-def quantizable_modules(model: nn.Module, recipe: Any = None) -> list[str]:
-    return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-
-
-def single_layer_recipe(recipe: StandinRecipe, name: str, invert: bool = False) -> StandinRecipe:
-    return StandinRecipe(
-        name=f"{recipe.name}:{'allbut' if invert else 'only'}:{name}", noise=recipe.noise / (2 if invert else 4)
-    )
-
-
-def install(monkeypatch: Any, source: StandinSource) -> None:
-    """Route the runner's lazy imports of mxlab.data, mxlab.models and mxlab.recipe to these stand-ins.
-    The real mxlab.recipe.library stays importable (the spec resolves recipe files through it)."""
-    import sys
-
-    import mxlab.recipe.library  # noqa: F401  (cached in sys.modules before its package is replaced)
-    import mxlab.recipe.shipped  # noqa: F401  (the shipped recipes, where a spec's arms are looked up last)
-    import mxlab.report  # noqa: F401  (the analysis and report, bound to the real mxlab.data before it is replaced)
-    from mxlab.data import SOURCE_REGISTRY
-
-    for name in SOURCE_REGISTRY:  # the registered sources' modules, cached before their package is replaced
-        SOURCE_REGISTRY.resolve(name)
-
-    data = types.ModuleType("mxlab.data")
-    data.make_source = lambda data_config, max_history: source
-    from mxlab.models import DEFAULT_BUILDER, builder_name, check_outputs, loss_components
-
-    models = types.ModuleType("mxlab.models")
-    models.build_model, models.esmm_loss = build_model, esmm_loss
-    # the plug-in seam of the real package, over the stand-ins (build_model looked up when called, so a test
-    # may replace it)
-    models.build = lambda table, info, tasks: sys.modules["mxlab.models"].build_model(table, info)
-    models.loss_for = lambda tasks: sys.modules["mxlab.models"].esmm_loss
-    models.check_outputs, models.loss_components = check_outputs, loss_components
-    models.DEFAULT_BUILDER, models.builder_name = DEFAULT_BUILDER, builder_name
-    recipe = types.ModuleType("mxlab.recipe")
-    recipe.load_recipe, recipe.apply_recipe = load_recipe, apply_recipe
-    recipe.quantizable_modules, recipe.single_layer_recipe = quantizable_modules, single_layer_recipe
-    recipe.unavailable_reason = lambda recipe, device=None: None  # stand-in recipes need no backend
-    for name, module in (("mxlab.data", data), ("mxlab.models", models), ("mxlab.recipe", recipe)):
-        monkeypatch.setitem(sys.modules, name, module)
+def build_standin(
+    info: DataInfo,
+    heads: tuple[str, ...],
+    /,
+    *,
+    dim: int = 8,
+    max_history: int = 4,
+    nan_loss_from_step: int = 0,
+    inf_grad_from_step: int = 0,
+) -> StandinModel:
+    """The stand-in model (mxlab.models.protocols.ModelBuilder) with hidden width `dim`; `max_history` is the
+    source's (the model reads no history); the fault keywords are the module docstring's (0: none)."""
+    return StandinModel(tuple(heads), dim, nan_loss_from_step, inf_grad_from_step)

@@ -8,7 +8,8 @@ import pytest
 
 from mxlab.experiment.runner import StudyResult
 from tests.data.test_criteo import write_file
-from tests.experiment.faults import cli, install, write_spec
+from tests.experiment import standins
+from tests.experiment.faults import cli, run_inline, write_spec
 
 CRITEO_SPEC = """
 name = "criteo-bad"
@@ -44,7 +45,7 @@ def test_a_malformed_data_row_is_one_line_with_file_and_line_before_any_run(tmp_
 
 @pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
 def test_a_non_finite_learning_rate_is_refused_like_nan(tmp_path, monkeypatch, value):
-    install(monkeypatch)
+    run_inline(monkeypatch)
     spec = write_spec(tmp_path / "spec")
     code, lines = cli("run", str(spec), "--device", "cpu", "--out", str(tmp_path / "o"), "--set", f"train.lr={value}")
     assert code == 2 and lines == [f"error: train.lr must be a finite number, got {float(value)}"]
@@ -65,11 +66,10 @@ def test_the_closing_line_counts_finished_diverged_and_failed_runs_apart(tmp_pat
         "study s: 2 finished, 1 diverged, 2 failed (2 runs trained, 1 already done); diverged: b/seed0"
     )
 
-    install(monkeypatch)
+    run_inline(monkeypatch)
     spec = write_spec(tmp_path / "spec")
-    (spec.parent / "recipes/poisoned.toml").write_text('name = "poisoned"\npoison_at_step = 5\n')
-    code, lines = cli(
-        "run", str(spec), "--device", "cpu", "--out", str(tmp_path / "o"), "--set", 'arms=["base", "poisoned"]'
-    )
+    standins.write_recipes(spec.parent, "poisoned")
+    arms, poison = 'arms=["base", "poisoned"]', "model.nan_loss_from_step=5"  # poisoned quantizes: only it diverges
+    code, lines = cli("run", str(spec), "--device", "cpu", "--out", str(tmp_path / "o"), "--set", arms, "--set", poison)
     assert code == 0, lines
     assert "study faults: 1 finished, 1 diverged, 0 failed (2 runs trained, 0 already done)" in "\n".join(lines)

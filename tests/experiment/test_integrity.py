@@ -1,4 +1,4 @@
-"""A study folder never mixes, and corrupt artefacts heal or say how (planted faults, stand-in models)."""
+"""A study folder never mixes, and corrupt artefacts heal or say how (planted faults, the stand-in plug-ins)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from mxlab.experiment import load_spec
 from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.integrity import mixed_arm_warnings
 from mxlab.experiment.runner import run_study
-from tests.experiment.faults import Kill, cli, fingerprints, install, write_spec
+from tests.experiment.faults import Kill, cli, fingerprints, run_inline, write_spec
 
 
 @pytest.fixture
 def spec_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    install(monkeypatch)
+    run_inline(monkeypatch)
     return write_spec(tmp_path / "spec")
 
 
@@ -40,23 +40,24 @@ def test_resume_refuses_a_recipe_edited_since_the_study_started(spec_path, tmp_p
     out = tmp_path / "out"
     _interrupted(spec_path, out)
     before = fingerprints(out / "runs")
+    recipe = spec_path.parent / "recipes/noisy.toml"
+    text = recipe.read_text()
     config = json.loads((out / "runs/noisy/seed0/config.json").read_text())
-    assert (
-        config["recipe_file"]["text"] == 'name = "noisy"\nnoise = 0.01\n' and len(config["recipe_file"]["sha256"]) == 64
-    )
+    assert config["recipe_file"]["text"] == text and len(config["recipe_file"]["sha256"]) == 64
     assert (
         json.loads((out / "study.json").read_text())["recipe_files"]["noisy"]["sha256"]
         == config["recipe_file"]["sha256"]
     )
-    (spec_path.parent / "recipes/noisy.toml").write_text('name = "noisy"\nnoise = 0.02\n')
+    line = text.splitlines().index('scale_mode = "rceil"') + 1
+    recipe.write_text(text.replace('scale_mode = "rceil"', 'scale_mode = "floor"'))
 
     code, lines = cli("run", str(spec_path), "--device", "cpu", "--out", str(out), "--resume")
     assert code == 2 and len(lines) == 1, lines
     assert "arm 'noisy'" in lines[0] and "recipes/noisy.toml changed" in lines[0]
-    assert "line 2: 'noise = 0.01' (recorded) vs 'noise = 0.02' (now)" in lines[0]
+    assert f"""line {line}: 'scale_mode = "rceil"' (recorded) vs 'scale_mode = "floor"' (now)""" in lines[0]
     assert fingerprints(out / "runs") == before  # nothing trained, nothing rewritten
 
-    (spec_path.parent / "recipes/noisy.toml").write_text('name = "noisy"\nnoise = 0.01\n')  # put back: resumes
+    recipe.write_text(text)  # put back: resumes
     code, lines = cli("run", str(spec_path), "--device", "cpu", "--out", str(out), "--resume")
     assert code == 0, lines
     assert {k: v for k, v in fingerprints(out / "runs").items() if k.startswith("base/")} == {

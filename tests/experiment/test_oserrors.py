@@ -15,12 +15,12 @@ from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.oserrors import is_disk_full, os_error_line, stopped
 from mxlab.experiment.runner import run_study
 from mxlab.experiment.worker import record_failure
-from tests.experiment.faults import cli, fingerprints, install, write_spec
+from tests.experiment.faults import cli, fingerprints, run_inline, write_spec
 
 
 @pytest.fixture
 def spec_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    install(monkeypatch)
+    run_inline(monkeypatch)
     return write_spec(tmp_path / "spec")
 
 

@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import json
 
-from tests.experiment.faults import SPEC, cli, fingerprints, install, write_spec
+from tests.experiment import standins
+from tests.experiment.faults import SPEC, cli, fingerprints, run_inline, write_spec
 
-# the collapsing arm's loss scale falls 4 -> 2 -> 1 -> 0.5: below this floor it diverges, above 1e-6 it finishes
-COLLAPSING = SPEC.replace('arms = ["base", "noisy"]', 'arms = ["base", "collapsing"]') + "min_loss_scale = 1.0\n"
+# the collapsing arm's gradients overflow from step 3 on, its loss scale falls 4 -> 2 -> 1 -> 0.5: below this
+# floor it diverges, above 1e-6 it finishes
+COLLAPSING = (
+    SPEC.replace('arms = ["base", "noisy"]', 'arms = ["base", "collapsing"]').replace(
+        "max_history = 4\n", "max_history = 4\ninf_grad_from_step = 3\n"
+    )
+    + "min_loss_scale = 1.0\n"
+)
 
 
 def _study(tmp_path, monkeypatch):
-    install(monkeypatch)
+    run_inline(monkeypatch)
     spec = write_spec(tmp_path / "spec", COLLAPSING)
-    (spec.parent / "recipes/collapsing.toml").write_text(
-        'name = "collapsing"\noverflow_from_step = 3\n'
-        '[loss_scaling]\npolicy = "dynamic"\ninit_scale = 4.0\nbackoff_factor = 0.5\n'
-    )
+    standins.write_recipes(spec.parent, "collapsing")
     out = tmp_path / "out"
     code, lines = cli("run", str(spec), "--device", "cpu", "--out", str(out))
     assert code == 0, lines

@@ -1,4 +1,4 @@
-"""The runner's own logic on small stand-in data/model/recipe modules: pairing, resume, divergence, refusal."""
+"""The runner's own logic on the stand-in plug-ins and real recipes: pairing, resume, divergence, refusal."""
 
 from __future__ import annotations
 
@@ -14,46 +14,27 @@ from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study
 from tests.experiment import standins
 
-SPEC = """
-name = "logic"
-seeds = [0, 1]
-baseline = "base"
-arms = ["base", "noisy"]
-
-[data]
-source = "synthetic"
-
-[model]
-dim = 8
-max_history = 4
-
-[train]
-batch_size = 16
-lr = 0.05
-epochs = 2
-checkpoint_every = 4
-log_every = 3
-cpu_threads = 1
-"""
+SPEC = standins.spec_text("logic", [0, 1])
 
 
 @pytest.fixture
-def source(monkeypatch: pytest.MonkeyPatch) -> standins.StandinSource:
-    source = standins.StandinSource()
-    standins.install(monkeypatch, source)
-    return source
+def served(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int, list[float]]]:
+    """The training batches the stand-in source serves, as (seed, epoch, each example's first feature)."""
+    served: list[tuple[int, int, list[float]]] = []
+    train_batches = standins.StandinSource.train_batches
+
+    def recording(self, batch_size, seed, epoch):
+        for batch in train_batches(self, batch_size, seed, epoch):
+            served.append((seed, epoch, batch.dense[:, 0].tolist()))
+            yield batch
+
+    monkeypatch.setattr(standins.StandinSource, "train_batches", recording)
+    return served
 
 
 @pytest.fixture
 def spec_path(tmp_path: Path) -> Path:
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "base.toml").write_text('name = "base"\n')
-    (tmp_path / "recipes" / "noisy.toml").write_text('name = "noisy"\nnoise = 0.01\n')
-    (tmp_path / "recipes" / "poisoned.toml").write_text('name = "poisoned"\npoison_at_step = 5\n')
-    (tmp_path / "recipes" / "collapsing.toml").write_text(
-        'name = "collapsing"\noverflow_from_step = 3\n'
-        '[loss_scaling]\npolicy = "dynamic"\ninit_scale = 4.0\nbackoff_factor = 0.5\n'
-    )
+    standins.write_recipes(tmp_path, "base", "noisy", "poisoned", "collapsing")
     path = tmp_path / "logic.toml"
     path.write_text(SPEC)
     return path
@@ -64,19 +45,16 @@ def _eval(run_dir: Path) -> dict[str, np.ndarray]:
         return {key: npz[key] for key in npz.files}
 
 
-def test_pairing_same_data_order_and_init_within_a_seed(source, spec_path, tmp_path, monkeypatch):
+def test_pairing_same_data_order_and_init_within_a_seed(served, spec_path, tmp_path, monkeypatch):
     initial_states: list[dict[str, torch.Tensor]] = []
-    build = standins.build_model
+    build = standins.build_standin
 
-    def recording_build(config, info):
-        model = build(config, info)
+    def recording_build(info, heads, /, **keywords):
+        model = build(info, heads, **keywords)
         initial_states.append({k: v.clone() for k, v in model.state_dict().items()})
         return model
 
-    monkeypatch.setattr(standins, "build_model", recording_build)
-    import sys
-
-    monkeypatch.setattr(sys.modules["mxlab.models"], "build_model", recording_build)
+    monkeypatch.setattr(standins, "build_standin", recording_build)
     monkeypatch.setattr("mxlab.experiment.runner.preflight", lambda jobs, source, device: None)  # count run builds only
     spec = load_spec(spec_path)
     run_study(spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
@@ -86,10 +64,10 @@ def test_pairing_same_data_order_and_init_within_a_seed(source, spec_path, tmp_p
     for key in initial_states[0]:
         assert torch.equal(initial_states[0][key], initial_states[1][key])
         assert torch.equal(initial_states[2][key], initial_states[3][key])
-    assert not torch.equal(initial_states[0]["ctr.weight"], initial_states[2]["ctr.weight"])
+    assert not torch.equal(initial_states[0]["out.weight"], initial_states[2]["out.weight"])
 
     steps_per_run = 2 * (96 // 16)
-    orders = [source.served[i * steps_per_run : (i + 1) * steps_per_run] for i in range(4)]
+    orders = [served[i * steps_per_run : (i + 1) * steps_per_run] for i in range(4)]
     assert orders[0] == orders[1] and orders[2] == orders[3]
     assert orders[0] != orders[2]
     assert {seed for seed, _, _ in orders[2]} == {1}
@@ -112,7 +90,7 @@ class Kill(Exception):
     pass
 
 
-def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(source, spec_path, tmp_path):
+def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(spec_path, tmp_path):
     spec = load_spec(spec_path, ["seeds=[0]"])
     reference = tmp_path / "reference"
     run_study(spec, reference, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
@@ -178,8 +156,9 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(sour
     assert strip(reference / "runs/noisy/seed0/metrics.jsonl") == strip(killed / "metrics.jsonl")
 
 
-def test_divergence_is_recorded_and_the_study_goes_on(source, spec_path, tmp_path):
-    spec = load_spec(spec_path, ['arms=["base", "poisoned"]', "seeds=[0]"])
+def test_divergence_is_recorded_and_the_study_goes_on(spec_path, tmp_path):
+    # the NaN loss from step 5 is planted in quantized models only: the poisoned (MXFP8) arm, not base (BF16)
+    spec = load_spec(spec_path, ['arms=["base", "poisoned"]', "seeds=[0]", "model.nan_loss_from_step=5"])
     result = run_study(
         spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline")
     )
@@ -195,24 +174,23 @@ def test_divergence_is_recorded_and_the_study_goes_on(source, spec_path, tmp_pat
     assert result.diverged == ["poisoned/seed0"]
 
 
-def test_loss_scale_collapse_is_a_divergence_but_skipped_steps_are_not(source, spec_path, tmp_path):
+def test_loss_scale_collapse_is_a_divergence_but_skipped_steps_are_not(spec_path, tmp_path):
     # gradients overflow from step 3 on; the dynamic scaler skips and halves 4 -> 2 -> 1 -> 0.5 (< floor 1)
-    spec = load_spec(
-        spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]", "train.min_loss_scale=1.0"]
-    )
+    collapsing = ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]", "model.inf_grad_from_step=3"]
+    spec = load_spec(spec_path, [*collapsing, "train.min_loss_scale=1.0"])
     run_study(spec, tmp_path / "out", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     done = json.loads((tmp_path / "out/runs/collapsing/seed0/done.json").read_text())
     assert done["status"] == "diverged" and "loss scale 0.5" in done["reason"]
     assert done["diverged_at_step"] == 5 and done["skipped_steps"] == 3
 
     # the same overflow with a floor low enough: steps are skipped, the run finishes
-    spec = load_spec(spec_path, ['arms=["collapsing"]', 'baseline="collapsing"', "seeds=[0]"])
+    spec = load_spec(spec_path, collapsing)
     run_study(spec, tmp_path / "out2", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     done = json.loads((tmp_path / "out2/runs/collapsing/seed0/done.json").read_text())
     assert done["status"] == "finished" and done["skipped_steps"] == 10
 
 
-def test_sweep_layers_command_ranks_every_module(source, spec_path, tmp_path):
+def test_sweep_layers_command_ranks_every_module(spec_path, tmp_path):
     from typer.testing import CliRunner
 
     from mxlab.cli import app
@@ -238,7 +216,7 @@ def test_sweep_layers_command_ranks_every_module(source, spec_path, tmp_path):
     assert result.exit_code == 0, result.output
     assert "Layer sensitivity of `noisy`" in result.output
     ranking = json.loads((out / "sweep/sweep.json").read_text())["ranking"]
-    modules = ["tower.0", "tower.2", "ctr", "cvr"]
+    modules = ["tower.0", "out"]
     assert sorted(entry["module"] for entry in ranking) == sorted(modules)
     scores = [entry["only"]["ne_pct_mean"] for entry in ranking]
     assert scores == sorted(scores, reverse=True) and all(np.isfinite(scores))
@@ -295,7 +273,7 @@ def test_sweep_layers_command_ranks_every_module(source, spec_path, tmp_path):
     assert bad.exit_code == 2 and "unknown arm/recipe 'nope'" in bad.output
 
 
-def test_run_command_refuses_bad_input_before_training(source, spec_path, tmp_path):
+def test_run_command_refuses_bad_input_before_training(served, spec_path, tmp_path):
     from typer.testing import CliRunner
 
     from mxlab.cli import app
@@ -310,7 +288,7 @@ def test_run_command_refuses_bad_input_before_training(source, spec_path, tmp_pa
         and "unknown arm/recipe 'missing'" in result.output
         and "available recipes" in result.output
     )
-    assert not (tmp_path / "o").exists() and source.served == []
+    assert not (tmp_path / "o").exists() and served == []
     result = runner.invoke(app, ["run", str(spec_path), "--device", "tpu"])
     assert result.exit_code == 2 and "unknown device 'tpu'" in result.output
     result = runner.invoke(app, ["run", str(spec_path), "--set", "train.lr"])

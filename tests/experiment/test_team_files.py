@@ -13,12 +13,12 @@ import pytest
 from mxlab.experiment import load_spec
 from mxlab.experiment.execution import ExecutionOptions
 from mxlab.experiment.runner import run_study
-from tests.experiment.faults import SPEC, cli, install, write_spec
+from tests.experiment.faults import SPEC, cli, run_inline, write_spec
 
 
 @pytest.fixture
 def spec_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    install(monkeypatch)
+    run_inline(monkeypatch)
     return write_spec(tmp_path / "spec")
 
 

@@ -104,9 +104,7 @@ def test_the_loop_reads_losses_every_log_every_steps_and_at_checkpoints(monkeypa
     import mxlab.experiment.train as train_module
     from mxlab.experiment.runner import run_study
 
-    standins.install(monkeypatch, standins.StandinSource())
-    (tmp_path / "recipes").mkdir()
-    (tmp_path / "recipes" / "base.toml").write_text('name = "base"\n')
+    standins.write_recipes(tmp_path, "base")
     (tmp_path / "logic.toml").write_text(SPEC)
     read_at: list[list[int]] = []
     original = train_module.read_pending
