@@ -35,17 +35,22 @@ def interval_health(
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """done.json's `health` of a run's metrics records: median and largest gradient norm over the
-    intervals, clipped steps, the loss-spike steps, the last held-out metrics and the largest rise of the
-    held-out CTR NE between two evaluations (None where the records hold none)."""
+    intervals, clipped steps, the loss-spike steps, the last held-out metrics and, per held-out NE (one per
+    task the run is evaluated on: `ctr.ne`, `ctcvr.ne` or each declared head's), its largest rise between two
+    evaluations (None where the records hold none)."""
     norms = [r["grad_norm"] for r in records if r.get("grad_norm") is not None]
     largest = [r["grad_norm_max"] for r in records if r.get("grad_norm_max") is not None]
     heldout = [r["heldout"] for r in records if r.get("heldout")]
-    ne = [h.get("ctr.ne") for h in heldout if h.get("ctr.ne") is not None]
+    ne_metrics = sorted({name for h in heldout for name in h if name.endswith(".ne")})
+    rises = {}
+    for name in ne_metrics:
+        ne = [h[name] for h in heldout if h.get(name) is not None]
+        rises[name] = max((b - a for a, b in zip(ne, ne[1:])), default=None)
     return {
         "grad_norm_median": statistics.median(norms) if norms else None,
         "grad_norm_max": max(largest) if largest else None,
         "clipped_steps": sum(r.get("clipped", 0) for r in records),
         "loss_spike_steps": [step for r in records for step in r.get("loss_spikes", [])],
         "heldout_last": heldout[-1] if heldout else None,
-        "heldout_ctr_ne_largest_rise": max((b - a for a, b in zip(ne, ne[1:])), default=None),
+        "heldout_ne_largest_rise": rises or None,
     }

@@ -318,11 +318,17 @@ def heldout_curves(
     path: Path,
     series: Mapping[str, Mapping[int, list[tuple[int, Mapping[str, Any]]]]],
     arms: Sequence[str],
-    metrics_shown: Sequence[str] = ("ctr.ne", "ctcvr.ne"),
+    metrics_shown: Sequence[str] | None = None,
 ) -> Figure:
-    """Held-out NE (one panel per metric with data) against step; one colour per arm, one line per seed; the
-    fork warm-ups ("_fork", grey, dashed) lead into the arms that continue from them."""
+    """Held-out NE (one panel per metric with data; default every task's NE the records hold, CTR and CTCVR
+    first) against step; one colour per arm, one line per seed; the fork warm-ups ("_fork", grey, dashed)
+    lead into the arms that continue from them."""
     colors = arm_colors(arms)
+    if metrics_shown is None:
+        recorded = {m for s in series.values() for p in s.values() for _, h in p for m in h if m.endswith(".ne")}
+        metrics_shown = [m for m in ("ctr.ne", "ctcvr.ne") if m in recorded] + sorted(
+            recorded - {"ctr.ne", "ctcvr.ne"}
+        ) or ["ctr.ne"]
 
     def values(points: list[tuple[int, Mapping[str, Any]]], metric: str) -> np.ndarray:
         return np.array([np.nan if p[1].get(metric) is None else p[1][metric] for p in points], dtype=float)

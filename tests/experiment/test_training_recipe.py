@@ -154,3 +154,19 @@ def test_bad_training_recipe_values_are_refused_naming_value_and_accepted(overri
 
 def test_clipping_can_be_turned_off_with_inf():
     assert load_spec(QUICKSTART, ["train.clip_grad_norm=inf"]).train.clip_grad_norm == math.inf
+
+
+def test_health_records_the_largest_heldout_ne_rise_of_every_task():
+    """One rise per held-out NE the run is evaluated on: ESMM's ctr/ctcvr or a declared head's."""
+    from mxlab.experiment.health import summarize
+
+    records = [
+        {"heldout": {"ctr.ne": 0.90, "ctcvr.ne": 0.95, "ctr.auc": 0.7}},
+        {"heldout": {"ctr.ne": 0.92, "ctcvr.ne": 0.93}},
+        {"heldout": {"ctr.ne": 0.91, "ctcvr.ne": 0.96}},
+    ]
+    rises = summarize(records)["heldout_ne_largest_rise"]
+    assert rises == pytest.approx({"ctcvr.ne": 0.03, "ctr.ne": 0.02})
+    heads = summarize([{"heldout": {"like.ne": 0.5}}, {"heldout": {"like.ne": 0.4}}])["heldout_ne_largest_rise"]
+    assert heads == pytest.approx({"like.ne": -0.1})
+    assert summarize([{"grad_norm": 1.0}])["heldout_ne_largest_rise"] is None

@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import enum
+import importlib
 import importlib.util
 import json
-import sys
 import types
 from pathlib import Path
 
@@ -115,14 +115,15 @@ def fake_te(monkeypatch):
 
 @pytest.fixture
 def no_te(monkeypatch):
-    """Transformer Engine absent, whatever is installed: its imports fail."""
-    for name in (
-        "transformer_engine",
-        "transformer_engine.pytorch",
-        "transformer_engine.common",
-        "transformer_engine.common.recipe",
-    ):
-        monkeypatch.setitem(sys.modules, name, None)
+    """Transformer Engine absent, whatever is installed: the backend's imports of it fail."""
+    real_import = importlib.import_module
+
+    def import_module(name, package=None):
+        if name.split(".")[0] == "transformer_engine":
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, package)
+
+    monkeypatch.setattr(te_backend.importlib, "import_module", import_module)
 
 
 def te_recipe(te_recipe_name: str = "fp8_current", **policy) -> object:

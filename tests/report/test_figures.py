@@ -94,3 +94,10 @@ def test_a_numerics_quantity_the_same_in_every_cell_is_named_not_drawn(tmp_path)
     assert titles == ["SQNR (dB, higher is better)", "flushed to zero (% of elements)"]
     assert "saturated (% of elements): 0" in figure.get_suptitle() and "subnormal" in figure.get_suptitle()
     assert figures.is_flat([[1.0, np.nan, 1.0]]) and not figures.is_flat([[1.0], [2.0]])
+
+
+def test_heldout_panels_follow_the_declared_heads(tmp_path):
+    """Independent heads: one panel per head's held-out NE, in the records' order (no empty CTR panel)."""
+    series = {arm: {0: [(s, {"like.ne": 0.5, "share.ne": 0.4, "like.auc": 0.7}) for s in (8, 16)]} for arm in ARMS}
+    figure = figures.heldout_curves(tmp_path / "h.png", series, ARMS)
+    assert [ax.get_title().split()[1] for ax in figure.axes] == ["like.ne", "share.ne"]
