@@ -33,12 +33,23 @@ from typing import Any
 
 import torch
 
+from mxlab.nn.bf16_gemm import bf16_gemms_in_float32
+
+
+@contextlib.contextmanager
+def _cpu_bf16_autocast() -> Any:
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16), bf16_gemms_in_float32():
+        yield
+
 
 def autocast(device: torch.device, precision: str) -> Any:
-    """The autocast context of train.precision: bfloat16 autocast on `device` for "bf16", nothing for "fp32"."""
+    """The autocast context of train.precision: bfloat16 autocast on `device` for "bf16" (on a CPU with its
+    GEMMs as float32 GEMMs of bfloat16-rounded operands, mxlab.nn.bf16_gemm), nothing for "fp32"."""
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
+        if device.type == "cpu":
+            return _cpu_bf16_autocast()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
     raise ValueError(f"unknown precision {precision!r}; accepted: bf16, fp32")
 
