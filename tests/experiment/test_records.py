@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +25,15 @@ SPEC = [item for item in MICRO if not item.startswith("seeds=")]
 
 @pytest.fixture(scope="module")
 def two_machines(tmp_path_factory) -> tuple[Path, Path]:
-    """Seed 0 and seed 1 of one study, each run on its own into its own folder (run folders kept)."""
+    """Seed 0 and seed 1 of one study, each run on its own into its own folder (run folders kept): seed 0 by
+    `mxlab run` in another OS process (its runs in worker processes of their own), seed 1 in this one."""
     root = tmp_path_factory.mktemp("records")
-    for name, seed in (("a", 0), ("b", 1)):
-        spec = load_spec(QUICKSTART, [*SPEC, f"seeds=[{seed}]"])
-        run_study(spec, root / name, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
+    overrides = [part for item in [*SPEC, "seeds=[0]"] for part in ("--set", item)]
+    command = [sys.executable, "-m", "mxlab.cli", "run", str(QUICKSTART), "--device", "cpu", "--out", str(root / "a")]
+    finished = subprocess.run([*command, *overrides], capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stdout[-2000:] + finished.stderr[-2000:]
+    spec = load_spec(QUICKSTART, [*SPEC, "seeds=[1]"])
+    run_study(spec, root / "b", device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"))
     return root / "a", root / "b"
 
 
