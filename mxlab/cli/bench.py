@@ -278,3 +278,42 @@ def bench_step_command(
             compile=compile,
         )
     )
+
+
+@app.command("study", cls=Command)
+def bench_study_command(
+    spec: Path = typer.Argument(
+        ..., metavar="SPEC", help="Experiment spec (experiments/NAME.toml) whose arms are timed."
+    ),
+    steps: int = typer.Option(20, "--steps", metavar="N", min=1, help="Steps each timed run trains."),
+    runs_per_device: int | None = typer.Option(
+        None, "--runs-per-device", metavar="K", min=1, help="Runs at once on the device; default the spec's."
+    ),
+    device: str = typer.Option("cuda", "--device", metavar="DEVICE", help="cuda, cuda:N or cpu."),
+    mps: bool = typer.Option(False, "--mps", help="Run the K runs under CUDA MPS, as `mxlab run --mps` does."),
+    overrides: list[str] = typer.Option(
+        [], "--set", metavar="KEY=VALUE", help="Override a spec value, key=value (repeatable), as for `mxlab run`."
+    ),
+    json_path: Path | None = typer.Option(
+        None, "--json", metavar="PATH", help="Also write the measurements as JSON to this path."
+    ),
+) -> None:
+    """A study's arms at its own sizes and runs per device: ms/step, the ratio to the baseline, each run's fixed
+    cost (start, data, evaluation), and the study's projected time and GPU-hours.
+
+    Example: mxlab bench study experiments/gem-mxfp8.toml --steps 30 --mps
+    """
+    from mxlab.bench.study import run_study_bench
+
+    _exiting_on_bad_input(
+        lambda: run_study_bench(
+            spec,
+            steps=steps,
+            runs_per_device=runs_per_device,
+            device=device,
+            mps=mps,
+            overrides=overrides,
+            json_path=json_path,
+            echo=typer.echo,
+        )
+    )
