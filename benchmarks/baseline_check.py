@@ -27,13 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from mxlab import metrics
 from mxlab.data.oracles import oracle_metrics
+from mxlab.experiment.evaluate import judged_metrics
 from mxlab.experiment.executors.local import LocalExecutor
 from mxlab.experiment.executors.mps import mps_daemon
-from mxlab.experiment.gate import warmup_metrics
 from mxlab.experiment.runner import fork_jobs, run_jobs
 from mxlab.experiment.spec import load_spec
 from mxlab.experiment.worker import make_data_source
@@ -49,11 +47,6 @@ VARIANTS: dict[str, list[str]] = {
         "train.output_bias=model",
     ],
 }
-
-
-def ctr_calibration(run_dir: Path) -> float:
-    arrays = metrics.load_eval(run_dir / "eval.npz")
-    return float(metrics.calibration(arrays["click"], arrays["p_ctr"]))
 
 
 def summarize(runs: dict[int, dict[str, float]], oracles: dict[str, dict[str, float]]) -> dict[str, Any]:
@@ -103,8 +96,9 @@ def main() -> None:
                 if record is None or record.status != "finished":
                     runs[job.seed] = {"status": getattr(record, "status", "missing")}
                     continue
-                r = warmup_metrics(job.run_dir)
-                r["ctr.calibration"] = ctr_calibration(job.run_dir)
+                arrays = metrics.load_eval(job.run_dir / "eval.npz")
+                r = judged_metrics(arrays)
+                r["ctr.calibration"] = float(metrics.calibration(arrays["click"], arrays["p_ctr"]))
                 for m in ("ctr.ne", "ctcvr.ne"):
                     truth = oracles["truth"][m]
                     r[f"{m}.gap"] = (r[m] - truth) / truth
@@ -129,5 +123,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    np.seterr(all="ignore")
     main()

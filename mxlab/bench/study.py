@@ -44,10 +44,8 @@ def _timed_runs(spec: Any, arms: Sequence[str], out: Path, steps: int, runs_per_
     from mxlab.experiment.execution import ExecutionOptions
     from mxlab.experiment.executors import make_executor
     from mxlab.experiment.executors.mps import mps_daemon
-    from mxlab.experiment.integrity import recipe_file_record
-    from mxlab.experiment.runner import arm_jobs, run_jobs
+    from mxlab.experiment.runner import arm_jobs, recipe_arm, run_jobs
     from mxlab.io import read_json
-    from mxlab.recipe import load_recipe
 
     timing = dataclasses.replace(
         spec.with_train(fork_from="", fork_steps=0, max_steps=steps, lr_decay_steps=0, checkpoint_every=10**9),
@@ -61,8 +59,7 @@ def _timed_runs(spec: Any, arms: Sequence[str], out: Path, steps: int, runs_per_
     done: dict[str, list[dict[str, Any]]] = {}
     with mps_daemon(mps):
         for arm in arms:
-            recipe = (arm, load_recipe(paths[arm]), str(paths[arm]), {"recipe_file": recipe_file_record(paths[arm])})
-            jobs = arm_jobs(timing, out / "runs", [recipe])
+            jobs = arm_jobs(timing, out / "runs", [recipe_arm(arm, paths[arm])])
             run_jobs(jobs, executor, show_progress=False)
             done[arm] = [read_json(job.run_dir / "done.json") for job in jobs]
     return done
@@ -90,7 +87,7 @@ def run_study_bench(
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
     spec = load_spec(spec_path, list(overrides))
-    k = runs_per_device or spec.execution.runs_per_device or 1
+    k = runs_per_device if runs_per_device is not None else (spec.execution.runs_per_device or 1)
     if k < 1:
         raise ValueError(f"--runs-per-device must be >= 1, got {k}")
     train = spec.train
@@ -164,7 +161,7 @@ def format_study_bench(result: dict[str, Any]) -> str:
         lines.append(
             f"{row['arm']:<28} {row['runs']:>5} {row['steps_per_run']:>10} {number(row['ms_per_step'], '.1f'):>9} "
             f"{number(row['ratio'], '.2f'):>7} {number(row['fixed_s'], '.1f'):>8} "
-            f"{number(row['projected_s'] and row['projected_s'] / 60, '.1f') + ' min':>10}"
+            f"{number(None if row['projected_s'] is None else row['projected_s'] / 60, '.1f') + ' min':>10}"
             + (f"  {row['note']}" if row["note"] else "")
         )
     total = result["projected_s"]

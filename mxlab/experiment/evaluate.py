@@ -136,9 +136,14 @@ def held_out_metrics(
     on the first `limit` eval examples (0 = all; see `evaluate_model`): {"ctr.ne", "ctr.auc", "ctcvr.ne",
     "ctcvr.auc", "examples"}; a metric the slice cannot give (one class only) is None."""
     arrays = evaluate_model(model, source, min(batch_size, limit) if limit else batch_size, device, limit, tasks)
-    labels = gate_labels(arrays)
-    record: dict[str, float | None] = {"examples": float(len(arrays["user_id"]))}
-    for task, label in labels.items():
+    return {"examples": float(len(arrays["user_id"])), **judged_metrics(arrays)}
+
+
+def judged_metrics(arrays: dict[str, np.ndarray]) -> dict[str, float | None]:
+    """{"TASK.ne", "TASK.auc"} of eval.npz's `arrays` for each task of `gate_labels`; None where the labels
+    hold one class only."""
+    record: dict[str, float | None] = {}
+    for task, label in gate_labels(arrays).items():
         both = 0 < float(label.sum()) < len(label)
         record[f"{task}.ne"] = metrics.normalized_entropy(label, arrays[f"p_{task}"]) if both else None
         record[f"{task}.auc"] = metrics.auc(label, arrays[f"p_{task}"]) if both else None

@@ -99,31 +99,25 @@ def gate_from_table(
     return config
 
 
-def warmup_metrics(run_dir: Path) -> dict[str, float]:
-    """NE and AUC of CTR and CTCVR (CTR alone where the eval set labels no conversions) of a warm-up's eval.npz."""
+def warmup_metrics(run_dir: Path) -> dict[str, float | None]:
+    """NE and AUC of CTR and CTCVR (CTR alone where the eval set labels no conversions) of a warm-up's eval.npz
+    (mxlab.experiment.evaluate.judged_metrics; None where a task's labels hold one class)."""
     from mxlab import metrics
-    from mxlab.experiment.evaluate import gate_labels
+    from mxlab.experiment.evaluate import judged_metrics
 
-    arrays = metrics.load_eval(Path(run_dir) / "eval.npz")
-    return {
-        f"{task}.{kind}": float(
-            metrics.auc(label, arrays[f"p_{task}"])
-            if kind == "auc"
-            else metrics.normalized_entropy(label, arrays[f"p_{task}"])
-        )
-        for task, label in gate_labels(arrays).items()
-        for kind in ("auc", "ne")
-    }
+    return judged_metrics(metrics.load_eval(Path(run_dir) / "eval.npz"))
 
 
 def judge(
-    values: dict[str, float] | None, gate: GateConfig, oracle: dict[str, float], median: dict[str, float]
+    values: dict[str, float | None] | None, gate: GateConfig, oracle: dict[str, float], median: dict[str, float]
 ) -> list[str]:
-    """The rules a warm-up fails, as sentences ([] = it passes); `values` None = it did not finish."""
+    """The rules a warm-up fails, as sentences ([] = it passes); `values` None = it did not finish, a metric
+    None = undefined on its eval set (a failure)."""
     if values is None:
         return ["the warm-up did not finish (diverged)"]
-    failed = []
-    for name in gate.beat_oracle:
+    undefined = [name for name in (*gate.beat_oracle, *gate.median_band) if values[name] is None]
+    failed = [f"{name} undefined: the eval set labels one class only" for name in dict.fromkeys(undefined)]
+    for name in [name for name in gate.beat_oracle if name not in undefined]:
         bound = oracle[name] + (gate.oracle_margin if name.endswith("auc") else -gate.oracle_margin)
         worse = values[name] <= bound if name.endswith("auc") else values[name] >= bound
         if worse:
@@ -132,7 +126,7 @@ def judge(
                 f"{name} {values[name]:.4f} not {side} the {gate.oracle} oracle's {oracle[name]:.4f} "
                 f"by {gate.oracle_margin:g}"
             )
-    for name in gate.median_band:
+    for name in [name for name in gate.median_band if name not in undefined]:
         if abs(values[name] - median[name]) > gate.band * abs(median[name]):
             failed.append(f"{name} {values[name]:.4f} outside {gate.band:.0%} of the seeds' median {median[name]:.4f}")
     return failed
@@ -178,7 +172,8 @@ def decide(
     first = {seed: values(seed, results.get(f"_fork/seed{seed}")) for seed in spec.seeds}
     finished = [v for v in first.values() if v is not None]
     median = {
-        name: statistics.median(v[name] for v in finished) if finished else float("nan") for name in gate.median_band
+        name: statistics.median([v[name] for v in finished if v[name] is not None] or [float("nan")])
+        for name in gate.median_band
     }
     judged = {seed: {"values": v, "failed": judge(v, gate, oracle, median)} for seed, v in first.items()}
     spares, replaced, unfilled, accepted = list(gate.spare_seeds), {}, [], []

@@ -117,17 +117,14 @@ def reproduce_command(
 
 def study_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
     """One RunJob per seed x arm of `spec` (`arm_jobs`), recipes loaded from spec.recipe_paths."""
+    return arm_jobs(spec, runs_root, [recipe_arm(arm, spec.recipe_paths[arm]) for arm in spec.arms])
+
+
+def recipe_arm(arm: str, path: Path) -> tuple[str, Any, str, dict[str, Any]]:
+    """The arm tuple `arm_jobs` takes for the recipe file at `path`: (name, recipe, its path, {"recipe_file"})."""
     from mxlab.recipe import load_recipe
 
-    paths = spec.recipe_paths
-    return arm_jobs(
-        spec,
-        runs_root,
-        [
-            (arm, load_recipe(paths[arm]), str(paths[arm]), {"recipe_file": recipe_file_record(paths[arm])})
-            for arm in spec.arms
-        ],
-    )
+    return arm, load_recipe(path), str(path), {"recipe_file": recipe_file_record(path)}
 
 
 def arm_jobs(

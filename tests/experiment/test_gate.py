@@ -87,6 +87,11 @@ def test_the_rules_compare_with_the_oracle_and_the_median():
     assert len(failed) == 3 and "not above the no_history oracle's 0.7400 by 0.01" in failed[0]
     assert "not below" in failed[1] and "outside 2% of the seeds' median 0.8500" in failed[2]
     assert judge(None, gate, oracle, median) == ["the warm-up did not finish (diverged)"]
+    one_class = judge({"ctr.auc": None, "ctr.ne": None}, gate, oracle, median)  # an eval set of one class
+    assert one_class == [
+        "ctr.auc undefined: the eval set labels one class only",
+        "ctr.ne undefined: the eval set labels one class only",
+    ]
 
 
 @pytest.mark.parametrize(
