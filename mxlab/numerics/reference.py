@@ -229,9 +229,18 @@ def _fast_path_applies(
 
 
 def _fake_quantize_fp32(
-    x: torch.Tensor, scale_exp: torch.Tensor, fmt: ElementFormat, rounding: str, random_bits: torch.Tensor | None
+    x: torch.Tensor,
+    magnitude: torch.Tensor,
+    scale_exp: torch.Tensor,
+    fmt: ElementFormat,
+    rounding: str,
+    random_bits: torch.Tensor | None,
+    saturates: bool,
 ) -> torch.Tensor:
     """Nearest-even or stochastic fake quantization in float32 arithmetic, for finite blocks (fast).
+
+    `magnitude` is |x|, which this function overwrites (it holds the result). `saturates`: whether some
+    element may round above its block's largest magnitude max_normal * 2^S (if not, no clamp is needed).
 
     With C = 2^(qe + 23), the float32 sum |x| + C lies in [C, 2C), whose spacing is exactly the
     quantum 2^qe, so (|x| + C) - C is |x| rounded to nearest even at that quantum by the FPU.
@@ -242,25 +251,33 @@ def _fake_quantize_fp32(
     (|x| - lower) * 2^(25 - qe) (exact in float64) compared with 2r + 1 is the documented test
     u < frac. It needs 2^(qe + 23) to be a float32 normal (qe <= 104, ensured by S + emax <= 100)
     and the exponent of a float32-subnormal |x| to be irrelevant (S + emin >= -127, so qe is set by S).
+    The operations run in place on two buffers: on a CPU, fresh tensors cost as much as the arithmetic.
     """
-    magnitude = x.abs()
-    leading_power = (magnitude.view(torch.int32) & 0x7F800000).view(torch.float32)
+    magic = (magnitude.view(torch.int32) & 0x7F800000).view(torch.float32).mul_(2.0 ** (23 - fmt.mbits))
     block_magic = (((scale_exp + (fmt.emin - fmt.mbits + 23 + 127)).to(torch.int32)) << 23).view(torch.float32)
-    magic = torch.maximum(leading_power * 2.0 ** (23 - fmt.mbits), block_magic)
-    rounded = (magnitude + magic) - magic
+    torch.maximum(magic, block_magic, out=magic)
     if rounding == "stochastic":
-        quantum = magic * 2.0**-23
+        rounded = (magnitude + magic) - magic
+        quantum = magic.mul_(2.0**-23)
         lower = torch.where(rounded > magnitude, rounded - quantum, rounded)
         fraction_2pow25 = (magnitude - lower).double() * 2.0**25 / quantum.double()
         round_up = (2 * random_bits + 1).double() < fraction_2pow25
         rounded = torch.where(round_up, lower + quantum, lower)
-    max_magnitude = torch.ldexp(
-        torch.full(scale_exp.shape, fmt.max_normal, dtype=torch.float32, device=x.device), scale_exp.to(torch.int32)
-    )
-    rounded = torch.minimum(rounded, max_magnitude)
+    else:
+        rounded = magnitude.add_(magic).sub_(magic)
+    if saturates:
+        torch.minimum(rounded, _largest_magnitudes(scale_exp, fmt), out=rounded)
     if fmt.is_int:
         return torch.where(torch.signbit(x) & (rounded > 0), -rounded, rounded)
-    return torch.copysign(rounded, x)
+    return rounded.copysign_(x)
+
+
+def _largest_magnitudes(scale_exp: torch.Tensor, fmt: ElementFormat) -> torch.Tensor:
+    """max_normal * 2^S per block (float32; exact while S + emax <= 127)."""
+    return torch.ldexp(
+        torch.full(scale_exp.shape, fmt.max_normal, dtype=torch.float32, device=scale_exp.device),
+        scale_exp.to(torch.int32),
+    )
 
 
 def fake_quantize_blocks(
@@ -272,13 +289,17 @@ def fake_quantize_blocks(
     random_bits: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dequantize(quantize(x)) as float32, computed without materializing codes."""
-    amax = x.abs().amax(dim=reduce_dims, keepdim=True)
+    magnitude = x.abs()
+    amax = magnitude.amax(dim=reduce_dims, keepdim=True)
     scale_exp, nonfinite_block = _scales_of_amax(amax, fmt, scale_mode)
     if torch.compiler.is_compiling():  # no data-dependent branch in a traced graph: the exact path, masked
         values = _fake_quantize_exact(x, scale_exp, fmt, rounding, random_bits)
         return torch.where(nonfinite_block, torch.full_like(values, float("nan")), values)
     if _fast_path_applies(x, scale_exp, nonfinite_block, amax == 0, fmt, rounding):
-        values = _fake_quantize_fp32(x, scale_exp, fmt, rounding, random_bits)
+        # An element rounds above max_normal * 2^S only if its block's amax exceeds that (rounding is monotonic
+        # and max_normal * 2^S is representable); finite blocks only (a non-finite block is masked below).
+        saturates = bool((torch.where(nonfinite_block, 0.0, amax) > _largest_magnitudes(scale_exp, fmt)).any())
+        values = _fake_quantize_fp32(x, magnitude, scale_exp, fmt, rounding, random_bits, saturates)
     else:
         values = _fake_quantize_exact(x, scale_exp, fmt, rounding, random_bits)
     if not bool(nonfinite_block.any()):

@@ -54,11 +54,36 @@ def test_fast_float32_path_equals_exact_path(fmt, scale_mode, rounding):
         1
     ) | zero_block
     assert guard.sum() > 1000 and (~guard).sum() > 100  # both sides of the guard are exercised
-    fast = reference._fake_quantize_fp32(x[guard], scale_exp[guard], element_format, rounding, bits[guard])
+    inside = x[guard]
+    fast = reference._fake_quantize_fp32(
+        inside, inside.abs(), scale_exp[guard], element_format, rounding, bits[guard], saturates=True
+    )
     assert torch.equal(fast, exact[guard]) and torch.equal(torch.signbit(fast), torch.signbit(exact[guard]))
     # and the public path (which picks per tensor) equals dequantize(quantize(.)) everywhere
     options = dict(scale_mode=scale_mode, rounding=rounding, seed=9)
     assert torch.equal(fake_quantize(x, fmt, **options), dequantize(quantize(x, fmt, **options)))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+@pytest.mark.parametrize("scale_mode", ["floor", "ceil", "rceil", "even"])
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_fast_path_clamps_exactly_when_a_block_saturates(fmt, scale_mode, rounding):
+    """Within the guard (the fast path for the whole tensor), blocks whose amax lies just below the next power
+    of two (saturating under floor and even scales) and blocks that cannot saturate: fake_quantize, which skips
+    the clamp when no block needs it, equals dequantize(quantize(.)) bit for bit."""
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(512, 32, generator=generator) * torch.exp2(torch.randint(-20, 20, (512, 1), generator=generator))
+    power = torch.exp2(torch.ceil(torch.log2(x[::2].abs().amax(dim=1))))
+    x[::2, 7] = torch.where(x[::2, 7] < 0, -1.0, 1.0) * (2.0 - 2.0**-20) * power  # each such row's amax, near 2^k
+    options = dict(scale_mode=scale_mode, rounding=rounding, seed=3)
+    for tensor in (x, x[1::2].contiguous()):
+        scale_exp, nonfinite = reference._block_scales(tensor, (1,), FORMATS[fmt], scale_mode)
+        amax = tensor.abs().amax(dim=1, keepdim=True)
+        assert reference._fast_path_applies(tensor, scale_exp, nonfinite, amax == 0, FORMATS[fmt], rounding)
+        saturating = (amax > reference._largest_magnitudes(scale_exp, FORMATS[fmt])).any()
+        if tensor is x:  # the clamp is exercised where the scale rule lets a block exceed its largest magnitude
+            assert bool(saturating) == (scale_mode == "floor" or (scale_mode == "even" and fmt != "int8"))
+        assert torch.equal(fake_quantize(tensor, fmt, **options), dequantize(quantize(tensor, fmt, **options)))
 
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
