@@ -127,7 +127,10 @@ def _gather_padded(
     if x.shape[0] == 0:
         padded = x.new_zeros(lengths.shape[0], width, *x.shape[1:])
     else:
-        padded = x[index] * valid[:, :, None, None].to(x.dtype)
+        # index_select, not x[index]: its backward is an index_add, several times faster on a CPU than the
+        # accumulating index_put of advanced indexing (each source row is taken once; padding adds zeros)
+        gathered = x.index_select(0, index.flatten()).view(*index.shape, *x.shape[1:])
+        padded = gathered * valid[:, :, None, None].to(x.dtype)
     return padded.transpose(1, 2), valid, index
 
 
