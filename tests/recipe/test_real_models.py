@@ -1,7 +1,7 @@
 """Recipes on real models: an HSTU block, nn.TransformerEncoderLayer, nn.MultiheadAttention, a plain SDPA block,
 torchrec DLRM and DLRM_DCN (EmbeddingBagCollection, KeyedJaggedTensor). Each: apply mxfp8-rceil and mxfp4-all,
-train a few steps against the unquantized model (loss close, not equal), compile (aot_eager) and compare bits with
-eager, print the plan's coverage."""
+train a few steps against the unquantized model (loss close, not equal), print the plan's coverage; and the trained
+model compiled (aot_eager) gives eager mode's bits (COMPILED_BY_DEFAULT: which pairs compile in the default run)."""
 
 import copy
 
@@ -89,9 +89,23 @@ def _train(model, inputs, loss_fn, steps=3):
     return losses
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-@pytest.mark.parametrize("name", ["hstu", "sdpa", "mha", "encoder", "dlrm", "dlrm_dcn"])
-def test_a_real_model_applies_trains_compiles_and_reports_coverage(name, recipe):
+MODELS = ["hstu", "sdpa", "mha", "encoder", "dlrm", "dlrm_dcn"]
+# The compile check per model: each model with one recipe by default, both recipes on a dense and a torchrec model
+# (the recipes differ only in format and scale rule, which tests/nn/test_compile.py compiles for every value); the
+# other recipe of each model is compiled in the slow run (`make test-all`).
+COMPILED_BY_DEFAULT = {
+    ("hstu", "mxfp4-all"),
+    ("sdpa", "mxfp8-rceil"),
+    ("mha", "mxfp8-rceil"),
+    ("encoder", "mxfp4-all"),
+    ("dlrm", "mxfp4-all"),
+    ("dlrm_dcn", "mxfp8-rceil"),
+}
+
+
+def _trained(name, recipe):
+    """The model `name` with `recipe` applied, trained a few steps next to its unquantized copy; its inputs and
+    loss."""
     plain, inputs, loss_fn = _model(name)
     model = copy.deepcopy(plain)
     plan = apply_recipe(model, recipe)
@@ -102,6 +116,25 @@ def test_a_real_model_applies_trains_compiles_and_reports_coverage(name, recipe)
     reference, quantized = _train(plain, inputs, loss_fn), _train(model, inputs, loss_fn)
     assert quantized != reference
     assert all(abs(q - r) <= 0.25 * abs(r) + 0.05 for q, r in zip(quantized, reference))
+    return model, inputs, loss_fn
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("name", MODELS)
+def test_a_real_model_applies_trains_and_reports_coverage(name, recipe):
+    _trained(name, recipe)
+
+
+@pytest.mark.parametrize(
+    "name, recipe",
+    [
+        pytest.param(name, recipe, marks=() if (name, recipe) in COMPILED_BY_DEFAULT else pytest.mark.slow)
+        for name in MODELS
+        for recipe in RECIPES
+    ],
+)
+def test_a_trained_real_model_compiles_to_eager_bits(name, recipe):
+    model, inputs, loss_fn = _trained(name, recipe)
     eager_out = model(*inputs)
     eager_loss = loss_fn(eager_out)
     eager_grads = torch.autograd.grad(eager_loss, [p for p in model.parameters() if p.requires_grad])

@@ -154,10 +154,12 @@ def attention_sass_counts(
         for module, name, value in saved:
             setattr(module, name, value)
     counts = []
+    read: dict[bytes, tuple[list, tuple[int, int]]] = {}  # a launch compiled to the same cubin is disassembled once
     for _grid, constexprs, compiled in record:
         cubin = compiled.asm["cubin"]
-        listing = _sass_listing(cubin)
-        registers, spill = resource_usage(cubin)
+        if cubin not in read:
+            read[cubin] = (_sass_listing(cubin), resource_usage(cubin))
+        listing, (registers, spill) = read[cubin]
         shown = {key: value for key, value in constexprs.items() if key in ("BLOCK_M", "BLOCK_N", "COLS", "num_warps")}
         counts.append(KernelSassCount(compiled.name, registers, spill, len(listing), _loop_counts(listing), shown))
     return counts
