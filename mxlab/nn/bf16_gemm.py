@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 GEMMS = frozenset(
     {
@@ -43,16 +42,31 @@ CAST_DTYPES = (torch.float32, torch.float16, torch.bfloat16)  # autocast leaves 
 
 
 def _round(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.dtype in CAST_DTYPES:
-        return value.to(torch.bfloat16).float()
+    """A tensor of a dtype autocast casts, rounded to bfloat16 and back to float32; a list or tuple of
+    operands (einsum's) element by element; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.bfloat16).float() if value.dtype in CAST_DTYPES else value
+    if isinstance(value, (list, tuple)):
+        return type(value)(_round(item) for item in value)
     return value
+
+
+def _operands(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors among a GEMM's arguments, one level into lists and tuples (the signatures of GEMMS nest
+    no deeper: einsum's operands may come as one list)."""
+    found = []
+    for value in (*args, *kwargs.values()):
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.Tensor):
+                found.append(item)
+    return found
 
 
 def _emulated(args: tuple, kwargs: dict) -> bool:
     """Whether bfloat16 CPU autocast is on and every tensor operand is a CPU tensor autocast casts."""
     if not torch.is_autocast_enabled("cpu") or torch.get_autocast_dtype("cpu") != torch.bfloat16:
         return False
-    tensors = [leaf for leaf in tree_flatten((args, kwargs))[0] if isinstance(leaf, torch.Tensor)]
+    tensors = _operands(args, kwargs)
     return bool(tensors) and all(t.device.type == "cpu" and t.dtype in CAST_DTYPES for t in tensors)
 
 
@@ -63,7 +77,7 @@ class Bf16GemmsInFloat32(TorchFunctionMode):
         kwargs = kwargs or {}
         if func not in GEMMS or not _emulated(args, kwargs):
             return func(*args, **kwargs)
-        args, kwargs = tree_map(_round, (args, kwargs))
+        args, kwargs = _round(args), {name: _round(value) for name, value in kwargs.items()}
         with torch.autocast("cpu", enabled=False):
             result = func(*args, **kwargs)
         return result.to(torch.bfloat16)

@@ -30,6 +30,9 @@ CASES = {
     "bmm": (lambda a, b: torch.bmm(a, b), [(3, 64, 48), (3, 48, 40)]),
     "einsum": (lambda q, k: torch.einsum("bhtd,bhsd->bhts", q, k), [(2, 2, 16, 32), (2, 2, 24, 32)]),
     "addmm": (lambda c, a, b: torch.addmm(c, a, b), [(64, 40), (64, 48), (48, 40)]),
+    # operands in a list, and tensors passed by keyword: the mode finds and rounds them there too
+    "einsum-list": (lambda a, b: torch.einsum("ij,jk->ik", [a, b]), [(64, 48), (48, 40)]),
+    "linear-keywords": (lambda x, w, b: F.linear(input=x, weight=w, bias=b), [(64, 48), (40, 48), (40,)]),
 }
 
 
