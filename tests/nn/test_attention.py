@@ -130,13 +130,13 @@ class _RecordingPolicy:
 def test_policy_routes_both_products_through_qmatmul(monkeypatch):
     """QK^T goes through qmatmul; MX softmax's PV through qmatmul of the normalized P (the gradient path) and
     forward_product of P relative to the running maximum, per block of 32 keys (the value); padding is
-    exactly 0 in both."""
+    exactly 0 in both. (Inputs that need gradients: without them the gradient path is skipped.)"""
     import mxlab.nn.qmatmul as qmatmul_module
 
     seen, seen_forward = [], []
 
     def fake_qmatmul(a, b, precision, **counted):
-        seen.append((precision, a.shape, b.shape, a.clone()))
+        seen.append((precision, a.shape, b.shape, a.detach().clone()))
         return torch.matmul(a, b)
 
     def fake_forward_product(a, b, precision, *, seeds, counters):
@@ -147,7 +147,7 @@ def test_policy_routes_both_products_through_qmatmul(monkeypatch):
     monkeypatch.setattr(qmatmul_module, "forward_product", fake_forward_product)
     torch.manual_seed(4)
     lengths = [2, 3]
-    q, k, v = (torch.randn(5, 1, 4) for _ in range(3))
+    q, k, v = (torch.randn(5, 1, 4, requires_grad=True) for _ in range(3))
     attention = JaggedAttention()
     expected = attention(q, k, v, _offsets(lengths), _offsets(lengths))
     attention.policy = _RecordingPolicy()
@@ -285,6 +285,39 @@ def test_mx_softmax_follows_the_one_pass_contract_forward_and_backward():
     assert (
         (other_dq.float() - expected_dq.float()).abs() > 2.0**-7 * expected_dq.float().abs() + 1e-6
     ).float().mean() > 0.5
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_mx_softmax_without_gradients_gives_the_bits_of_a_differentiable_call(rounding, monkeypatch):
+    """Under no_grad the one-pass output skips its gradient path (qmatmul of the normalized P, whose forward
+    value the contract replaces): the same output bits as a call that records gradients, and one qmatmul of
+    P and V fewer."""
+    import mxlab.nn.qmatmul as qmatmul_module
+    from mxlab.nn.qmatmul import OperandQuant
+    from mxlab.recipe import AttentionPolicy, AttentionRecipe
+
+    quant = OperandQuant("e4m3", 32, "rceil", rounding)
+    recipe = AttentionRecipe(quant, quant, quant, quant)
+    generator = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(71, 2, 32, generator=generator).bfloat16().requires_grad_() for _ in range(3))
+    outputs, products = [], []
+    counted = qmatmul_module.qmatmul
+
+    def counting(*args, **kwargs):
+        products[-1] += 1
+        return counted(*args, **kwargs)
+
+    monkeypatch.setattr(qmatmul_module, "qmatmul", counting)
+    for grad_enabled in (True, False):
+        attention = JaggedAttention(backend="reference")  # a fresh policy: the same seeds for both calls
+        attention.policy = AttentionPolicy(
+            qk=recipe.product_precision("qk", "test", 1), pv=recipe.product_precision("pv", "test", 2)
+        )
+        products.append(0)
+        with torch.set_grad_enabled(grad_enabled):
+            outputs.append(attention(q, k, v, _offsets([38, 33]), _offsets([38, 33]), causal=True))
+    assert torch.equal(outputs[0], outputs[1])
+    assert products == [products[1] + 1, products[1]] and products[1] >= 1
 
 
 def test_a_policy_with_a_high_precision_pv_product_keeps_the_plain_softmax(monkeypatch):
