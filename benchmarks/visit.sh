@@ -17,12 +17,17 @@
 #   step-compile    mxlab bench step --compile, bf16 and mxfp8-rceil at the h200 preset -> bench_step_compile.CARD.txt/.json
 #   baseline        benchmarks/baseline_check.py: 16 + 16 gem-mxfp8 BF16 warm-ups, new and old training recipe -> baseline_check.CARD.txt/.json
 #   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study without run folders)
+#   resume=SPEC     mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
+#                   reports/NAME when that holds earlier visits' records: a study longer than one visit goes on
+#                   where the last left off -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz;
+#                   interrupted runs' checkpoints kept while the archive stays under 15 MiB; `tar -xzf NAME.tar.gz
+#                   -C reports` and commit; NAME: the spec file's name)
 #   study=SPEC      mxlab bench study SPEC --steps 50 --mps (default experiments/gem-mxfp8.toml) -> bench_study.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
 # Records the commit it ran in visit.txt: $COMMIT, else git rev-parse HEAD. Pass COMMIT (the short hash here): the
 # copy of the tree on the GPU machine may carry a stale .git whose HEAD is not the tree sent.
 set -u
-if [ $# -lt 2 ]; then sed -n 2,22p "$0" >&2; exit 2; fi
+if [ $# -lt 2 ]; then sed -n "2,/^set -u/p" "$0" | sed "\$d" >&2; exit 2; fi
 seconds=$1; shift
 out=${OUT:?set OUT to the folder results go to}
 start=$(date +%s)
@@ -63,10 +68,18 @@ for job in "$@"; do
     baseline) run_to "$out/baseline_check.$card.txt" python3 benchmarks/baseline_check.py --spec experiments/gem-mxfp8.toml \
              --seeds 16 --mps --runs-per-device 16 --out "$HOME/baseline" --json "$out/baseline_check.$card.json" ;;
     plateau) run_to "$out/plateau.$card.txt" python3 -m mxlab.cli run experiments/learnable-plateau.toml --device cuda --mps \
-             --runs-per-device 2 --out "$HOME/plateau" --no-keep-runs
-             tar -czf "$out/plateau.tar.gz" --exclude=checkpoint.pt --exclude=eval.npz -C "$HOME" plateau ;;
+             --runs-per-device 2 --out "$HOME/plateau" --no-keep-runs; status=$?
+             tar -czf "$out/plateau.tar.gz" --exclude=checkpoint.pt --exclude=eval.npz -C "$HOME" plateau; (exit $status) ;;
     study) run_to "$out/bench_study.$card.txt" python3 -m mxlab.cli bench study "${arg:-experiments/gem-mxfp8.toml}" \
              --steps 50 --mps --json "$out/bench_study.$card.json" ;;
+    resume) name=$(basename "${arg%.toml}"); folder=$HOME/studies/$name
+             if [ ! -d "$folder" ] && [ -d "reports/$name/records" ]; then mkdir -p "$HOME/studies"; cp -r "reports/$name" "$folder"; fi
+             run_to "$out/resume_$name.$card.txt" python3 -m mxlab.cli run "$arg" --device cuda --mps --resume --no-keep-runs \
+               --out "$folder"; status=$?
+             tar -czf "$out/$name.tar.gz" --exclude=eval.npz -C "$HOME/studies" "$name"
+             if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 15728640 ]; then
+               tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude=checkpoint.pt -C "$HOME/studies" "$name"
+             fi; (exit $status) ;;
     gelu) run_to "$out/gelu_cast_probe.$card.txt" python3 benchmarks/gelu_cast_probe.py --json "$out/gelu_cast_probe.$card.json" ;;
     quant) run_to "$out/bench_quant.$card.txt" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 \
              --size 1482752x1024 --no-compile --json "$out/bench_quant.$card.json" ;;
