@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from mxlab.bench.study import run_study_bench
@@ -46,3 +47,20 @@ def test_bad_input_is_refused_in_one_line():
     assert result.exit_code == 2 and "--steps" in result.output
     with pytest.raises(ValueError, match="--steps must be >= 1, got 0"):
         run_study_bench(QUICKSTART, steps=0, device="cpu")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        run_study_bench(QUICKSTART, steps=1, device="tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refusing CUDA needs a machine without it")
+def test_cuda_on_a_machine_without_it_is_refused_before_any_run():
+    result = CliRunner().invoke(app, ["bench", "study", str(QUICKSTART), "--steps", "1"])
+    assert result.exit_code == 2 and "CUDA is not available" in result.output
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_default_device_times_every_arm_on_the_first_gpu(tmp_path):
+    """--device cuda (the default) names the first GPU to the workers, which need an index."""
+    result = run_study_bench(QUICKSTART, steps=2, runs_per_device=2, overrides=FORK, echo=lambda line: None)
+    assert result["device"] == "cuda:0"
+    assert all(row["ms_per_step"] and row["ms_per_step"] > 0 for row in result["arms"]), result["arms"]

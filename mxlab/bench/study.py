@@ -78,14 +78,17 @@ def run_study_bench(
 ) -> dict[str, Any]:
     """Time the spec's arms (module docstring) and print per arm ms/step, the ratio to the baseline, the fixed
     cost per run and the projected study time. Returns {spec, device, steps, runs_per_device, arms: [ArmCost],
-    projected_s, projected_gpu_hours}. Refuses (ValueError) steps < 1 and runs per device < 1."""
+    projected_s, projected_gpu_hours}. `device`: cpu, cuda:N, cuda (the first GPU) or auto. Refuses (ValueError)
+    steps < 1, runs per device < 1, an unknown device and a CUDA device on a machine without one."""
     from mxlab.experiment import load_spec
     from mxlab.experiment.run_job import estimated_total_steps
+    from mxlab.experiment.runner import resolve_devices
     from mxlab.experiment.spec import post_training_recipe
     from mxlab.experiment.worker import make_data_source
 
     if steps < 1:
         raise ValueError(f"--steps must be >= 1, got {steps}")
+    device = resolve_devices(device, gpus=1 if device in ("cuda", "auto") else 0)[0]  # workers need cuda:N
     spec = load_spec(spec_path, list(overrides))
     k = runs_per_device if runs_per_device is not None else (spec.execution.runs_per_device or 1)
     if k < 1:

@@ -289,7 +289,9 @@ def bench_study_command(
     runs_per_device: int | None = typer.Option(
         None, "--runs-per-device", metavar="K", min=1, help="Runs at once on the device; default the spec's."
     ),
-    device: str = typer.Option("cuda", "--device", metavar="DEVICE", help="cuda, cuda:N or cpu."),
+    device: str = typer.Option(
+        "cuda", "--device", metavar="DEVICE", help="cuda (the first GPU), cuda:N, cpu or auto (a GPU if there is one)."
+    ),
     mps: bool = typer.Option(False, "--mps", help="Run the K runs under CUDA MPS, as `mxlab run --mps` does."),
     overrides: list[str] = typer.Option(
         [], "--set", metavar="KEY=VALUE", help="Override a spec value, key=value (repeatable), as for `mxlab run`."
