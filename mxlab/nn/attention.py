@@ -366,9 +366,7 @@ def _one_pass_softmax_output(
 
     n, heads, queries, keys = masked.shape
     seeds = precision.next_call_seeds() if seeds is None else seeds
-    # The gradient path; its forward value is replaced below, so no observer sees it. Without a gradient to
-    # carry (evaluation, no_grad) it is not computed: it adds exactly zero to the forward value.
-    through = None
+    through = None  # the gradient path (no observer sees it: its value is replaced); without gradients, exactly 0
     if torch.is_grad_enabled() and (weights.requires_grad or vp.requires_grad):
         previous = qmatmul_module.set_gemm_observer(None)
         try:
@@ -396,9 +394,8 @@ def _one_pass_softmax_output(
     products = qmatmul_module.forward_product(p_tilde, v_blocks, precision, seeds=seeds, counters=block_counters)
     factor = torch.exp(running - running[..., -1:]).permute(0, 1, 3, 2)[..., None]  # (n, H, blocks, Lq, 1)
     value = (products * factor).sum(dim=2) / denominator.detach()
-    if through is not None:
-        value = value + (through - through.detach())  # the contract's value, qmatmul(P, V)'s gradients
-    out = value.to(vp.dtype)
+    value = value if through is None else value + (through - through.detach())  # qmatmul(P, V)'s gradients
+    out = value.to(vp.dtype)  # the contract's value
     return out.float() * (denominator.detach() / denominator)
 
 
