@@ -103,6 +103,17 @@ def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, polic
     return kernel.unsupported_reason(q, policy, activation)
 
 
+@torch.compiler.disable
+def _kernel_attention(q, k, v, q_offsets, k_offsets, causal: bool, activation: str, policy: Any) -> torch.Tensor:
+    """The Triton kernel's output. Outside any compiled graph: its offset checks and tile tables live on the offsets
+    tensors (checked once per tensor and version, a host sync) and its seeds are drawn on the host per call."""
+    kernel = _triton_kernel()
+    kernel.check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
+    return kernel.jagged_attention_checked(
+        q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, seeds=call_seeds(policy)
+    )
+
+
 def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
     check_offsets_layout(name, offsets)
     check_offsets_values(name, offsets, total)
@@ -184,20 +195,7 @@ class JaggedAttention(nn.Module):
             if reason is None and not (q_offsets.device == k_offsets.device == q.device):
                 reason = f"offsets on {q_offsets.device}/{k_offsets.device}, tensors on {q.device}"
             if reason is None:
-                kernel = _triton_kernel()
-                # offset checks sync with the device: the kernel runs them once per offsets tensor and version
-                kernel.check_jagged_offsets(q_offsets, k_offsets, q.shape[0], k.shape[0], q.device, causal)
-                return kernel.jagged_attention_checked(
-                    q,
-                    k,
-                    v,
-                    q_offsets,
-                    k_offsets,
-                    causal=causal,
-                    activation=activation,
-                    policy=self.policy,
-                    seeds=call_seeds(self.policy),
-                )
+                return _kernel_attention(q, k, v, q_offsets, k_offsets, causal, activation, self.policy)
             if self.backend == "triton":
                 raise ValueError(f"the Triton attention backend cannot run these inputs: {reason}")
         _check_offsets("q_offsets", q_offsets, q.shape[0])

@@ -1094,3 +1094,29 @@ def test_the_kernel_takes_seeds_and_never_advances_the_call_counter():
 def test_launch_options_refuse_what_is_not_a_tile_table():
     with pytest.raises(ValueError, match="AttentionLaunch.tiles"):
         AttentionLaunch(tiles=(32, 32))
+
+
+@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+def test_the_kernel_inside_a_compiled_function_runs_outside_its_graph_with_eager_bits(rounding):
+    """torch.compile of a function calling the kernel through JaggedAttention: the kernel runs eagerly (its
+    offset checks and tile tables live on the offsets tensors, which a graph cannot hold), the rest is traced;
+    output and gradients equal eager mode's bits, with the same seeds per call."""
+    q, k, v, grad = _inputs([3, 0, 9], [3, 0, 9], 1, 32, seed=9)
+    offsets = _offsets([3, 0, 9])
+    attention = JaggedAttention(backend="triton")
+
+    def step(fn):
+        attention.policy = _policy(rounding=rounding, scale_mode="rceil")  # fresh call counters: the same seeds
+        out = fn(q, k, v, offsets)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+    def scaled_attention(q, k, v, offsets):
+        return attention(q * 2.0, k, v, offsets, offsets, causal=True) + 1.0
+
+    eager = step(scaled_attention)
+    for backend in ("eager", "aot_eager"):
+        torch._dynamo.reset()
+        for name, want, got in zip(
+            ("out", "dq", "dk", "dv"), eager, step(torch.compile(scaled_attention, backend=backend))
+        ):
+            assert torch.equal(want, got), f"{backend} {name}"
