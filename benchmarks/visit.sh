@@ -16,12 +16,12 @@
 #   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
 #   step-compile    mxlab bench step --compile, bf16 and mxfp8-rceil at the h200 preset -> bench_step_compile.CARD.txt/.json
 #   baseline        benchmarks/baseline_check.py: 16 + 16 gem-mxfp8 BF16 warm-ups, new and old training recipe -> baseline_check.CARD.txt/.json
-#   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study without run folders)
+#   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study's small files: metrics, configs, no .npz or .pt)
 #   resume=SPEC     mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
 #                   reports/NAME when that holds earlier visits' records: a study longer than one visit goes on
 #                   where the last left off -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz;
-#                   interrupted runs' checkpoints kept while the archive stays under 15 MiB; `tar -xzf NAME.tar.gz
-#                   -C reports` and commit; NAME: the spec file's name)
+#                   interrupted runs' checkpoints kept while the archive stays under 15 MiB, else split into
+#                   NAME.tar.gz.part-*: `cat NAME.tar.gz* | tar -xz -C reports` and commit; NAME: the spec file's name)
 #   study=SPEC      mxlab bench study SPEC --steps 50 --mps (default experiments/gem-mxfp8.toml) -> bench_study.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
 # Records the commit it ran in visit.txt: $COMMIT, else git rev-parse HEAD. Pass COMMIT (the short hash here): the
@@ -69,7 +69,7 @@ for job in "$@"; do
              --seeds 16 --mps --runs-per-device 16 --out "$HOME/baseline" --json "$out/baseline_check.$card.json" ;;
     plateau) run_to "$out/plateau.$card.txt" python3 -m mxlab.cli run experiments/learnable-plateau.toml --device cuda --mps \
              --runs-per-device 2 --out "$HOME/plateau" --no-keep-runs; status=$?
-             tar -czf "$out/plateau.tar.gz" --exclude=checkpoint.pt --exclude=eval.npz -C "$HOME" plateau; (exit $status) ;;
+             tar -czf "$out/plateau.tar.gz" --exclude='*.pt' --exclude='*.npz' -C "$HOME" plateau; (exit $status) ;;
     study) run_to "$out/bench_study.$card.txt" python3 -m mxlab.cli bench study "${arg:-experiments/gem-mxfp8.toml}" \
              --steps 50 --mps --json "$out/bench_study.$card.json" ;;
     resume) name=$(basename "${arg%.toml}"); folder=$HOME/studies/$name
@@ -79,6 +79,9 @@ for job in "$@"; do
              tar -czf "$out/$name.tar.gz" --exclude=eval.npz -C "$HOME/studies" "$name"
              if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 15728640 ]; then
                tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude=checkpoint.pt -C "$HOME/studies" "$name"
+             fi
+             if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 15728640 ]; then  # a file comes back only under 16 MiB
+               split -b 15m "$out/$name.tar.gz" "$out/$name.tar.gz.part-" && rm "$out/$name.tar.gz"
              fi; (exit $status) ;;
     gelu) run_to "$out/gelu_cast_probe.$card.txt" python3 benchmarks/gelu_cast_probe.py --json "$out/gelu_cast_probe.$card.json" ;;
     quant) run_to "$out/bench_quant.$card.txt" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 \
