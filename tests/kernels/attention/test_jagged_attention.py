@@ -1096,7 +1096,7 @@ def test_launch_options_refuse_what_is_not_a_tile_table():
         AttentionLaunch(tiles=(32, 32))
 
 
-@pytest.mark.parametrize("rounding", ["nearest_even", "stochastic"])
+@pytest.mark.parametrize("rounding", [pytest.param("nearest_even", marks=pytest.mark.slow), "stochastic"])
 def test_the_kernel_inside_a_compiled_function_runs_outside_its_graph_with_eager_bits(rounding):
     """torch.compile of a function calling the kernel through JaggedAttention: the kernel runs eagerly (its
     offset checks and tile tables live on the offsets tensors, which a graph cannot hold), the rest is traced;
