@@ -32,7 +32,7 @@ from mxlab.data.oracles import oracle_metrics
 from mxlab.experiment.evaluate import judged_metrics
 from mxlab.experiment.executors.local import LocalExecutor
 from mxlab.experiment.executors.mps import mps_daemon
-from mxlab.experiment.runner import fork_jobs, run_jobs
+from mxlab.experiment.runner import fork_jobs, resolve_devices, run_jobs
 from mxlab.experiment.spec import load_spec
 from mxlab.experiment.worker import make_data_source
 
@@ -77,6 +77,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
+    devices = resolve_devices(args.device)  # as `mxlab run` does: cuda names every visible GPU, by index
     seeds = list(range(args.seeds))
     base = load_spec(args.spec, [f"seeds={seeds}", *args.overrides])
     oracles = oracle_metrics(make_data_source(base))
@@ -88,7 +89,7 @@ def main() -> None:
             spec = load_spec(args.spec, [f"seeds={seeds}", *args.overrides, *VARIANTS[name]])
             started = time.perf_counter()
             jobs = fork_jobs(spec, args.out / name / "runs")
-            executor = LocalExecutor([args.device], runs_per_device=args.runs_per_device)
+            executor = LocalExecutor(devices, runs_per_device=args.runs_per_device)
             statuses = run_jobs(jobs, executor, show_progress=False)
             runs: dict[int, dict[str, float]] = {}
             for job in jobs:

@@ -58,8 +58,7 @@ def test_cuda_on_a_machine_without_it_is_refused_before_any_run():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_the_default_device_times_every_arm_on_the_first_gpu(tmp_path):
+def test_the_default_device_times_every_arm_on_the_first_gpu():
     """--device cuda (the default) names the first GPU to the workers, which need an index."""
     result = run_study_bench(QUICKSTART, steps=2, runs_per_device=2, overrides=FORK, echo=lambda line: None)
     assert result["device"] == "cuda:0"

@@ -172,7 +172,7 @@ def run_job(job: RunJob, device: str, *, world: World | None = None, progress: A
     """
     if run_is_done(job.run_dir):
         return read_result(job.run_dir)
-    if device.startswith("cuda") and torch.device(device).index is not None:  # plain "cuda": the current device
+    if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     return train_run(
         job,
