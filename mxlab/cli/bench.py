@@ -148,8 +148,8 @@ def bench_linear_command(
         False, "--compile", help="Also time the baseline and each emulated arm under torch.compile (same BF16 ratio)."
     ),
 ) -> None:
-    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes and TE BF16 as ratios to BF16
-    nn.Linear.
+    """One linear layer, forward + backward: mxlab's emulation, TE's FP8 recipes, TE BF16 and (where installed)
+    torchao's emulated MXFP8 as ratios to BF16 nn.Linear.
 
     Example: mxlab bench linear --shape 65536x1024x1024
     """
