@@ -10,7 +10,7 @@
 #   bench           mxlab bench step, the six gem-synthetic arms at the h200 preset -> bench_step.CARD.txt/.json
 #   anatomy[=ARMS]  benchmarks/step_anatomy.py (default arms bf16,mxfp8-rceil) -> anatomy.CARD.txt/.json
 #   attention       mxlab bench attention -> bench_attention.CARD.txt/.json
-#   linear          mxlab bench linear -> bench_linear.CARD.txt/.json
+#   linear          mxlab bench linear (with its torchao arm when the run carries a torchao wheel in .whl/) -> bench_linear.CARD.txt/.json
 #   linear-compile  mxlab bench linear --compile at M = 65536, K = N = 512 / 1024 / 4096 -> bench_linear_compile.CARD.txt/.json
 #   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab.txt, ab_{base,other,base2}.txt
 #   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
@@ -59,7 +59,8 @@ for job in "$@"; do
     anatomy) run_to "$out/anatomy.$card.txt" python3 benchmarks/step_anatomy.py --preset h200 --batch 4096 --max-history 1024 \
              --arms "${arg:-bf16,mxfp8-rceil}" --profile-steps 2 --json "$out/anatomy.$card.json" ;;
     attention) run_to "$out/bench_attention.$card.txt" python3 -m mxlab.cli bench attention --json "$out/bench_attention.$card.json" ;;
-    linear) run_to "$out/bench_linear.$card.txt" python3 -m mxlab.cli bench linear --json "$out/bench_linear.$card.json" ;;
+    linear) ls .whl/torchao-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-deps .whl/torchao-*.whl >> "$out/visit.txt" 2>&1
+             run_to "$out/bench_linear.$card.txt" python3 -m mxlab.cli bench linear --json "$out/bench_linear.$card.json" ;;
     linear-compile) run_to "$out/bench_linear_compile.$card.txt" python3 -m mxlab.cli bench linear --compile \
              --shape 65536x512x512 --shape 65536x1024x1024 --shape 65536x4096x4096 --json "$out/bench_linear_compile.$card.json" ;;
     step-compile) run_to "$out/bench_step_compile.$card.txt" python3 -m mxlab.cli bench step --spec experiments/gem-synthetic.toml \
