@@ -34,34 +34,11 @@ from mxlab.experiment.distributed import World
 from mxlab.experiment.spec import ExperimentSpec
 from mxlab.experiment.train import DONE, RunJob, RunResult, run_is_done, train_run
 from mxlab.models import DEFAULT_MAX_HISTORY
+from mxlab.worker_server import PRELOAD, preload_worker_modules  # noqa: F401  (part of this module's API)
 
 PROGRESS = "progress.json"
 ORPHANED_EXIT = 3  # a worker's exit code when its driver died before it
 _SOURCES: dict[str, Any] = {}
-
-
-# What a run imports on its way (the optimizer alone pulls in torch._dynamo, seconds of imports); a
-# name that does not exist is skipped by the fork server.
-PRELOAD = (
-    "torch._dynamo",
-    "triton",
-    "mxlab.experiment.worker",
-    "mxlab.models",
-    "mxlab.recipe",
-    "mxlab.data",
-    "mxlab.nn",
-    "mxlab.scaling",
-    "mxlab.diagnostics",
-    "mxlab.te_backend",
-    "mxlab.metrics",
-)
-
-
-def preload_worker_modules() -> None:
-    """Have the fork server that starts worker processes import torch and mxlab's training modules once."""
-    import multiprocessing
-
-    multiprocessing.get_context("forkserver").set_forkserver_preload(list(PRELOAD))
 
 
 def max_history_of(model_config: dict[str, Any]) -> int:
