@@ -115,6 +115,12 @@ def run(
     without `resume`; none diverged: says so and returns 0), render the report, print where it is."""
 
     def body() -> int:
+        if device == "cpu" and options.executor in (None, "local") and options.nproc_per_node == 1:
+            # CPU workers come from a fork server (mxlab.experiment.executors.local): it imports torch and
+            # mxlab while this process does (an idle process if the spec's [execution] then asks for Ray)
+            from mxlab.worker_server import start_worker_server
+
+            start_worker_server()
         from mxlab.experiment.runner import reproduce_command, run_study
         from mxlab.experiment.spec import load_spec
 

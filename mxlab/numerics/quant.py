@@ -123,9 +123,11 @@ def _layout(
     pad: bool,
     need_index: bool,
     counter: torch.Tensor | None = None,
+    short: bool = False,
 ) -> _Layout:
-    """Pad (if allowed) and reshape x so each block spans the returned reduce dims. With need_index, the
-    layout carries each element's stochastic-rounding counter: `counter` broadcast to x, else its linear index."""
+    """Pad (if allowed) and reshape x so each block spans the returned reduce dims; `short`: a blocked dim below 32
+    is one unpadded block (padding zeros change no amax and round to +0: the same values once cropped off). With
+    need_index, the layout carries each element's stochastic-rounding counter: `counter` broadcast, else its index."""
     dims = _blocked_dims(x, block, axis)
     for dim in dims:
         if x.shape[dim] % BLOCK_SIZE and not pad:
@@ -141,7 +143,7 @@ def _layout(
         )
     for dim in dims:
         missing = -x.shape[dim] % BLOCK_SIZE
-        if missing:
+        if missing and not (short and x.shape[dim] < BLOCK_SIZE):
             padding = [0, 0] * (x.dim() - 1 - dim) + [0, missing]
             values = F.pad(values, padding)
             index = F.pad(index, padding) if index is not None else None
@@ -150,7 +152,7 @@ def _layout(
     reduce_dims: list[int] = []
     for dim, size in enumerate(padded_shape):
         if dim in dims:
-            split_shape += [size // BLOCK_SIZE, BLOCK_SIZE]
+            split_shape += [size // BLOCK_SIZE, BLOCK_SIZE] if size % BLOCK_SIZE == 0 else [1, size]
             reduce_dims.append(len(split_shape) - 1)
         else:
             split_shape.append(size)
@@ -183,7 +185,7 @@ def _reference_quantize(x, fmt, block, axis, scale_mode, rounding, seed, pad):
 
 
 def _reference_fake_quantize(x, fmt, block, axis, scale_mode, rounding, seed, pad):
-    layout = _layout(x, block, axis, pad, need_index=rounding == "stochastic")
+    layout = _layout(x, block, axis, pad, need_index=rounding == "stochastic", short=True)
     values = reference.fake_quantize_blocks(
         layout.blocked, layout.reduce_dims, fmt, scale_mode, rounding, _random_bits(layout, rounding, seed)
     )
@@ -393,7 +395,7 @@ def fake_quantize_counted(
         raise ValueError(
             f"counter of shape {tuple(counter.shape)} does not broadcast to x of shape {tuple(x.shape)}"
         ) from None
-    layout = _layout(x, block, axis, pad, need_index=True, counter=counter)
+    layout = _layout(x, block, axis, pad, need_index=True, counter=counter, short=True)
     values = reference.fake_quantize_blocks(
         layout.blocked,
         layout.reduce_dims,

@@ -22,6 +22,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
@@ -191,7 +192,12 @@ class LocalExecutor:
                         start(retry[1], retry[2])
                     while queue and free:
                         start(queue.pop(0), free.pop(0))
-                    time.sleep(POLL_S)
+                    # up to POLL_S (the progress lines), less once a worker answers or ends
+                    ends = [end for process, receiver, _, _ in active.values() for end in (receiver, process.sentinel)]
+                    if ends:
+                        wait(ends, POLL_S)
+                    else:
+                        time.sleep(POLL_S)
                     for label, (process, receiver, job, device) in list(active.items()):
                         progress.poll(label, job.run_dir)
                         answer = self._answer(process, receiver)
