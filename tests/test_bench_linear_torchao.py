@@ -61,13 +61,32 @@ def test_an_api_other_than_the_expected_one_is_omitted_too(monkeypatch):
     real = importlib.import_module
 
     def import_module(name, package=None):
-        if name == "torchao.prototype.moe_training.config":
-            raise AttributeError("module has no attribute 'MXFP8TrainingOpConfig'")
+        if name == "torchao.prototype.moe_training.mxfp8_linear":
+            raise AttributeError("module has no attribute 'MXFP8Linear'")
         return real(name, package) if name != "torchao" else type("torchao", (), {"__version__": "0.99"})
 
     monkeypatch.setattr(torchao_arm.importlib, "import_module", import_module)
     handle, line = load_torchao()
     assert handle is None and "AttributeError" in line
+
+
+def test_a_torchao_that_refuses_this_torch_is_omitted_before_the_bench(monkeypatch):
+    """torchao 0.18's MXFP8 training asserts a torch newer than some (2.11 on the GPU machine): a layer that cannot
+    be built omits the arm with the assertion's message, instead of failing the bench mid-run."""
+
+    class Refusing:
+        KernelPreference = type("KernelPreference", (), {"EMULATED": "emulated"})
+        ScaleCalculationMode = type("ScaleCalculationMode", (), {"RCEIL": "rceil"})
+
+        def MXFP8Linear(*args, **kwargs):  # noqa: N802  (torchao's class name)
+            raise AssertionError("Please install the latest torch nightly build to use MXFP8 training")
+
+    def import_module(name, package=None):
+        return Refusing if name.endswith("mxfp8_linear") else type("torchao", (), {"__version__": "0.18.0"})
+
+    monkeypatch.setattr(torchao_arm.importlib, "import_module", import_module)
+    handle, line = load_torchao()
+    assert handle is None and "AssertionError: Please install the latest torch nightly" in line
 
 
 def _row(arm: str, ms: float | None, m: int = 16, base: float = 1.0) -> LinearMeasurement:

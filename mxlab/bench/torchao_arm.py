@@ -1,9 +1,9 @@
 """The torchao arm of `mxlab bench linear`: torchao's emulated MXFP8 linear layer under torch.compile.
 
-torchao is optional (`pip install 'mxlab[torchao]'`, checked against 0.18). Its layer is a BF16 `nn.Linear`
-converted by `torchao.quantization.quantize_` with
-`MXFP8TrainingOpConfig.from_recipe(MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL)`: every GEMM operand of the
-forward, dgrad and wgrad quantized to E4M3 in blocks of 32 along the contraction dimension with RCEIL E8M0 scales,
+torchao is optional (`pip install 'mxlab[torchao]'`, checked against 0.18). Its layer is torchao's
+`MXFP8Linear` with `KernelPreference.EMULATED` and `ScaleCalculationMode.RCEIL` (the layer that
+`MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL` configures; built directly, since `quantize_`'s conversion asserts a
+torch newer than 2.11): every GEMM operand of the forward, dgrad and wgrad quantized to E4M3 in blocks of 32 along the contraction dimension with RCEIL E8M0 scales,
 round to nearest even, then dequantized and multiplied in BF16 (`KernelPreference.EMULATED`) -- the semantics of
 this project's mxfp8-rceil recipe, which the bench checks per shape on the forward output (`same bits`).
 """
@@ -24,11 +24,11 @@ MXLAB_ARMS = ("mxlab mxfp8 (emulated)", "mxlab mxfp8 (emulated) compiled")  # mx
 
 @dataclass(frozen=True)
 class Torchao:
-    """What the arm needs from torchao: its version, the emulated RCEIL config and `quantize_`."""
+    """What the arm needs from torchao: its version, its MXFP8Linear class and the emulated RCEIL options."""
 
     version: str
-    config: Any
-    quantize_: Any
+    layer_class: Any
+    options: dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -43,32 +43,30 @@ class BitCheck:
 
 
 def load_torchao() -> tuple[Torchao | None, str]:
-    """(handle, "") when torchao's emulated MXFP8 training config imports and is RCEIL + EMULATED; else
+    """(handle, "") when torchao's emulated MXFP8 linear imports and builds on this torch; else
     (None, one line saying that the torchao arm is omitted and why). Never raises."""
     try:
         torchao = importlib.import_module("torchao")
-        configs = importlib.import_module("torchao.prototype.moe_training.config")
-        quantization = importlib.import_module("torchao.quantization")
-        config = configs.MXFP8TrainingOpConfig.from_recipe(configs.MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL)
-        modes = (config.scale_calculation_mode.value, config.kernel_preference.value)
-        if modes != ("rceil", "emulated"):
-            raise ValueError(f"MXFP8_EMULATED_RCEIL gives scale mode / kernel {modes}")
+        linear = importlib.import_module("torchao.prototype.moe_training.mxfp8_linear")
+        options = {"kernel_preference": linear.KernelPreference.EMULATED}
+        options["scale_calculation_mode"] = linear.ScaleCalculationMode.RCEIL
+        handle = Torchao(str(getattr(torchao, "__version__", "?")), linear.MXFP8Linear, options)
+        torchao_linear(torch.zeros(32, 32), handle)  # a torch this torchao refuses fails here, not mid-bench
     except Exception as error:  # missing, or an API other than 0.18's
         reason = str(error).splitlines()[0] if str(error) else ""
         return None, (
             f"torchao arm omitted: torchao's emulated MXFP8 linear is not importable ({type(error).__name__}: "
             f"{reason}); pip install 'mxlab[torchao]'"
         )
-    return Torchao(str(getattr(torchao, "__version__", "?")), config, quantization.quantize_), ""
+    return handle, ""
 
 
 def torchao_linear(weight: torch.Tensor, torchao: Torchao) -> nn.Module:
-    """An eager torchao MXFP8 (emulated, RCEIL) linear layer, no bias, holding a copy of `weight` (N, K)."""
+    """A torchao MXFP8Linear (emulated, RCEIL), no bias, holding a copy of `weight` (N, K)."""
     n, k = weight.shape
-    layer = nn.Linear(k, n, bias=False, device=weight.device, dtype=weight.dtype)
+    layer = torchao.layer_class(k, n, bias=False, device=weight.device, dtype=weight.dtype, **torchao.options)
     with torch.no_grad():
         layer.weight.copy_(weight)
-    torchao.quantize_(layer, torchao.config)
     return layer
 
 

@@ -1,5 +1,8 @@
 """The models' normalizations over the last dim, in the input's dtype: one Triton kernel on CUDA where
-it runs (mxlab.kernels.norms: several rows per program, a strided input read as is), torch's elsewhere."""
+it runs (mxlab.kernels.norms: several rows per program, a strided input read as is), torch's elsewhere.
+Under torch.compile the kernel runs outside the graph (a graph break), so a compiled model keeps eager mode's
+bits (a compiled GEM step whose graphs held the norm and rotary kernels failed in Inductor's partitioner on one
+H100: "Node getitem_39 was invalid, but is output")."""
 
 from __future__ import annotations
 
@@ -21,12 +24,17 @@ def _kernels(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | 
     return kernels if kernels is not None and kernels.unsupported_reason(x, weight, bias) is None else None
 
 
+@torch.compiler.disable
+def _kernel_norm(name: str, *args: torch.Tensor | float | None) -> torch.Tensor:
+    """mxlab.kernels.norms.NAME(*args), run outside any compiled graph."""
+    return getattr(kernel_module("norms"), name)(*args)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2 over the last dim) + eps) * weight (cast to x's dtype), in x's dtype, statistics
     in float32; autocast does not apply."""
-    kernels = _kernels(x, weight)
-    if kernels is not None:
-        return kernels.rms_norm(x, weight, eps)
+    if _kernels(x, weight) is not None:
+        return _kernel_norm("rms_norm", x, weight, eps)
     with torch.autocast(x.device.type, enabled=False):
         return F.rms_norm(x, x.shape[-1:], _like(weight, x), eps)
 
@@ -34,8 +42,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dim, weight and bias cast to x's dtype,
     in x's dtype, statistics in float32; autocast does not apply."""
-    kernels = _kernels(x, weight, bias) if bias is not None else None
-    if kernels is not None:
-        return kernels.layer_norm(x, weight, bias, eps)
+    if bias is not None and _kernels(x, weight, bias) is not None:
+        return _kernel_norm("layer_norm", x, weight, bias, eps)
     with torch.autocast(x.device.type, enabled=False):
         return F.layer_norm(x, x.shape[-1:], _like(weight, x), _like(bias, x), eps)

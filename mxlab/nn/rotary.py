@@ -28,6 +28,13 @@ def rotary_table(positions: torch.Tensor, head_dim: int, base: float = 10000.0) 
     return RotaryTable(angle.cos(), angle.sin())
 
 
+@torch.compiler.disable
+def _kernel_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """mxlab.kernels.rotary.rotate, run outside any compiled graph (a graph break: a compiled model keeps eager
+    mode's bits, and Inductor's partitioner never meets the kernel's buffers)."""
+    return kernel_module("rotary").rotate(x, cos, sin)
+
+
 def rotary_embedding(x: torch.Tensor, table: RotaryTable) -> torch.Tensor:
     """Return x (tokens, heads, head_dim) with its pairs (i, i + head_dim/2) rotated by the angles of
     `table` (`rotary_table` of the tokens' positions), in float32, cast back to x's dtype.
@@ -43,7 +50,7 @@ def rotary_embedding(x: torch.Tensor, table: RotaryTable) -> torch.Tensor:
     if x.is_cuda:
         kernel = kernel_module("rotary")
         if kernel is not None and kernel.unsupported_reason(x) is None:
-            return kernel.rotate(x, table.cos, table.sin)
+            return _kernel_rotate(x, table.cos, table.sin)
     half = x.shape[-1] // 2
     cos, sin = table.cos[:, None, :], table.sin[:, None, :]
     x1, x2 = x[..., :half].float(), x[..., half:].float()

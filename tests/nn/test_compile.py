@@ -196,3 +196,46 @@ def test_cuda_inductor_compiles_a_recipe_to_eager_bits_and_mxfp8_rceil_whole(dty
                 p.calls = c
         for want, got in zip(*results):
             assert torch.equal(_bits(want), _bits(got)), recipe
+
+
+def _norms_and_rotary(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, table) -> torch.Tensor:
+    """layer norm, doubling (exact), RMS norm, rotary embedding over two heads (the table built outside:
+    Inductor's cos and sin need not round as ATen's)."""
+    from mxlab.nn.norms import layer_norm, rms_norm
+    from mxlab.nn.rotary import rotary_embedding
+
+    y = rms_norm(2 * layer_norm(x, weight, bias, 1e-5), weight, 1e-6)
+    return rotary_embedding(y.view(y.shape[0], 2, y.shape[1] // 2), table).flatten(1)
+
+
+def _table(x: torch.Tensor):
+    from mxlab.nn.rotary import rotary_table
+
+    return rotary_table(torch.arange(x.shape[0], device=x.device), x.shape[1] // 2)
+
+
+def test_the_norms_and_rotary_stay_in_the_graph_where_torch_computes_them():
+    """On the CPU (torch's formulas) a compiled model has no graph break at the norms or the rotary embedding;
+    only their CUDA kernels run outside the graph."""
+    x, weight, bias = torch.randn(16, 64), torch.randn(64), torch.randn(64)
+    explanation = torch._dynamo.explain(_norms_and_rotary)(x, weight, bias, _table(x))
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cuda_inductor_keeps_the_norm_and_rotary_kernels_eager_bits(dtype):
+    """The Triton norm and rotary kernels under Inductor: output and all three gradients equal eager mode's bits
+    (the kernels run outside the graph; traced, a compiled GEM step failed in Inductor's partitioner)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x = torch.randn(1024, 256, device="cuda", dtype=dtype)
+    weight, bias = torch.randn(256, device="cuda"), torch.randn(256, device="cuda")
+    grad = torch.randn(1024, 256, device="cuda", dtype=dtype)
+    results = []
+    for fn in (_norms_and_rotary, torch.compile(_norms_and_rotary)):
+        inputs = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
+        fn(*inputs, _table(x)).backward(grad)
+        results.append([fn(*inputs, _table(x)).detach()] + [t.grad for t in inputs])
+    for name, want, got in zip(("output", "x grad", "weight grad", "bias grad"), *results):
+        assert torch.equal(_bits(want), _bits(got)), name
