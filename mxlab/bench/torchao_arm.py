@@ -3,9 +3,10 @@
 torchao is optional (`pip install 'mxlab[torchao]'`, checked against 0.18). Its layer is torchao's
 `MXFP8Linear` with `KernelPreference.EMULATED` and `ScaleCalculationMode.RCEIL` (the layer that
 `MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL` configures; built directly, since `quantize_`'s conversion asserts a
-torch newer than 2.11): every GEMM operand of the forward, dgrad and wgrad quantized to E4M3 in blocks of 32 along the contraction dimension with RCEIL E8M0 scales,
-round to nearest even, then dequantized and multiplied in BF16 (`KernelPreference.EMULATED`) -- the semantics of
-this project's mxfp8-rceil recipe, which the bench checks per shape on the forward output (`same bits`).
+torch newer than 2.11): every GEMM operand of the forward, dgrad and wgrad quantized to E4M3 in blocks of 32
+along the contraction dimension with RCEIL E8M0 scales, round to nearest even, then dequantized and multiplied
+in BF16 (`KernelPreference.EMULATED`) -- the semantics of this project's mxfp8-rceil recipe, which the bench
+checks per shape on the forward output (`same bits`).
 """
 
 from __future__ import annotations
