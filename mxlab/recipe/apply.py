@@ -98,7 +98,9 @@ def apply_recipe(
     lazy module (nn.LazyLinear) not yet materialised by a first forward, and a model already sharded by FSDP
     (`fully_shard` or FullyShardedDataParallel): apply the recipe first, then shard; and a model that is itself
     a linear or attention module (swaps replace submodules: wrap it in nn.Sequential).
-    A TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused
+    A recipe that quantizes anything turns on Inductor's `emulate_precision_casts` (process-wide; the plan says
+    so), without which a compiled bfloat16 model does not keep eager mode's bits. A TransformerEncoderLayer whose
+    linear layers are emulated is kept off PyTorch's fused
     fast path (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
     policy has backend = "te" becomes a Transformer Engine te.Linear (mxlab.recipe.backends.te, which
     refuses, before any swap, with BackendUnavailableError when TE cannot run here).
@@ -178,9 +180,23 @@ def apply_recipe(
         rules=tuple(rule.match for rule in recipe.rules),
         has_attention_table=recipe.attention is not None,
     )
+    plan.inductor_casts_exact = _exact_inductor_casts(recipe)
     if example_inputs is not None:
         plan.coverage(example_inputs)
     return plan
+
+
+def _exact_inductor_casts(recipe: Recipe) -> bool:
+    """Turn on `torch._inductor.config.emulate_precision_casts` when `recipe` quantizes anything; returns whether
+    it did. With PyTorch's default (off), Inductor keeps a producer fused into a quantizer (a bfloat16 model's
+    GELU) in float32 and skips the rounding eager mode applies, so the quantizer reads other values and a compiled
+    bfloat16 model leaves eager mode's bits (docs/applying.md, "torch.compile"). Process-wide, as the setting is."""
+    if recipe.attention is None and all(policy.high_precision for policy in recipe.policies.values()):
+        return False
+    import torch._inductor.config as inductor_config
+
+    inductor_config.emulate_precision_casts = True
+    return True
 
 
 def rounding_state(model: nn.Module) -> dict[str, int]:

@@ -101,6 +101,7 @@ class Plan:
     rules: tuple[str, ...] = ()
     has_attention_table: bool = False
     flops: dict[str, list] | None = None  # {site: [forward GEMM FLOPs, under MX]} of the last coverage()
+    inductor_casts_exact: bool = False  # apply_recipe turned on torch._inductor.config.emulate_precision_casts
 
     @property
     def all_entries(self) -> list[PlanEntry]:
@@ -178,6 +179,7 @@ class Plan:
             "backends": {entry.module: entry.backend for entry in self.entries if entry.backend != "mxlab"},
             "loss_scaling": dict(self.loss_scaling),
             "flops": {site: {"flops": flops, "mx": mx} for site, (flops, mx) in (self.flops or {}).items()},
+            "inductor_emulate_precision_casts": self.inductor_casts_exact,
         }
 
     def table(self) -> str:
@@ -211,6 +213,11 @@ class Plan:
             f"recipe {self.recipe} (seed {self.seed}): {len(self.quantized_modules)} quantized, "
             f"{len(self.high_precision_modules)} high precision; {self.loss_scaling_usage}"
         ]
+        if self.inductor_casts_exact:
+            lines.append(
+                "torch.compile: Inductor's emulate_precision_casts turned on (process-wide), so casts Inductor fuses "
+                "round as in eager mode and a compiled bfloat16 model keeps eager bits"
+            )
         if self.flops is not None:
             total = sum(flops for flops, _ in self.flops.values())
             mx = sum(flops for flops, under_mx in self.flops.values() if under_mx)

@@ -324,3 +324,17 @@ def test_backends_are_converters_run_te_first_and_swaps_go_through_replace_modul
         MXLabConverter().convert(model, [Target("x", nn.ReLU(), "relu", None, "default")])
     with pytest.raises(ValueError, match="not a submodule"):
         replace_module(model, "towers.nope", nn.Identity())
+
+
+def test_a_quantizing_recipe_turns_on_inductors_exact_casts_and_the_plan_says_so():
+    """Inductor keeps a bfloat16 model's eager bits only with emulate_precision_casts (tests/nn/test_compile.py):
+    apply_recipe turns it on for a recipe that quantizes and names it in the plan; a BF16 recipe leaves it."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(emulate_precision_casts=False):
+        plan = apply_recipe(nn.Sequential(nn.Linear(64, 32)), load_recipe("bf16"))
+        assert not inductor_config.emulate_precision_casts and "emulate_precision_casts" not in plan.table()
+        plan = apply_recipe(nn.Sequential(nn.Linear(64, 32)), load_recipe("mxfp8-rceil"))
+        assert inductor_config.emulate_precision_casts
+        assert "Inductor's emulate_precision_casts turned on" in plan.table()
+        assert plan.to_dict()["inductor_emulate_precision_casts"] is True
