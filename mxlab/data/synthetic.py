@@ -142,7 +142,8 @@ SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
     # one H100: 40 ms/step, 383 s per run; reports/learnable-plateau, reports/benchmarks/plateau_steps.h100.txt):
     # both seeds learn the history by step 1800 (CTR AUC 0.80 against the no-history oracle's 0.745); from
     # about step 3800 the held-out CTR NE moves between 0.875 and 0.911 from one evaluation to the next
-    # (CTCVR 0.85-0.95) with no trend; the best CTR NE, 0.875 on both seeds, is 11% above the Bayes NE, and
+    # (CTCVR 0.85-0.95), its median over 8 evaluations still falling slowly (CTR 0.893 at step 4096 to 0.878-0.879
+    # at 9216, CTCVR 0.89 to 0.86); the best CTR NE, 0.875 on both seeds, is 11% above the Bayes NE, and
     # CTCVR's best 23% above it. So at this size and a constant rate the preset does NOT come within 5% of
     # the Bayes NE in 9216 steps (3 min of H100 time per run at 2 runs per GPU); a rate decay from about step
     # 4000 is the next measurement.
