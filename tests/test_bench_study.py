@@ -51,8 +51,8 @@ def test_bad_input_is_refused_in_one_line():
         run_study_bench(QUICKSTART, steps=1, device="tpu")
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="refusing CUDA needs a machine without it")
-def test_cuda_on_a_machine_without_it_is_refused_before_any_run():
+def test_cuda_on_a_machine_without_it_is_refused_before_any_run(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a machine without CUDA, on any machine
     result = CliRunner().invoke(app, ["bench", "study", str(QUICKSTART), "--steps", "1"])
     assert result.exit_code == 2 and "CUDA is not available" in result.output
 

@@ -34,7 +34,6 @@ from mxlab.experiment.distributed import World
 from mxlab.experiment.spec import ExperimentSpec
 from mxlab.experiment.train import DONE, RunJob, RunResult, run_is_done, train_run
 from mxlab.models import DEFAULT_MAX_HISTORY
-from mxlab.worker_server import PRELOAD, preload_worker_modules  # noqa: F401  (part of this module's API)
 
 PROGRESS = "progress.json"
 ORPHANED_EXIT = 3  # a worker's exit code when its driver died before it

@@ -16,12 +16,12 @@ def _like(parameter: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor | Non
     return None if parameter is None else parameter.to(x.dtype)
 
 
-def _kernels(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None):
-    """mxlab.kernels.norms when it runs these inputs (CUDA, Triton installed, supported shapes), else None."""
+def _kernel_runs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None = None) -> bool:
+    """Whether mxlab.kernels.norms runs these inputs (CUDA, Triton installed, supported shapes)."""
     if not x.is_cuda:
-        return None
+        return False
     kernels = kernel_module("norms")
-    return kernels if kernels is not None and kernels.unsupported_reason(x, weight, bias) is None else None
+    return kernels is not None and kernels.unsupported_reason(x, weight, bias) is None
 
 
 @torch.compiler.disable
@@ -33,7 +33,7 @@ def _kernel_norm(name: str, *args: torch.Tensor | float | None) -> torch.Tensor:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """x / sqrt(mean(x^2 over the last dim) + eps) * weight (cast to x's dtype), in x's dtype, statistics
     in float32; autocast does not apply."""
-    if _kernels(x, weight) is not None:
+    if _kernel_runs(x, weight):
         return _kernel_norm("rms_norm", x, weight, eps)
     with torch.autocast(x.device.type, enabled=False):
         return F.rms_norm(x, x.shape[-1:], _like(weight, x), eps)
@@ -42,7 +42,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     """(x - mean) / sqrt(var + eps) * weight + bias over the last dim, weight and bias cast to x's dtype,
     in x's dtype, statistics in float32; autocast does not apply."""
-    if bias is not None and _kernels(x, weight, bias) is not None:
+    if bias is not None and _kernel_runs(x, weight, bias):
         return _kernel_norm("layer_norm", x, weight, bias, eps)
     with torch.autocast(x.device.type, enabled=False):
         return F.layer_norm(x, x.shape[-1:], _like(weight, x), _like(bias, x), eps)

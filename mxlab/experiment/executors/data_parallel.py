@@ -17,7 +17,8 @@ import torch
 
 from mxlab.experiment.distributed import World
 from mxlab.experiment.train import RunJob, RunResult, run_is_done, train_run
-from mxlab.experiment.worker import FileProgress, make_data_source, preload_worker_modules, read_result
+from mxlab.experiment.worker import FileProgress, make_data_source, read_result
+from mxlab.worker_server import preload_worker_modules
 
 
 def free_port() -> int:

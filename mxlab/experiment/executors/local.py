@@ -29,15 +29,8 @@ from typing import Any
 from mxlab.experiment.executors.progress import StudyProgress, describe
 from mxlab.experiment.oserrors import is_disk_full, stopped
 from mxlab.experiment.train import RunJob, RunResult, StepHook, train_run
-from mxlab.experiment.worker import (
-    PROGRESS,
-    cached_source,
-    describe_error,
-    preload_worker_modules,
-    process_main,
-    read_result,
-    record_failure,
-)
+from mxlab.experiment.worker import PROGRESS, cached_source, describe_error, process_main, read_result, record_failure
+from mxlab.worker_server import preload_worker_modules
 
 POLL_S = 0.25
 BUSY = "busy or unavailable"  # CUDA's error when another process holds a GPU in exclusive-process mode
