@@ -24,6 +24,7 @@ own torch-function check is off, so the GEMMs inside it reach the mode.
 from __future__ import annotations
 
 import math
+import sys
 import types
 import warnings
 from functools import partial
@@ -201,6 +202,8 @@ class GemmSites(TorchFunctionMode):
         kwargs = kwargs or {}
         op = GEMM_OPS.get(func)
         if op is not None:
+            if _called_by_inductor():
+                return func(*args, **kwargs)
             return self._gemm(func, op, args, kwargs)
         if func is F.multi_head_attention_forward:
             with self:
@@ -412,6 +415,16 @@ class GemmSites(TorchFunctionMode):
 # compiled for `mul` was seen to run for a later `add` of the same shapes. This frame is therefore never compiled on
 # its own (it runs as written); Dynamo still inlines it where it traces the caller.
 skip_code(GemmSites.__torch_function__.__code__)
+
+
+def _called_by_inductor() -> bool:
+    """Whether the op this mode is dispatching was called by Inductor's code: a compiled graph run while the mode is
+    active (a model compiled whole enters it in an eager pre-hook, and Dynamo runs compiled code under the modes
+    active at the call) calls its GEMMs as `extern_kernels.mm(a, b, out=buf)` and the like. Those GEMMs are the
+    traced model's, already emulated where Dynamo traced them through this mode: emulating them again would
+    quantize twice and leave `out` unwritten."""
+    caller = sys._getframe(2)  # 0: this function, 1: __torch_function__, 2: the op's caller
+    return str(caller.f_globals.get("__name__", "")).startswith("torch._inductor.")
 
 
 @torch.compiler.disable

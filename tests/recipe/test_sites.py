@@ -219,3 +219,16 @@ def test_a_cross_network_compiles_to_eager_bits():
     grads = torch.autograd.grad(compiled.square().sum(), list(model.parameters()))
     assert torch.equal(compiled, eager)
     assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
+
+
+def test_inductor_code_run_under_the_sites_mode_keeps_eager_bits():
+    """Regression: a model compiled whole runs Inductor's code under the sites mode, which took the code's
+    `addmm(bias, a, b, out=buf)` for a model GEMM, quantized it again and left `buf` unwritten (the backward runs
+    outside the mode)."""
+    torch.manual_seed(0)
+    model = CrossModel()
+    apply_recipe(model, "mxfp8-rceil")
+    inputs = (torch.randn(32, 16), torch.randn(32, 2, 32))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.equal(torch.compile(model)(*inputs), model(*inputs))
