@@ -14,7 +14,8 @@
 #   linear-compile  mxlab bench linear --compile at M = 65536, K = N = 512 / 1024 / 4096 -> bench_linear_compile.CARD.txt/.json
 #   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab.txt, ab_{base,other,base2}.txt
 #   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
-#   step-compile    mxlab bench step --compile, bf16 and mxfp8-rceil at the h200 preset -> bench_step_compile.CARD.txt/.json
+#   step-compile[=SPEC]  mxlab bench step --compile, bf16 and mxfp8-rceil: at the h200 preset -> bench_step_compile.CARD.txt/.json;
+#                   with SPEC at that spec's own sizes -> bench_step_compile_NAME.CARD.txt/.json (NAME: the spec file's name)
 #   baseline        benchmarks/baseline_check.py: 16 + 16 gem-mxfp8 BF16 warm-ups, new and old training recipe -> baseline_check.CARD.txt/.json
 #   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study's small files: metrics, configs, no .npz or .pt)
 #   resume=SPEC     mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
@@ -63,9 +64,12 @@ for job in "$@"; do
              run_to "$out/bench_linear.$card.txt" python3 -m mxlab.cli bench linear --json "$out/bench_linear.$card.json" ;;
     linear-compile) run_to "$out/bench_linear_compile.$card.txt" python3 -m mxlab.cli bench linear --compile \
              --shape 65536x512x512 --shape 65536x1024x1024 --shape 65536x4096x4096 --json "$out/bench_linear_compile.$card.json" ;;
-    step-compile) run_to "$out/bench_step_compile.$card.txt" python3 -m mxlab.cli bench step --spec experiments/gem-synthetic.toml \
-             --preset h200 --batch 4096 --max-history 1024 --arm mxfp8-rceil --warmup 3 --steps 10 --batches 2 --compile \
-             --json "$out/bench_step_compile.$card.json" ;;
+    step-compile) if [ -n "$arg" ]; then file=bench_step_compile_$(basename "${arg%.toml}")
+               run_to "$out/$file.$card.txt" python3 -m mxlab.cli bench step --spec "$arg" --arm mxfp8-rceil --warmup 3 \
+                 --steps 20 --batches 2 --compile --json "$out/$file.$card.json"
+             else run_to "$out/bench_step_compile.$card.txt" python3 -m mxlab.cli bench step --spec experiments/gem-synthetic.toml \
+               --preset h200 --batch 4096 --max-history 1024 --arm mxfp8-rceil --warmup 3 --steps 10 --batches 2 --compile \
+               --json "$out/bench_step_compile.$card.json"; fi ;;
     baseline) run_to "$out/baseline_check.$card.txt" python3 benchmarks/baseline_check.py --spec experiments/gem-mxfp8.toml \
              --seeds 16 --mps --runs-per-device 16 --out "$HOME/baseline" --json "$out/baseline_check.$card.json" ;;
     plateau) run_to "$out/plateau.$card.txt" python3 -m mxlab.cli run experiments/learnable-plateau.toml --device cuda --mps \
