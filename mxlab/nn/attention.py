@@ -103,7 +103,7 @@ def _triton_unsupported(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, polic
     return kernel.unsupported_reason(q, policy, activation)
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call
 def _kernel_attention(q, k, v, q_offsets, k_offsets, causal: bool, activation: str, policy: Any) -> torch.Tensor:
     """The Triton kernel's output. Outside any compiled graph: its offset checks and tile tables live on the offsets
     tensors (checked once per tensor and version, a host sync) and its seeds are drawn on the host per call."""

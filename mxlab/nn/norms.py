@@ -24,7 +24,7 @@ def _kernel_runs(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tenso
     return kernels is not None and kernels.unsupported_reason(x, weight, bias) is None
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call
 def _kernel_norm(name: str, *args: torch.Tensor | float | None) -> torch.Tensor:
     """mxlab.kernels.norms.NAME(*args), run outside any compiled graph."""
     return getattr(kernel_module("norms"), name)(*args)

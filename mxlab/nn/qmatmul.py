@@ -471,7 +471,7 @@ def qmatmul(
     return _apply(a, b, bias, precision, counters, seeds)
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call
 def _drawing_product_outside_the_graph(a, b, precision, counters, seeds, bias) -> torch.Tensor:
     """A product that draws seeds (stochastic rounding, a random Hadamard transform) runs eagerly inside a compiled
     model: its seeds change every call, which a graph would specialize on (a recompile per call), so it is never

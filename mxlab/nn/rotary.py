@@ -28,7 +28,7 @@ def rotary_table(positions: torch.Tensor, head_dim: int, base: float = 10000.0) 
     return RotaryTable(angle.cos(), angle.sin())
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call
 def _kernel_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """mxlab.kernels.rotary.rotate, run outside any compiled graph (a graph break: a compiled model keeps eager
     mode's bits, and Inductor's partitioner never meets the kernel's buffers)."""

@@ -23,6 +23,8 @@ own torch-function check is off, so the GEMMs inside it reach the mode.
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import math
 import sys
 import types
@@ -33,7 +35,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch._dynamo.eval_frame import skip_code
 from torch.overrides import TorchFunctionMode
 
 from mxlab.nn import functional as QF
@@ -414,7 +415,37 @@ class GemmSites(TorchFunctionMode):
 # each `__torch_function__` call as a frame of its own, and its recompiles guard the arguments but not `func`: a graph
 # compiled for `mul` was seen to run for a later `add` of the same shapes. This frame is therefore never compiled on
 # its own (it runs as written); Dynamo still inlines it where it traces the caller.
-skip_code(GemmSites.__torch_function__.__code__)
+
+
+def _skip_mode_frame() -> None:
+    from torch._dynamo.eval_frame import skip_code
+
+    skip_code(GemmSites.__torch_function__.__code__)
+
+
+class _AfterDynamoImport(importlib.abc.MetaPathFinder):
+    """Runs `_skip_mode_frame` right after torch._dynamo is first imported (no frame compiles before that), so
+    importing this module does not import Dynamo (seconds)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch._dynamo":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        execute = spec.loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            execute(module)
+            _skip_mode_frame()
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if "torch._dynamo" in sys.modules:
+    _skip_mode_frame()
+else:
+    sys.meta_path.insert(0, _AfterDynamoImport())
 
 
 def _called_by_inductor() -> bool:
@@ -427,7 +458,7 @@ def _called_by_inductor() -> bool:
     return str(caller.f_globals.get("__name__", "")).startswith("torch._inductor.")
 
 
-@torch.compiler.disable
+@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call
 def _outside_the_graph(function: Any, *args: Any, **kwargs: Any) -> Any:
     """`function(*args, **kwargs)` run eagerly under torch.compile (a graph break per GEMM site, eager mode's bits):
     Dynamo cannot yet trace qmatmul's autograd.Function inside a TorchFunctionMode."""
