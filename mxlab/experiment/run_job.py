@@ -72,6 +72,19 @@ class RunJob:
     def label(self) -> str:
         return f"{self.arm}/seed{self.seed}"
 
+    @property
+    def start_label(self) -> str | None:
+        """The label (ARM/seedK) of the run this one starts from (`fork_dir`), None from scratch."""
+        return None if self.fork_dir is None else f"{Path(self.fork_dir).parent.name}/{Path(self.fork_dir).name}"
+
+    def blocked_reason(self, before: RunResult) -> str | None:
+        """Why this run cannot start when the run it starts from ended as `before`; None when it finished."""
+        if before.status == "finished":
+            return None
+        return f"the run it starts from, {self.start_label}, {before.status}" + (
+            f": {before.reason}" if before.reason else ""
+        )
+
 
 @dataclass
 class RunResult:

@@ -193,12 +193,9 @@ def blocked_runs(jobs: Sequence[RunJob], results: dict[str, RunResult]) -> dict[
     for job in jobs:
         if job.fork_dir is None or run_is_done(job.run_dir):
             continue
-        start = f"{Path(job.fork_dir).parent.name}/{Path(job.fork_dir).name}"
-        before = results.get(start)
-        if before is not None and before.status != "finished":
-            reason = f"the run it starts from, {start}, {before.status}" + (
-                f": {before.reason}" if before.reason else ""
-            )
+        before = results.get(job.start_label or "")
+        reason = job.blocked_reason(before) if before is not None else None
+        if reason is not None:
             blocked[job.label] = record_failure(job.run_dir, reason)
     return blocked
 
@@ -446,7 +443,12 @@ def run_study(
                 options.record(spec.execution, devices),
             )
         to_warm = [job for job in warmups if job.label not in recorded]
-        results: dict[str, RunResult] = {**recorded, **run_jobs(to_warm, runner, show_progress=show_progress)}
+        # an executor that starts each run once the run it starts from is done takes the training arms along with
+        # the warm-ups (no core idles while the last warm-ups finish); the gate decides on every warm-up first
+        along = not spec.gate.enabled and getattr(runner, "follows_starts", False)
+        early = [job for job in jobs[len(warmups) :] if along and not job.post_training and job.label not in recorded]
+        results: dict[str, RunResult] = dict(recorded)
+        run_phase(to_warm + early, results, runner, show_progress=show_progress)
         write_missing_records(out_dir)
         if spec.gate.enabled:  # arm-blind: decided on the warm-ups alone, before any arm (mxlab.experiment.gate)
 

@@ -134,8 +134,9 @@ def _stop_workers(processes: Sequence[Any]) -> None:
 class LocalExecutor:
     """One spawned worker process per run, at most `runs_per_device` per device at a time.
 
-    `nproc_per_node` > 1 trains each run data-parallel over that many processes (mxlab.experiment.ddp)
-    on the devices, one run at a time.
+    A run whose starting run (`RunJob.start_label`) is among the jobs waits until that one is done, and is
+    recorded failed without starting if it did not finish (`follows_starts`). `nproc_per_node` > 1 trains each
+    run data-parallel over that many processes (mxlab.experiment.ddp) on the devices, one run at a time.
     """
 
     def __init__(self, devices: Sequence[str], *, nproc_per_node: int = 1, runs_per_device: int = 1) -> None:
@@ -146,6 +147,11 @@ class LocalExecutor:
         if runs_per_device < 1:
             raise ValueError(f"--runs-per-device must be >= 1, got {runs_per_device}")
         self.devices, self.nproc_per_node, self.runs_per_device = list(devices), nproc_per_node, runs_per_device
+
+    @property
+    def follows_starts(self) -> bool:
+        """Whether `run` takes runs together with the runs they start from (not data-parallel, which runs in order)."""
+        return self.nproc_per_node == 1
 
     def run(self, jobs: Sequence[RunJob], progress: StudyProgress) -> dict[str, RunResult]:
         """Train each job in its own process; return {label: record} (failed runs included).
@@ -183,8 +189,19 @@ class LocalExecutor:
                     for retry in [retry for retry in retries if retry[0] <= time.monotonic()]:
                         retries.remove(retry)
                         start(retry[1], retry[2])
-                    while queue and free:
-                        start(queue.pop(0), free.pop(0))
+                    while free:
+                        waiting = {job.label for job in queue} | set(active) | {retry[1].label for retry in retries}
+                        job = next((job for job in queue if job.start_label not in waiting), None)
+                        if job is None:
+                            break
+                        queue.remove(job)
+                        before = results.get(job.start_label or "")
+                        reason = job.blocked_reason(before) if before is not None else None
+                        if reason is None:
+                            start(job, free.pop(0))
+                        else:
+                            results[job.label] = record_failure(job.run_dir, reason)
+                            progress.run_done(job.label, describe(results[job.label]))
                     # up to POLL_S (the progress lines), less once a worker answers or ends
                     ends = [end for process, receiver, _, _ in active.values() for end in (receiver, process.sentinel)]
                     if ends:
