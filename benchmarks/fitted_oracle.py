@@ -1,0 +1,318 @@
+"""The fitted oracle: the true model's feature form, fitted by logistic regression on the train set.
+
+An exploration for the baseline issue (not imported by the library). On the synthetic "learnable" preset a BF16
+model of gem-mxfp8's size ends 11% (CTR) and 23% (CTCVR) above the Bayes NE (reports/benchmarks/plateau_steps
+.h100.txt). Is the Bayes NE (the truth oracle, mxlab.data.oracles) reachable from the preset's train examples at
+all? This fits a correctly specified logistic regression, with exactly the features the true logits are built
+from (mxlab/data/synthetic.py), on the train set and scores it on the eval set:
+
+- CTR logit: one-hot ad item, one-hot ad topic, one-hot user segment, the 4 dense features, position (linear),
+  log(1 + m) with m = sum_j w(a_j) [topic_j == topic_ad]; fitted on every train example, label click;
+- CVR logit (conversion given click): one-hot segment, one-hot topic, the 4 dense features, log(1 + m),
+  log(1 + n) with n the purchases of the ad's topic in the history; fitted on the clicked train examples;
+- CTCVR = p_ctr * p_cvr.
+
+Two penalties (scikit-learn LogisticRegression, solver newton-cholesky, intercept unpenalized): "weak-l2"
+(C = 1e4 on every coefficient: close to maximum likelihood) and "prior-l2" (the MAP fit under the world's own
+priors: the one-hot columns scaled by the effect standard deviations of the generative process, item bias 0.3,
+topic 0.5, segment 0.4, with C = 1, so each group's coefficients get the Gaussian prior the world drew them from;
+the continuous coefficients get a N(0, 1) prior, negligible against the data). Neither looks at the eval set.
+
+Prints the eval CTR and CTCVR NE and AUC of the fitted oracles next to the truth and no_history oracles
+(mxlab.data.oracles.oracle_metrics, same eval set, same NE and AUC functions), each NE's gap to the Bayes NE
+((fitted - truth) / truth, as benchmarks/plateau_steps.py), the same on the first 100k eval examples (the
+held-out slice of experiments/learnable-plateau.toml), the recovered coefficients against the true ones, and
+the time to generate and to fit. With --json writes the same.
+
+    python3 benchmarks/fitted_oracle.py [--train-examples N ...] [--json fitted_oracle.json]
+
+Several --train-examples give one fit each and a closing table of the gaps by train size. On 2 CPU cores
+1M, 4M and 16M train examples take 587 s in all (16M: 71 s to generate, about 3 min per CTR fit, 7.5 GB peak).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+
+from mxlab.data import make_source
+from mxlab.data.oracles import _ne, oracle_metrics
+from mxlab.data.synthetic import (
+    ACTION_WEIGHTS,
+    DENSE_CTR_WEIGHTS,
+    DENSE_CVR_WEIGHTS,
+    ITEM_BIAS_STD,
+    POSITION_SLOPE,
+    SEGMENT_EFFECT_STD,
+    TOPIC_EFFECT_STD,
+    rank_auc,
+)
+
+MAX_HISTORY = 128  # experiments/learnable-plateau.toml
+PLATEAU_EVAL_SLICE = 100_000  # its [train] eval_slice
+SOLVER = "newton-cholesky"  # exact Newton steps on the 2100-column design: converges in tens of iterations
+MAX_ITERATIONS = 200  # per fit; a fit that reaches it has not converged
+PENALTIES = {
+    # name: (C, scale of the item / topic / segment one-hot columns)
+    "weak-l2": (1e4, (1.0, 1.0, 1.0)),
+    "prior-l2": (1.0, (ITEM_BIAS_STD, TOPIC_EFFECT_STD, SEGMENT_EFFECT_STD)),
+}
+
+
+def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
+    """Per example: ad item, topic, segment, position, dense, log(1 + m), log(1 + n), the labels and the truth."""
+    columns: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("item", "topic", "segment", "position", "dense", "lm", "ln", "click", "conv", "ctr", "cvr")
+    }
+    weights = np.asarray(ACTION_WEIGHTS)
+    for batch in batches:
+        sparse = batch.sparse.numpy()
+        lengths = batch.history_lengths().numpy()
+        example = np.repeat(np.arange(lengths.size), lengths)
+        items, actions = batch.history_items.numpy(), batch.history_actions.numpy()
+        matches = (items % n_topics) == sparse[example, 1]
+        m = np.bincount(example[matches], weights=weights[actions[matches]], minlength=lengths.size)
+        n = np.bincount(example[matches & (actions == 2)], minlength=lengths.size)
+        columns["item"].append(sparse[:, 0].astype(np.int32))
+        columns["topic"].append(sparse[:, 1].astype(np.int32))
+        columns["segment"].append(sparse[:, 2].astype(np.int32))
+        columns["position"].append(sparse[:, 3].astype(np.float32))
+        columns["dense"].append(batch.dense.numpy())
+        columns["lm"].append(np.log1p(m).astype(np.float32))
+        columns["ln"].append(np.log1p(n).astype(np.float32))
+        columns["click"].append(batch.click.numpy() > 0.5)
+        columns["conv"].append(batch.conversion.numpy() > 0.5)
+        columns["ctr"].append(batch.true_ctr.numpy())
+        columns["cvr"].append(batch.true_cvr.numpy())
+    return {key: np.concatenate(value) for key, value in columns.items()}
+
+
+def design(
+    f: dict[str, np.ndarray], rows: np.ndarray | None, onehots: list[tuple[str, int, float]], dense: list[np.ndarray]
+) -> sp.csr_matrix:
+    """CSR matrix of the given one-hot fields (name, cardinality, column value) then continuous columns."""
+    take = (lambda a: a) if rows is None else (lambda a: a[rows])
+    n = take(f["item"]).shape[0]
+    index_columns, value_columns, offset = [], [], 0
+    for name, cardinality, value in onehots:
+        index_columns.append(take(f[name]).astype(np.int32) + offset)
+        value_columns.append(np.full(n, value, dtype=np.float64))
+        offset += cardinality
+    for column in dense:
+        index_columns.append(np.full(n, offset, dtype=np.int32))
+        value_columns.append(take(column).astype(np.float64))
+        offset += 1
+    width = len(index_columns)
+    indices = np.stack(index_columns, axis=1).ravel()
+    data = np.stack(value_columns, axis=1).ravel()
+    indptr = np.arange(0, n * width + 1, width, dtype=np.int64)
+    return sp.csr_matrix((data, indices, indptr), shape=(n, offset))
+
+
+def ctr_design(
+    f: dict[str, np.ndarray], sizes: tuple[int, int, int], scales: tuple[float, float, float]
+) -> sp.csr_matrix:
+    n_items, n_topics, n_segments = sizes
+    onehots = [("item", n_items, scales[0]), ("topic", n_topics, scales[1]), ("segment", n_segments, scales[2])]
+    dense = [f["dense"][:, j] for j in range(4)] + [f["position"], f["lm"]]
+    return design(f, None, onehots, dense)
+
+
+def cvr_design(
+    f: dict[str, np.ndarray], rows: np.ndarray | None, sizes: tuple[int, int, int], scales: tuple[float, float, float]
+) -> sp.csr_matrix:
+    _, n_topics, n_segments = sizes
+    onehots = [("topic", n_topics, scales[1]), ("segment", n_segments, scales[2])]
+    dense = [f["dense"][:, j] for j in range(4)] + [f["lm"], f["ln"]]
+    return design(f, rows, onehots, dense)
+
+
+def fit(x: sp.csr_matrix, y: np.ndarray, c: float) -> tuple[LogisticRegression, float]:
+    start = time.perf_counter()
+    model = LogisticRegression(C=c, solver=SOLVER, max_iter=MAX_ITERATIONS, tol=1e-9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)  # reported as the iteration count reaching the cap
+        model.fit(x, y)
+    return model, time.perf_counter() - start
+
+
+def scores(click: np.ndarray, conv: np.ndarray, p_ctr: np.ndarray, p_cvr: np.ndarray) -> dict[str, float]:
+    """CTR and CTCVR AUC and NE, as mxlab.data.oracles.oracle_metrics scores them."""
+    click = click.astype(np.float64)
+    ctcvr = click * conv.astype(np.float64)
+    p_ctcvr = p_ctr * p_cvr
+    return {
+        "ctr.auc": rank_auc(click, p_ctr),
+        "ctr.ne": _ne(click, p_ctr),
+        "ctcvr.auc": rank_auc(ctcvr, p_ctcvr),
+        "ctcvr.ne": _ne(ctcvr, p_ctcvr),
+    }
+
+
+def run(preset: str, train_examples: int | None, penalties: list[str]) -> dict[str, Any]:
+    """Generate, fit and score at one train size; prints its tables and returns them."""
+    table: dict[str, Any] = {"source": "synthetic", "preset": preset}
+    if train_examples is not None:
+        table["train_examples"] = train_examples
+    source = make_source(table, MAX_HISTORY)
+    config, world = source.config, source.world
+    sizes = (config.n_items, config.n_topics, config.n_segments)
+    result: dict[str, Any] = {
+        "preset": preset,
+        "train_examples": source.n_train,
+        "eval_examples": source.n_eval,
+        "max_history": MAX_HISTORY,
+        "timings_s": {},
+    }
+
+    start = time.perf_counter()
+    train = features(source.train_batches(4096, 0, 0), config.n_topics)
+    result["timings_s"]["generate_train"] = time.perf_counter() - start
+    start = time.perf_counter()
+    evaluation = features(source.eval_batches(4096), config.n_topics)
+    oracles = oracle_metrics(source)
+    result["timings_s"]["generate_eval_and_oracles"] = time.perf_counter() - start
+    clicked = np.flatnonzero(train["click"])
+    result["train_clicks"] = int(clicked.size)
+    result["train_conversions"] = int(train["conv"].sum())
+    print(
+        f"preset {preset}: {source.n_train:,} train examples ({clicked.size:,} clicks, "
+        f"{result['train_conversions']:,} conversions), {source.n_eval:,} eval; max_history {MAX_HISTORY}; "
+        f"generated in {result['timings_s']['generate_train']:.0f} s (train), "
+        f"{result['timings_s']['generate_eval_and_oracles']:.0f} s (eval + oracles)"
+    )
+
+    rows: dict[str, dict[str, float]] = {name: oracles[name] for name in ("truth", "no_history")}
+    eval_clicked = evaluation["click"]
+    true_item_effect = world.item_bias + world.topic_ctr[np.arange(config.n_items) % config.n_topics]
+    result["fits"] = {}
+    slice_ = slice(0, PLATEAU_EVAL_SLICE)
+    for name in penalties:
+        c, scales = PENALTIES[name]
+        ctr_model, ctr_seconds = fit(ctr_design(train, sizes, scales), train["click"], c)
+        cvr_model, cvr_seconds = fit(cvr_design(train, clicked, sizes, scales), train["conv"][clicked], c)
+        p_ctr = ctr_model.predict_proba(ctr_design(evaluation, sizes, scales))[:, 1]
+        p_cvr = cvr_model.predict_proba(cvr_design(evaluation, None, sizes, scales))[:, 1]
+        rows[f"fitted {name}"] = scores(evaluation["click"], evaluation["conv"], p_ctr, p_cvr)
+        w_ctr, w_cvr = ctr_model.coef_[0], cvr_model.coef_[0]
+        k, n_items, n_segments = config.n_topics, config.n_items, config.n_segments
+        item_effect = w_ctr[:n_items] * scales[0] + w_ctr[n_items + np.arange(n_items) % k] * scales[1]
+        error = (item_effect - item_effect.mean()) - (true_item_effect - true_item_effect.mean())
+        tail_ctr, tail_cvr = w_ctr[n_items + k + n_segments :], w_cvr[k + n_segments :]
+        result["fits"][name] = {
+            "C": c,
+            "onehot_scales": scales,
+            "ctr_fit_s": ctr_seconds,
+            "cvr_fit_s": cvr_seconds,
+            "ctr_iterations": int(ctr_model.n_iter_[0]),
+            "cvr_iterations": int(cvr_model.n_iter_[0]),
+            "eval": rows[f"fitted {name}"],
+            "eval_first_100k": scores(
+                evaluation["click"][slice_], evaluation["conv"][slice_], p_ctr[slice_], p_cvr[slice_]
+            ),
+            "ctr_coefficients": {
+                "dense": tail_ctr[:4].tolist(),
+                "position": float(tail_ctr[4]),
+                "log1p_m": float(tail_ctr[5]),
+                "item_effect_rmse": float(np.sqrt(np.mean(error**2))),
+            },
+            "cvr_coefficients": {
+                "dense": tail_cvr[:4].tolist(),
+                "log1p_m": float(tail_cvr[4]),
+                "log1p_n": float(tail_cvr[5]),
+            },
+            "eval_mean_p_ctr": float(p_ctr.mean()),
+        }
+    truth_slice = scores(
+        evaluation["click"][slice_],
+        evaluation["conv"][slice_],
+        evaluation["ctr"][slice_].astype(np.float64),
+        evaluation["cvr"][slice_].astype(np.float64),
+    )
+    result["oracles"] = oracles
+    result["truth_first_100k"] = truth_slice
+    result["eval_clicks"] = int(eval_clicked.sum())
+
+    truth = rows["truth"]
+    print(f"eval set ({source.n_eval:,} examples, {result['eval_clicks']:,} clicks); gap = (NE - Bayes NE) / Bayes NE")
+    print(f"{'predictor':<20} {'CTR NE':>8} {'gap':>7} {'CTR AUC':>8} {'CTCVR NE':>9} {'gap':>7} {'CTCVR AUC':>10}")
+    for name, row in rows.items():
+        gaps = [(row[m] - truth[m]) / truth[m] for m in ("ctr.ne", "ctcvr.ne")]
+        print(
+            f"{name:<20} {row['ctr.ne']:8.4f} {gaps[0]:+7.1%} {row['ctr.auc']:8.4f} "
+            f"{row['ctcvr.ne']:9.4f} {gaps[1]:+7.1%} {row['ctcvr.auc']:10.4f}"
+        )
+    print(f"first {PLATEAU_EVAL_SLICE:,} eval examples (the plateau study's held-out slice):")
+    for name, row in [("truth", truth_slice)] + [
+        (f"fitted {n}", r["eval_first_100k"]) for n, r in result["fits"].items()
+    ]:
+        gaps = [(row[m] - truth_slice[m]) / truth_slice[m] for m in ("ctr.ne", "ctcvr.ne")]
+        print(
+            f"{name:<20} {row['ctr.ne']:8.4f} {gaps[0]:+7.1%} {row['ctr.auc']:8.4f} "
+            f"{row['ctcvr.ne']:9.4f} {gaps[1]:+7.1%} {row['ctcvr.auc']:10.4f}"
+        )
+    print(
+        f"true coefficients: CTR dense {list(DENSE_CTR_WEIGHTS)}, position {POSITION_SLOPE}, log1p(m) "
+        f"{config.history_weight}; CVR dense {list(DENSE_CVR_WEIGHTS)}, log1p(m) {0.5 * config.history_weight}, "
+        f"log1p(n) {config.history_weight}; item effect (bias + topic) std "
+        f"{np.std(true_item_effect - true_item_effect.mean()):.3f}"
+    )
+    for name, fitted in result["fits"].items():
+        ctr, cvr = fitted["ctr_coefficients"], fitted["cvr_coefficients"]
+        print(
+            f"{name} (C {fitted['C']:g}): CTR dense {np.round(ctr['dense'], 3).tolist()}, "
+            f"position {ctr['position']:.3f}, "
+            f"log1p(m) {ctr['log1p_m']:.3f}, item effect RMSE {ctr['item_effect_rmse']:.3f}; CVR dense "
+            f"{np.round(cvr['dense'], 3).tolist()}, log1p(m) {cvr['log1p_m']:.3f}, log1p(n) {cvr['log1p_n']:.3f}; "
+            f"fit {fitted['ctr_fit_s']:.0f} s CTR ({fitted['ctr_iterations']} {SOLVER} iterations of at most "
+            f"{MAX_ITERATIONS}), {fitted['cvr_fit_s']:.1f} s CVR ({fitted['cvr_iterations']})"
+        )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="learnable")
+    parser.add_argument(
+        "--train-examples",
+        type=int,
+        nargs="+",
+        default=[None],
+        help="override the preset's train_examples (several: one fit each)",
+    )
+    parser.add_argument("--penalties", default=",".join(PENALTIES), help=f"comma-separated, of {', '.join(PENALTIES)}")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    runs = []
+    for train_examples in args.train_examples:
+        runs.append(run(args.preset, train_examples, args.penalties.split(",")))
+        print()
+    if len(runs) > 1:
+        print("gap to the Bayes NE by train size (full eval set)")
+        print(
+            f"{'train examples':>15} {'clicks':>7} "
+            + " ".join(f"{n + ' CTR':>16} {n + ' CTCVR':>18}" for n in runs[0]["fits"])
+        )
+        for r in runs:
+            truth = r["oracles"]["truth"]
+            cells = []
+            for fitted in r["fits"].values():
+                for metric, width in (("ctr.ne", 16), ("ctcvr.ne", 18)):
+                    cells.append(f"{(fitted['eval'][metric] - truth[metric]) / truth[metric]:>+{width}.1%}")
+            print(f"{r['train_examples']:>15,} {r['train_clicks']:>7,} " + " ".join(cells))
+    if args.json:
+        args.json.write_text(json.dumps(runs if len(runs) > 1 else runs[0], indent=1))
+
+
+if __name__ == "__main__":
+    main()
