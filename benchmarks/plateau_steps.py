@@ -4,7 +4,8 @@ An exploration for the baseline issue (not imported by the library). The rule, f
 a run has plateaued at the first evaluation from which its held-out NE (CTR and CTCVR, each) never again
 improves on that evaluation's value by more than --tolerance (relative, default 0.05% of NE: the from-scratch
 study's goal margin) within the run. Prints per seed the plateau step, the best NE and its gap to the
-learnable world's Bayes NE (the truth oracle, mxlab.data.oracles), AUC against the no-history oracle, and the
+learnable world's Bayes NE (the truth oracle, mxlab.data.oracles, on the same held-out examples as the series:
+the first `[train] eval_slice` of the eval set), AUC against the no-history oracle, and the
 wall time per step from done.json; with --json writes the same.
 
     python3 benchmarks/plateau_steps.py reports/learnable-plateau --json reports/learnable-plateau/plateau.json
@@ -46,8 +47,16 @@ def main() -> None:
     with runs_for_report(args.study) as runs_root:  # records-only runs unpacked where needed
         study = load_study(args.study, runs_root)
         series = heldout_series(study).get(study.baseline, {})
-    oracles = oracle_metrics(make_source(dict(study.spec["data"]), max_history_of(study.spec["model"])))
-    result: dict[str, Any] = {"study": str(args.study), "tolerance": args.tolerance, "oracles": oracles, "seeds": {}}
+    held_out = int(study.spec.get("train", {}).get("eval_slice", 0) or 0)  # the series' examples: its oracles too
+    source = make_source(dict(study.spec["data"]), max_history_of(study.spec["model"]))
+    oracles = oracle_metrics(source, limit=held_out or None)
+    result: dict[str, Any] = {
+        "study": str(args.study),
+        "tolerance": args.tolerance,
+        "oracles_on_first_eval_examples": held_out or "all",
+        "oracles": oracles,
+        "seeds": {},
+    }
     for seed, points in sorted(series.items()):
         status = study.runs[(study.baseline, seed)]
         row: dict[str, Any] = {"evaluations": len(points), "last_step": points[-1][0], "step_ms": status.step_ms}

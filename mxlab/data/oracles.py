@@ -90,13 +90,18 @@ def _terms(source: Any) -> dict[str, np.ndarray]:
     return {key: np.concatenate(value).astype(np.float64) for key, value in columns.items()}
 
 
-def oracle_metrics(source: Any) -> dict[str, dict[str, float]]:
-    """{oracle: {"ctr.auc", "ctr.ne", "ctcvr.auc", "ctcvr.ne"}} on `source`'s eval set (module docstring).
+def oracle_metrics(source: Any, limit: int | None = None) -> dict[str, dict[str, float]]:
+    """{oracle: {"ctr.auc", "ctr.ne", "ctcvr.auc", "ctcvr.ne"}} on `source`'s eval set (module docstring), or on
+    its first `limit` examples (the held-out slice of `[train] eval_slice`; None or 0: all of them).
 
-    Refuses (ValueError) a source without known truth (only the synthetic source has it)."""
+    Refuses (ValueError) a source without known truth (only the synthetic source has it) and a negative limit."""
     if not getattr(source.info, "has_truth", False) or not hasattr(source, "world"):
         raise ValueError(f"oracle metrics need a source with known truth (synthetic), not {source.info.name!r}")
+    if limit is not None and limit < 0:
+        raise ValueError(f"oracle metrics: limit must be >= 0 (0 or None: the whole eval set); got {limit}")
     t = _terms(source)
+    if limit:
+        t = {key: value[:limit] for key, value in t.items()}
     click, clicked = t["click"], t["click"] > 0.5
     ctcvr_label = click * t["conv"]
     removed = {"truth": (0.0, 0.0), "no_history": (t["h_ctr"], t["h_cvr"]), "no_item_bias": (t["bias"], 0.0)}

@@ -48,3 +48,22 @@ def test_the_recalibration_fit_converges_at_rare_labels():
     labels = rng.random(4000) < 1 / (1 + np.exp(-(2.0 + 0.8 * x)))
     a, b = platt(labels, x)
     assert np.isfinite([a, b]).all() and abs(b - 0.8) < 0.4 and abs(a - 2.0) < 2.0
+
+
+def test_the_oracles_of_a_limit_score_the_first_eval_examples_as_the_training_loop_reads_them():
+    import numpy as np
+
+    from mxlab.data.oracles import _ne
+    from mxlab.data.synthetic import rank_auc
+
+    source = make_source(WORLD, 16)
+    batches = list(source.eval_batches(1000))
+    click = np.concatenate([b.click.numpy() for b in batches])[:5000]
+    true_ctr = np.concatenate([b.true_ctr.numpy() for b in batches]).astype(np.float64)[:5000]
+    sliced = oracle_metrics(source, limit=5000)
+    assert sliced["truth"]["ctr.ne"] == pytest.approx(_ne(click, true_ctr), rel=1e-6)
+    assert sliced["truth"]["ctr.auc"] == pytest.approx(rank_auc(click, true_ctr), rel=1e-9)
+    assert sliced["truth"]["ctr.ne"] != pytest.approx(oracle_metrics(source)["truth"]["ctr.ne"], rel=1e-4)
+    assert oracle_metrics(source, limit=0) == oracle_metrics(source)
+    with pytest.raises(ValueError, match="limit must be >= 0 .* got -1"):
+        oracle_metrics(source, limit=-1)
