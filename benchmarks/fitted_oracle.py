@@ -12,6 +12,11 @@ from (mxlab/data/synthetic.py), on the train set and scores it on the eval set:
   log(1 + n) with n the purchases of the ad's topic in the history; fitted on the clicked train examples;
 - CTCVR = p_ctr * p_cvr.
 
+With --history-form share the history columns are replaced by what attention that normalizes its weights over
+the history (softmax) sees of them: the ad topic's weighted share m / sum_j w(a_j) and the purchase share n / L, each
+in a basis (s, sqrt(s), s^2 for m's share; s, sqrt(s) for n's), and an empty-history flag, but not the length: the
+NE a length-blind history summary can reach.
+
 Two penalties (scikit-learn LogisticRegression, solver newton-cholesky, intercept unpenalized): "weak-l2"
 (C = 1e4 on every coefficient: close to maximum likelihood) and "prior-l2" (the MAP fit under the world's own
 priors: the one-hot columns scaled by the effect standard deviations of the generative process, item bias 0.3,
@@ -61,6 +66,13 @@ MAX_HISTORY = 128  # experiments/learnable-plateau.toml
 PLATEAU_EVAL_SLICE = 100_000  # its [train] eval_slice
 SOLVER = "newton-cholesky"  # exact Newton steps on the 2100-column design: converges in tens of iterations
 MAX_ITERATIONS = 200  # per fit; a fit that reaches it has not converged
+# The history columns of each fit: "count", the true form (log(1 + m), log(1 + n)); "share", what attention that
+# normalizes its weights over the history (softmax) sees of it: the weighted share of the ad's topic m / sum_j w(a_j)
+# and the purchase share n / L in a flexible basis, plus an empty-history flag, but not the history's length.
+HISTORY_FORMS = {
+    "count": (("lm",), ("lm", "ln")),
+    "share": (("ms", "ms_sqrt", "ms_sq", "empty"), ("ms", "ms_sqrt", "ms_sq", "ns", "ns_sqrt", "empty")),
+}
 PENALTIES = {
     # name: (C, scale of the item / topic / segment one-hot columns)
     "weak-l2": (1e4, (1.0, 1.0, 1.0)),
@@ -71,7 +83,9 @@ PENALTIES = {
 def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
     """Per example: ad item, topic, segment, position, dense, log(1 + m), log(1 + n), the labels and the truth."""
     columns: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("item", "topic", "segment", "position", "dense", "lm", "ln", "click", "conv", "ctr", "cvr")
+        k: []
+        for k in ("item", "topic", "segment", "position", "dense", "lm", "ln", "ms", "ns", "empty")
+        + ("click", "conv", "ctr", "cvr")
     }
     weights = np.asarray(ACTION_WEIGHTS)
     for batch in batches:
@@ -82,6 +96,10 @@ def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
         matches = (items % n_topics) == sparse[example, 1]
         m = np.bincount(example[matches], weights=weights[actions[matches]], minlength=lengths.size)
         n = np.bincount(example[matches & (actions == 2)], minlength=lengths.size)
+        total = np.bincount(example, weights=weights[actions], minlength=lengths.size)
+        columns["ms"].append((m / np.maximum(total, 1e-12)).astype(np.float32))
+        columns["ns"].append((n / np.maximum(lengths, 1)).astype(np.float32))
+        columns["empty"].append((lengths == 0).astype(np.float32))
         columns["item"].append(sparse[:, 0].astype(np.int32))
         columns["topic"].append(sparse[:, 1].astype(np.int32))
         columns["segment"].append(sparse[:, 2].astype(np.int32))
@@ -93,7 +111,10 @@ def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
         columns["conv"].append(batch.conversion.numpy() > 0.5)
         columns["ctr"].append(batch.true_ctr.numpy())
         columns["cvr"].append(batch.true_cvr.numpy())
-    return {key: np.concatenate(value) for key, value in columns.items()}
+    result = {key: np.concatenate(value) for key, value in columns.items()}
+    for share in ("ms", "ns"):
+        result[f"{share}_sqrt"], result[f"{share}_sq"] = np.sqrt(result[share]), result[share] ** 2
+    return result
 
 
 def design(
@@ -119,20 +140,24 @@ def design(
 
 
 def ctr_design(
-    f: dict[str, np.ndarray], sizes: tuple[int, int, int], scales: tuple[float, float, float]
+    f: dict[str, np.ndarray], sizes: tuple[int, int, int], scales: tuple[float, float, float], form: str = "count"
 ) -> sp.csr_matrix:
     n_items, n_topics, n_segments = sizes
     onehots = [("item", n_items, scales[0]), ("topic", n_topics, scales[1]), ("segment", n_segments, scales[2])]
-    dense = [f["dense"][:, j] for j in range(4)] + [f["position"], f["lm"]]
+    dense = [f["dense"][:, j] for j in range(4)] + [f["position"]] + [f[name] for name in HISTORY_FORMS[form][0]]
     return design(f, None, onehots, dense)
 
 
 def cvr_design(
-    f: dict[str, np.ndarray], rows: np.ndarray | None, sizes: tuple[int, int, int], scales: tuple[float, float, float]
+    f: dict[str, np.ndarray],
+    rows: np.ndarray | None,
+    sizes: tuple[int, int, int],
+    scales: tuple[float, float, float],
+    form: str = "count",
 ) -> sp.csr_matrix:
     _, n_topics, n_segments = sizes
     onehots = [("topic", n_topics, scales[1]), ("segment", n_segments, scales[2])]
-    dense = [f["dense"][:, j] for j in range(4)] + [f["lm"], f["ln"]]
+    dense = [f["dense"][:, j] for j in range(4)] + [f[name] for name in HISTORY_FORMS[form][1]]
     return design(f, rows, onehots, dense)
 
 
@@ -158,7 +183,7 @@ def scores(click: np.ndarray, conv: np.ndarray, p_ctr: np.ndarray, p_cvr: np.nda
     }
 
 
-def run(preset: str, train_examples: int | None, penalties: list[str]) -> dict[str, Any]:
+def run(preset: str, train_examples: int | None, penalties: list[str], form: str = "count") -> dict[str, Any]:
     """Generate, fit and score at one train size; prints its tables and returns them."""
     table: dict[str, Any] = {"source": "synthetic", "preset": preset}
     if train_examples is not None:
@@ -171,6 +196,7 @@ def run(preset: str, train_examples: int | None, penalties: list[str]) -> dict[s
         "train_examples": source.n_train,
         "eval_examples": source.n_eval,
         "max_history": MAX_HISTORY,
+        "history_form": form,
         "timings_s": {},
     }
 
@@ -198,10 +224,10 @@ def run(preset: str, train_examples: int | None, penalties: list[str]) -> dict[s
     slice_ = slice(0, PLATEAU_EVAL_SLICE)
     for name in penalties:
         c, scales = PENALTIES[name]
-        ctr_model, ctr_seconds = fit(ctr_design(train, sizes, scales), train["click"], c)
-        cvr_model, cvr_seconds = fit(cvr_design(train, clicked, sizes, scales), train["conv"][clicked], c)
-        p_ctr = ctr_model.predict_proba(ctr_design(evaluation, sizes, scales))[:, 1]
-        p_cvr = cvr_model.predict_proba(cvr_design(evaluation, None, sizes, scales))[:, 1]
+        ctr_model, ctr_seconds = fit(ctr_design(train, sizes, scales, form), train["click"], c)
+        cvr_model, cvr_seconds = fit(cvr_design(train, clicked, sizes, scales, form), train["conv"][clicked], c)
+        p_ctr = ctr_model.predict_proba(ctr_design(evaluation, sizes, scales, form))[:, 1]
+        p_cvr = cvr_model.predict_proba(cvr_design(evaluation, None, sizes, scales, form))[:, 1]
         rows[f"fitted {name}"] = scores(evaluation["click"], evaluation["conv"], p_ctr, p_cvr)
         w_ctr, w_cvr = ctr_model.coef_[0], cvr_model.coef_[0]
         k, n_items, n_segments = config.n_topics, config.n_items, config.n_segments
@@ -222,13 +248,12 @@ def run(preset: str, train_examples: int | None, penalties: list[str]) -> dict[s
             "ctr_coefficients": {
                 "dense": tail_ctr[:4].tolist(),
                 "position": float(tail_ctr[4]),
-                "log1p_m": float(tail_ctr[5]),
+                **dict(zip(HISTORY_FORMS[form][0], tail_ctr[5:].tolist())),
                 "item_effect_rmse": float(np.sqrt(np.mean(error**2))),
             },
             "cvr_coefficients": {
                 "dense": tail_cvr[:4].tolist(),
-                "log1p_m": float(tail_cvr[4]),
-                "log1p_n": float(tail_cvr[5]),
+                **dict(zip(HISTORY_FORMS[form][1], tail_cvr[4:].tolist())),
             },
             "eval_mean_p_ctr": float(p_ctr.mean()),
         }
@@ -268,11 +293,13 @@ def run(preset: str, train_examples: int | None, penalties: list[str]) -> dict[s
     )
     for name, fitted in result["fits"].items():
         ctr, cvr = fitted["ctr_coefficients"], fitted["cvr_coefficients"]
+        ctr_history = ", ".join(f"{column} {ctr[column]:.3f}" for column in HISTORY_FORMS[form][0])
+        cvr_history = ", ".join(f"{column} {cvr[column]:.3f}" for column in HISTORY_FORMS[form][1])
         print(
             f"{name} (C {fitted['C']:g}): CTR dense {np.round(ctr['dense'], 3).tolist()}, "
             f"position {ctr['position']:.3f}, "
-            f"log1p(m) {ctr['log1p_m']:.3f}, item effect RMSE {ctr['item_effect_rmse']:.3f}; CVR dense "
-            f"{np.round(cvr['dense'], 3).tolist()}, log1p(m) {cvr['log1p_m']:.3f}, log1p(n) {cvr['log1p_n']:.3f}; "
+            f"{ctr_history}, item effect RMSE {ctr['item_effect_rmse']:.3f}; CVR dense "
+            f"{np.round(cvr['dense'], 3).tolist()}, {cvr_history}; "
             f"fit {fitted['ctr_fit_s']:.0f} s CTR ({fitted['ctr_iterations']} {SOLVER} iterations of at most "
             f"{MAX_ITERATIONS}), {fitted['cvr_fit_s']:.1f} s CVR ({fitted['cvr_iterations']})"
         )
@@ -290,12 +317,19 @@ def main() -> None:
         help="override the preset's train_examples (several: one fit each)",
     )
     parser.add_argument("--penalties", default=",".join(PENALTIES), help=f"comma-separated, of {', '.join(PENALTIES)}")
+    parser.add_argument(
+        "--history-form",
+        choices=sorted(HISTORY_FORMS),
+        default="count",
+        help="count: the true history terms log(1 + m), log(1 + n); share: only what softmax attention over the "
+        "history sees of them (the ad topic's weighted share, the purchase share, an empty-history flag)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
     runs = []
     for train_examples in args.train_examples:
-        runs.append(run(args.preset, train_examples, args.penalties.split(",")))
+        runs.append(run(args.preset, train_examples, args.penalties.split(","), args.history_form))
         print()
     if len(runs) > 1:
         print("gap to the Bayes NE by train size (full eval set)")

@@ -149,6 +149,9 @@ SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
     # a rate decay from about step 4000 is the next measurement. The data are not what limits it: a logistic
     # regression of the true feature form fitted on the 4M train examples comes within 0.3-0.5% (CTR) and
     # 0.9-1.0% (CTCVR) of the Bayes NE (benchmarks/fitted_oracle.py, reports/benchmarks/fitted_oracle.cpu.txt).
+    # Fitted on only what softmax attention over the history sees of the history terms (the ad topic's share, no
+    # length), the same regression stays 7.0% (CTR) and 13.4% (CTCVR) above it (fitted_oracle_share.cpu.txt): the
+    # model's softmax history summary is a likely first cause; `[model] activation = "silu"` is the next measurement.
     "learnable": {
         "base_ctr": 0.01,
         "base_cvr": 0.05,
