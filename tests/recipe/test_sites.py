@@ -232,3 +232,35 @@ def test_inductor_code_run_under_the_sites_mode_keeps_eager_bits():
     torch._dynamo.reset()
     with torch.no_grad():
         assert torch.equal(torch.compile(model)(*inputs), model(*inputs))
+
+
+_SKIP_PROBE = """
+import sys
+import torch
+import torch._C._dynamo.eval_frame as frames
+
+skipped = []
+original = frames.set_code_exec_strategy
+frames.set_code_exec_strategy = lambda code, strategy: (skipped.append(code), original(code, strategy))[1]
+{first}
+import torch._dynamo  # noqa: F401
+{second}
+from mxlab.recipe.sites import GemmSites
+print(GemmSites.__torch_function__.__code__ in skipped, "torch._dynamo" in sys.modules)
+"""
+
+
+@pytest.mark.parametrize("dynamo_first", [False, True])
+def test_the_sites_mode_frame_is_skipped_by_dynamo_whichever_is_imported_first(dynamo_first):
+    """The mode's own frame is never compiled on its own (a graph compiled for one op ran for another): its code is
+    marked to skip once Dynamo is imported, also when mxlab was imported before Dynamo (lazily, by an import hook)."""
+    import subprocess
+    import sys
+
+    first, second = ("", "import mxlab.recipe.sites") if dynamo_first else ("import mxlab.recipe.sites", "")
+    if not dynamo_first:
+        first += "\nassert 'torch._dynamo' not in sys.modules, 'importing mxlab.recipe imported Dynamo'"
+    probe = _SKIP_PROBE.format(first=first, second=second)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True", "True"]
