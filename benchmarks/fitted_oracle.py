@@ -59,6 +59,7 @@ from mxlab.data.synthetic import (
     POSITION_SLOPE,
     SEGMENT_EFFECT_STD,
     TOPIC_EFFECT_STD,
+    history_matches,
     rank_auc,
 )
 
@@ -91,12 +92,11 @@ def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
     for batch in batches:
         sparse = batch.sparse.numpy()
         lengths = batch.history_lengths().numpy()
-        example = np.repeat(np.arange(lengths.size), lengths)
         items, actions = batch.history_items.numpy(), batch.history_actions.numpy()
-        matches = (items % n_topics) == sparse[example, 1]
-        m = np.bincount(example[matches], weights=weights[actions[matches]], minlength=lengths.size)
-        n = np.bincount(example[matches & (actions == 2)], minlength=lengths.size)
-        total = np.bincount(example, weights=weights[actions], minlength=lengths.size)
+        m, n = history_matches(lengths, items % n_topics, actions, sparse[:, 1])
+        total = np.bincount(
+            np.repeat(np.arange(lengths.size), lengths), weights=weights[actions], minlength=lengths.size
+        )
         columns["ms"].append((m / np.maximum(total, 1e-12)).astype(np.float32))
         columns["ns"].append((n / np.maximum(lengths, 1)).astype(np.float32))
         columns["empty"].append((lengths == 0).astype(np.float32))

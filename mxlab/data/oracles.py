@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from mxlab.data.synthetic import ACTION_WEIGHTS, expit, rank_auc
+from mxlab.data.synthetic import expit, history_matches, rank_auc
 
 ORACLES = ("truth", "no_history", "no_item_bias")
 ORACLE_METRICS = ("ctr.auc", "ctr.ne", "ctcvr.auc", "ctcvr.ne")
@@ -74,12 +74,8 @@ def _terms(source: Any) -> dict[str, np.ndarray]:
     columns: dict[str, list[np.ndarray]] = {k: [] for k in ("click", "conv", "ctr", "cvr", "h_ctr", "h_cvr", "bias")}
     for chunk, ctr_history in source._eval_chunks(with_history_term=True):
         ad_items, ad_topics = chunk.sparse[:, 0].numpy(), chunk.sparse[:, 1].numpy()
-        lengths = chunk.history_lengths().numpy()
-        example = np.repeat(np.arange(lengths.size), lengths)
         items, actions = chunk.history_items.numpy(), chunk.history_actions.numpy()
-        matches = (items % world.n_topics) == ad_topics[example]
-        m = np.bincount(example[matches], weights=np.asarray(ACTION_WEIGHTS)[actions[matches]], minlength=lengths.size)
-        n = np.bincount(example[matches & (actions == 2)], minlength=lengths.size)
+        m, n = history_matches(chunk.history_lengths().numpy(), items % world.n_topics, actions, ad_topics)
         columns["click"].append(chunk.click.numpy())
         columns["conv"].append(chunk.conversion.numpy())
         columns["ctr"].append(_logit(chunk.true_ctr.numpy()))

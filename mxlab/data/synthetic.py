@@ -82,6 +82,21 @@ FIELD_NAMES = ("ad_id", "ad_topic", "user_segment", "position")
 _TRAIN, _EVAL, _CALIBRATION, _ORDER = 1, 2, 3, 4
 
 
+def history_matches(
+    lengths: np.ndarray, history_topics: np.ndarray, history_actions: np.ndarray, ad_topics: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(m, n) per example (module docstring): m = sum_j w(a_j) [topic_j == topic_ad] over its history, n = the
+    purchases of the ad's topic in it; `lengths` per example, the history columns flat in example order."""
+    count = lengths.size
+    example = np.repeat(np.arange(count), lengths)
+    matches = history_topics == ad_topics[example]
+    weighted = np.bincount(
+        example[matches], weights=np.asarray(ACTION_WEIGHTS)[history_actions[matches]], minlength=count
+    )
+    purchases = np.bincount(example[matches & (history_actions == 2)], minlength=count)
+    return weighted, purchases
+
+
 @dataclass(frozen=True)
 class SyntheticConfig:
     """Knobs of the synthetic source (the [data] table with source = "synthetic")."""
@@ -324,12 +339,7 @@ class SyntheticSource(DataSource):
         positions = rng.integers(0, N_POSITIONS, n)
         dense = rng.standard_normal((n, N_DENSE))
 
-        example_of_token = np.repeat(np.arange(n), lengths)
-        matches = history_topics == ad_topics[example_of_token]
-        weighted_matches = np.bincount(
-            example_of_token[matches], weights=np.asarray(ACTION_WEIGHTS)[history_actions[matches]], minlength=n
-        )
-        purchase_matches = np.bincount(example_of_token[matches & (history_actions == 2)], minlength=n)
+        weighted_matches, purchase_matches = history_matches(lengths, history_topics, history_actions, ad_topics)
         segments = world.segment[users]
         history_term = config.history_weight * np.log1p(weighted_matches)
         ctr_score = (

@@ -446,7 +446,11 @@ def run_study(
         # an executor that starts each run once the run it starts from is done takes the training arms along with
         # the warm-ups (no core idles while the last warm-ups finish); the gate decides on every warm-up first
         along = not spec.gate.enabled and getattr(runner, "follows_starts", False)
-        early = [job for job in jobs[len(warmups) :] if along and not job.post_training and job.label not in recorded]
+        early = (
+            [job for job in jobs[len(warmups) :] if not job.post_training and job.label not in recorded]
+            if along
+            else []
+        )
         results: dict[str, RunResult] = dict(recorded)
         run_phase(to_warm + early, results, runner, show_progress=show_progress)
         write_missing_records(out_dir)
