@@ -151,22 +151,13 @@ SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
     # sees about ten times the examples), 4M training examples (about 40000 clicks), 400k eval
     # impressions (about 4000 clicks). Its oracles (mxlab.data.oracles; docs/data.md) bound what a model
     # reaches: Bayes NE 0.788 (CTR) and 0.690 (CTCVR), no-history oracle CTR AUC 0.745.
-    # Measured (experiments/learnable-plateau.toml: gem-mxfp8's model size, BF16 from scratch, batch 1024,
-    # the training defaults (AdamW, row-wise Adagrad tables, clipping) at a constant 1e-3 after a warm-up over
-    # 10% of the 9216 steps (2.4 epochs), held-out NE every 256 steps on 100k impressions; 2 seeds under MPS on
-    # one H100: 40 ms/step, 383 s per run; reports/learnable-plateau, reports/benchmarks/plateau_steps.h100.txt):
-    # both seeds learn the history by step 1800 (CTR AUC 0.80 against the no-history oracle's 0.745); from
-    # about step 3800 the held-out CTR NE moves between 0.875 and 0.911 from one evaluation to the next
-    # (CTCVR 0.85-0.95), its median over 8 evaluations still falling slowly (CTR 0.893 at step 4096 to 0.878-0.879
-    # at 9216, CTCVR 0.89 to 0.86); the best CTR NE, 0.875 on both seeds, is 11.9% above the Bayes NE of the same
-    # 100k held-out impressions, and CTCVR's best 22-22.5% above it. So at this size and a constant rate the
-    # model does NOT come within 5% of the Bayes NE in 9216 steps (3 min of H100 time per run at 2 runs per GPU);
-    # a rate decay from about step 4000 is the next measurement. The data are not what limits it: a logistic
-    # regression of the true feature form fitted on the 4M train examples comes within 0.3-0.5% (CTR) and
-    # 0.9-1.0% (CTCVR) of the Bayes NE (benchmarks/fitted_oracle.py, reports/benchmarks/fitted_oracle.cpu.txt).
-    # Fitted on only what softmax attention over the history sees of the history terms (the ad topic's share, no
-    # length), the same regression stays 7.0% (CTR) and 13.4% (CTCVR) above it (fitted_oracle_share.cpu.txt): the
-    # model's softmax history summary is a likely first cause; `[model] activation = "silu"` is the next measurement.
+    # Measured (experiments/learnable-plateau.toml, gem-mxfp8's model size, BF16 from scratch at a constant 1e-3
+    # after the defaults' warm-up, 2 seeds under MPS on one H100: 40 ms/step, 383 s per run; reports/README.md,
+    # "learnable-plateau"): both seeds learn the history by step 1800, but the best held-out NE stays 11.9% (CTR)
+    # and 22-22.5% (CTCVR) above the Bayes NE of the same 100k impressions in 9216 steps: NOT within 5%. Not the
+    # data's limit: the true feature form fitted on the 4M train examples comes within 1% of it; fitted on only
+    # the share softmax attention sees, 7% / 13% above (benchmarks/fitted_oracle.py). Next measurements: a rate
+    # decay (experiments/learnable-decay.toml) and SiLU attention (experiments/learnable-silu.toml).
     "learnable": {
         "base_ctr": 0.01,
         "base_cvr": 0.05,
