@@ -53,6 +53,7 @@ MARGIN_SETTING: dict[str, str] = {
     "ece": "ece_regression",
 }
 MIN_PAIRED_SEEDS = 3
+PLATEAU_KEYS: tuple[str, ...] = ("plateau_window", "plateau_tolerance")
 CONTROL_ROLES: tuple[str, ...] = ("null", "positive")
 
 
@@ -77,6 +78,11 @@ class ReportSettings:
     show nothing; "positive": a known cost the study must detect); both outside every family.
     ``confidence``: 1 - alpha; ``correction`` (holm by default) within each family.
     ``power``: the power at which the smallest margin and smallest regression are stated.
+    ``plateau_window`` (steps; 0 = no rule) and ``plateau_tolerance`` (relative): the plateau rule of the
+    baseline's phase before the rate decay (the fork warm-ups in the fork design): a seed passes when its
+    held-out NE over the last ``plateau_window`` steps of that phase beats its best earlier value by at most
+    ``plateau_tolerance`` of it (mxlab.report.convergence). With no rule the two are not recorded, so the
+    digest of a study registered before they existed is unchanged.
     """
 
     primary: tuple[str, ...] = DEFAULT_PRIMARY
@@ -93,6 +99,8 @@ class ReportSettings:
     confidence: float = 0.95
     correction: str = "holm"
     power: float = 0.8
+    plateau_window: float = 0
+    plateau_tolerance: float = 0.0005
 
     @property
     def endpoints(self) -> tuple[str, ...]:
@@ -186,15 +194,28 @@ class ReportSettings:
             raise ValueError(f"report setting confidence={settings.confidence!r}; accepted: a number in [0.5, 1)")
         if not 0.5 <= settings.power < 1:
             raise ValueError(f"report setting power={settings.power!r}; accepted: a number in [0.5, 1)")
+        if settings.plateau_window < 0 or settings.plateau_window != int(settings.plateau_window):
+            raise ValueError(
+                f"report setting plateau_window={settings.plateau_window!r}; accepted: a whole number of steps >= 0 "
+                "(0: no plateau rule)"
+            )
+        if not 0 <= settings.plateau_tolerance < 1:
+            raise ValueError(
+                f"report setting plateau_tolerance={settings.plateau_tolerance!r}; accepted: a number in [0, 1) "
+                "(a share of the NE)"
+            )
         return settings
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able data (what study.json records), read back by :meth:`from_dict`."""
+        """Plain JSON-able data (what study.json records), read back by :meth:`from_dict`; without the plateau
+        rule's keys when there is no rule."""
+        unset = PLATEAU_KEYS if not self.plateau_window else ()
         return {
             f.name: (
                 list(v) if isinstance(v := getattr(self, f.name), tuple) else dict(v) if isinstance(v, dict) else v
             )
             for f in fields(self)
+            if f.name not in unset
         }
 
     def digest(self) -> str:

@@ -339,6 +339,11 @@ def spec_from_dict(
         report.check_arms(arms, baseline)
     except ValueError as error:
         raise ValueError(f"[report]: {error}") from None
+    if report.plateau_window and not train.eval_every:
+        raise ValueError(
+            f"[report] plateau_window = {report.plateau_window:g} needs held-out records to judge: set "
+            "[train] eval_every (a multiple of log_every), or plateau_window = 0 for no plateau rule"
+        )
     execution = _build_table(ExecutionConfig, raw.get("execution", {}), "execution")
     gate = gate_from_table(
         raw.get("gate", {}),

@@ -22,7 +22,7 @@ from mxlab.experiment.records import runs_for_report
 from mxlab.experiment.report_settings import ReportSettings, metric_names
 from mxlab.report import figures
 from mxlab.report.alerts import QUESTIONS, Alert
-from mxlab.report.convergence import WARMUP_ARM, convergence_warning, design_text, heldout_series
+from mxlab.report.convergence import WARMUP_ARM, convergence_warning, design_text, heldout_series, plateau_alert
 from mxlab.report.decision import constant_rate_note, controls_section, decision_section, opening, ship_table, warnings
 from mxlab.report.diagnostics import diagnostics
 from mxlab.report.document import (
@@ -363,9 +363,13 @@ def _write_report(directory: Path, analysis: StudyAnalysis) -> dict[str, Path]:
     n = analysis.inputs.n_examples
     heldout = heldout_series(study) if study.has_runs else {}
     unsettled = convergence_warning(heldout, study.baseline)
+    rules = analysis.settings
+    plateau = plateau_alert(heldout, study.spec, study.baseline, int(rules.plateau_window), rules.plateau_tolerance)
     note = constant_rate_note(analysis, not_converged=unsettled is not None)
     mixed = [Alert(QUESTIONS, text) for text in mixed_arm_warnings(study.runs_root, study.arms, study.seeds)]
-    alerts = mixed + [Alert(QUESTIONS, w) for w in [unsettled] if w] + warnings(analysis) + [w for w in [note] if w]
+    alerts = (
+        mixed + [Alert(QUESTIONS, w) for w in [unsettled] if w] + warnings(analysis) + [w for w in [note, plateau] if w]
+    )
     blocks: list[Block] = [Heading(f"Precision study: {study.name}", 1), *opening(analysis, alerts)]
     blocks.append(
         Paragraph(

@@ -1,4 +1,5 @@
-"""The study design line and the convergence gate of a report, from the held-out records of metrics.jsonl.
+"""The study design line, the convergence gate and the plateau rule of a report, from the held-out records of
+metrics.jsonl.
 
 With `[train] eval_every`, a run's metrics records every `eval_every` steps hold `heldout`: NE and
 AUC of CTR and CTCVR (of each head of independent tasks) on a fixed slice of the eval set. The gate reads
@@ -7,6 +8,11 @@ last; NE falls as a model learns). The baseline has **not plateaued** when the m
 PLATEAU_FRACTION of the between-seed standard deviation of the last value (with one seed, or no
 spread, RELATIVE_FALLBACK of the last value): training on would still move the baseline by more
 than the seeds differ, so the deltas are measured on models still changing.
+
+The plateau rule (`[report] plateau_window`, `plateau_tolerance`, declared before the runs) is judged seed by
+seed on the phase before the rate decay: the baseline's steps up to `max_steps - lr_decay_steps` from scratch,
+the warm-up runs in the fork design. A seed passes when the best held-out NE (each of GATE_METRICS) of that
+phase's last `plateau_window` steps is at most `plateau_tolerance` (relative) below the best value before them.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mxlab.report.alerts import NOTE, WEAKENS, Alert
 from mxlab.report.runs import read_training_log
 
 PLATEAU_FRACTION = 0.5
@@ -74,6 +81,60 @@ def convergence_warning(series: Series, baseline: str) -> str | None:
         f"**The baseline {baseline} has not converged**: "
         + "; ".join(findings)
         + ". The deltas are measured on models still learning; train longer (or fork later) before shipping on them."
+    )
+
+
+def plateau_phase(spec: Mapping[str, Any], baseline: str) -> tuple[str, int | None, str]:
+    """(the arm whose runs the plateau rule reads, the last step of their phase before the decay or None for the
+    whole run, the phase in words) of a study's recorded spec."""
+    train = spec.get("train") or {}
+    if (spec.get("design") or {}).get("kind") == "fork" or train.get("fork_from"):
+        return WARMUP_ARM, None, "the fork warm-ups"
+    decay, steps = int(train.get("lr_decay_steps") or 0), int(train.get("max_steps") or 0)
+    if decay and steps > decay:
+        return baseline, steps - decay, f"{baseline} before its rate decay (steps 1-{steps - decay})"
+    return baseline, None, baseline
+
+
+def plateau_gain(points: list[tuple[int, dict[str, Any]]], metric: str, end: int | None, window: int) -> Any:
+    """(relative improvement, first step, last step) of held-out `metric` over the last `window` steps up to
+    `end` (module docstring), or None when the series has no evaluation `window` steps before its last."""
+    values = [
+        (step, float(h[metric])) for step, h in points if h.get(metric) is not None and (end is None or step <= end)
+    ]
+    if not values:
+        return None
+    last = values[-1][0]
+    before = [v for step, v in values if step <= last - window]
+    recent = [v for step, v in values if step > last - window]
+    if not before or not recent or min(before) <= 0:
+        return None
+    return (min(before) - min(recent)) / min(before), last - window, last
+
+
+def plateau_alert(series: Series, spec: Mapping[str, Any], baseline: str, window: int, tolerance: float) -> Any:
+    """The plateau rule's line (module docstring): a warning naming each seed that failed it or could not be
+    judged, or a note that every seed passed; None without a rule (window 0) or without held-out records."""
+    arm, end, phase = plateau_phase(spec, baseline)
+    seeds = series.get(arm, {})
+    if not window or not seeds:
+        return None
+    failed, unjudged = [], []
+    for seed, points in sorted(seeds.items()):
+        for metric in GATE_METRICS:
+            found = plateau_gain(points, metric, end, window)
+            if found is None:
+                unjudged.append(f"seed {seed} ({metric}: no evaluation {window} steps before its last)")
+            elif found[0] > tolerance:
+                failed.append(f"seed {seed} {metric} improved {found[0]:.3%} over steps {found[1]}-{found[2]}")
+    rule = f"held-out NE improving by at most {tolerance:.3%} over the last {window} steps of {phase}"
+    if not failed and not unjudged:
+        return Alert(NOTE, f"**Every seed passed the plateau rule** declared before the runs ({rule}).")
+    named = "; ".join(failed + unjudged)
+    return Alert(
+        WEAKENS,
+        f"**Not every seed passed the plateau rule** declared before the runs ({rule}): {named}. "
+        "The deltas of those seeds are measured on models that were still learning when the rate decayed.",
     )
 
 
