@@ -127,14 +127,14 @@ def plateau_alert(series: Series, spec: Mapping[str, Any], baseline: str, window
                 unjudged.append(f"seed {seed} ({metric}: no evaluation {window} steps before its last)")
             elif found[0] > tolerance:
                 failed.append(f"seed {seed} {metric} improved {found[0]:.3%} over steps {found[1]}-{found[2]}")
-    rule = f"held-out NE improving by at most {tolerance:.3%} over the last {window} steps of {phase}"
+    rule = f"no new best held-out NE by more than {tolerance:.3%} in the last {window} steps of {phase}"
     if not failed and not unjudged:
-        return Alert(NOTE, f"**Every seed passed the plateau rule** declared before the runs ({rule}).")
-    named = "; ".join(failed + unjudged)
+        return Alert(NOTE, f"**Every seed passed the plateau rule** ({rule}).")
+    when = "when the rate began to decay" if end is not None or arm == WARMUP_ARM else "at their last evaluation"
     return Alert(
         WEAKENS,
-        f"**Not every seed passed the plateau rule** declared before the runs ({rule}): {named}. "
-        "The deltas of those seeds are measured on models that were still learning when the rate decayed.",
+        f"**Not every seed passed the plateau rule** ({rule}): {'; '.join(failed + unjudged)}. "
+        f"The deltas of those seeds are measured on models that were still finding better held-out NE {when}.",
     )
 
 
