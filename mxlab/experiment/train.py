@@ -445,6 +445,7 @@ def train_run(
     of every batch and only rank 0 writes the run folder.
     `model_factory(model_config, info) -> nn.Module` and `loss(output, batch) -> {"loss": ..., ...}` default to
     the spec's [model] builder (mxlab.models.build) and the loss of its [tasks] (mxlab.models.loss_for).
+    With train.compile the steps call the model through `compiled_module` (torch.compile); the rest is as above.
     """
     run_dir = Path(job.run_dir)
     if run_is_done(run_dir):
@@ -480,6 +481,7 @@ __all__ = [
     "StepHook",
     "TrainingRun",
     "build_run_model",
+    "compiled_module",
     "estimated_total_steps",
     "run_is_done",
     "step_limits",
