@@ -108,6 +108,10 @@ class TrainConfig:
     clip_grad_norm: float = 1.0
     output_bias: str = "base-rates"
     spike_factor: float = 2.0
+    # Training through torch.compile: the training step calls the model through `torch.compile(model)`
+    # (torch's default settings, as `mxlab bench step --compile`; the loss, backward and optimizer stay
+    # eager, evaluation too), compiled from an empty cache at each run's start. Off: eager (the default).
+    compile: bool = False
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,9 @@ from mxlab.models import build, loss_components, loss_for
 
 ModelFactory = Callable[[dict[str, Any], Any], torch.nn.Module]  # (model_config, DataInfo) -> model
 LossFunction = Callable[[Any, Any], dict[str, torch.Tensor]]  # (model output, batch) -> {"loss": total, ...}
+# The torch.compile backend of a run with [train] compile: None is torch's default (Inductor). Internal: tests set
+# "aot_eager" (or a counting backend) to compare a compiled run's bits with an eager run's without Inductor.
+COMPILE_BACKEND: str | Callable[..., Any] | None = None
 
 
 def build_run_model(job: RunJob, info: Any, model_factory: ModelFactory | None = None) -> tuple[torch.nn.Module, Any]:
@@ -83,6 +86,18 @@ def build_run_model(job: RunJob, info: Any, model_factory: ModelFactory | None =
     set_output_biases(model, info, job.spec.train.output_bias)
     plan = apply_recipe(model, job.recipe, seed=job.seed)
     return model, plan
+
+
+def compiled_module(module: torch.nn.Module) -> torch.nn.Module:
+    """`torch.compile(module)` with torch's default settings (COMPILE_BACKEND's backend where set), from an empty
+    compile cache: each run compiles its own model, so the graphs of runs before it in the same process (the inline
+    executor, a reused worker) neither guard its calls nor count toward torch's recompile limit. The compiled
+    module shares `module`'s parameters and buffers; only its state_dict keys differ (an `_orig_mod.` prefix), so
+    a run saves and loads the plain model's state."""
+    import torch._dynamo  # here: only a compiled run pays its import
+
+    torch._dynamo.reset()
+    return torch.compile(module) if COMPILE_BACKEND is None else torch.compile(module, backend=COMPILE_BACKEND)
 
 
 class TrainingRun:
@@ -119,7 +134,13 @@ class TrainingRun:
             torch.cuda.reset_peak_memory_stats(device)
         self.model, self.plan = build_run_model(job, source.info, model_factory)
         self.model.to(device)
+        # the module the training step calls (DDP in a group, compiled with train.compile). Evaluation stays eager on
+        # self.model: eval mode, no gradients and its own batch sizes would be graphs of their own compiled for a
+        # pass made once per eval, and eager, eval.npz depends on the weights alone; checkpoints, resume and fork
+        # starts also use self.model (plain state_dict keys)
         self.trained = world.wrap(self.model)
+        if self.train.compile:
+            self.trained = compiled_module(self.trained)
         self.optimizer = make_optimizer(self.train, self.model)
         self.scaler = make_loss_scaler(job.recipe.loss_scaling, self.model)
         self.monitor = None
@@ -424,6 +445,7 @@ def train_run(
     of every batch and only rank 0 writes the run folder.
     `model_factory(model_config, info) -> nn.Module` and `loss(output, batch) -> {"loss": ..., ...}` default to
     the spec's [model] builder (mxlab.models.build) and the loss of its [tasks] (mxlab.models.loss_for).
+    With train.compile the steps call the model through `compiled_module` (torch.compile); the rest is as above.
     """
     run_dir = Path(job.run_dir)
     if run_is_done(run_dir):
@@ -459,6 +481,7 @@ __all__ = [
     "StepHook",
     "TrainingRun",
     "build_run_model",
+    "compiled_module",
     "estimated_total_steps",
     "run_is_done",
     "step_limits",
