@@ -18,10 +18,12 @@
 #                   with SPEC at that spec's own sizes -> bench_step_compile_NAME.CARD.txt/.json (NAME: the spec file's name)
 #   baseline        benchmarks/baseline_check.py: 16 + 16 gem-mxfp8 BF16 warm-ups, new and old training recipe -> baseline_check.CARD.txt/.json
 #   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study's small files: metrics, configs, no .npz or .pt)
-#   resume=SPEC     mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
+#   resume=SPEC[@SEEDS]  mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
 #                   reports/NAME when that holds earlier visits' records: a study longer than one visit goes on
-#                   where the last left off -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz;
-#                   interrupted runs' checkpoints kept while the archive stays under 15 MiB, else split into
+#                   where the last left off; @SEEDS (e.g. @0,1) runs only those seeds (--set seeds=[0,1]), so a visit
+#                   takes whole seeds -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz;
+#                   interrupted runs' checkpoints only while the archive stays under 15 MiB: one of gem-mxfp8's model
+#                   size is about 27 MB, so plan visits in which runs finish; a larger archive is split into
 #                   NAME.tar.gz.part-*: `cat NAME.tar.gz* | tar -xz -C reports` and commit; NAME: the spec file's name)
 #   study=SPEC      mxlab bench study SPEC --steps 50 --mps (default experiments/gem-mxfp8.toml) -> bench_study.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
@@ -77,10 +79,11 @@ for job in "$@"; do
              tar -czf "$out/plateau.tar.gz" --exclude='*.pt' --exclude='*.npz' -C "$HOME" plateau; (exit $status) ;;
     study) run_to "$out/bench_study.$card.txt" python3 -m mxlab.cli bench study "${arg:-experiments/gem-mxfp8.toml}" \
              --steps 50 --mps --json "$out/bench_study.$card.json" ;;
-    resume) name=$(basename "${arg%.toml}"); folder=$HOME/studies/$name
+    resume) seeds=; case $arg in *@*) seeds=${arg#*@}; arg=${arg%@*} ;; esac
+             name=$(basename "${arg%.toml}"); folder=$HOME/studies/$name
              if [ ! -d "$folder" ] && [ -d "reports/$name/records" ]; then mkdir -p "$HOME/studies"; cp -r "reports/$name" "$folder"; fi
              run_to "$out/resume_$name.$card.txt" python3 -m mxlab.cli run "$arg" --device cuda --mps --resume --no-keep-runs \
-               --out "$folder"; status=$?
+               --out "$folder" ${seeds:+--set "seeds=[$seeds]"}; status=$?
              tar -czf "$out/$name.tar.gz" --exclude=eval.npz -C "$HOME/studies" "$name"
              if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 15728640 ]; then
                tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude=checkpoint.pt -C "$HOME/studies" "$name"
