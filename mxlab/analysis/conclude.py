@@ -138,11 +138,6 @@ def _assay(role: str, verdicts: list[Verdict]) -> str:
     return "its known cost is not detected: the study is not sensitive enough to see even the positive control"
 
 
-def _is_fork(study: StudyData) -> bool:
-    design = study.spec.get("design") or {}
-    return design.get("kind") == "fork" or bool((study.spec.get("train") or {}).get("fork_from"))
-
-
 def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) -> StudyAnalysis:
     """The analysis of a study (module docstring). Refuses a primary truth metric (excess_ne) on a study
     without truth, and a candidate or control that is not an arm."""
@@ -200,7 +195,7 @@ def conclude(study: StudyData, inputs: StudyInputs, settings: ReportSettings) ->
     order = {m: i for i, m in enumerate(endpoints + [m for m in names if m not in endpoints])}
     comparisons.sort(key=lambda c: (study.arms.index(c.arm), order[c.metric]))
     aa = []
-    if not _is_fork(study):  # a fork's disjoint pairs start from different warm-ups: no A/A; the placebo is its null
+    if not study.is_fork:  # a fork's disjoint pairs start from different warm-ups: no A/A; the placebo is its null
         aa_h = [
             Hypothesis("A/A", m, estimate(d), settings.margin(m), worse_when(m))
             for m, d in inputs.aa.items()

@@ -79,6 +79,16 @@ class StudyData:
     def finished_seeds(self, arm: str) -> list[int]:
         return [s for s in self.seeds if self.runs[(arm, s)].status == "finished"]
 
+    @property
+    def is_fork(self) -> bool:
+        """Whether the study ran the fork design (`fork_design` of its spec)."""
+        return fork_design(self.spec)
+
+
+def fork_design(spec: dict[str, Any]) -> bool:
+    """Whether a study's recorded spec is of the fork design (its `design` says so, or `[train] fork_from` is set)."""
+    return (spec.get("design") or {}).get("kind") == "fork" or bool((spec.get("train") or {}).get("fork_from"))
+
 
 def recorded_tasks(spec: dict[str, Any]) -> tuple[str, ...]:
     """The tasks of the study recorded in study.json: its declared independent heads ([tasks], mxlab.tasks), else

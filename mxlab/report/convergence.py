@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from mxlab.analysis.study import fork_design
 from mxlab.report.alerts import NOTE, WEAKENS, Alert
 from mxlab.report.runs import read_training_log
 
@@ -88,7 +89,7 @@ def plateau_phase(spec: Mapping[str, Any], baseline: str) -> tuple[str, int | No
     """(the arm whose runs the plateau rule reads, the last step of their phase before the decay or None for the
     whole run, the phase in words) of a study's recorded spec."""
     train = spec.get("train") or {}
-    if (spec.get("design") or {}).get("kind") == "fork" or train.get("fork_from"):
+    if fork_design(spec):
         return WARMUP_ARM, None, "the fork warm-ups"
     decay, steps = int(train.get("lr_decay_steps") or 0), int(train.get("max_steps") or 0)
     if decay and steps > decay:
@@ -130,7 +131,13 @@ def plateau_alert(series: Series, spec: Mapping[str, Any], baseline: str, window
     rule = f"no new best held-out NE by more than {tolerance:.3%} in the last {window} steps of {phase}"
     if not failed and not unjudged:
         return Alert(NOTE, f"**Every seed passed the plateau rule** ({rule}).")
-    when = "when the rate began to decay" if end is not None or arm == WARMUP_ARM else "at their last evaluation"
+    when = (
+        "when the arms started from them"
+        if arm == WARMUP_ARM
+        else "when the rate began to decay"
+        if end is not None
+        else "at their last evaluation"
+    )
     return Alert(
         WEAKENS,
         f"**Not every seed passed the plateau rule** ({rule}): {'; '.join(failed + unjudged)}. "

@@ -324,7 +324,7 @@ def controls_section(analysis: StudyAnalysis) -> Block:
                 ]
             )
         )
-    fork = (analysis.study.spec.get("design") or {}).get("kind") == "fork"
+    fork = analysis.study.is_fork
     if analysis.aa:
         rows = [
             [

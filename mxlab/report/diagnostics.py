@@ -110,14 +110,9 @@ def calibration_section(analysis: StudyAnalysis) -> list[Block]:
     return blocks
 
 
-def _is_fork(analysis: StudyAnalysis) -> bool:
-    spec = analysis.study.spec
-    return (spec.get("design") or {}).get("kind") == "fork" or bool((spec.get("train") or {}).get("fork_from"))
-
-
 def stability_section(analysis: StudyAnalysis) -> list[Block]:
     """The stability endpoint of a from-scratch study; [] for a fork design (every arm starts from a trained model)."""
-    if _is_fork(analysis):
+    if analysis.study.is_fork:
         return []
     settings = analysis.settings
     threshold, rows = stability(analysis.study, analysis.inputs.run_metrics, settings.confidence, settings.correction)

@@ -84,6 +84,7 @@ def test_the_plateau_rule_reads_the_fork_warmups_and_names_a_seed_it_cannot_judg
     series = {"_fork": _series({0: [0.9, 0.9, 0.9, 0.9], 1: [0.9]})["bf16"]}
     alert = plateau_alert(series, {"design": {"kind": "fork"}}, "bf16", window=20, tolerance=0.0005)
     assert alert.severity == WEAKENS and "the fork warm-ups" in alert.text
+    assert "when the arms started from them" in alert.text
     assert "seed 1 (ctr.ne: no evaluation 20 steps before its last)" in alert.text and "seed 0" not in alert.text
 
 
