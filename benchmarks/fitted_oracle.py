@@ -50,7 +50,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
 from mxlab.data import make_source
-from mxlab.data.oracles import _ne, oracle_metrics
+from mxlab.data.oracles import oracle_metrics
 from mxlab.data.synthetic import (
     ACTION_WEIGHTS,
     DENSE_CTR_WEIGHTS,
@@ -62,6 +62,7 @@ from mxlab.data.synthetic import (
     history_matches,
     rank_auc,
 )
+from mxlab.metrics import normalized_entropy
 
 MAX_HISTORY = 128  # experiments/learnable-plateau.toml
 PLATEAU_EVAL_SLICE = 100_000  # its [train] eval_slice
@@ -177,9 +178,9 @@ def scores(click: np.ndarray, conv: np.ndarray, p_ctr: np.ndarray, p_cvr: np.nda
     p_ctcvr = p_ctr * p_cvr
     return {
         "ctr.auc": rank_auc(click, p_ctr),
-        "ctr.ne": _ne(click, p_ctr),
+        "ctr.ne": normalized_entropy(click, p_ctr),
         "ctcvr.auc": rank_auc(ctcvr, p_ctcvr),
-        "ctcvr.ne": _ne(ctcvr, p_ctcvr),
+        "ctcvr.ne": normalized_entropy(ctcvr, p_ctcvr),
     }
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from mxlab.data.synthetic import expit, history_matches, rank_auc
+from mxlab.metrics import normalized_entropy
 
 ORACLES = ("truth", "no_history", "no_item_bias")
 ORACLE_METRICS = ("ctr.auc", "ctr.ne", "ctcvr.auc", "ctcvr.ne")
@@ -58,14 +59,6 @@ def platt(labels: np.ndarray, logits: np.ndarray, iterations: int = 50) -> tuple
         if np.abs(step).max() < 1e-10:
             break
     return float(w[0]), float(w[1])
-
-
-def _ne(labels: np.ndarray, p: np.ndarray) -> float:
-    from mxlab.data.synthetic import log_loss
-
-    rate = float(labels.mean())
-    entropy = log_loss(labels, np.full(labels.shape, rate))
-    return log_loss(labels, p) / entropy if entropy > 0 else float("nan")
 
 
 def _terms(source: Any) -> dict[str, np.ndarray]:
@@ -114,8 +107,8 @@ def oracle_metrics(source: Any, limit: int | None = None) -> dict[str, dict[str,
         p_ctcvr = p_ctr * p_cvr
         result[name] = {
             "ctr.auc": rank_auc(click, p_ctr),
-            "ctr.ne": _ne(click, p_ctr),
+            "ctr.ne": normalized_entropy(click, p_ctr),
             "ctcvr.auc": rank_auc(ctcvr_label, p_ctcvr),
-            "ctcvr.ne": _ne(ctcvr_label, p_ctcvr),
+            "ctcvr.ne": normalized_entropy(ctcvr_label, p_ctcvr),
         }
     return result

@@ -53,15 +53,15 @@ def test_the_recalibration_fit_converges_at_rare_labels():
 def test_the_oracles_of_a_limit_score_the_first_eval_examples_as_the_training_loop_reads_them():
     import numpy as np
 
-    from mxlab.data.oracles import _ne
     from mxlab.data.synthetic import rank_auc
+    from mxlab.metrics import normalized_entropy
 
     source = make_source(WORLD, 16)
     batches = list(source.eval_batches(1000))
     click = np.concatenate([b.click.numpy() for b in batches])[:5000]
     true_ctr = np.concatenate([b.true_ctr.numpy() for b in batches]).astype(np.float64)[:5000]
     sliced = oracle_metrics(source, limit=5000)
-    assert sliced["truth"]["ctr.ne"] == pytest.approx(_ne(click, true_ctr), rel=1e-6)
+    assert sliced["truth"]["ctr.ne"] == pytest.approx(normalized_entropy(click, true_ctr), rel=1e-6)
     assert sliced["truth"]["ctr.auc"] == pytest.approx(rank_auc(click, true_ctr), rel=1e-9)
     assert sliced["truth"]["ctr.ne"] != pytest.approx(oracle_metrics(source)["truth"]["ctr.ne"], rel=1e-4)
     assert oracle_metrics(source, limit=0) == oracle_metrics(source)
