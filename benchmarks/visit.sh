@@ -22,8 +22,8 @@
 #                   reports/NAME when that holds earlier visits' records: a study longer than one visit goes on
 #                   where the last left off; @SEEDS (e.g. @0,1) runs only those seeds (--set seeds=[0,1]), so a visit
 #                   takes whole seeds -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz;
-#                   interrupted runs' checkpoints only while the archive stays under 15 MiB: one of gem-mxfp8's model
-#                   size is about 27 MB, so plan visits in which runs finish; a larger archive is split into
+#                   interrupted runs' checkpoints only while the archive stays under 45 MiB: one of gem-mxfp8's model
+#                   size is about 27 MB, so plan visits in which all but one run finish; a larger archive is split into
 #                   NAME.tar.gz.part-*: `cat NAME.tar.gz* | tar -xz -C reports` and commit; NAME: the spec file's name)
 #   study=SPEC      mxlab bench study SPEC --steps 50 --mps (default experiments/gem-mxfp8.toml) -> bench_study.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
@@ -85,7 +85,7 @@ for job in "$@"; do
              run_to "$out/resume_$name.$card.txt" python3 -m mxlab.cli run "$arg" --device cuda --mps --resume --no-keep-runs \
                --out "$folder" ${seeds:+--set "seeds=[$seeds]"}; status=$?
              tar -czf "$out/$name.tar.gz" --exclude=eval.npz -C "$HOME/studies" "$name"
-             if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 15728640 ]; then
+             if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 47185920 ]; then  # three 15 MiB parts at most
                tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude=checkpoint.pt -C "$HOME/studies" "$name"
              fi
              if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 15728640 ]; then  # a file comes back only under 16 MiB
