@@ -77,8 +77,9 @@ def detectable_effects(
     seeds the endpoint's margin needs."""
     out = []
     for metric in settings.endpoints:
-        found = [d for (a, m), d in deltas.items() if m == metric and a in pool and len(d.per_seed) >= 2]
-        margin, k = settings.margin(metric), max((len(d.per_seed) for d in found), default=0)
+        paired = [d for (a, m), d in deltas.items() if m == metric and a in pool]
+        found = [d for d in paired if len(d.per_seed) >= 2]
+        margin, k = settings.margin(metric), max((len(d.per_seed) for d in paired), default=0)
         if not found:
             out.append(Detectable(metric, k, math.nan, margin, None))
             continue

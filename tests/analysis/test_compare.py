@@ -67,6 +67,12 @@ def test_two_seeds_give_inconclusive_and_say_how_many_are_needed(tmp_path):
     assert all(d.n_seeds == 2 for d in result.detectable)
 
 
+def test_one_seed_is_counted_as_one_paired_seed_not_zero(tmp_path):
+    directory = make_fake_study(tmp_path / "one", seeds=(0,), n_examples=4000, n_users=400)
+    result = analysis.analyze_study(directory)
+    assert result.detectable and all(d.n_seeds == 1 for d in result.detectable)
+
+
 def test_bad_settings_name_the_value_and_the_accepted_set():
     with pytest.raises(ValueError, match=r"unknown metric 'ctr.nee'; accepted: ctr.ne, ctr.excess_ne"):
         ReportSettings.from_dict({"primary": ["ctr.nee"]})
