@@ -15,7 +15,12 @@ from (mxlab/data/synthetic.py), on the train set and scores it on the eval set:
 With --history-form share the history columns are replaced by what attention that normalizes its weights over
 the history (softmax) sees of them: the ad topic's weighted share m / sum_j w(a_j) and the purchase share n / L, each
 in a basis (s, sqrt(s), s^2 for m's share; s, sqrt(s) for n's), and an empty-history flag, but not the length: the
-NE a length-blind history summary can reach.
+NE a length-blind history summary can reach. With --history-form mean they are what SiLU attention sees
+(mxlab.nn.attention: silu(S) / n_keys, the mean over the history, not the sum): m / L and n / L in the same basis and
+the empty-history flag, again without the length. With either, a row "length-blind Bayes" is added: not a fit but
+the Bayes predictor that knows every true term except the history's length (`blind_bayes`), the floor of any model
+whose history summary is a share or a mean. (The source draws each history already capped at max_history and
+the true logits count over that capped history, so the cap hides nothing from a model that reads all of it.)
 
 Two penalties (scikit-learn LogisticRegression, solver newton-cholesky, intercept unpenalized): "weak-l2"
 (C = 1e4 on every coefficient: close to maximum likelihood) and "prior-l2" (the MAP fit under the world's own
@@ -59,6 +64,7 @@ from mxlab.data.synthetic import (
     POSITION_SLOPE,
     SEGMENT_EFFECT_STD,
     TOPIC_EFFECT_STD,
+    expit,
     history_matches,
     rank_auc,
 )
@@ -74,7 +80,15 @@ MAX_ITERATIONS = 200  # per fit; a fit that reaches it has not converged
 HISTORY_FORMS = {
     "count": (("lm",), ("lm", "ln")),
     "share": (("ms", "ms_sqrt", "ms_sq", "empty"), ("ms", "ms_sqrt", "ms_sq", "ns", "ns_sqrt", "empty")),
+    # what SiLU attention sees (silu(S) / n_keys): the mean over the history, m / L and n / L, not the length
+    "mean": (("mm", "mm_sqrt", "mm_sq", "empty"), ("mm", "mm_sqrt", "mm_sq", "ns", "ns_sqrt", "empty")),
 }
+# The length-blind Bayes predictor (history forms share and mean): quantile bins of the ad topic's share (or mean)
+# over the non-empty histories, times bins of the purchase share (zero, then quantiles of the positive ones), one more
+# bin for the empty history; in each bin the true history terms of up to BLIND_SAMPLE train examples stand for their
+# conditional distribution given what a length-blind summary sees.
+BLIND_BINS = (48, 8)
+BLIND_SAMPLE = 1024
 PENALTIES = {
     # name: (C, scale of the item / topic / segment one-hot columns)
     "weak-l2": (1e4, (1.0, 1.0, 1.0)),
@@ -86,7 +100,7 @@ def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
     """Per example: ad item, topic, segment, position, dense, log(1 + m), log(1 + n), the labels and the truth."""
     columns: dict[str, list[np.ndarray]] = {
         k: []
-        for k in ("item", "topic", "segment", "position", "dense", "lm", "ln", "ms", "ns", "empty")
+        for k in ("item", "topic", "segment", "position", "dense", "lm", "ln", "ms", "mm", "ns", "empty")
         + ("click", "conv", "ctr", "cvr")
     }
     weights = np.asarray(ACTION_WEIGHTS)
@@ -99,6 +113,7 @@ def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
             np.repeat(np.arange(lengths.size), lengths), weights=weights[actions], minlength=lengths.size
         )
         columns["ms"].append((m / np.maximum(total, 1e-12)).astype(np.float32))
+        columns["mm"].append((m / np.maximum(lengths, 1)).astype(np.float32))
         columns["ns"].append((n / np.maximum(lengths, 1)).astype(np.float32))
         columns["empty"].append((lengths == 0).astype(np.float32))
         columns["item"].append(sparse[:, 0].astype(np.int32))
@@ -113,7 +128,7 @@ def features(batches: Any, n_topics: int) -> dict[str, np.ndarray]:
         columns["ctr"].append(batch.true_ctr.numpy())
         columns["cvr"].append(batch.true_cvr.numpy())
     result = {key: np.concatenate(value) for key, value in columns.items()}
-    for share in ("ms", "ns"):
+    for share in ("ms", "mm", "ns"):
         result[f"{share}_sqrt"], result[f"{share}_sq"] = np.sqrt(result[share]), result[share] ** 2
     return result
 
@@ -160,6 +175,56 @@ def cvr_design(
     onehots = [("topic", n_topics, scales[1]), ("segment", n_segments, scales[2])]
     dense = [f["dense"][:, j] for j in range(4)] + [f[name] for name in HISTORY_FORMS[form][1]]
     return design(f, rows, onehots, dense)
+
+
+def blind_bins(f: dict[str, np.ndarray], column: str, edges: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Bin per example: 0 for an empty history, else 1 + the share bin x BLIND_BINS[1] + the purchase share bin."""
+    share_bin = np.clip(np.searchsorted(edges[0], f[column], side="right") - 1, 0, BLIND_BINS[0] - 1)
+    purchase_bin = np.where(
+        f["ns"] > 0, 1 + np.clip(np.searchsorted(edges[1], f["ns"], side="right") - 1, 0, BLIND_BINS[1] - 2), 0
+    )
+    return np.where(f["empty"] > 0, 0, 1 + share_bin * BLIND_BINS[1] + purchase_bin)
+
+
+def blind_bayes(
+    train: dict[str, np.ndarray], evaluation: dict[str, np.ndarray], form: str, weight: float, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """(p_ctr, p_cvr) of the Bayes predictor that knows every true term except the history's length: the true
+    non-history logits of each eval example, and the expectation of the true probabilities over the history
+    terms (log(1 + m), log(1 + n)) of the train examples in the same length-blind bin (`blind_bins`: the ad
+    topic's share m / sum_j w(a_j) for form share, the mean m / L for form mean, and the purchase share n / L).
+    p_cvr is E[ctr cvr] / E[ctr], so that p_ctr * p_cvr is the expected CTCVR. An oracle, not a fit: it bounds
+    what any model whose history summary is length-blind reaches."""
+    column = {"share": "ms", "mean": "mm"}[form]
+    rng = np.random.default_rng(seed)
+    filled = train["empty"] == 0
+    positive = train["ns"][filled & (train["ns"] > 0)]
+    edges = (
+        np.quantile(train[column][filled], np.linspace(0.0, 1.0, BLIND_BINS[0] + 1)),
+        np.quantile(positive, np.linspace(0.0, 1.0, BLIND_BINS[1])),
+    )
+    train_bin, eval_bin = blind_bins(train, column, edges), blind_bins(evaluation, column, edges)
+    ctr, cvr = evaluation["ctr"].astype(np.float64), evaluation["cvr"].astype(np.float64)
+    lm, ln = evaluation["lm"].astype(np.float64), evaluation["ln"].astype(np.float64)
+    ctr_rest = np.log(ctr) - np.log1p(-ctr) - weight * lm
+    cvr_rest = np.log(cvr) - np.log1p(-cvr) - weight * (0.5 * lm + ln)
+    p_ctr, p_ctcvr = np.empty_like(ctr), np.empty_like(ctr)
+    order = np.argsort(train_bin, kind="stable")
+    starts = np.searchsorted(train_bin[order], np.arange(train_bin.max() + 2))
+    for b in np.unique(eval_bin):
+        members = order[starts[b] : starts[b + 1]] if b <= train_bin.max() else order[:0]
+        if members.size == 0:  # a bin no train example fell in: the nearest filled one's terms
+            members = order[starts[max(0, b - 1)] : starts[b]]
+        if members.size > BLIND_SAMPLE:
+            members = rng.choice(members, BLIND_SAMPLE, replace=False)
+        h_ctr = weight * train["lm"][members].astype(np.float64)
+        h_cvr = weight * (0.5 * train["lm"][members] + train["ln"][members]).astype(np.float64)
+        rows = np.flatnonzero(eval_bin == b)
+        for chunk in np.array_split(rows, max(1, rows.size // 4096)):
+            click = expit(ctr_rest[chunk, None] + h_ctr[None, :])
+            p_ctr[chunk] = click.mean(axis=1)
+            p_ctcvr[chunk] = (click * expit(cvr_rest[chunk, None] + h_cvr[None, :])).mean(axis=1)
+    return p_ctr, p_ctcvr / p_ctr
 
 
 def fit(x: sp.csr_matrix, y: np.ndarray, c: float) -> tuple[LogisticRegression, float]:
@@ -258,6 +323,17 @@ def run(preset: str, train_examples: int | None, penalties: list[str], form: str
             },
             "eval_mean_p_ctr": float(p_ctr.mean()),
         }
+    if form != "count":
+        start = time.perf_counter()
+        p_ctr, p_cvr = blind_bayes(train, evaluation, form, config.history_weight)
+        rows["length-blind Bayes"] = scores(evaluation["click"], evaluation["conv"], p_ctr, p_cvr)
+        result["length_blind_bayes"] = {
+            "eval": rows["length-blind Bayes"],
+            "eval_first_100k": scores(
+                evaluation["click"][slice_], evaluation["conv"][slice_], p_ctr[slice_], p_cvr[slice_]
+            ),
+            "seconds": time.perf_counter() - start,
+        }
     truth_slice = scores(
         evaluation["click"][slice_],
         evaluation["conv"][slice_],
@@ -278,9 +354,10 @@ def run(preset: str, train_examples: int | None, penalties: list[str], form: str
             f"{row['ctcvr.ne']:9.4f} {gaps[1]:+7.1%} {row['ctcvr.auc']:10.4f}"
         )
     print(f"first {PLATEAU_EVAL_SLICE:,} eval examples (the plateau study's held-out slice):")
-    for name, row in [("truth", truth_slice)] + [
-        (f"fitted {n}", r["eval_first_100k"]) for n, r in result["fits"].items()
-    ]:
+    slice_rows = [("truth", truth_slice)] + [(f"fitted {n}", r["eval_first_100k"]) for n, r in result["fits"].items()]
+    if "length_blind_bayes" in result:
+        slice_rows.append(("length-blind Bayes", result["length_blind_bayes"]["eval_first_100k"]))
+    for name, row in slice_rows:
         gaps = [(row[m] - truth_slice[m]) / truth_slice[m] for m in ("ctr.ne", "ctcvr.ne")]
         print(
             f"{name:<20} {row['ctr.ne']:8.4f} {gaps[0]:+7.1%} {row['ctr.auc']:8.4f} "
@@ -323,7 +400,8 @@ def main() -> None:
         choices=sorted(HISTORY_FORMS),
         default="count",
         help="count: the true history terms log(1 + m), log(1 + n); share: only what softmax attention over the "
-        "history sees of them (the ad topic's weighted share, the purchase share, an empty-history flag)",
+        "history sees of them (the ad topic's weighted share, the purchase share, an empty-history flag); mean: only "
+        "what SiLU attention (silu / n_keys) sees (m / L, n / L, an empty-history flag)",
     )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
