@@ -9,6 +9,9 @@ quit and finished runs are kept for --resume).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -87,6 +90,19 @@ def closing_line(name: str, result: Any) -> str:
     )
 
 
+def import_report_in_background() -> threading.Thread:
+    """Import mxlab.report (seconds: SciPy, Matplotlib) on a daemon thread, so the report that follows the last runs
+    finds it imported; a failure there is left to the report's own import. Returns the thread."""
+
+    def load() -> None:
+        with contextlib.suppress(Exception):
+            importlib.import_module("mxlab.report")
+
+    thread = threading.Thread(target=load, name="mxlab-report-import", daemon=True)
+    thread.start()
+    return thread
+
+
 def write_study_report(out_dir: Path) -> dict[str, Path]:
     """Build the report of a study whose runs are saved; returns its files. Refuses (RuntimeError) a failed build."""
     from mxlab.report import write_report
@@ -139,7 +155,14 @@ def run(
                 return 0
             typer.echo(f"rerunning {len(rerun)} diverged runs from scratch: {', '.join(rerun)}")
         result = run_study(
-            spec, out, device=device, resume=resume, overrides=overrides, options=options, rerun=rerun_diverged
+            spec,
+            out,
+            device=device,
+            resume=resume,
+            overrides=overrides,
+            options=options,
+            rerun=rerun_diverged,
+            when_all_started=import_report_in_background,
         )
         typer.echo(closing_line(spec.name, result))
         typer.echo(f"runs in {result.out_dir / 'runs'}")

@@ -377,6 +377,7 @@ def run_study(
     devices: Sequence[str] | None = None,
     options: ExecutionOptions = ExecutionOptions(),
     rerun: bool = False,
+    when_all_started: Callable[[], None] | None = None,
 ) -> StudyResult:
     """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
 
@@ -392,7 +393,8 @@ def run_study(
     Refuses an `out_dir` that is a file, an existing study folder with runs unless `resume`, and on
     `resume` a study whose data/model/train settings changed (naming the keys). `rerun` (set by
     mxlab.experiment.rerun, which checks the train settings and moves the diverged runs aside) lets the train
-    settings differ and keeps study.json as recorded.
+    settings differ and keeps study.json as recorded. `when_all_started` is called once every run has started
+    on an executor that tells (the local one), while the last runs train.
     A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
     """
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
@@ -432,6 +434,8 @@ def run_study(
                 check_rows()
             preflight([job for job in jobs if job.label not in done_before], source, devices[0])
         runner = make_executor(chosen, devices, spec.execution, source=source, on_step=on_step)
+        if when_all_started is not None and hasattr(runner, "when_all_started"):
+            runner.when_all_started = when_all_started
         out_dir.mkdir(parents=True, exist_ok=True)
         if not rerun and (len(done_before) < len(jobs) or not (out_dir / "study.json").exists()):  # else: the
             # study.json of the machine that trained the runs stays (a rerun adds its entry to it)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+import types
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from mxlab.recipe.backends import Converter, Target
@@ -45,17 +48,16 @@ def _lazy_linears(model: nn.Module) -> list[str]:
 
 def _sharded_modules(model: nn.Module) -> list[str]:
     """Names of the modules of `model` already sharded by FSDP (fully_shard, FullyShardedDataParallel) or holding
-    DTensor parameters."""
-    if not torch.distributed.is_available():
-        return []
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-    from torch.distributed.tensor import DTensor
-
+    DTensor parameters. A process that never imported torch.distributed.fsdp or torch.distributed.tensor holds
+    no such module or parameter: the check then imports neither (seconds of imports)."""
+    fsdp, tensor = sys.modules.get("torch.distributed.fsdp"), sys.modules.get("torch.distributed.tensor")
+    sharded = (fsdp.FSDPModule, fsdp.FullyShardedDataParallel) if fsdp is not None else ()
+    dtensor = tensor.DTensor if tensor is not None else ()
     return [
         name or "the model"
         for name, module in model.named_modules()
-        if isinstance(module, (FSDPModule, FullyShardedDataParallel))
-        or any(isinstance(parameter, DTensor) for parameter in module.parameters(recurse=False))
+        if isinstance(module, sharded)
+        or any(isinstance(parameter, dtensor) for parameter in module.parameters(recurse=False))
     ]
 
 
@@ -190,13 +192,38 @@ def _exact_inductor_casts(recipe: Recipe) -> bool:
     """Turn on `torch._inductor.config.emulate_precision_casts` when `recipe` quantizes anything; returns whether
     it did. With PyTorch's default (off), Inductor keeps a producer fused into a quantizer (a bfloat16 model's
     GELU) in float32 and skips the rounding eager mode applies, so the quantizer reads other values and a compiled
-    bfloat16 model leaves eager mode's bits (docs/applying.md, "torch.compile"). Process-wide, as the setting is."""
+    bfloat16 model leaves eager mode's bits (docs/applying.md, "torch.compile"). Process-wide, as the setting is;
+    in a process that has not imported Inductor's config, it is set as that config is first imported (nothing
+    compiles before that), so applying a recipe does not import Inductor and Dynamo (seconds)."""
     if recipe.attention is None and all(policy.high_precision for policy in recipe.policies.values()):
         return False
-    import torch._inductor.config as inductor_config
-
-    inductor_config.emulate_precision_casts = True
+    config = sys.modules.get(INDUCTOR_CONFIG)
+    if config is not None:
+        config.emulate_precision_casts = True
+    elif not any(isinstance(finder, _EmulateCastsOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _EmulateCastsOnImport())
     return True
+
+
+INDUCTOR_CONFIG = "torch._inductor.config"
+
+
+class _EmulateCastsOnImport(importlib.abc.MetaPathFinder):
+    """Sets Inductor's `emulate_precision_casts` right after its config module is first imported."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != INDUCTOR_CONFIG:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        execute = spec.loader.exec_module
+
+        def exec_module(module: types.ModuleType) -> None:
+            execute(module)
+            module.emulate_precision_casts = True
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def rounding_state(model: nn.Module) -> dict[str, int]:

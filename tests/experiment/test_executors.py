@@ -139,14 +139,19 @@ def _overlap(first: Path, second: Path) -> bool:
 
 def test_two_runs_per_device_train_at_once_and_give_the_same_bits(tmp_path):
     spec = load_spec(QUICKSTART, MICRO + ['arms=["bf16"]', "seeds=[0, 1]", "train.max_steps=48"])
+    done_when_all_started: list[list[str]] = []  # the runs with a done.json when the hook ran
     result = run_study(
         spec,
         tmp_path / "shared",
         device="cpu",
         show_progress=False,
         options=ExecutionOptions(executor="local", runs_per_device=2),
+        when_all_started=lambda: done_when_all_started.append(
+            sorted(path.parent.name for path in (tmp_path / "shared/runs").glob("*/*/done.json"))
+        ),
     )
     assert sorted(result.trained) == ["bf16/seed0", "bf16/seed1"] and not result.failed
+    assert done_when_all_started == [[]]  # once, as both runs had started and neither had finished
     runs = tmp_path / "shared/runs/bf16"
     assert _overlap(runs / "seed0", runs / "seed1")
     assert json.loads((tmp_path / "shared/study.json").read_text())["execution"]["runs_per_device"] == 2

@@ -338,3 +338,21 @@ def test_a_quantizing_recipe_turns_on_inductors_exact_casts_and_the_plan_says_so
         assert inductor_config.emulate_precision_casts
         assert "Inductor's emulate_precision_casts turned on" in plan.table()
         assert plan.to_dict()["inductor_emulate_precision_casts"] is True
+
+
+def test_applying_a_recipe_imports_neither_inductor_nor_fsdp_and_still_sets_exact_casts():
+    """apply_recipe in a process without Inductor or FSDP (the driver of `mxlab run`, whose preflight applies every
+    recipe) imports neither; Inductor's emulate_precision_casts is on once its config is imported."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, torch\nfrom torch import nn\nfrom mxlab.recipe import apply_recipe\n"
+        "apply_recipe(nn.Sequential(nn.Linear(64, 64)), 'mxfp8-rceil')\n"
+        "heavy = ('torch._dynamo', 'torch._inductor', 'torch.distributed.fsdp', 'torch.distributed.tensor')\n"
+        "print(sorted(name for name in heavy if name in sys.modules))\n"
+        "import torch._inductor.config as config\nprint(config.emulate_precision_casts)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["[]", "True"]

@@ -137,6 +137,8 @@ class LocalExecutor:
     A run whose starting run (`RunJob.start_label`) is among the jobs waits until that one is done, and is
     recorded failed without starting if it did not finish (`follows_starts`). `nproc_per_node` > 1 trains each
     run data-parallel over that many processes (mxlab.experiment.ddp) on the devices, one run at a time.
+    `when_all_started`, when set, is called once as soon as every run of a `run` call has started (the last runs
+    still train: a core is free to prepare what follows them).
     """
 
     def __init__(self, devices: Sequence[str], *, nproc_per_node: int = 1, runs_per_device: int = 1) -> None:
@@ -147,6 +149,7 @@ class LocalExecutor:
         if runs_per_device < 1:
             raise ValueError(f"--runs-per-device must be >= 1, got {runs_per_device}")
         self.devices, self.nproc_per_node, self.runs_per_device = list(devices), nproc_per_node, runs_per_device
+        self.when_all_started: Callable[[], None] | None = None
 
     @property
     def follows_starts(self) -> bool:
@@ -202,6 +205,9 @@ class LocalExecutor:
                         else:
                             results[job.label] = record_failure(job.run_dir, reason)
                             progress.run_done(job.label, describe(results[job.label]))
+                    if not queue and not retries and self.when_all_started is not None:
+                        hook, self.when_all_started = self.when_all_started, None
+                        hook()
                     # up to POLL_S (the progress lines), less once a worker answers or ends
                     ends = [end for process, receiver, _, _ in active.values() for end in (receiver, process.sentinel)]
                     if ends:
