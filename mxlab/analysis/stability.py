@@ -2,10 +2,12 @@
 against the baseline's by an exact test (docs/statistics.md, "Stability").
 
 - **diverged**: the run's done.json says ``diverged`` (training stopped on a non-finite loss);
-- **stuck**: a finished run whose final held-out CTR AUC (the eval set's) lies below the baseline's
-  finished runs' median minus STUCK_MADS times their median absolute deviation (floored at MAD_FLOOR,
-  so that identical baseline runs do not call every slightly worse run stuck). The criterion is relative
-  to the baseline's runs; it needs MIN_BASELINE_RUNS finished baseline runs, else only divergence counts.
+- **stuck**: a finished run whose final held-out CTR AUC (the eval set's) is at or below that of the
+  no-history oracle on the same eval set (mxlab.data.oracles, recorded in study.json where the source knows
+  the truth): the run never learned the user history. A study without that record uses a criterion
+  relative to the baseline's runs: below their median minus STUCK_MADS times their median absolute
+  deviation (floored at MAD_FLOOR, so that identical baseline runs do not call every slightly worse run
+  stuck); it needs MIN_BASELINE_RUNS finished baseline runs, else only divergence counts.
 
 Per arm, Fisher's exact test (one-sided: the arm fails more often than the baseline) of its failed and
 healthy runs against the baseline's, Holm over the arms at 1 - confidence. Post-training arms (``post:``)
@@ -59,15 +61,22 @@ def stuck_threshold(baseline_aucs: list[float]) -> float:
     return median - STUCK_MADS * max(mad, MAD_FLOOR)
 
 
+def oracle_threshold(study: StudyData) -> float:
+    """The no-history oracle's AUC of the study's first task on its eval set, from study.json; nan when not
+    recorded (a source without known truth, or a study from before the record)."""
+    value = ((study.spec.get("oracles") or {}).get("no_history") or {}).get(f"{study.tasks[0]}.auc")
+    return float(value) if value is not None else math.nan
+
+
 def stability(
     study: StudyData,
     run_metrics: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float]]]],
     confidence: float = 0.95,
     correction: str = "holm",
-) -> tuple[float, list[ArmStability]]:
-    """(the stuck threshold, per trained arm its ArmStability, the baseline first), on the AUC of the study's first
-    task (CTR under ESMM). ``run_metrics``: arm -> seed -> task -> metrics (StudyInputs.run_metrics). Refuses an
-    unknown correction."""
+) -> tuple[float, bool, list[ArmStability]]:
+    """(the stuck threshold, whether it is the no-history oracle's AUC (else relative to the baseline's runs), per
+    trained arm its ArmStability, the baseline first), on the AUC of the study's first task (CTR under ESMM).
+    ``run_metrics``: arm -> seed -> task -> metrics (StudyInputs.run_metrics). Refuses an unknown correction."""
 
     task = study.tasks[0]  # CTR, or the first declared task
 
@@ -75,12 +84,20 @@ def stability(
         return float(run_metrics.get(arm, {}).get(seed, {}).get(task, {}).get("auc", math.nan))
 
     base = study.baseline
-    threshold = stuck_threshold([auc(base, s) for s in study.seeds if study.runs[(base, s)].status == "finished"])
+    threshold = oracle_threshold(study)
+    by_oracle = math.isfinite(threshold)
+    if not by_oracle:
+        finished = [auc(base, s) for s in study.seeds if study.runs[(base, s)].status == "finished"]
+        threshold = stuck_threshold(finished)
     rows = []
     for arm in [base] + [a for a in study.arms if a != base and not a.startswith("post:")]:
         trained = [s for s in study.seeds if study.runs[(arm, s)].status in ("finished", "diverged")]
         diverged = [s for s in trained if study.runs[(arm, s)].status == "diverged"]
-        stuck = [s for s in trained if s not in diverged and auc(arm, s) < threshold]
+        stuck = [
+            s
+            for s in trained
+            if s not in diverged and (auc(arm, s) <= threshold if by_oracle else auc(arm, s) < threshold)
+        ]
         rows.append(ArmStability(arm, len(trained), diverged, stuck))
     baseline = rows[0]
     tested = []
@@ -94,4 +111,4 @@ def stability(
     for row in rows[1:]:
         p, r = judged.get(row.arm, (math.nan, False))
         out.append(ArmStability(row.arm, row.runs, row.diverged, row.stuck, p, r))
-    return threshold, out
+    return threshold, by_oracle, out

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from mxlab import io
+from mxlab.data.oracles import study_oracles
 from mxlab.experiment.execution import INLINE, ExecutionOptions
 from mxlab.experiment.executors import StudyProgress, make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
@@ -338,11 +339,16 @@ def changed_keys(old: Any, new: Any, prefix: str) -> list[tuple[str, Any, Any]]:
 
 
 def write_study_json(
-    spec: ExperimentSpec, out_dir: Path, devices: Sequence[str], command: str, execution: dict[str, Any] | None = None
+    spec: ExperimentSpec,
+    out_dir: Path,
+    devices: Sequence[str],
+    command: str,
+    execution: dict[str, Any] | None = None,
+    oracles: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, Any]:
-    """Write DIR/study.json (resolved spec, command, environment, `execution` as run, and the pre-registration
-    record: the report settings at the study's start with their SHA-256, kept from an earlier study.json of
-    the same folder); return what was written."""
+    """Write DIR/study.json (resolved spec, command, environment, `execution` as run, the eval set's `oracles` where
+    the source knows the truth, and the pre-registration record: the report settings at the study's start with
+    their SHA-256, kept from an earlier study.json of the same folder); return what was written."""
     path = Path(out_dir) / "study.json"
     earlier = io.read_json(path) if path.is_file() else {}
     record = earlier.get("preregistered") or {
@@ -354,6 +360,7 @@ def write_study_json(
         **spec.to_dict(),
         "recipe_files": spec_recipe_files(spec),
         **({"execution": execution} if execution is not None else {}),
+        **({"oracles": oracles} if oracles is not None else {}),
         "command": command,
         "environment": environment_info(devices),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -445,6 +452,7 @@ def run_study(
                 devices,
                 reproduce_command(spec, out_dir, device, overrides, options.flags()),
                 options.record(spec.execution, devices),
+                study_oracles(source) if source is not None else None,
             )
         to_warm = [job for job in warmups if job.label not in recorded]
         # an executor that starts each run once the run it starts from is done takes the training arms along with

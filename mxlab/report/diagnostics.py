@@ -115,11 +115,16 @@ def stability_section(analysis: StudyAnalysis) -> list[Block]:
     if analysis.study.is_fork:
         return []
     settings = analysis.settings
-    threshold, rows = stability(analysis.study, analysis.inputs.run_metrics, settings.confidence, settings.correction)
+    threshold, by_oracle, rows = stability(
+        analysis.study, analysis.inputs.run_metrics, settings.confidence, settings.correction
+    )
+    task = analysis.study.tasks[0].upper()
     criterion = (
-        f"stuck = finished with a final held-out {analysis.study.tasks[0].upper()} AUC below {threshold:.4f} "
-        "(the baseline runs' median minus "
-        f"{STUCK_MADS:g} x their median absolute deviation, at least {MAD_FLOOR:g})"
+        f"stuck = finished with a final held-out {task} AUC at or below {threshold:.4f}, the no-history oracle's "
+        "on the same eval set: the run never learned the user history"
+        if by_oracle
+        else f"stuck = finished with a final held-out {task} AUC below {threshold:.4f} (the baseline runs' median "
+        f"minus {STUCK_MADS:g} x their median absolute deviation, at least {MAD_FLOOR:g})"
         if math.isfinite(threshold)
         else "stuck runs not assessed: fewer than 3 finished baseline runs"
     )

@@ -75,6 +75,9 @@ def test_cli_run_report_and_compare(tmp_path):
     assert study["arms"] == ["bf16", "mxfp8-rceil-sr"] and study["data"]["train_examples"] == 384
     assert study["model"]["size"] == "tiny" and study["environment"]["torch"] == torch.__version__
     assert "--set seeds=[0]" in study["command"] or "--set 'seeds=[0]'" in study["command"]
+    oracles = study["oracles"]  # a synthetic source: the stability endpoint's no-history oracle is recorded
+    assert set(oracles) == {"truth", "no_history", "no_item_bias"}
+    assert 0.5 <= oracles["no_history"]["ctr.auc"] <= oracles["truth"]["ctr.auc"] <= 1
     plan = json.loads((out / "runs/mxfp8-rceil-sr/seed0/plan.json").read_text())
     assert "towers.ctr.out" in plan["quantized"]
     assert json.loads((out / "runs/bf16/seed0/plan.json").read_text())["quantized"] == []

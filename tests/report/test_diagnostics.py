@@ -68,14 +68,14 @@ def test_the_user_split_is_fixed_and_keeps_users_whole(eval_set):
     assert abs(fit.mean() - 0.5) < 0.05
 
 
-def _study(runs: dict[str, list[str]]) -> StudyData:
+def _study(runs: dict[str, list[str]], spec: dict | None = None) -> StudyData:
     seeds = list(range(len(next(iter(runs.values())))))
     statuses = {
         (arm, s): RunStatus(arm, s, status, Path("/nowhere"))
         for arm, states in runs.items()
         for s, status in enumerate(states)
     }
-    return StudyData(Path("/nowhere"), {}, "planted", next(iter(runs)), list(runs), seeds, statuses)
+    return StudyData(Path("/nowhere"), spec or {}, "planted", next(iter(runs)), list(runs), seeds, statuses)
 
 
 def test_planted_diverged_and_stuck_runs_are_found_and_tested_exactly():
@@ -92,7 +92,8 @@ def test_planted_diverged_and_stuck_runs_are_found_and_tested_exactly():
     auc["fine"][0]["ctr"]["auc"] = 0.745  # a little worse, not stuck
     base = [auc["bf16"][s]["ctr"]["auc"] for s in range(n)]
     mad = np.median(np.abs(np.array(base) - np.median(base)))
-    threshold, rows = stability(_study(runs), auc)
+    threshold, by_oracle, rows = stability(_study(runs), auc)
+    assert not by_oracle
     assert threshold == pytest.approx(np.median(base) - STUCK_MADS * max(mad, MAD_FLOOR))
     by_arm = {r.arm: r for r in rows}
     assert by_arm["unstable"].diverged == [0, 1, 2] and by_arm["unstable"].stuck == [3, 4, 5, 6]
@@ -102,6 +103,19 @@ def test_planted_diverged_and_stuck_runs_are_found_and_tested_exactly():
     assert by_arm["unstable"].p_value == pytest.approx(exact) and by_arm["unstable"].less_stable
     assert by_arm["fine"].p_value == pytest.approx(0.5) and not by_arm["fine"].less_stable
     assert math.isnan(stuck_threshold([0.7, 0.71]))  # two baseline runs: no stuck criterion
+
+
+def test_with_the_oracles_recorded_a_run_at_or_below_the_no_history_oracle_is_stuck():
+    runs = {"bf16": ["finished"] * 4, "mx": ["finished"] * 4}
+    auc = {arm: {s: {"ctr": {"auc": 0.80}} for s in range(4)} for arm in runs}
+    auc["bf16"][2]["ctr"]["auc"] = 0.74  # below the oracle: stuck, though the baseline's own
+    auc["mx"][1]["ctr"]["auc"] = 0.745  # exactly the oracle's AUC: stuck
+    auc["mx"][3]["ctr"]["auc"] = 0.7451  # just above it: learned the history
+    spec = {"oracles": {"no_history": {"ctr.auc": 0.745, "ctr.ne": 0.93}, "truth": {"ctr.auc": 0.87}}}
+    threshold, by_oracle, rows = stability(_study(runs, spec), auc)
+    by_arm = {r.arm: r for r in rows}
+    assert by_oracle and threshold == 0.745
+    assert by_arm["bf16"].stuck == [2] and by_arm["mx"].stuck == [1]
 
 
 @pytest.fixture(scope="module")
