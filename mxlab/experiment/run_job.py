@@ -136,16 +136,25 @@ def estimated_total_steps(train: TrainConfig, n_train: int) -> int:
     return min(total, train.max_steps) if train.max_steps else total
 
 
-def step_limits(job: RunJob, n_train: int) -> tuple[int, int]:
+def step_limits(job: RunJob, n_train: int, stopped: bool = True) -> tuple[int, int]:
     """(last step, epoch bound) of the run's loop (0 = no step cap): the spec's max_steps and epochs from
-    scratch; after a fork, the warm-up's steps plus the study's (its max_steps, else its epochs' worth),
-    on the data stream continued past the warm-up (no epoch bound); a post-training run takes no step."""
+    scratch, the step cap lowered to `stop_after` when set (unless not `stopped`); after a fork, the warm-up's
+    steps plus the study's (its max_steps, else its epochs' worth), on the data stream continued past the
+    warm-up (no epoch bound); a post-training run takes no step."""
     train = job.spec.train
     if job.post_training:
         return 0, 0
     if job.fork_dir is None:
+        if stopped and train.stop_after:
+            return min(train.stop_after, train.max_steps or train.stop_after), train.epochs
         return train.max_steps, train.epochs
     return train.fork_steps + estimated_total_steps(train, n_train), 2**62
+
+
+def schedule_steps(job: RunJob, n_train: int) -> int:
+    """The steps the learning-rate schedule spans: the run's step cap without `stop_after`, else its epochs'
+    worth."""
+    return step_limits(job, n_train, stopped=False)[0] or estimated_total_steps(job.spec.train, n_train)
 
 
 __all__ = [
@@ -160,5 +169,6 @@ __all__ = [
     "StepHook",
     "estimated_total_steps",
     "run_is_done",
+    "schedule_steps",
     "step_limits",
 ]

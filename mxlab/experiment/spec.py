@@ -101,6 +101,10 @@ class TrainConfig:
     # design each arm ends in its own decay: the eval then scores a settled model rather than a
     # snapshot of one still moving at full rate.
     lr_decay_steps: int = 0
+    # Stop each run after `stop_after` steps of its schedule (0 = run it to the end): the rate's warm-up and decay
+    # stay those of max_steps, so a short run is the first steps of the full one (a stability screen). From
+    # scratch only.
+    stop_after: int = 0
     # The shared training recipe (mxlab.experiment.training_recipe; docs/running.md, "The training recipe")
     embedding_optimizer: str = "rowwise-adagrad"
     embedding_lr: float = 0.01
@@ -214,6 +218,7 @@ def _check_ranges(config: Any, where: str) -> None:
             "eval_every",
             "eval_slice",
             "lr_decay_steps",
+            "stop_after",
         ):
             if getattr(config, key) < 0:
                 raise ValueError(f"{where}.{key} must be >= 0 (0 = off), got {getattr(config, key)}")
@@ -238,6 +243,11 @@ def _check_ranges(config: Any, where: str) -> None:
             raise ValueError(
                 f"{where}.lr_decay_steps ({config.lr_decay_steps}) must be <= {where}.max_steps "
                 f"({config.max_steps}): the decay is the last part of each run's own steps"
+            )
+        if config.stop_after and (config.fork_from or (config.max_steps and config.stop_after > config.max_steps)):
+            raise ValueError(
+                f"{where}.stop_after ({config.stop_after}) must be <= {where}.max_steps ({config.max_steps}) and "
+                f"needs a from-scratch study (fork_from {config.fork_from!r}): it stops a run early in its schedule"
             )
         if config.eval_every and config.eval_every % config.log_every:
             raise ValueError(

@@ -53,6 +53,7 @@ from mxlab.experiment.run_job import (
     StepHook,
     estimated_total_steps,
     run_is_done,
+    schedule_steps,
     step_limits,
 )
 from mxlab.experiment.step import PendingStep, ReadStep, autocast, read_pending, train_step
@@ -157,7 +158,7 @@ class TrainingRun:
         self.recovered: str | None = None
         self.fork_position: tuple[int, int] | None = None  # the fork warm-up's (epoch, batches taken in it)
         self.max_steps, self.epochs = step_limits(job, source.n_train)
-        self.total_steps = self.max_steps or estimated_total_steps(self.train, source.n_train)
+        self.total_steps = schedule_steps(job, source.n_train)
         self.pending: list[PendingStep] = []  # steps taken whose losses are still on the device
         self.last_read: ReadStep | None = None
         self.diverged_at: int | None = None
@@ -288,7 +289,7 @@ class TrainingRun:
         """Train until the step cap, the epoch bound or a divergence; `on_step(step)` after every step (after its
         checkpoint)."""
         train, device, optimizer, monitor = self.train, self.device, self.optimizer, self.monitor
-        self.progress.start(self.job.label, self.total_steps, self.step)
+        self.progress.start(self.job.label, self.max_steps or self.total_steps, self.step)
         self.started = time.perf_counter()
         self.model.train()
         while self.epoch < self.epochs and self.diverged_at is None and not self._at_cap():
