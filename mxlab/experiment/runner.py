@@ -452,7 +452,7 @@ def run_study(
                 devices,
                 reproduce_command(spec, out_dir, device, overrides, options.flags()),
                 options.record(spec.execution, devices),
-                study_oracles(source) if source is not None else None,
+                study_oracles(source) if source is not None and not spec.train.fork_from else None,  # for stability
             )
         to_warm = [job for job in warmups if job.label not in recorded]
         # an executor that starts each run once the run it starts from is done takes the training arms along with
