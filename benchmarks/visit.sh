@@ -20,10 +20,13 @@
 #   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study's small files: metrics, configs, no .npz or .pt)
 #   resume=SPEC[@SEEDS]  mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
 #                   reports/NAME when that holds earlier visits' records: a study longer than one visit goes on
-#                   where the last left off; @SEEDS (e.g. @0,1) runs only those seeds (--set seeds=[0,1]), so a visit
-#                   takes whole seeds -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz;
-#                   interrupted runs' checkpoints only while the archive stays under 45 MiB: one of gem-mxfp8's model
-#                   size is about 27 MB, so plan visits in which all but one run finish; a larger archive is split into
+#                   where the last left off; @SEEDS (e.g. @0,1) runs only those seeds (--set seeds=[0,1]; list the
+#                   earlier visits' seeds too: the report covers the seeds listed, and done ones are not trained
+#                   again) -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz: the records of
+#                   finished runs, written also when the time limit cuts the study, and the cut runs' checkpoints
+#                   only while the archive stays under 45 MiB: one of gem-mxfp8's model size is about 25 MB, so plan
+#                   visits in which all but one run finish, or call again on the warm machine, whose
+#                   $HOME/studies keeps them; a larger archive is split into
 #                   NAME.tar.gz.part-*: `cat NAME.tar.gz* | tar -xz -C reports` and commit; NAME: the spec file's name)
 #   study=SPEC      mxlab bench study SPEC --steps 50 --mps (default experiments/gem-mxfp8.toml) -> bench_study.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
@@ -84,9 +87,9 @@ for job in "$@"; do
              if [ ! -d "$folder" ] && [ -d "reports/$name/records" ]; then mkdir -p "$HOME/studies"; cp -r "reports/$name" "$folder"; fi
              run_to "$out/resume_$name.$card.txt" python3 -m mxlab.cli run "$arg" --device cuda --mps --resume --no-keep-runs \
                --out "$folder" ${seeds:+--set "seeds=[$seeds]"}; status=$?
-             tar -czf "$out/$name.tar.gz" --exclude=eval.npz -C "$HOME/studies" "$name"
+             tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude=checkpoint.prev.pt -C "$HOME/studies" "$name"
              if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 47185920 ]; then  # three 15 MiB parts at most
-               tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude=checkpoint.pt -C "$HOME/studies" "$name"
+               tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude='checkpoint*.pt' -C "$HOME/studies" "$name"
              fi
              if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 15728640 ]; then  # a file comes back only under 16 MiB
                split -b 15m "$out/$name.tar.gz" "$out/$name.tar.gz.part-" && rm "$out/$name.tar.gz"

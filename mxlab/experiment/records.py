@@ -271,6 +271,20 @@ def recorded_results(jobs: Sequence[Any], out_dir: Path) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def records_on_exit(out_dir: Path, keep_runs: bool) -> Iterator[None]:
+    """When the block ends, also by an interruption or a crash: write the record of every done run of a started
+    study (DIR/study.json exists), then, unless `keep_runs`, drop the run folders that have one (a run cut off
+    keeps its folder and checkpoint for --resume)."""
+    try:
+        yield
+    finally:
+        if (Path(out_dir) / "study.json").is_file():
+            write_missing_records(out_dir)
+            if not keep_runs:
+                drop_run_folders(out_dir)
+
+
 def drop_run_folders(out_dir: Path) -> list[Path]:
     """Remove every run folder of DIR/runs that has a record (checkpoints included; `--no-keep-runs`), then
     runs/ itself when empty; return the folders removed."""

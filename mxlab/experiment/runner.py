@@ -44,7 +44,7 @@ from mxlab.experiment.integrity import (
     unfinished_reruns,
 )
 from mxlab.experiment.provenance import environment_info
-from mxlab.experiment.records import drop_run_folders, recorded_results, study_records, write_missing_records
+from mxlab.experiment.records import recorded_results, records_on_exit, study_records, write_missing_records
 from mxlab.experiment.spec import ExperimentSpec, TrainConfig, post_training_recipe
 from mxlab.experiment.train import RunJob, RunResult, run_is_done
 from mxlab.experiment.worker import make_data_source, read_result, record_failure
@@ -432,7 +432,7 @@ def run_study(
     recorded = recorded_results(jobs, out_dir) if resume else {}
     done_before = {job.label for job in jobs if run_is_done(job.run_dir) or job.label in recorded}
     # MPS before this process touches CUDA (preflight), so it and every worker are clients of the daemon
-    with mps_daemon(chosen.mps and len(done_before) < len(jobs)):
+    with mps_daemon(chosen.mps and len(done_before) < len(jobs)), records_on_exit(out_dir, chosen.keep_runs):
         source = None
         if len(done_before) < len(jobs):  # the data and every recipe are checked before anything is written
             source = make_data_source(spec)
@@ -479,8 +479,6 @@ def run_study(
             # a recorded run is done; a run waits for the run it starts from
             run_phase([job for job in phase if job.label not in recorded], results, runner, show_progress=show_progress)
             write_missing_records(out_dir)
-    if not chosen.keep_runs:
-        drop_run_folders(out_dir)
     return StudyResult(
         out_dir=out_dir,
         trained=[job.label for job in jobs if job.label not in done_before],

@@ -117,3 +117,31 @@ def test_resume_counts_runs_kept_only_as_records_as_done(two_machines, tmp_path)
     write_report(folder)
     write_report(a)  # from its run folders
     assert _summary(folder) == _summary(a)
+
+
+def test_an_interrupted_study_keeps_its_finished_runs_as_records_and_the_cut_run_as_a_folder(tmp_path):
+    """A study stopped in its second run (the way a device visit's time limit stops it) writes the finished run's
+    record at once and, without --keep-runs, drops its folder; the cut run keeps its folder and checkpoint, and
+    --resume finishes the study as an uninterrupted one."""
+    spec = load_spec(QUICKSTART, [*SPEC, "seeds=[0]"])
+    options = ExecutionOptions(executor="inline", keep_runs=False)
+
+    def cut(job, step):
+        if (job.arm, step) == ("mxfp8-rceil-sr", 3):  # after its checkpoint at step 2
+            raise KeyboardInterrupt("time limit")
+
+    folder = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):
+        run_study(spec, folder, device="cpu", show_progress=False, on_step=cut, options=options)
+    assert record_path(folder, "bf16", 0).is_file() and not (folder / "runs/bf16").exists()
+    assert not record_path(folder, "mxfp8-rceil-sr", 0).is_file()
+    assert (folder / "runs/mxfp8-rceil-sr/seed0/checkpoint.pt").is_file()
+    resumed = run_study(spec, folder, device="cpu", resume=True, show_progress=False, options=options)
+    assert resumed.trained == ["mxfp8-rceil-sr/seed0"] and not (folder / "runs").exists()
+    whole = tmp_path / "whole"
+    run_study(spec, whole, device="cpu", show_progress=False, options=options)
+    for arm in ARMS:
+        got, expected = read_record(record_path(folder, arm, 0)), read_record(record_path(whole, arm, 0))
+        assert {k: v.tobytes() for k, v in got.predictions.items()} == {
+            k: v.tobytes() for k, v in expected.predictions.items()
+        }, arm
