@@ -157,8 +157,9 @@ SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
     # and 22-22.5% (CTCVR) above the Bayes NE of the same 100k impressions in 9216 steps: NOT within 5%. Not the
     # data's limit: the true feature form fitted on the 4M train examples comes within 1% of it; fitted on only
     # the share softmax attention sees, 7% / 13% above (benchmarks/fitted_oracle.py). SiLU attention with a rate
-    # decay (experiments/learnable-silu.toml, 6144 steps, 42 ms/step, 276 s per run) ends 11.8-11.9% / 21-22% above:
-    # the same gap, reached sooner; its cause is still open.
+    # decay (experiments/learnable-silu.toml, 6144 steps, 42 ms/step, 276 s per run) ends 11.8-11.9% / 21-22% above,
+    # reached sooner (silu / n_keys is length-blind too). The models respond too weakly to the history they see:
+    # slope 0.31-0.48 on the true log(1 + m) (benchmarks/gap_anatomy.py; reports/README.md, "learnable-silu").
     "learnable": {
         "base_ctr": 0.01,
         "base_cvr": 0.05,
