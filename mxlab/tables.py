@@ -104,3 +104,18 @@ def field_names(cls: type) -> tuple[str, ...]:
 
 
 __all__ = ["check_keys", "check_value", "field_names", "table_to_dataclass", "type_words"]
+
+
+OMITTED_AT_DEFAULT = {"omitted_at_default": True}  # a field's metadata: `recorded_table` leaves it out at its default
+
+
+def recorded_table(config: Any) -> dict[str, Any]:
+    """A dataclass instance as the table a study records (tuples as lists), without the fields whose metadata is
+    OMITTED_AT_DEFAULT while they hold their default: a key added later leaves the records of earlier studies
+    (study.json and the digests of their run records) as they were."""
+    omitted = {f.name: f.default for f in dataclasses.fields(config) if f.metadata.get("omitted_at_default")}
+    return {
+        key: (list(value) if isinstance(value, tuple) else value)
+        for key, value in dataclasses.asdict(config).items()
+        if not (key in omitted and value == omitted[key])
+    }

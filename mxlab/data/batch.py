@@ -150,7 +150,9 @@ class DataInfo:
     whose ids live in the history item space (the candidate ad/movie), or None;
     ``field_names``; ``has_conversion`` (False: conversion labels are absent, CVR metrics
     meaningless); ``has_history`` (False: every history is empty); ``base_rates``: (CTR, CVR given a
-    click) of the training data where the source knows them (the output biases start there), else None.
+    click) of the training data where the source knows them (the output biases start there), else None;
+    ``item_fields``: per sparse field name, that field's value for every history item id (an item's side
+    feature, such as the synthetic world's topic of each item), which a model may add to each history token.
     """
 
     n_dense: int
@@ -164,6 +166,7 @@ class DataInfo:
     has_conversion: bool = True
     has_history: bool = True
     base_rates: tuple[float, float] | None = None
+    item_fields: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 class DataSource(ABC):

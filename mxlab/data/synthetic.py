@@ -158,8 +158,7 @@ SYNTHETIC_PRESETS: dict[str, dict[str, object]] = {
     # data's limit: the true feature form fitted on the 4M train examples comes within 1% of it; fitted on only
     # the share softmax attention sees, 7% / 13% above (benchmarks/fitted_oracle.py). SiLU attention with a rate
     # decay (experiments/learnable-silu.toml, 6144 steps, 42 ms/step, 276 s per run) ends 11.8-11.9% / 21-22% above,
-    # reached sooner (silu / n_keys is length-blind too). The models respond too weakly to the history they see:
-    # slope 0.31-0.48 on the true log(1 + m) (benchmarks/gap_anatomy.py; reports/README.md, "learnable-silu").
+    # reached sooner; the models' response to the history is too flat (reports/README.md, "learnable-silu").
     "learnable": {
         "base_ctr": 0.01,
         "base_cvr": 0.05,
@@ -311,6 +310,7 @@ class SyntheticSource(DataSource):
             candidate_field=0,
             field_names=FIELD_NAMES,
             base_rates=(config.base_ctr, config.base_cvr),
+            item_fields=(("ad_topic", tuple(item % config.n_topics for item in range(config.n_items))),),
         )
         self.ctr_bias, self.cvr_bias = self._calibrate()
 

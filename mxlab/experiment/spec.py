@@ -22,7 +22,7 @@ from mxlab.experiment.overrides import apply_overrides
 from mxlab.experiment.report_settings import TRUTH_METRIC_KINDS, ReportSettings
 from mxlab.experiment.spec_tables import report_settings, study_tasks, validate_data_table, validate_model_table
 from mxlab.experiment.training_recipe import check_training_recipe
-from mxlab.tables import check_keys, check_value, table_to_dataclass
+from mxlab.tables import OMITTED_AT_DEFAULT, check_keys, check_value, recorded_table, table_to_dataclass
 from mxlab.tasks import TaskSet, task_set
 
 if sys.version_info >= (3, 11):
@@ -104,7 +104,7 @@ class TrainConfig:
     # Stop each run after `stop_after` steps of its schedule (0 = run it to the end): the rate's warm-up and decay
     # stay those of max_steps, so a short run is the first steps of the full one (a stability screen). From
     # scratch only.
-    stop_after: int = 0
+    stop_after: int = dataclasses.field(default=0, metadata=OMITTED_AT_DEFAULT)
     # The shared training recipe (mxlab.experiment.training_recipe; docs/running.md, "The training recipe")
     embedding_optimizer: str = "rowwise-adagrad"
     embedding_lr: float = 0.01
@@ -169,7 +169,7 @@ class ExperimentSpec:
             "arms": list(self.arms),
             "data": copy.deepcopy(self.data),
             "model": copy.deepcopy(self.model),
-            "train": dataclasses.asdict(self.train),
+            "train": recorded_table(self.train),
             "report": self.report.to_dict(),
             "execution": dataclasses.asdict(self.execution),
             "gate": self.gate.to_dict(),

@@ -8,6 +8,7 @@ from typing import Any
 
 from mxlab.data import SOURCE_REGISTRY, source_tasks
 from mxlab.experiment.report_settings import TASK_NAMES, ReportSettings
+from mxlab.tables import recorded_table
 from mxlab.tasks import TaskSet
 
 
@@ -34,12 +35,10 @@ def validate_model_table(model: Any) -> dict[str, Any]:
 
 
 def _resolved(validated: Any, given: Mapping[str, Any]) -> dict[str, Any]:
-    """The table with its owner's defaults filled in (when the validator returns a dataclass or a mapping)."""
+    """The table with its owner's defaults filled in (when the validator returns a dataclass: `recorded_table`, or a
+    mapping)."""
     if dataclasses.is_dataclass(validated) and not isinstance(validated, type):
-        return {
-            key: (list(value) if isinstance(value, tuple) else value)
-            for key, value in dataclasses.asdict(validated).items()
-        }
+        return recorded_table(validated)
     if isinstance(validated, Mapping):
         return dict(validated)
     return dict(given)

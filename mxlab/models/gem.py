@@ -36,6 +36,7 @@ model FLOPs of a batch.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -45,10 +46,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mxlab.data.batch import DataInfo, JaggedBatch
+from mxlab.models.side_features import history_field_ids
 from mxlab.nn.attention import ACTIVATIONS, JaggedAttention
 from mxlab.nn.norms import layer_norm, rms_norm
 from mxlab.nn.rotary import RotaryTable, rotary_embedding, rotary_table, segment_positions
-from mxlab.tables import field_names, table_to_dataclass
+from mxlab.tables import OMITTED_AT_DEFAULT, field_names, table_to_dataclass
 
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(
@@ -85,6 +87,9 @@ class ModelConfig:
 
     ``initial_ctr``/``initial_cvr`` set the initial bias of the two logits (a prior rate, so a
     short run starts calibrated). ``mlp_ratio`` is the hidden width of the history MLP over dim.
+    ``history_item_fields`` names sparse fields whose value for each history item (the source's
+    ``DataInfo.item_fields``, e.g. an item's topic) is added to that history token, from the same
+    embedding rows as the candidate's field token.
     """
 
     size: str = DEFAULT_SIZE
@@ -105,6 +110,7 @@ class ModelConfig:
     dropout: float = 0.0
     initial_ctr: float = 0.04
     initial_cvr: float = 0.1
+    history_item_fields: tuple[str, ...] = dataclasses.field(default=(), metadata=OMITTED_AT_DEFAULT)
 
     def __post_init__(self) -> None:
         if self.size not in PRESETS:
@@ -417,6 +423,9 @@ class GEMModel(nn.Module):
             offsets.append(offsets[-1] + cardinalities[field])
         self.register_buffer("field_offsets", torch.tensor(offsets, dtype=torch.int64), persistent=False)
         self.embeddings = Embeddings(sum(cardinalities[f] for f in other_fields), info.n_items, info.n_actions, dim)
+        self.register_buffer(
+            "history_field_ids", history_field_ids(config, info, other_fields, offsets), persistent=False
+        )
         self.dense_proj = nn.Linear(info.n_dense, dim) if info.n_dense else None
         n_tokens = len(cardinalities) + (1 if info.n_dense else 0)
         if n_tokens == 0:
@@ -451,6 +460,8 @@ class GEMModel(nn.Module):
         dtype = activation_dtype(batch.history_items.device.type, self.embeddings.items.weight.dtype)
         tokens = self.tokens(batch, dtype)
         history = self.embeddings.items(batch.history_items) + self.embeddings.actions(batch.history_actions)
+        if self.history_field_ids.shape[0]:  # the items' side features (history_item_fields)
+            history = history + self.embeddings.fields(self.history_field_ids[:, batch.history_items]).sum(0)
         history = self.history(history.to(dtype), batch.history_offsets)
         pooled = self.pma(history, batch.history_offsets)
         crossed = self.cross(tokens, history, batch.history_offsets)

@@ -320,3 +320,32 @@ def test_rms_norm_keeps_the_input_dtype_under_autocast_and_refuses_two_normalize
     torch.testing.assert_close(y.float(), expected, atol=0, rtol=2**-7)
     with pytest.raises(ValueError, match=r"normalizes the last dim only; got normalized_shape \(2, 16\)"):
         RMSNorm((2, 16))(x)
+
+
+def test_history_item_fields_add_each_items_topic_from_the_candidates_topic_rows(source):
+    info = source.info
+    topics, n_topics = dict(info.item_fields)["ad_topic"], info.field_cardinalities[1]
+    assert len(topics) == info.n_items and all(t == item % n_topics for item, t in enumerate(topics))
+    plain, with_topic = _model(info), _model(info, history_item_fields=["ad_topic"])
+    assert with_topic.state_dict().keys() == plain.state_dict().keys()  # no new parameter: the fields table's rows
+    captured = {}
+    for name, model in (("plain", plain), ("topic", with_topic)):
+        model.history.register_forward_pre_hook(lambda module, args, name=name: captured.__setitem__(name, args[0]))
+    batch = next(source.eval_batches(64))
+    plain(batch), with_topic(batch)
+    items = batch.history_items
+    topic_field = list(info.field_names).index("ad_topic")  # its token's rows start after the fields before it
+    offset = sum(info.field_cardinalities[f] for f in range(topic_field) if f != info.candidate_field)
+    rows = with_topic.embeddings.fields.weight[offset + torch.tensor(topics)[items]]
+    assert torch.equal(captured["topic"], (captured["plain"] + rows).to(captured["topic"].dtype))
+    assert not torch.equal(plain(batch).ctr_logit, with_topic(batch).ctr_logit)
+
+
+def test_history_item_fields_refuse_fields_the_source_does_not_state(source):
+    with pytest.raises(
+        ValueError, match=r"'user_segment' is not an item field of source 'synthetic'; accepted: ad_topic"
+    ):
+        _model(source.info, history_item_fields=["user_segment"])
+    with pytest.raises(ValueError, match=r"history_item_fields: 'ad_topic' is not an item field of source 'bare'"):
+        info = DataInfo(n_dense=0, field_cardinalities=(5,), n_items=5, n_actions=1, has_truth=False, name="bare")
+        _model(info, history_item_fields=["ad_topic"])

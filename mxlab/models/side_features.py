@@ -1,0 +1,33 @@
+"""The side features of history items: each history token of a GEM model may add, per named sparse field, the
+embedding of its item's value of that field (`[model] history_item_fields`; the source states the values in
+`DataInfo.item_fields`), from the same rows of the fields table as the candidate's token of that field."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from mxlab.data.batch import DataInfo
+
+if TYPE_CHECKING:
+    from mxlab.models.gem import ModelConfig
+
+
+def history_field_ids(config: ModelConfig, info: DataInfo, other_fields: list[int], offsets: list[int]) -> torch.Tensor:
+    """(len(config.history_item_fields), n_items) rows of the fields table: per named field, each item's value of
+    it, offset as that field's token. Refuses (ValueError) a name that is not an item field of the source (naming
+    those that are) and the candidate field (its ids are the items themselves)."""
+    known = dict(info.item_fields)
+    rows = []
+    for name in config.history_item_fields:
+        if name not in known:
+            raise ValueError(
+                f"model.history_item_fields: {name!r} is not an item field of source {info.name!r}; "
+                f"accepted: {', '.join(known) or 'none (the source states no item side features)'}"
+            )
+        field = list(info.field_names).index(name)
+        if field not in other_fields or len(known[name]) != info.n_items:
+            raise ValueError(f"model.history_item_fields: {name!r} is the candidate field or not one value per item")
+        rows.append(torch.tensor(known[name], dtype=torch.int64) + offsets[other_fields.index(field)])
+    return torch.stack(rows) if rows else torch.zeros(0, max(1, info.n_items), dtype=torch.int64)
