@@ -239,6 +239,8 @@ def run_step_bench(
             rows.append(StepMeasurement(arm, None, None, None, None, None, None, note=reason, compiled=compiled))
             continue
         _free(target)
+        if compiled:
+            echo(f"{arm}: compiling (the {warmup} warm-up steps compile the model; minutes for the GEM model)...")
         try:
             ms, peak, loss, skipped = time_arm(spec, recipes[arm], info, on_device, target, warmup, steps, compiled)
         except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one; a Triton launch says "out of memory"

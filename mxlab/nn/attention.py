@@ -45,45 +45,25 @@ inside the kernel) whenever its `unsupported_reason` is None (BF16/FP16 inputs, 
 with 1-D blocks of 32, any scale mode and rounding, power-of-two head dims; an installed GEMM
 observer sees no kernel products, see `mxlab.recipe.diagnostics`); otherwise,
 with ``policy is None`` and softmax, FlexAttention per bucket (compiled, fused) with a
-per-example length mask; everything else, and every CPU tensor, uses the reference.
+per-example length mask; everything else, and every CPU tensor, uses the reference. Under torch.compile all three
+run outside the graph (a graph break, eager mode's bits): the reference reads its buckets and widths on the host,
+which a graph would specialize on, recompiling for nearly every batch of new history lengths.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mxlab.nn.flex import _flex_attention_fn, _flex_available, length_block_mask
 from mxlab.numerics.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 from mxlab.numerics.quant import kernel_module
 
 BACKENDS = ("auto", "reference", "flex", "triton")
-
-_compiled_flex: Callable[..., torch.Tensor] | None = None
-
-
-def _flex_attention_fn(device: torch.device) -> Callable[..., torch.Tensor]:
-    """Return flex_attention, compiled once on CUDA (eager elsewhere, for tests)."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if device.type != "cuda":
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention)
-    return _compiled_flex
-
-
-def _flex_available() -> bool:
-    try:
-        import torch.nn.attention.flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _triton_kernel() -> Any:
@@ -112,6 +92,14 @@ def _kernel_attention(q, k, v, q_offsets, k_offsets, causal: bool, activation: s
     return kernel.jagged_attention_checked(
         q, k, v, q_offsets, k_offsets, causal=causal, activation=activation, policy=policy, seeds=call_seeds(policy)
     )
+
+
+@torch._disable_dynamo  # torch.compiler.disable, importing torch._dynamo at the first call
+def _eager_forward(module, q, k, v, q_offsets, k_offsets, causal: bool, activation: str) -> torch.Tensor:
+    """`module.forward` (the reference or FlexAttention) run outside any compiled graph: it reads the offsets on the
+    host and loops over length buckets, which a graph would specialize on (a recompile for every new set of bucket
+    widths, i.e. nearly every batch of jagged histories); eager, it keeps eager mode's bits."""
+    return module.forward(q, k, v, q_offsets, k_offsets, causal=causal, activation=activation)
 
 
 def _check_offsets(name: str, offsets: torch.Tensor, total: int) -> None:
@@ -198,6 +186,8 @@ class JaggedAttention(nn.Module):
                 return _kernel_attention(q, k, v, q_offsets, k_offsets, causal, activation, self.policy)
             if self.backend == "triton":
                 raise ValueError(f"the Triton attention backend cannot run these inputs: {reason}")
+        if torch.compiler.is_compiling():  # the buckets below are read on the host: eager, as the kernel runs
+            return _eager_forward(self, q, k, v, q_offsets, k_offsets, causal, activation)
         _check_offsets("q_offsets", q_offsets, q.shape[0])
         _check_offsets("k_offsets", k_offsets, k.shape[0])
         if q_offsets.numel() != k_offsets.numel():
@@ -453,38 +443,6 @@ class _Counted:
 
     def scores(self) -> torch.Tensor:
         return score_counter(self.q_rows, self.heads, self.k_rows.shape[1])
-
-
-def length_block_mask(
-    q_lengths: torch.Tensor,
-    k_lengths: torch.Tensor,
-    q_width: int,
-    k_width: int,
-    causal: bool,
-    mask_mod: Callable[..., torch.Tensor],
-    block_size: int = 128,
-) -> Any:
-    """Return a FlexAttention BlockMask for padded sequences, built from the lengths alone.
-
-    Tile (i, j) of example b is visited when it holds a real query and a real key (and, for
-    causal attention, j <= i); `mask_mod` masks inside the tiles. Costs O(n * tiles), never a
-    dense (n, q_width, k_width) mask.
-    """
-    from torch.nn.attention.flex_attention import BlockMask
-
-    device = q_lengths.device
-    q_tiles = torch.arange(-(-q_width // block_size), device=device)
-    k_tiles = torch.arange(-(-k_width // block_size), device=device)
-    visited = (q_tiles[None, :, None] * block_size < q_lengths[:, None, None]) & (
-        k_tiles[None, None, :] * block_size < k_lengths[:, None, None]
-    )
-    if causal:
-        visited = visited & (k_tiles[None, None, :] <= q_tiles[None, :, None])
-    kv_num_blocks = visited.sum(-1).to(torch.int32)[:, None]
-    kv_indices = torch.argsort((~visited).to(torch.int8), dim=-1, stable=True).to(torch.int32)[:, None]
-    return BlockMask.from_kv_blocks(
-        kv_num_blocks, kv_indices, BLOCK_SIZE=block_size, mask_mod=mask_mod, seq_lengths=(q_width, k_width)
-    )
 
 
 __all__ = [

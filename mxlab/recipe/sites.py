@@ -144,21 +144,28 @@ class GemmSites(TorchFunctionMode):
             model.register_forward_pre_hook(self._enter_model),
             model.register_forward_hook(self._leave_model, always_call=True),
         ]
+        # The submodules' forward hooks are plain ones: an always-called hook's id lands in the module's
+        # `_forward_hooks_always_called`, on which torch.compile guards, so every instance of a block (each layer)
+        # would compile its frames anew. The model's own always-called hook resets the name and suspension stacks
+        # when its forward raises.
         for name, module in model.named_modules():
             if name in self.swapped:
                 self.handles.append(module.register_forward_pre_hook(self._suspend))
-                self.handles.append(module.register_forward_hook(partial(self._resume, name), always_call=True))
+                self.handles.append(module.register_forward_hook(partial(self._resume, name)))
             elif not any(name.startswith(f"{outer}.") for outer in self.swapped if outer):
                 self.handles.append(module.register_forward_pre_hook(partial(self._push, name)))
-                self.handles.append(module.register_forward_hook(self._pop, always_call=True))
+                self.handles.append(module.register_forward_hook(self._pop))
 
     def _enter_model(self, module: nn.Module, args: tuple) -> None:
         if not self.active:
             self.frames.clear()
+            self._suspended.clear()
             self.__enter__()
             self.active = True
 
     def _leave_model(self, module: nn.Module, args: tuple, output: Any) -> None:
+        self.frames.clear()
+        self._suspended.clear()
         if self.active:
             self.__exit__(None, None, None)
             self.active = False
