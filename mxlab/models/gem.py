@@ -424,7 +424,9 @@ class GEMModel(nn.Module):
         self.register_buffer("field_offsets", torch.tensor(offsets, dtype=torch.int64), persistent=False)
         self.embeddings = Embeddings(sum(cardinalities[f] for f in other_fields), info.n_items, info.n_actions, dim)
         self.register_buffer(
-            "history_field_ids", history_field_ids(config, info, other_fields, offsets), persistent=False
+            "history_field_ids",
+            history_field_ids(config.history_item_fields, info, other_fields, offsets),
+            persistent=False,
         )
         self.dense_proj = nn.Linear(info.n_dense, dim) if info.n_dense else None
         n_tokens = len(cardinalities) + (1 if info.n_dense else 0)

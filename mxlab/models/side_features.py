@@ -4,23 +4,22 @@ embedding of its item's value of that field (`[model] history_item_fields`; the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 
 from mxlab.data.batch import DataInfo
 
-if TYPE_CHECKING:
-    from mxlab.models.gem import ModelConfig
 
-
-def history_field_ids(config: ModelConfig, info: DataInfo, other_fields: list[int], offsets: list[int]) -> torch.Tensor:
-    """(len(config.history_item_fields), n_items) rows of the fields table: per named field, each item's value of
-    it, offset as that field's token. Refuses (ValueError) a name that is not an item field of the source (naming
-    those that are) and the candidate field (its ids are the items themselves)."""
+def history_field_ids(
+    names: Sequence[str], info: DataInfo, other_fields: list[int], offsets: list[int]
+) -> torch.Tensor:
+    """(len(names), n_items) rows of the fields table: per named field (`[model] history_item_fields`), each
+    item's value of it, offset as that field's token. Refuses (ValueError) a name that is not an item field of
+    the source (naming those that are) and the candidate field (its ids are the items themselves)."""
     known = dict(info.item_fields)
     rows = []
-    for name in config.history_item_fields:
+    for name in names:
         if name not in known:
             raise ValueError(
                 f"model.history_item_fields: {name!r} is not an item field of source {info.name!r}; "

@@ -58,6 +58,7 @@ def _frames_per_batch(info, batches, layers: int) -> list[int]:
     return frames
 
 
+@pytest.mark.slow  # about 40 s on one core: `make test-all`
 def test_batches_of_new_history_lengths_and_more_layers_compile_no_new_frames(batches):
     info, taken = batches
     shallow = _frames_per_batch(info, taken, layers=1)
