@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import sys
 import types
 from fnmatch import fnmatchcase
@@ -16,6 +14,7 @@ from mxlab.recipe.backends import Converter, Target
 from mxlab.recipe.backends.mxlab import MXLabConverter
 from mxlab.recipe.backends.te import TEConverter
 from mxlab.recipe.fast_paths import disable_fast_paths
+from mxlab.recipe.import_hooks import after_import
 from mxlab.recipe.library import load_recipe
 from mxlab.recipe.loss_scaling import quantized_products
 from mxlab.recipe.plan import Plan, PlanEntry, reachable_modules, replace_module
@@ -197,33 +196,12 @@ def _exact_inductor_casts(recipe: Recipe) -> bool:
     compiles before that), so applying a recipe does not import Inductor and Dynamo (seconds)."""
     if recipe.attention is None and all(policy.high_precision for policy in recipe.policies.values()):
         return False
-    config = sys.modules.get(INDUCTOR_CONFIG)
-    if config is not None:
-        config.emulate_precision_casts = True
-    elif not any(isinstance(finder, _EmulateCastsOnImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _EmulateCastsOnImport())
+    after_import("torch._inductor.config", _emulate_precision_casts)
     return True
 
 
-INDUCTOR_CONFIG = "torch._inductor.config"
-
-
-class _EmulateCastsOnImport(importlib.abc.MetaPathFinder):
-    """Sets Inductor's `emulate_precision_casts` right after its config module is first imported."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != INDUCTOR_CONFIG:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        execute = spec.loader.exec_module
-
-        def exec_module(module: types.ModuleType) -> None:
-            execute(module)
-            module.emulate_precision_casts = True
-
-        spec.loader.exec_module = exec_module
-        return spec
+def _emulate_precision_casts(config: types.ModuleType) -> None:
+    config.emulate_precision_casts = True
 
 
 def rounding_state(model: nn.Module) -> dict[str, int]:

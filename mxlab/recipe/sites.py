@@ -23,8 +23,6 @@ own torch-function check is off, so the GEMMs inside it reach the mode.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import math
 import sys
 import types
@@ -39,6 +37,7 @@ from torch.overrides import TorchFunctionMode
 
 from mxlab.nn import functional as QF
 from mxlab.nn.precision import GemmQuant, MatmulPrecision
+from mxlab.recipe.import_hooks import after_import
 from mxlab.recipe.plan import PlanEntry, module_seed
 
 T = torch.Tensor
@@ -430,29 +429,7 @@ def _skip_mode_frame() -> None:
     skip_code(GemmSites.__torch_function__.__code__)
 
 
-class _AfterDynamoImport(importlib.abc.MetaPathFinder):
-    """Runs `_skip_mode_frame` right after torch._dynamo is first imported (no frame compiles before that), so
-    importing this module does not import Dynamo (seconds)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != "torch._dynamo":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        execute = spec.loader.exec_module
-
-        def exec_module(module: types.ModuleType) -> None:
-            execute(module)
-            _skip_mode_frame()
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
-if "torch._dynamo" in sys.modules:
-    _skip_mode_frame()
-else:
-    sys.meta_path.insert(0, _AfterDynamoImport())
+after_import("torch._dynamo", lambda module: _skip_mode_frame())  # importing this module does not import Dynamo
 
 
 def _called_by_inductor() -> bool:
