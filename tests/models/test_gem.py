@@ -8,15 +8,6 @@ from mxlab.models import MODEL_CONFIG_KEYS, PRESETS, ModelOutput, build_model, e
 from mxlab.nn.attention import JaggedAttention
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(_fixed_torch_threads):
-    """These small GEMMs run fastest on one thread (and far faster on a shared, busy CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def source():
     return make_source(

@@ -11,14 +11,6 @@ from mxlab.models import build_model, esmm_loss
 from mxlab.recipe import apply_recipe
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(_fixed_torch_threads):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def batches():
     source = make_source({"source": "synthetic", "train_examples": 192, "eval_examples": 64, "n_users": 50}, 48)
