@@ -112,11 +112,3 @@ def oracle_metrics(source: Any, limit: int | None = None) -> dict[str, dict[str,
             "ctcvr.ne": normalized_entropy(ctcvr_label, p_ctcvr),
         }
     return result
-
-
-def study_oracles(source: Any) -> dict[str, dict[str, float]] | None:
-    """`oracle_metrics` of `source`'s whole eval set when the source has known truth, else None (what a study
-    records in study.json for its stability endpoint)."""
-    if not getattr(source.info, "has_truth", False) or not hasattr(source, "world"):
-        return None
-    return oracle_metrics(source)

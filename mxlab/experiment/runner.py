@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from mxlab import io
-from mxlab.data.oracles import study_oracles
+from mxlab.data.oracles import oracle_metrics
 from mxlab.experiment.execution import INLINE, ExecutionOptions
 from mxlab.experiment.executors import StudyProgress, make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
@@ -452,7 +452,9 @@ def run_study(
                 devices,
                 reproduce_command(spec, out_dir, device, overrides, options.flags()),
                 options.record(spec.execution, devices),
-                study_oracles(source) if source is not None and not spec.train.fork_from else None,  # for stability
+                oracle_metrics(source)
+                if source is not None and source.info.has_truth and not spec.train.fork_from
+                else None,
             )
         to_warm = [job for job in warmups if job.label not in recorded]
         # an executor that starts each run once the run it starts from is done takes the training arms along with

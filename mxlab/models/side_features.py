@@ -26,7 +26,12 @@ def history_field_ids(
                 f"accepted: {', '.join(known) or 'none (the source states no item side features)'}"
             )
         field = list(info.field_names).index(name)
-        if field not in other_fields or len(known[name]) != info.n_items:
-            raise ValueError(f"model.history_item_fields: {name!r} is the candidate field or not one value per item")
+        if field not in other_fields:
+            raise ValueError(f"model.history_item_fields: {name!r} is the candidate field, whose ids are the items")
+        if len(known[name]) != info.n_items:
+            raise ValueError(
+                f"model.history_item_fields: source {info.name!r} gives {len(known[name])} values of {name!r}, "
+                f"not one per item ({info.n_items})"
+            )
         rows.append(torch.tensor(known[name], dtype=torch.int64) + offsets[other_fields.index(field)])
     return torch.stack(rows) if rows else torch.zeros(0, max(1, info.n_items), dtype=torch.int64)

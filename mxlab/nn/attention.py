@@ -59,7 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mxlab.nn.flex import _flex_attention_fn, _flex_available, length_block_mask
+from mxlab.nn.flex import flex_attention_fn, flex_available, length_block_mask
 from mxlab.numerics.jagged_checks import ACTIVATIONS, check_attention_inputs, check_offsets_layout, check_offsets_values
 from mxlab.numerics.quant import kernel_module
 
@@ -202,7 +202,7 @@ class JaggedAttention(nn.Module):
         use_flex = (
             activation == "softmax"
             and self.policy is None
-            and (self.backend == "flex" or (self.backend == "auto" and q.is_cuda and _flex_available()))
+            and (self.backend == "flex" or (self.backend == "auto" and q.is_cuda and flex_available()))
         )
         out = q.new_zeros(q.shape)
         if q.shape[0] == 0:
@@ -324,7 +324,7 @@ class JaggedAttention(nn.Module):
         block_mask = length_block_mask(q_lengths, k_lengths, qp.shape[2], kp.shape[2], causal, mask_mod)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile.*")
-            return _flex_attention_fn(qp.device)(qp, kp, vp, block_mask=block_mask, scale=qp.shape[-1] ** -0.5)
+            return flex_attention_fn(qp.device)(qp, kp, vp, block_mask=block_mask, scale=qp.shape[-1] ** -0.5)
 
 
 def _one_pass_softmax_output(

@@ -11,7 +11,7 @@ import torch
 _compiled_flex: Callable[..., torch.Tensor] | None = None
 
 
-def _flex_attention_fn(device: torch.device) -> Callable[..., torch.Tensor]:
+def flex_attention_fn(device: torch.device) -> Callable[..., torch.Tensor]:
     """Return flex_attention, compiled once on CUDA (eager elsewhere, for tests)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
@@ -23,7 +23,8 @@ def _flex_attention_fn(device: torch.device) -> Callable[..., torch.Tensor]:
     return _compiled_flex
 
 
-def _flex_available() -> bool:
+def flex_available() -> bool:
+    """Whether this torch has FlexAttention."""
     try:
         import torch.nn.attention.flex_attention  # noqa: F401
     except ImportError:

@@ -103,7 +103,7 @@ def test_flex_backend_matches_reference_on_cpu(q_lengths, k_lengths, causal):
 def test_length_block_mask_visits_exactly_the_tiles_with_real_pairs():
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from mxlab.nn.attention import length_block_mask
+    from mxlab.nn.flex import length_block_mask
 
     q_lengths, k_lengths = torch.tensor([130, 0, 7, 300]), torch.tensor([260, 5, 0, 300])
     for causal in (False, True):
