@@ -18,11 +18,11 @@
 #                   with SPEC at that spec's own sizes -> bench_step_compile_NAME.CARD.txt/.json (NAME: the spec file's name)
 #   baseline        benchmarks/baseline_check.py: 16 + 16 gem-mxfp8 BF16 warm-ups, new and old training recipe -> baseline_check.CARD.txt/.json
 #   plateau         mxlab run experiments/learnable-plateau.toml (MPS) -> plateau.CARD.txt, plateau.tar.gz (the study's small files: metrics, configs, no .npz or .pt)
-#   resume=SPEC[@SEEDS]  mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
+#   resume=SPEC[@SEEDS][+ARMS]  mxlab run SPEC --resume --no-keep-runs (MPS) in $HOME/studies/NAME, seeded from the tree's
 #                   reports/NAME when that holds earlier visits' records: a study longer than one visit goes on
 #                   where the last left off; @SEEDS (e.g. @0,1) runs only those seeds (--set seeds=[0,1]; list the
 #                   earlier visits' seeds too: the report covers the seeds listed, and done ones are not trained
-#                   again) -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz: the records of
+#                   again); +ARMS (e.g. +bf16,placebo) trains only those arms now (--only-arms) -> resume_NAME.CARD.txt, NAME.tar.gz (the study folder without eval.npz: the records of
 #                   finished runs, written also when the time limit cuts the study, and the cut runs' checkpoints
 #                   only while the archive stays under 45 MiB: one of gem-mxfp8's model size is about 25 MB, so plan
 #                   visits in which all but one run finish, or call again on the warm machine, whose
@@ -82,11 +82,12 @@ for job in "$@"; do
              tar -czf "$out/plateau.tar.gz" --exclude='*.pt' --exclude='*.npz' -C "$HOME" plateau; (exit $status) ;;
     study) run_to "$out/bench_study.$card.txt" python3 -m mxlab.cli bench study "${arg:-experiments/gem-mxfp8.toml}" \
              --steps 50 --mps --json "$out/bench_study.$card.json" ;;
-    resume) seeds=; case $arg in *@*) seeds=${arg#*@}; arg=${arg%@*} ;; esac
+    resume) arms=; case $arg in *+*) arms=${arg#*+}; arg=${arg%+*} ;; esac
+             seeds=; case $arg in *@*) seeds=${arg#*@}; arg=${arg%@*} ;; esac
              name=$(basename "${arg%.toml}"); folder=$HOME/studies/$name
              if [ ! -d "$folder" ] && [ -d "reports/$name/records" ]; then mkdir -p "$HOME/studies"; cp -r "reports/$name" "$folder"; fi
              run_to "$out/resume_$name.$card.txt" python3 -m mxlab.cli run "$arg" --device cuda --mps --resume --no-keep-runs \
-               --out "$folder" ${seeds:+--set "seeds=[$seeds]"}; status=$?
+               --out "$folder" ${seeds:+--set "seeds=[$seeds]"} ${arms:+--only-arms "$arms"}; status=$?
              tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude=checkpoint.prev.pt -C "$HOME/studies" "$name"
              if [ "$(stat -c %s "$out/$name.tar.gz")" -gt 47185920 ]; then  # three 15 MiB parts at most
                tar -czf "$out/$name.tar.gz" --exclude=eval.npz --exclude='checkpoint*.pt' -C "$HOME/studies" "$name"

@@ -29,6 +29,14 @@ def run_command(
         "with the changed train.* settings given by --set; study.json records the rerun, the report warns.",
     ),
     overrides: list[str] = typer.Option([], "--set", metavar="KEY=VALUE", help=_SET_HELP),
+    only_arms: str | None = typer.Option(
+        None,
+        "--only-arms",
+        metavar="ARM,...",
+        help="Train only these arms' runs in this call (with the runs they start from), e.g. bf16,placebo; "
+        "study.json keeps every arm, the report covers the runs finished so far, and a later --resume trains "
+        "the rest. For a study split over machines or visits.",
+    ),
     executor: str | None = typer.Option(
         None,
         "--executor",
@@ -95,6 +103,7 @@ def run_command(
             overrides=overrides,
             options=options,
             rerun_diverged=rerun_diverged,
+            only_arms=[arm.strip() for arm in only_arms.split(",")] if only_arms is not None else None,
         )
     )
 

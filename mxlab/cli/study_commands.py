@@ -125,10 +125,12 @@ def run(
     overrides: Sequence[str],
     options: ExecutionOptions,
     rerun_diverged: bool = False,
+    only_arms: Sequence[str] | None = None,
 ) -> int:
     """`mxlab run`: load and validate the spec, run the study with the execution `options` (with
     `rerun_diverged`, first move its diverged runs aside to train them again: mxlab.experiment.rerun; refused
-    without `resume`; none diverged: says so and returns 0), render the report, print where it is."""
+    without `resume`; none diverged: says so and returns 0; `only_arms`: train only those arms now), render
+    the report, print where it is."""
 
     def body() -> int:
         if device == "cpu" and options.executor in (None, "local") and options.nproc_per_node == 1:
@@ -163,6 +165,7 @@ def run(
             options=options,
             rerun=rerun_diverged,
             when_all_started=import_report_in_background,
+            only_arms=only_arms,
         )
         typer.echo(closing_line(spec.name, result))
         typer.echo(f"runs in {result.out_dir / 'runs'}")

@@ -157,6 +157,26 @@ def arm_jobs(
     ]
 
 
+def check_only_arms(spec: ExperimentSpec, only_arms: Sequence[str] | None) -> None:
+    """Refuses (ValueError) an empty `only_arms` or one naming an arm `spec` does not have, listing its arms."""
+    if only_arms is None:
+        return
+    unknown = [arm for arm in only_arms if arm not in spec.arms]
+    if unknown or not only_arms:
+        named = ", ".join(repr(arm) for arm in unknown) or "no arm"
+        raise ValueError(f"--only-arms names {named}; the spec {spec.name!r} has arms {', '.join(spec.arms)}")
+
+
+def arms_now(jobs: list[RunJob], only_arms: Sequence[str] | None) -> list[RunJob]:
+    """`jobs` of the arms in `only_arms` (all of them when None), with the runs those start from (a
+    post-training arm's baseline run: trained unless done or recorded)."""
+    if only_arms is None:
+        return jobs
+    chosen = [job for job in jobs if job.arm in only_arms]
+    starts = {job.start_label for job in chosen}
+    return [job for job in jobs if job.arm in only_arms or job.label in starts]
+
+
 def fork_jobs(spec: ExperimentSpec, runs_root: Path) -> list[RunJob]:
     """The fork design's warm-up runs, one per seed (runs/_fork/seedK): recipe train.fork_from for
     train.fork_steps steps on the seed's data order; [] from scratch."""
@@ -385,6 +405,7 @@ def run_study(
     options: ExecutionOptions = ExecutionOptions(),
     rerun: bool = False,
     when_all_started: Callable[[], None] | None = None,
+    only_arms: Sequence[str] | None = None,
 ) -> StudyResult:
     """Run every arm x seed of `spec` into `out_dir` (default reports/NAME); returns a StudyResult.
 
@@ -402,9 +423,13 @@ def run_study(
     mxlab.experiment.rerun, which checks the train settings and moves the diverged runs aside) lets the train
     settings differ and keeps study.json as recorded. `when_all_started` is called once every run has started
     on an executor that tells (the local one), while the last runs train.
-    A run that crashes is recorded as failed (StudyResult.failed) and the others go on.
+    A run that crashes is recorded as failed (StudyResult.failed) and the others go on. `only_arms` trains
+    only those arms' runs in this call (a study split over calls or machines; the fork design's warm-ups still
+    run); study.json keeps every arm, and the others are left for a later `resume`. Refuses an arm the spec
+    does not name, listing those it does.
     """
     out_dir = Path(out_dir) if out_dir is not None else Path("reports") / spec.name
+    check_only_arms(spec, only_arms)
     if out_dir.exists() and not out_dir.is_dir():
         raise ValueError(f"--out {out_dir} is a file, not a folder; choose a folder (it is created if missing)")
     if on_step is not None and options.executor is None:
@@ -428,7 +453,7 @@ def run_study(
     if decision is not None:
         spares = tuple(int(seed) for seed in decision["judged"] if int(seed) not in spec.seeds)
         warmups += fork_jobs(dataclasses.replace(spec, seeds=spares), out_dir / "runs") if spares else []
-    jobs = warmups + study_jobs(gated_spec(spec, decision) if decision else spec, out_dir / "runs")
+    jobs = warmups + arms_now(study_jobs(gated_spec(spec, decision) if decision else spec, out_dir / "runs"), only_arms)
     recorded = recorded_results(jobs, out_dir) if resume else {}
     done_before = {job.label for job in jobs if run_is_done(job.run_dir) or job.label in recorded}
     # MPS before this process touches CUDA (preflight), so it and every worker are clients of the daemon
@@ -475,7 +500,7 @@ def run_study(
                 return run_jobs(spares, runner, show_progress=show_progress)
 
             gated = run_gate(spec, out_dir, results, run_spares, lambda: source or make_data_source(spec))
-            jobs = warmups + study_jobs(gated, out_dir / "runs")
+            jobs = warmups + arms_now(study_jobs(gated, out_dir / "runs"), only_arms)
         arms = jobs[len(warmups) :]
         for phase in ([job for job in arms if not job.post_training], [job for job in arms if job.post_training]):
             # a recorded run is done; a run waits for the run it starts from

@@ -26,6 +26,12 @@ def decision_line(analysis: StudyAnalysis, alerts: list[Alert]) -> str:
     if analysis.decisions:
         parts = [f"**{HEADLINE_MARKS[d.decision]}{d.arm} {d.decision}** ({d.reason})" for d in analysis.decisions]
         line = f"**Decision on the {which}**: " + "; ".join(parts) + "."
+    elif analysis.settings.candidate:
+        named = ", ".join(analysis.settings.candidate)
+        line = (
+            f"**Decision: not decided**: the {which} {named} has no finished run beside the baseline yet; "
+            "the runs still to train are listed below."
+        )
     else:
         line = (
             "**Decision: not decided**: the study names no pre-registered candidate (`[report] candidate`), so no "

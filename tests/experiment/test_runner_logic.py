@@ -156,6 +156,39 @@ def test_resume_after_kill_is_bit_identical_and_recomputes_nothing_finished(spec
     assert strip(reference / "runs/noisy/seed0/metrics.jsonl") == strip(killed / "metrics.jsonl")
 
 
+def test_only_arms_trains_a_subset_and_resume_trains_the_rest_as_one_call_would(spec_path, tmp_path):
+    spec = load_spec(spec_path, ["seeds=[0]"])
+    inline = ExecutionOptions(executor="inline")
+    whole = tmp_path / "whole"
+    run_study(spec, whole, device="cpu", show_progress=False, options=inline)
+    split = tmp_path / "split"
+    with pytest.raises(ValueError, match=r"--only-arms names 'nosiy'; the spec 'logic' has arms base, noisy"):
+        run_study(spec, split, device="cpu", show_progress=False, options=inline, only_arms=["nosiy"])
+    assert not split.exists()
+    first = run_study(spec, split, device="cpu", show_progress=False, options=inline, only_arms=["noisy"])
+    assert first.trained == ["noisy/seed0"] and not (split / "runs/base").exists()
+    assert json.loads((split / "study.json").read_text())["arms"] == ["base", "noisy"]
+    second = run_study(spec, split, device="cpu", resume=True, show_progress=False, options=inline)
+    assert second.already_done == ["noisy/seed0"] and second.trained == ["base/seed0"]
+    for arm in ("base", "noisy"):
+        a, b = _eval(whole / f"runs/{arm}/seed0"), _eval(split / f"runs/{arm}/seed0")
+        assert {k: v.tobytes() for k, v in a.items()} == {k: v.tobytes() for k, v in b.items()}, arm
+
+
+def test_a_report_before_the_candidate_has_run_says_so(spec_path, tmp_path):
+    from mxlab.report import write_report
+
+    spec_path.write_text(SPEC + '\n[report]\ncandidate = "noisy"\n')
+    spec = load_spec(spec_path, ["seeds=[0]"])
+    out = tmp_path / "out"
+    run_study(
+        spec, out, device="cpu", show_progress=False, options=ExecutionOptions(executor="inline"), only_arms=["base"]
+    )
+    write_report(out)
+    opening = (out / "report.md").read_text().splitlines()[2]
+    assert opening.startswith("**Decision: not decided**: the pre-registered candidate noisy has no finished run")
+
+
 def test_divergence_is_recorded_and_the_study_goes_on(spec_path, tmp_path):
     # the NaN loss from step 5 is planted in quantized models only: the poisoned (MXFP8) arm, not base (BF16)
     spec = load_spec(spec_path, ['arms=["base", "poisoned"]', "seeds=[0]", "model.nan_loss_from_step=5"])
