@@ -32,8 +32,9 @@ from mxlab.data.oracles import oracle_metrics
 from mxlab.experiment.evaluate import judged_metrics
 from mxlab.experiment.executors.local import LocalExecutor
 from mxlab.experiment.executors.mps import mps_daemon
-from mxlab.experiment.runner import fork_jobs, resolve_devices, run_jobs
+from mxlab.experiment.runner import resolve_devices, run_jobs
 from mxlab.experiment.spec import load_spec
+from mxlab.experiment.study_jobs import fork_jobs
 from mxlab.experiment.worker import make_data_source
 
 VARIANTS: dict[str, list[str]] = {

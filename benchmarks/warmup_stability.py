@@ -29,8 +29,9 @@ from unittest import mock
 
 from mxlab.analysis import outlying_values
 from mxlab.experiment.executors.local import InlineExecutor
-from mxlab.experiment.runner import fork_jobs, run_jobs
+from mxlab.experiment.runner import run_jobs
 from mxlab.experiment.spec import load_spec
+from mxlab.experiment.study_jobs import fork_jobs
 from mxlab.report.runs import read_training_log
 
 METRICS = ("ctr.ne", "ctcvr.ne", "ctr.auc", "ctcvr.auc")

@@ -44,7 +44,8 @@ def _timed_runs(spec: Any, arms: Sequence[str], out: Path, steps: int, runs_per_
     from mxlab.experiment.execution import ExecutionOptions
     from mxlab.experiment.executors import make_executor
     from mxlab.experiment.executors.mps import mps_daemon
-    from mxlab.experiment.runner import arm_jobs, recipe_arm, run_jobs
+    from mxlab.experiment.runner import run_jobs
+    from mxlab.experiment.study_jobs import arm_jobs, recipe_arm
     from mxlab.io import read_json
 
     timing = dataclasses.replace(

@@ -21,8 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     from mxlab.experiment.distributed import World
-    from mxlab.experiment.runner import check_out_dir, study_jobs, write_study_json
+    from mxlab.experiment.runner import check_out_dir, write_study_json
     from mxlab.experiment.spec import load_spec
+    from mxlab.experiment.study_jobs import study_jobs
     from mxlab.experiment.train import run_is_done, train_run
     from mxlab.experiment.worker import make_data_source
 

@@ -18,8 +18,9 @@ from mxlab import io
 from mxlab.experiment.artefacts import read_done, run_is_complete
 from mxlab.experiment.integrity import RERUNS, unfinished_reruns
 from mxlab.experiment.records import read_record, record_is_done, record_path, study_records
-from mxlab.experiment.runner import FORK_DIR, settings_changes
+from mxlab.experiment.runner import settings_changes
 from mxlab.experiment.spec import ExperimentSpec
+from mxlab.experiment.study_jobs import FORK_DIR
 
 ASIDE = "diverged"  # DIR/diverged/N: the folders and records of the runs the N-th rerun replaced
 

@@ -22,8 +22,9 @@ from mxlab import io
 from mxlab.experiment.execution import INLINE, ExecutionOptions
 from mxlab.experiment.executors import make_executor
 from mxlab.experiment.executors.mps import check_mps_devices, mps_daemon
-from mxlab.experiment.runner import arm_jobs, check_out_dir, fork_jobs, resolve_devices, run_phase
+from mxlab.experiment.runner import check_out_dir, resolve_devices, run_phase
 from mxlab.experiment.spec import ExperimentSpec, recipe_dir_for, resolve_recipe_path
+from mxlab.experiment.study_jobs import arm_jobs, fork_jobs
 from mxlab.experiment.train import RunJob, RunResult, build_run_model, estimated_total_steps
 from mxlab.experiment.worker import make_data_source
 

@@ -11,7 +11,8 @@ import torch
 
 from mxlab.experiment import load_spec
 from mxlab.experiment.execution import ExecutionOptions
-from mxlab.experiment.runner import run_study, study_jobs
+from mxlab.experiment.runner import run_study
+from mxlab.experiment.study_jobs import study_jobs
 from tests.experiment.test_end_to_end import MICRO, QUICKSTART
 
 FORK = MICRO + [

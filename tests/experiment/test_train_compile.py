@@ -20,7 +20,8 @@ import torch
 import mxlab.experiment.train as train_module
 from mxlab.experiment import load_spec
 from mxlab.experiment.execution import ExecutionOptions
-from mxlab.experiment.runner import run_study, study_jobs
+from mxlab.experiment.runner import run_study
+from mxlab.experiment.study_jobs import study_jobs
 from mxlab.experiment.train import train_run
 from mxlab.experiment.worker import make_data_source
 from mxlab.recipe import find_recipe

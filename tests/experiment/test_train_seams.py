@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from mxlab.experiment import load_spec
-from mxlab.experiment.runner import study_jobs
+from mxlab.experiment.study_jobs import study_jobs
 from mxlab.experiment.train import train_run
 from mxlab.experiment.worker import make_data_source
 from mxlab.models import build, esmm_loss

@@ -23,7 +23,7 @@ from mxlab.experiment import load_spec, worker
 from mxlab.experiment.executors import local
 from mxlab.experiment.executors.local import LocalExecutor
 from mxlab.experiment.executors.progress import StudyProgress
-from mxlab.experiment.runner import study_jobs
+from mxlab.experiment.study_jobs import study_jobs
 from tests.experiment.test_end_to_end import MICRO, QUICKSTART
 
 ROOT = Path(__file__).resolve().parents[2]
