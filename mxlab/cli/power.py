@@ -43,24 +43,41 @@ def power_main(
     max_seeds: int = 64,
     echo=typer.echo,
     effect_sd: float = 0.0,
+    plan: Path | None = None,
+    step_times: Path | None = None,
+    spread_scale: float = 1.0,
 ) -> int:
     """Print the noise model, per margin the seeds the candidate needs to ship with the settings' power at a
     true delta of 0 and their device-hours, and per number of seeds the A/A regression rate, the ship rate
-    and the power to find ``effect`` on ``metric``. Returns the exit status; refuses (status 2) a bad
-    option or pilot, naming the value and what is accepted."""
+    and the power to find ``effect`` on ``metric``. With ``plan`` (a spec) and ``step_times`` (its shape's
+    `mxlab bench step --json`), sizes that study from the pilot's spread x ``spread_scale``
+    (mxlab.analysis.plan). Returns the exit status; refuses (status 2) a bad option or pilot, naming the value
+    and what is accepted."""
     from mxlab.analysis.pilot import read_pilot
     from mxlab.analysis.power import NoiseModel, seeds_to_ship, simulate_decision
     from mxlab.experiment.report_settings import METRIC_KINDS, ReportSettings, worse_when
 
     try:
         seed_counts = _numbers("--seeds", seeds, int, 1)
+        notes: list[str] = []
+        if (plan is None) != (step_times is None):
+            raise ValueError(
+                "--plan SPEC and --step-times BENCH.json go together: the plan's runs are priced by the bench"
+            )
+        if plan is not None and pilot is None:
+            raise ValueError("--plan needs --pilot DIR: the spread it carries to the plan")
         if pilot is not None:
             p = read_pilot(pilot)
+            spread = f"paired spread over {p.n_seeds} seeds of {', '.join(p.pool)}"
+            header = f"pilot {p.name}: {spread}; step times measured on {p.device}"
+            if plan is not None:
+                from mxlab.analysis.plan import plan_pilot, read_bench_steps
+                from mxlab.experiment.spec import load_spec
+
+                pilot_name = p.name
+                p, notes = plan_pilot(p, load_spec(plan), read_bench_steps(step_times), spread_scale)
+                header = f"plan {p.name} sized from pilot {pilot_name}'s {spread}"
             settings, models, n_candidates = p.settings, p.models, p.n_candidates
-            header = (
-                f"pilot {p.name}: paired spread over {p.n_seeds} seeds of {', '.join(p.pool)}; "
-                f"step times measured on {p.device}"
-            )
         else:
             if seed_sd is None or eval_sd is None:
                 raise ValueError("give --pilot DIR (a study folder or its summary.json), or --seed-sd and --eval-sd")
@@ -87,6 +104,8 @@ def power_main(
         echo(f"error: {error}")
         return 2
     echo(header)
+    for note in notes:
+        echo(f"  {note}")
     for m, model in models.items():
         echo(
             f"  {m}: retraining sd {model.seed_sd:.4g}, eval sd {model.eval_sd:.4g}, shared {model.eval_shared:.2f}, "
@@ -179,6 +198,26 @@ def register(app: typer.Typer) -> None:
         ),
         studies: int = typer.Option(1000, "--studies", metavar="N", min=10, help="Simulated studies per row."),
         max_seeds: int = typer.Option(64, "--max-seeds", metavar="K", min=3, help="The most seeds tried."),
+        plan: Path | None = typer.Option(
+            None,
+            "--plan",
+            metavar="SPEC",
+            help="Size this larger study from the pilot: its arms, candidate, controls and [report] margins, its "
+            "runs of train.max_steps priced by --step-times.",
+        ),
+        step_times: Path | None = typer.Option(
+            None,
+            "--step-times",
+            metavar="BENCH.json",
+            help="With --plan: `mxlab bench step --json` at the plan's model and batch (refused at another shape).",
+        ),
+        spread_scale: float = typer.Option(
+            1.0,
+            "--spread-scale",
+            metavar="X",
+            min=1e-6,
+            help="With --plan: the stated assumption that the plan's retraining sd is X times the pilot's.",
+        ),
     ) -> None:
         """Simulate the candidate's decision: seeds and device-hours to ship per margin; A/A and power per seeds.
 
@@ -202,5 +241,8 @@ def register(app: typer.Typer) -> None:
                 studies,
                 max_seeds,
                 effect_sd=effect_sd,
+                plan=plan,
+                step_times=step_times,
+                spread_scale=spread_scale,
             )  # fmt: skip
         )
