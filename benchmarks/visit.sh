@@ -14,6 +14,8 @@
 #   linear-compile  mxlab bench linear --compile at M = 65536, K = N = 512 / 1024 / 4096 -> bench_linear_compile.CARD.txt/.json
 #   ab=DIR          benchmarks/ab_step.sh DIR (a folder of files laid out as in the tree) -> ab.txt, ab_{base,other,base2}.txt
 #   gelu            benchmarks/gelu_cast_probe.py at the h200 model's hidden activation -> gelu_cast_probe.CARD.txt/.json
+#   step=SPEC       mxlab bench step of every arm of SPEC at its own sizes (the step times `mxlab power --plan` prices
+#                   a plan by) -> bench_step_NAME.CARD.txt/.json
 #   step-compile[=SPEC]  mxlab bench step --compile, bf16 and mxfp8-rceil: at the h200 preset -> bench_step_compile.CARD.txt/.json;
 #                   with SPEC at that spec's own sizes -> bench_step_compile_NAME.CARD.txt/.json (NAME: the spec file's name)
 #   baseline        benchmarks/baseline_check.py: 16 + 16 gem-mxfp8 BF16 warm-ups, new and old training recipe -> baseline_check.CARD.txt/.json
@@ -69,6 +71,9 @@ for job in "$@"; do
              run_to "$out/bench_linear.$card.txt" python3 -m mxlab.cli bench linear --json "$out/bench_linear.$card.json" ;;
     linear-compile) run_to "$out/bench_linear_compile.$card.txt" python3 -m mxlab.cli bench linear --compile \
              --shape 65536x512x512 --shape 65536x1024x1024 --shape 65536x4096x4096 --json "$out/bench_linear_compile.$card.json" ;;
+    step) file=bench_step_$(basename "${arg%.toml}")
+          run_to "$out/$file.$card.txt" python3 -m mxlab.cli bench step --spec "$arg" --warmup 3 --steps 10 --batches 2 \
+            --json "$out/$file.$card.json" ;;
     step-compile) if [ -n "$arg" ]; then file=bench_step_compile_$(basename "${arg%.toml}")
                run_to "$out/$file.$card.txt" python3 -m mxlab.cli bench step --spec "$arg" --arm mxfp8-rceil --warmup 3 \
                  --steps 20 --batches 2 --compile --json "$out/$file.$card.json"
