@@ -55,8 +55,11 @@ def test_bench_step_on_the_cpu_writes_every_field(tmp_path):
     base, mx = record["arms"]
     assert base["ratio_to_baseline"] == 1.0
     assert mx["ratio_to_baseline"] == pytest.approx(mx["ms_per_step"] / base["ms_per_step"])
+    assert record["complete"] is True
+    assert "bf16 (eager): " in result.output and "mxfp8-floor (eager): " in result.output  # a line as each is timed
     for row in record["arms"]:
         assert row["ms_per_step"] > 0 and row["peak_memory_gib"] is None and row["note"] == ""
+        assert row["warmup_s"] > 0
         assert row["model_tflops"] == pytest.approx(record["flops_per_step"] / (row["ms_per_step"] * 1e-3) / 1e12)
         assert row["mfu"] == pytest.approx(row["model_tflops"] / 2)
         assert 0 < row["last_loss"] < 5
@@ -129,6 +132,29 @@ def test_bench_step_on_cuda_measures_peak_memory_per_arm(tmp_path):
     assert json.loads((tmp_path / "step.json").read_text())["arms"] == result["arms"]
     for row in result["arms"]:
         assert row["note"] == "" and row["ms_per_step"] > 0 and 0 < row["peak_memory_gib"] < 10
+
+
+def test_a_bench_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    import mxlab.bench.step as bench
+
+    original = bench.time_arm
+
+    def stopped(spec, recipe, *args, **kwargs):
+        if recipe.name == "mxfp4-all":
+            raise KeyboardInterrupt  # what a time limit's signal does part-way
+        return original(spec, recipe, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "time_arm", stopped)
+    out = tmp_path / "step.json"
+    lines: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        bench.run_step_bench(
+            QUICKSTART, batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu", json_path=out,
+            echo=lines.append,
+        )  # fmt: skip
+    record = json.loads(out.read_text())
+    assert record["complete"] is False and [row["arm"] for row in record["arms"]] == ["bf16", "mxfp8-rceil"]
+    assert [line.split(":")[0] for line in lines] == ["bf16 (eager)", "mxfp8-rceil (eager)"]
 
 
 def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):

@@ -51,6 +51,7 @@ class StepMeasurement:
     skipped_steps: int = 0
     note: str = ""
     compiled: bool = False
+    warmup_s: float | None = None  # wall time of the warm-up steps (with `compile`: the compilation)
 
 
 def bench_spec(
@@ -149,19 +150,23 @@ def time_arm(
     warmup: int,
     steps: int,
     compile: bool = False,
-) -> tuple[float, int | None, float, int]:
+) -> tuple[float, int | None, float, int, float]:
     """Build the arm (`arm_stepper`, compiled with `compile` from an empty compile cache), take `warmup` then
     `steps` timed steps over `batches` in turn.
 
-    Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps).
+    Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps,
+    seconds of the warm-up steps: building the model excluded, compiling it included).
     """
     if compile:
         torch._dynamo.reset()
     take, _, scaler = arm_stepper(spec, recipe, info, batches, device, compile)
+    warming = time.perf_counter()
     for index in range(warmup):
         take(index)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    warmup_s = time.perf_counter() - warming
+    if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for index in range(warmup, warmup + steps):
@@ -176,7 +181,7 @@ def time_arm(
             losses = take(index)
         ms = (time.perf_counter() - began) * 1e3 / steps
         peak = None
-    return ms, peak, float(losses[0]), int(getattr(scaler, "skipped_steps", 0))
+    return ms, peak, float(losses[0]), int(getattr(scaler, "skipped_steps", 0)), warmup_s
 
 
 def run_step_bench(
@@ -201,8 +206,10 @@ def run_step_bench(
 
     Returns (and writes to `json_path` when given) {spec, device, model, batch_size, history
     (mean, max tokens per example), flops_per_step, peak_tflops, warmup, steps, batches, compile, torch,
-    arms: [StepMeasurement as dict]}. An arm whose backend cannot run on `device`, or that runs
-    out of memory, gets a row with a note and no figures. Refuses (ValueError) an unknown arm,
+    arms: [StepMeasurement as dict], complete}. Each row is echoed as it is measured and `json_path` rewritten
+    with the rows so far (complete False until the last), so a run stopped part-way keeps what it measured.
+    An arm whose backend cannot run on `device`, or that runs out of memory, gets a row with a note and no
+    figures. Refuses (ValueError) an unknown arm,
     device "cuda" without CUDA, steps < 1, warmup < 0, peak_tflops <= 0.
     """
     from mxlab.experiment.spec import recipe_dir_for, resolve_recipe_path
@@ -233,38 +240,56 @@ def run_step_bench(
     timed = [index % len(on_device) for index in range(warmup, warmup + steps)]
     flops = sum(model_flops(spec.model, info, lengths[index]).train_step for index in timed) / steps
     rows: list[StepMeasurement] = []
+    all_lengths = torch.cat(lengths)
+
+    def result(complete: bool) -> dict[str, Any]:
+        return {
+            "spec": str(spec_path),
+            "device": torch.cuda.get_device_name(target) if target.type == "cuda" else "cpu",
+            "model": spec.model,
+            "precision": spec.train.precision,
+            "batch_size": spec.train.batch_size,
+            "history": {"mean": float(all_lengths.double().mean()), "max": int(all_lengths.max())},
+            "flops_per_step": flops,
+            "peak_tflops": peak_tflops,
+            "warmup": warmup,
+            "steps": steps,
+            "batches": len(on_device),
+            "compile": compile,
+            "torch": torch.__version__,
+            "arms": [asdict(row) for row in rows],
+            "complete": complete,
+        }
+
+    def measured(row: StepMeasurement) -> None:
+        rows.append(row)
+        echo(row_line(asdict(row)))
+        if json_path is not None:
+            write_json(Path(json_path), result(complete=False))
+
     for arm, compiled in [(arm, compiled) for arm in names for compiled in ((False, True) if compile else (False,))]:
         reason = recipe_unavailable_reason(recipes[arm], target)
         if reason is not None:
-            rows.append(StepMeasurement(arm, None, None, None, None, None, None, note=reason, compiled=compiled))
+            measured(StepMeasurement(arm, None, None, None, None, None, None, note=reason, compiled=compiled))
             continue
         _free(target)
         if compiled:
             echo(f"{arm}: compiling (the {warmup} warm-up steps compile the model; minutes for the GEM model)...")
         try:
-            ms, peak, loss, skipped = time_arm(spec, recipes[arm], info, on_device, target, warmup, steps, compiled)
+            ms, peak, loss, skipped, warmup_s = time_arm(
+                spec, recipes[arm], info, on_device, target, warmup, steps, compiled
+            )
         except RuntimeError as error:  # torch.cuda.OutOfMemoryError is one; a Triton launch says "out of memory"
             if not (isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()):
                 raise
-            rows.append(
-                StepMeasurement(
-                    arm,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    note=f"out of memory: {str(error).splitlines()[0]}",
-                    compiled=compiled,
-                )
-            )
+            note = f"out of memory: {str(error).splitlines()[0]}"
+            measured(StepMeasurement(arm, None, None, None, None, None, None, note=note, compiled=compiled))
             continue
         finally:
             _free(target)
         tflops = flops / (ms * 1e-3) / 1e12
         baseline_ms = rows[0].ms_per_step if rows else ms
-        rows.append(
+        measured(
             StepMeasurement(
                 arm,
                 ms,
@@ -275,29 +300,23 @@ def run_step_bench(
                 loss,
                 skipped,
                 compiled=compiled,
+                warmup_s=warmup_s,
             )
         )
-    all_lengths = torch.cat(lengths)
-    result = {
-        "spec": str(spec_path),
-        "device": torch.cuda.get_device_name(target) if target.type == "cuda" else "cpu",
-        "model": spec.model,
-        "precision": spec.train.precision,
-        "batch_size": spec.train.batch_size,
-        "history": {"mean": float(all_lengths.double().mean()), "max": int(all_lengths.max())},
-        "flops_per_step": flops,
-        "peak_tflops": peak_tflops,
-        "warmup": warmup,
-        "steps": steps,
-        "batches": len(on_device),
-        "compile": compile,
-        "torch": torch.__version__,
-        "arms": [asdict(row) for row in rows],
-    }
-    echo(format_table(result))
+    final = result(complete=True)
+    echo(format_table(final))
     if json_path is not None:
-        write_json(Path(json_path), result)
-    return result
+        write_json(Path(json_path), final)
+    return final
+
+
+def row_line(row: dict[str, Any]) -> str:
+    """One measured row as a progress line: arm, mode, ms per step and ratio (or the note), warm-up seconds."""
+    mode = "compiled" if row.get("compiled") else "eager"
+    if row["ms_per_step"] is None:
+        return f"{row['arm']} ({mode}): {row['note']}"
+    warm = f", warm-up {row['warmup_s']:.1f} s" if row.get("warmup_s") is not None else ""
+    return f"{row['arm']} ({mode}): {row['ms_per_step']:.1f} ms / step, {row['ratio_to_baseline']:.2f}x baseline{warm}"
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -316,8 +335,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"{result['warmup']} warm-up + {result['steps']} timed steps; x baseline: ms / ms of the eager "
         f"{result['arms'][0]['arm'] if result['arms'] else 'baseline'} in this run",
         "",
-        "| arm | mode | ms / step | x baseline | model TFLOP/s | MFU | peak GiB | note |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | mode | ms / step | x baseline | model TFLOP/s | MFU | peak GiB | warm-up s | note |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["arms"]:
         mode = "compiled" if row.get("compiled") else "eager"
@@ -325,7 +344,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"| {row['arm']} | {mode} | {figure(row['ms_per_step'], '{:.1f}')} | "
             f"{figure(row['ratio_to_baseline'], '{:.2f}')} | "
             f"{figure(row['model_tflops'], '{:.3g}')} | {figure(row['mfu'], '{:.2%}')} | "
-            f"{figure(row['peak_memory_gib'], '{:.1f}')} | {row['note']} |"
+            f"{figure(row['peak_memory_gib'], '{:.1f}')} | {figure(row.get('warmup_s'), '{:.1f}')} | {row['note']} |"
         )
     return "\n".join(lines)
 
@@ -338,6 +357,7 @@ __all__ = [
     "bench_spec",
     "device_batches",
     "format_table",
+    "row_line",
     "run_step_bench",
     "time_arm",
 ]
