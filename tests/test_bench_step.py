@@ -149,7 +149,8 @@ def test_a_bench_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypat
     lines: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         bench.run_step_bench(
-            QUICKSTART, batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu", json_path=out,
+            QUICKSTART, preset="tiny", batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu",
+            json_path=out,
             echo=lines.append,
         )  # fmt: skip
     record = json.loads(out.read_text())
@@ -169,7 +170,15 @@ def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):
 
     monkeypatch.setattr(bench, "time_arm", failing)
     result = bench.run_step_bench(
-        QUICKSTART, batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu", echo=lambda text: None
+        QUICKSTART,
+        preset="tiny",
+        batch_size=16,
+        max_history=8,
+        warmup=0,
+        steps=1,
+        batches=1,
+        device="cpu",
+        echo=lambda text: None,
     )
     rows = {row["arm"]: row for row in result["arms"]}
     assert list(rows) == ["bf16", "mxfp8-rceil", "mxfp4-all"]
