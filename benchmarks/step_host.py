@@ -1,6 +1,7 @@
 """The host side of a whole training step on the CPU, BF16 against MX arms, with the MX cast kernels' launches
 stubbed out (mxlab.bench.host): how much of an MX step at a study's size is this project's Python around the
-casts, and how many cast launches a step makes (each costs a Triton launch on a GPU, which the stub leaves out).
+casts, and how many cast launches a step makes (each costs a Triton launch on a GPU, which the stub leaves out;
+the stub zeroes each launch's outputs, and the seconds that takes are printed, inside the step's time).
 
 An exploration for the study-throughput work (not imported by the library). The model runs eagerly on one CPU
 thread at a small batch, so its own ops cost what their dispatch costs; the casts return at once. The MX arm's
@@ -16,29 +17,14 @@ GPU step does not have.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 from pathlib import Path
-from unittest import mock
 
 import torch
 
-from mxlab.bench.cast_kernels import cast_kernels_replaced
+from mxlab.bench.host import stubbed_cast_launches
 from mxlab.bench.step import arm_stepper, bench_spec, device_batches
 from mxlab.recipe import load_recipe
-
-
-class CountingLaunch:
-    """Stands in for a @triton.jit cast kernel: `[grid](...)` counts the launch and returns at once."""
-
-    def __init__(self) -> None:
-        self.launches = 0
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs) -> None:
-            self.launches += 1
-
-        return launch
 
 
 def main() -> None:
@@ -53,34 +39,35 @@ def main() -> None:
     torch.set_num_threads(1)
     spec = bench_spec(args.spec, batch_size=args.batch, max_history=args.max_history, batches=1, overrides=())
     cpu = torch.device("cpu")
-    counter = CountingLaunch()
     print(
         f"{args.spec}: model dim {spec.model['dim']}, {spec.model['layers']} layers, batch {args.batch}, histories "
-        f"up to {args.max_history}; one CPU thread, MX cast launches stubbed; best of {args.loops} x {args.steps} steps"
+        f"up to {args.max_history}; one CPU thread, MX cast launches stubbed (outputs zeroed); "
+        f"best of {args.loops} x {args.steps} steps"
     )
     baseline_ms = None
     for arm in [spec.baseline, *(args.arm or ["mxfp8-rceil"])]:
-        with (
-            cast_kernels_replaced(lambda kernel: counter),
-            mock.patch.dict(os.environ, TRITON_INTERPRET="1", MXLAB_BACKEND="triton"),
-        ):
+        with stubbed_cast_launches() as counter:
             batches, info = device_batches(spec, 1, cpu)
-            take, _, _ = arm_stepper(spec, load_recipe(arm), info, batches, cpu)
+            take, _, scaler = arm_stepper(spec, load_recipe(arm), info, batches, cpu)
             for index in range(3):
                 take(index)
             counter.launches = 0
             take(0)
             launches = counter.launches
-            best = float("inf")
+            best, fills = float("inf"), 0.0
             for _ in range(args.loops):
+                counter.fill_s = 0.0
                 began = time.perf_counter()
                 for index in range(args.steps):
                     take(index)
-                best = min(best, (time.perf_counter() - began) / args.steps)
-        ms = best * 1e3
+                elapsed = (time.perf_counter() - began) / args.steps
+                if elapsed < best:
+                    best, fills = elapsed, counter.fill_s / args.steps
+        ms, fill_ms = best * 1e3, fills * 1e3
         baseline_ms = baseline_ms or ms
         print(f"  {arm:<16} {ms:7.1f} ms / step  {ms / baseline_ms:5.2f}x  +{ms - baseline_ms:5.1f} ms  "
-              f"{launches} cast launches / step")  # fmt: skip
+              f"{launches} cast launches / step, the stub's output fills {fill_ms:.1f} ms of it, "
+              f"{int(getattr(scaler, 'skipped_steps', 0))} steps skipped by the loss scaler")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ to `nn.Linear` timed in the same run, on the CPU with the MX cast kernels' launc
 
 A step of a small layer on a GPU costs at least its host time: dispatch, views and launch arguments of
 every cast, autograd, the GEMMs' host side. This bench isolates the part mxlab's Python adds. CPU
-tensors take the Triton path (TRITON_INTERPRET=1 while it runs) and every launch returns at once, so
-nothing is computed and the outputs are not looked at: only the time counts. Not in it: Triton's own
+tensors take the Triton path (TRITON_INTERPRET=1 while it runs) and every launch only zeroes its outputs (time
+left out of the figures), so nothing is computed: only the host time counts. Not in it: Triton's own
 launch cost, CUDA's, and `qmatmul`'s exactness check of float32 operands (which runs, and synchronizes,
 on CUDA only). The GEMMs run on the CPU at a small width (default 64), so they cost little.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from unittest import mock
@@ -35,21 +36,39 @@ class HostMeasurement:
     ratio: float
 
 
-class _NoLaunch:
-    """Stands in for a @triton.jit kernel: `[grid](*args, **options)` returns at once."""
+class LaunchStub:
+    """Stands in for the @triton.jit cast kernels: `[grid](*args, **options)` zeroes the launch's output
+    tensors (every tensor argument after the input) and returns. Left uninitialised, outputs can hold NaNs or
+    subnormals that slow the CPU GEMMs after them by chance, and non-finite gradients make a loss scaler
+    skip its steps. `launches` counts the launches, `fill_s` totals the seconds the zeroing took (what a
+    timing leaves out)."""
+
+    def __init__(self) -> None:
+        self.launches = 0
+        self.fill_s = 0.0
 
     def __getitem__(self, grid):
-        return lambda *args, **kwargs: None
+        return self._launch
+
+    def _launch(self, *args, **kwargs) -> None:
+        self.launches += 1
+        began = time.perf_counter()
+        for value in args[1:]:
+            if isinstance(value, torch.Tensor) and value.numel():
+                value.zero_()
+        self.fill_s += time.perf_counter() - began
 
 
 @contextlib.contextmanager
-def stubbed_cast_launches() -> Iterator[None]:
-    """The MX cast kernels' launches as no-ops, CPU tensors on the Triton path; restores both on exit."""
+def stubbed_cast_launches() -> Iterator[LaunchStub]:
+    """The MX cast kernels' launches replaced by one `LaunchStub` (yielded), CPU tensors on the Triton path;
+    restores both on exit."""
+    stub = LaunchStub()
     with (
-        cast_kernels_replaced(lambda kernel: _NoLaunch()),
+        cast_kernels_replaced(lambda kernel: stub),
         mock.patch.dict(os.environ, TRITON_INTERPRET="1", MXLAB_BACKEND="triton"),
     ):
-        yield
+        yield stub
 
 
 def run_host_bench(
@@ -85,11 +104,11 @@ def run_host_bench(
 
     baseline = best_host_us(layer_step(linear()), steps, loops)
     results = [HostMeasurement("nn.Linear (bf16)", baseline, 1.0)]
-    with stubbed_cast_launches():
+    with stubbed_cast_launches() as stub:
         for name, recipe in loaded:
             model = linear()
             apply_recipe(model, recipe)
-            microseconds = best_host_us(layer_step(model), steps, loops)
+            microseconds = best_host_us(layer_step(model), steps, loops, excluded=lambda: stub.fill_s)
             results.append(HostMeasurement(f"QLinear {name}", microseconds, microseconds / baseline))
     echo(
         f"host time of one forward + backward, {tokens}x{width} BF16 input, cast launches stubbed "

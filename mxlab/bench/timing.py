@@ -85,14 +85,19 @@ def do_bench_graph_ms(step: Callable[[], object]) -> float:
         return do_bench_ms(step)
 
 
-def best_host_us(step: Callable[[], object], steps: int, loops: int) -> float:
+def best_host_us(
+    step: Callable[[], object], steps: int, loops: int, excluded: Callable[[], float] | None = None
+) -> float:
     """Microseconds per call of `step` on the host, the best of `loops` loops of `steps` calls (after one
-    warm-up call)."""
+    warm-up call). `excluded`: a running total of seconds spent in work the figure leaves out, read before
+    and after each loop."""
     step()
     best = float("inf")
     for _ in range(loops):
+        left_out = excluded() if excluded is not None else 0.0
         start = time.perf_counter()
         for _ in range(steps):
             step()
-        best = min(best, (time.perf_counter() - start) / steps * 1e6)
+        elapsed = time.perf_counter() - start - ((excluded() - left_out) if excluded is not None else 0.0)
+        best = min(best, elapsed / steps * 1e6)
     return best
