@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from mxlab.data.batch import DataInfo
-from mxlab.models.gem import ModelConfig, validate_model_config
+from mxlab.models.gem import ModelConfig, non_sequence_tokens, validate_model_config
 
 BACKWARD_FACTOR = 3  # forward + backward = 3 x forward
 
@@ -57,11 +57,6 @@ class FlopCount:
         return BACKWARD_FACTOR * self.forward
 
 
-def n_tokens(info: DataInfo) -> int:
-    """The non-sequence tokens per example: one per sparse field, plus one for the dense features."""
-    return len(info.field_cardinalities) + (1 if info.n_dense else 0)
-
-
 def model_flops(
     model_config: ModelConfig | dict[str, Any], info: DataInfo, history_lengths: Sequence[int] | torch.Tensor
 ) -> FlopCount:
@@ -76,7 +71,7 @@ def model_flops(
         raise ValueError("history_lengths must be >= 0")
     batch, tokens, pairs_sum = float(lengths.numel()), float(lengths.sum()), float((lengths * lengths).sum())
     dim, seeds, width, rank = config.dim, config.pma_seeds, config.interaction_dim, config.cross_rank
-    queries = n_tokens(info)
+    queries = non_sequence_tokens(info, config)
     self_pairs = (pairs_sum + tokens) / 2 if config.causal else pairs_sum
 
     def linear(rows: float, fan_in: int, fan_out: int) -> float:
@@ -112,4 +107,4 @@ def model_flops(
     return FlopCount(parts)
 
 
-__all__ = ["BACKWARD_FACTOR", "FlopCount", "model_flops", "n_tokens"]
+__all__ = ["BACKWARD_FACTOR", "FlopCount", "model_flops"]

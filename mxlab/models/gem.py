@@ -7,7 +7,8 @@ product inside a `JaggedAttention`, so a recipe can name it):
    offset per field], the history item table [``embeddings.items``], which the candidate field
    (when the source has one) shares so the candidate and its history live in one space, and
    the action types [``embeddings.actions``]. Dense features become one token
-   [``dense_proj``].
+   [``dense_proj``]; with ``history_length_token`` the history length's bucket one more
+   [``length_token.embedding``].
 2. History encoder over the jagged histories [``history.blocks.{i}``]: pre-norm blocks of
    self-attention with QK-norm, optional rotary positions and optional causality, activation
    softmax or SiLU [``attn.qkv``, ``attn.core``, ``attn.out``], then an MLP [``mlp.fc1``,
@@ -46,9 +47,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from mxlab.data.batch import DataInfo, JaggedBatch
-from mxlab.models.side_features import history_field_ids
+from mxlab.models.side_features import HistoryLengthToken, history_field_ids
 from mxlab.nn.attention import ACTIVATIONS, JaggedAttention
-from mxlab.nn.norms import layer_norm, rms_norm
+from mxlab.nn.norms import LayerNorm, RMSNorm
 from mxlab.nn.rotary import RotaryTable, rotary_embedding, rotary_table, segment_positions
 from mxlab.tables import OMITTED_AT_DEFAULT, field_names, table_to_dataclass
 
@@ -89,7 +90,8 @@ class ModelConfig:
     short run starts calibrated). ``mlp_ratio`` is the hidden width of the history MLP over dim.
     ``history_item_fields`` names sparse fields whose value for each history item (the source's
     ``DataInfo.item_fields``, e.g. an item's topic) is added to that history token, from the same
-    embedding rows as the candidate's field token.
+    embedding rows as the candidate's field token. ``history_length_token`` adds a non-sequence token: the
+    embedding of the history length's bucket (`mxlab.models.side_features`).
     """
 
     size: str = DEFAULT_SIZE
@@ -111,6 +113,7 @@ class ModelConfig:
     initial_ctr: float = 0.04
     initial_cvr: float = 0.1
     history_item_fields: tuple[str, ...] = dataclasses.field(default=(), metadata=OMITTED_AT_DEFAULT)
+    history_length_token: bool = dataclasses.field(default=False, metadata=OMITTED_AT_DEFAULT)
 
     def __post_init__(self) -> None:
         if self.size not in PRESETS:
@@ -174,41 +177,6 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(F.gelu(self.fc1(x))))
-
-
-class LayerNorm(nn.LayerNorm):
-    """nn.LayerNorm over the last dim (same parameters) that returns its input's dtype, also under autocast.
-
-    Autocast runs layer_norm in float32 and returns float32; here a bfloat16 input stays bfloat16
-    (`mxlab.nn.norms.layer_norm`: statistics in float32, the affine parameters cast to the input's
-    dtype, as autocast casts a Linear's weight; one Triton kernel on CUDA). Refuses (ValueError) a
-    normalized shape of more than one dim.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if len(self.normalized_shape) != 1:
-            raise ValueError(
-                f"LayerNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}"
-            )
-        return layer_norm(x, self.weight, self.bias, self.eps)
-
-
-class RMSNorm(nn.RMSNorm):
-    """nn.RMSNorm over the last dim (same parameters) that returns its input's dtype, also under autocast.
-
-    `mxlab.nn.norms.rms_norm`: the mean square accumulates in float32, the weight is cast to the
-    input's dtype; on CUDA one Triton kernel reads a strided input (the heads of a projection) as
-    is. With ``eps=None`` the epsilon is float32's (what a float32 norm uses), whatever the input's
-    dtype. Refuses (ValueError) a normalized shape of more than one dim.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if len(self.normalized_shape) != 1:
-            raise ValueError(
-                f"RMSNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}"
-            )
-        eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
-        return rms_norm(x, self.weight, eps)
 
 
 def activation_dtype(device_type: str, default: torch.dtype) -> torch.dtype:
@@ -407,6 +375,12 @@ class Embeddings(nn.Module):
             nn.init.normal_(table.weight, std=0.05)
 
 
+def non_sequence_tokens(info: DataInfo, config: ModelConfig) -> int:
+    """The tokens per example besides the history: one per sparse field, one for the dense features (if any),
+    one for the history length (`history_length_token`)."""
+    return len(info.field_cardinalities) + (1 if info.n_dense else 0) + (1 if config.history_length_token else 0)
+
+
 class GEMModel(nn.Module):
     """The GEM-like model; `forward(batch: JaggedBatch) -> ModelOutput` (see the module docstring)."""
 
@@ -429,7 +403,8 @@ class GEMModel(nn.Module):
             persistent=False,
         )
         self.dense_proj = nn.Linear(info.n_dense, dim) if info.n_dense else None
-        n_tokens = len(cardinalities) + (1 if info.n_dense else 0)
+        self.length_token = HistoryLengthToken(config.max_history, dim) if config.history_length_token else None
+        n_tokens = non_sequence_tokens(info, config)
         if n_tokens == 0:
             raise ValueError("the data source has neither sparse fields nor dense features")
         self.token_norm = LayerNorm(dim)
@@ -445,7 +420,7 @@ class GEMModel(nn.Module):
         )
 
     def tokens(self, batch: JaggedBatch, dtype: torch.dtype) -> torch.Tensor:
-        """Return the non-sequence tokens (B, T, dim) in `dtype`: candidate, other fields, dense."""
+        """Return the non-sequence tokens (B, T, dim) in `dtype`: candidate, other fields, dense, history length."""
         parts = []
         if self.candidate_field is not None:
             parts.append(self.embeddings.items(batch.sparse[:, self.candidate_field])[:, None, :])
@@ -454,6 +429,8 @@ class GEMModel(nn.Module):
             parts.append(self.embeddings.fields(ids))
         if self.dense_proj is not None:
             parts.append(self.dense_proj(batch.dense)[:, None, :])
+        if self.length_token is not None:
+            parts.append(self.length_token(batch.history_offsets)[:, None, :])
         return self.token_norm(torch.cat([part.to(dtype) for part in parts], dim=1))
 
     def forward(self, batch: JaggedBatch) -> ModelOutput:
@@ -489,5 +466,6 @@ __all__ = [
     "ModelOutput",
     "PRESETS",
     "build_model",
+    "non_sequence_tokens",
     "validate_model_config",
 ]

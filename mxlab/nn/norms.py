@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from mxlab.numerics.quant import kernel_module
 
@@ -46,3 +47,38 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor 
         return _kernel_norm("layer_norm", x, weight, bias, eps)
     with torch.autocast(x.device.type, enabled=False):
         return F.layer_norm(x, x.shape[-1:], _like(weight, x), _like(bias, x), eps)
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm over the last dim (same parameters) that returns its input's dtype, also under autocast.
+
+    Autocast runs layer_norm in float32 and returns float32; here a bfloat16 input stays bfloat16
+    (`mxlab.nn.norms.layer_norm`: statistics in float32, the affine parameters cast to the input's
+    dtype, as autocast casts a Linear's weight; one Triton kernel on CUDA). Refuses (ValueError) a
+    normalized shape of more than one dim.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.normalized_shape) != 1:
+            raise ValueError(
+                f"LayerNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}"
+            )
+        return layer_norm(x, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(nn.RMSNorm):
+    """nn.RMSNorm over the last dim (same parameters) that returns its input's dtype, also under autocast.
+
+    `mxlab.nn.norms.rms_norm`: the mean square accumulates in float32, the weight is cast to the
+    input's dtype; on CUDA one Triton kernel reads a strided input (the heads of a projection) as
+    is. With ``eps=None`` the epsilon is float32's (what a float32 norm uses), whatever the input's
+    dtype. Refuses (ValueError) a normalized shape of more than one dim.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(self.normalized_shape) != 1:
+            raise ValueError(
+                f"RMSNorm normalizes the last dim only; got normalized_shape {tuple(self.normalized_shape)}"
+            )
+        eps = torch.finfo(torch.float32).eps if self.eps is None else self.eps
+        return rms_norm(x, self.weight, eps)

@@ -46,10 +46,13 @@ def test_flops_of_a_small_case_match_a_hand_count():
         model_flops(CONFIG, INFO, [1, -1])
 
 
-def test_flops_match_the_gemms_and_attention_pairs_the_model_runs():
-    """Count every nn.Linear call (2 M K N) and every attention call's pairs in a real forward."""
+@pytest.mark.parametrize("length_token", [False, True])
+def test_flops_match_the_gemms_and_attention_pairs_the_model_runs(length_token):
+    """Count every nn.Linear call (2 M K N) and every attention call's pairs in a real forward (with the history
+    length's token: one more query of the token cross-attention, a wider interaction input)."""
     torch.manual_seed(0)
-    model = build_model(CONFIG, INFO).eval()
+    config = {**CONFIG, "history_length_token": length_token}
+    model = build_model(config, INFO).eval()
     counted = {"gemm": 0.0, "attention": 0.0}
 
     def linear_hook(module, args, output):
@@ -80,5 +83,6 @@ def test_flops_match_the_gemms_and_attention_pairs_the_model_runs():
     )
     with torch.no_grad():
         model(batch)
-    flops = model_flops(CONFIG, INFO, LENGTHS)
+    flops = model_flops(config, INFO, LENGTHS)
     assert counted["gemm"] == flops.gemm and counted["attention"] == flops.attention
+    assert (flops.gemm > model_flops(CONFIG, INFO, LENGTHS).gemm) == length_token

@@ -298,7 +298,7 @@ def test_esmm_loss_is_finite_with_finite_gradients_at_extreme_logits():
 
 
 def test_rms_norm_keeps_the_input_dtype_under_autocast_and_refuses_two_normalized_dims():
-    from mxlab.models.gem import RMSNorm
+    from mxlab.nn.norms import RMSNorm
 
     norm = RMSNorm(16)
     x = torch.randn(5, 2, 16, dtype=torch.bfloat16)
@@ -340,3 +340,30 @@ def test_history_item_fields_refuse_fields_the_source_does_not_state(source):
     with pytest.raises(ValueError, match=r"history_item_fields: 'ad_topic' is not an item field of source 'bare'"):
         info = DataInfo(n_dense=0, field_cardinalities=(5,), n_items=5, n_actions=1, has_truth=False, name="bare")
         _model(info, history_item_fields=["ad_topic"])
+
+
+def test_the_history_length_token_embeds_each_examples_length_bucket(source):
+    import math
+
+    from mxlab.models.side_features import history_length_boundaries
+
+    boundaries = history_length_boundaries(128)
+    octave_quarters = [math.floor(4 * math.log2(length + 1)) for length in range(129)]
+    ranks = {value: rank for rank, value in enumerate(sorted(set(octave_quarters)))}
+    buckets = torch.bucketize(torch.arange(129), boundaries, right=True) - 1
+    assert buckets.tolist() == [ranks[value] for value in octave_quarters]  # floor(4 log2(L + 1)), ranked
+    assert boundaries[0] == 0 and buckets[0] == 0 and buckets[1] == 1
+
+    info = source.info
+    plain, with_length = _model(info), _model(info, history_length_token=True)
+    assert set(with_length.state_dict()) - set(plain.state_dict()) == {"length_token.embedding.weight"}
+    batch = next(source.eval_batches(64))
+    lengths = batch.history_offsets.diff()
+    tokens = with_length.tokens(batch, torch.float32)
+    assert tokens.shape[1] == plain.tokens(batch, torch.float32).shape[1] + 1
+    rows = with_length.length_token.embedding.weight[
+        torch.bucketize(lengths, boundaries[boundaries <= 64], right=True) - 1
+    ]
+    normed = with_length.token_norm(rows.to(torch.float32))
+    assert torch.equal(tokens[:, -1], normed)  # the last token: the normed row of each example's bucket
+    assert with_length(batch).ctr_logit.shape == plain(batch).ctr_logit.shape
