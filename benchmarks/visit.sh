@@ -32,6 +32,11 @@
 #                   NAME.tar.gz.part-*: `cat NAME.tar.gz* | tar -xz -C reports` and commit; NAME: the spec file's name)
 #   study=SPEC      mxlab bench study SPEC --steps 50 --mps (default experiments/gem-mxfp8.toml) -> bench_study.CARD.txt/.json
 #   quant           mxlab bench quant at the h200 model's activation shapes (widths 256, 768, 1024) -> bench_quant.CARD.txt/.json
+#   mps             one CUDA MPS daemon for the rest of the visit (every later job's CUDA processes share it)
+#   JOB&            (quote it) runs JOB in the background: the next jobs start at once, side by side on the GPU
+#                   under `mps`; each still ends at the visit's time limit
+#   wait            waits for the background jobs before the next job (the visit also waits for them at its end)
+# e.g. bash benchmarks/visit.sh 560 mps 'resume=experiments/A.toml@0,1+bf16&' resume=experiments/B.toml wait
 # Records the commit it ran in visit.txt: $COMMIT, else git rev-parse HEAD. Pass COMMIT (the short hash here): the
 # copy of the tree on the GPU machine may carry a stale .git whose HEAD is not the tree sent.
 set -u
@@ -55,10 +60,10 @@ run_to() {
   echo "# PYTORCH_CUDA_ALLOC_CONF=$PYTORCH_CUDA_ALLOC_CONF $* (tree of $commit, one $device, $(date -u +%Y-%m-%d), via benchmarks/visit.sh)" > "$file"
   timeout "$budget" "$@" >> "$file" 2>&1
 }
-for job in "$@"; do
+# run_job JOB: one job of the list above, under $budget seconds; appends its exit status and time to visit.txt.
+run_job() {
+  local job=$1 name arg t0 file paths seeds arms folder status
   name=${job%%=*}; arg=${job#*=}; [ "$arg" = "$job" ] && arg=
-  budget=$(left)
-  if [ "$budget" -lt 20 ]; then echo "$job: skipped, $budget s left" | tee -a "$out/visit.txt"; continue; fi
   t0=$(date +%s)
   case $name in
     tests) paths=${arg:-tests}; run_to "$out/gpu_tests.$card.txt" python3 -m pytest -q -m gpu -n 8 --dist loadgroup ${paths//,/ } ;;
@@ -104,7 +109,31 @@ for job in "$@"; do
     quant) run_to "$out/bench_quant.$card.txt" python3 -m mxlab.cli bench quant --size 1482752x256 --size 1482752x768 \
              --size 1482752x1024 --no-compile --json "$out/bench_quant.$card.json" ;;
     ab) bash benchmarks/ab_step.sh "$arg" "$out/ab" "$budget" > "$out/ab.txt" 2>&1 ;;
-    *) echo "unknown job: $job" >> "$out/visit.txt"; continue ;;
+    *) echo "unknown job: $job" >> "$out/visit.txt"; return ;;
   esac
   echo "$job: rc=$? in $(( $(date +%s) - t0 )) s" | tee -a "$out/visit.txt"
+}
+# mps: one CUDA MPS daemon for the rest of the visit in $HOME/mps (kept by a warm machine); `mxlab run --mps`
+# and every other CUDA process of the visit then share it, so jobs run side by side on the GPU.
+mps_started=
+start_mps() {
+  export CUDA_MPS_PIPE_DIRECTORY=$HOME/mps/pipe CUDA_MPS_LOG_DIRECTORY=$HOME/mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if [ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ]; then echo "mps: daemon already running" >> "$out/visit.txt"
+  elif nvidia-cuda-mps-control -d >> "$out/visit.txt" 2>&1; then mps_started=1; echo "mps: daemon started" >> "$out/visit.txt"
+  else echo "mps: the daemon did not start" | tee -a "$out/visit.txt"; unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY; fi
+}
+for job in "$@"; do
+  budget=$(left)
+  case $job in
+    mps) start_mps; continue ;;
+    wait) wait; continue ;;
+  esac
+  if [ "$budget" -lt 20 ]; then echo "$job: skipped, $budget s left" | tee -a "$out/visit.txt"; continue; fi
+  case $job in
+    *'&') run_job "${job%&}" & ;;
+    *) run_job "$job" ;;
+  esac
 done
+wait
+if [ -n "$mps_started" ]; then echo quit | nvidia-cuda-mps-control; fi
