@@ -32,7 +32,7 @@ class BenchedSteps:
     model: dict[str, Any]
     batch_size: int
     spec: str
-    history_mean: float
+    history_mean: float | None
 
 
 def read_bench_steps(path: str | PathLike) -> BenchedSteps:
