@@ -134,52 +134,41 @@ def test_bench_step_on_cuda_measures_peak_memory_per_arm(tmp_path):
         assert row["note"] == "" and row["ms_per_step"] > 0 and 0 < row["peak_memory_gib"] < 10
 
 
-def test_a_bench_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+TINY_CPU = dict(preset="tiny", batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu")
+
+
+def _time_arm_raising(monkeypatch: pytest.MonkeyPatch, recipe_name: str, error: BaseException) -> None:
+    """bench step's `time_arm` raising `error` for the arm of `recipe_name`, timing the others as before."""
     import mxlab.bench.step as bench
 
     original = bench.time_arm
 
-    def stopped(spec, recipe, *args, **kwargs):
-        if recipe.name == "mxfp4-all":
-            raise KeyboardInterrupt  # what a time limit's signal does part-way
+    def raising(spec, recipe, *args, **kwargs):
+        if recipe.name == recipe_name:
+            raise error
         return original(spec, recipe, *args, **kwargs)
 
-    monkeypatch.setattr(bench, "time_arm", stopped)
+    monkeypatch.setattr(bench, "time_arm", raising)
+
+
+def test_a_bench_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypatch):
+    from mxlab.bench.step import run_step_bench
+
+    _time_arm_raising(monkeypatch, "mxfp4-all", KeyboardInterrupt())  # what a time limit's signal does part-way
     out = tmp_path / "step.json"
     lines: list[str] = []
     with pytest.raises(KeyboardInterrupt):
-        bench.run_step_bench(
-            QUICKSTART, preset="tiny", batch_size=16, max_history=8, warmup=0, steps=1, batches=1, device="cpu",
-            json_path=out,
-            echo=lines.append,
-        )  # fmt: skip
+        run_step_bench(QUICKSTART, json_path=out, echo=lines.append, **TINY_CPU)
     record = json.loads(out.read_text())
     assert record["complete"] is False and [row["arm"] for row in record["arms"]] == ["bf16", "mxfp8-rceil"]
     assert [line.split(":")[0] for line in lines] == ["bf16 (eager)", "mxfp8-rceil (eager)"]
 
 
 def test_an_arm_out_of_memory_gets_a_note_and_the_others_still_run(monkeypatch):
-    import mxlab.bench.step as bench
+    from mxlab.bench.step import run_step_bench
 
-    original = bench.time_arm
-
-    def failing(spec, recipe, *args, **kwargs):
-        if recipe.name == "mxfp8-rceil":
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return original(spec, recipe, *args, **kwargs)
-
-    monkeypatch.setattr(bench, "time_arm", failing)
-    result = bench.run_step_bench(
-        QUICKSTART,
-        preset="tiny",
-        batch_size=16,
-        max_history=8,
-        warmup=0,
-        steps=1,
-        batches=1,
-        device="cpu",
-        echo=lambda text: None,
-    )
+    _time_arm_raising(monkeypatch, "mxfp8-rceil", torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate"))
+    result = run_step_bench(QUICKSTART, echo=lambda text: None, **TINY_CPU)
     rows = {row["arm"]: row for row in result["arms"]}
     assert list(rows) == ["bf16", "mxfp8-rceil", "mxfp4-all"]
     assert rows["mxfp8-rceil"]["ms_per_step"] is None and rows["mxfp8-rceil"]["note"].startswith("out of memory")
