@@ -100,9 +100,10 @@ def apply_recipe(
     (`fully_shard` or FullyShardedDataParallel): apply the recipe first, then shard; and a model that is itself
     a linear or attention module (swaps replace submodules: wrap it in nn.Sequential).
     A recipe that quantizes anything turns on Inductor's `emulate_precision_casts` (process-wide; the plan says
-    so), without which a compiled bfloat16 model does not keep eager mode's bits. A TransformerEncoderLayer whose
-    linear layers are emulated is kept off PyTorch's fused
-    fast path (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
+    so), without which a compiled bfloat16 model does not keep eager mode's bits, and turns off the horizontal
+    fusion of Inductor's CPU code, whose loop split fails on such a model (`_exact_inductor_casts`). A
+    TransformerEncoderLayer whose linear layers are emulated is kept off PyTorch's fused fast path
+    (mxlab.recipe.fast_paths), which would bypass them; the plan notes it. A linear module whose
     policy has backend = "te" becomes a Transformer Engine te.Linear (mxlab.recipe.backends.te, which
     refuses, before any swap, with BackendUnavailableError when TE cannot run here).
 
@@ -188,20 +189,24 @@ def apply_recipe(
 
 
 def _exact_inductor_casts(recipe: Recipe) -> bool:
-    """Turn on `torch._inductor.config.emulate_precision_casts` when `recipe` quantizes anything; returns whether
-    it did. With PyTorch's default (off), Inductor keeps a producer fused into a quantizer (a bfloat16 model's
-    GELU) in float32 and skips the rounding eager mode applies, so the quantizer reads other values and a compiled
-    bfloat16 model leaves eager mode's bits (docs/applying.md, "torch.compile"). Process-wide, as the setting is;
-    in a process that has not imported Inductor's config, it is set as that config is first imported (nothing
-    compiles before that), so applying a recipe does not import Inductor and Dynamo (seconds)."""
+    """Turn on `torch._inductor.config.emulate_precision_casts`, and turn off horizontal fusion in Inductor's C++
+    (CPU) code (`cpp.max_horizontal_fusion_size = 1`), when `recipe` quantizes anything; returns whether it did.
+    With PyTorch's default (off), Inductor keeps a producer fused into a quantizer (a bfloat16 model's GELU) in
+    float32 and skips the rounding eager mode applies, so the quantizer reads other values and a compiled
+    bfloat16 model leaves eager mode's bits. Horizontally fused casts of two operands of different row counts
+    fail an assertion of the C++ backend's loop split (torch 2.13: a layer under bfloat16 autocast with rows
+    not a multiple of 32) (docs/applying.md, "torch.compile"). Process-wide, as the settings are; in a process
+    that has not imported Inductor's config, they are set as that config is first imported (nothing compiles
+    before that), so applying a recipe does not import Inductor and Dynamo (seconds)."""
     if recipe.attention is None and all(policy.high_precision for policy in recipe.policies.values()):
         return False
-    after_import("torch._inductor.config", _emulate_precision_casts)
+    after_import("torch._inductor.config", _exact_inductor_settings)
     return True
 
 
-def _emulate_precision_casts(config: types.ModuleType) -> None:
+def _exact_inductor_settings(config: types.ModuleType) -> None:
     config.emulate_precision_casts = True
+    config.cpp.max_horizontal_fusion_size = 1
 
 
 def rounding_state(model: nn.Module) -> dict[str, int]:

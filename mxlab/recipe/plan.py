@@ -216,7 +216,8 @@ class Plan:
         if self.inductor_casts_exact:
             lines.append(
                 "torch.compile: Inductor's emulate_precision_casts turned on (process-wide), so casts Inductor fuses "
-                "round as in eager mode and a compiled bfloat16 model keeps eager bits"
+                "round as in eager mode and a compiled bfloat16 model keeps eager bits; horizontal fusion of its CPU "
+                "code turned off (cpp.max_horizontal_fusion_size = 1), whose loop split fails on MX casts"
             )
         if self.flops is not None:
             total = sum(flops for flops, _ in self.flops.values())

@@ -158,6 +158,38 @@ def test_inductor_gives_a_bfloat16_models_eager_bits_with_emulate_precision_cast
             assert torch.equal(_bits(compiled), _bits(eager)) == emulate, f"emulate_precision_casts={emulate}"
 
 
+@pytest.mark.slow
+def test_inductor_on_the_cpu_compiles_a_layer_under_bfloat16_autocast_with_rows_not_a_multiple_of_32():
+    """Inductor's C++ code fuses the casts of the input (122 rows) and the weight horizontally, and its loop split
+    then fails an assertion (torch 2.13); apply_recipe turns that fusion off (cpp.max_horizontal_fusion_size = 1),
+    and the layer compiles to eager mode's bits. The first half checks the failure is still PyTorch's to fix."""
+    import torch._inductor.config as inductor_config
+    from torch._inductor.exc import InductorError
+
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(128, 128))
+    apply_recipe(layer, load_recipe("mxfp8-rceil"))
+    x, grad = torch.randn(122, 128), torch.randn(122, 128, dtype=torch.bfloat16)
+
+    def step(fn) -> list[torch.Tensor]:
+        x_in = x.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = fn(x_in)
+        y.backward(grad)
+        out = [y.detach(), x_in.grad, layer[0].weight.grad]
+        layer.zero_grad(set_to_none=True)
+        return out
+
+    torch._dynamo.reset()
+    with inductor_config.patch({"cpp.max_horizontal_fusion_size": 16}), pytest.raises(InductorError, match="{y0: 122"):
+        step(torch.compile(layer, backend="inductor"))
+    assert inductor_config.cpp.max_horizontal_fusion_size == 1
+    torch._dynamo.reset()
+    eager, compiled = step(layer), step(torch.compile(layer, backend="inductor"))
+    for name, want, got in zip(("output", "input grad", "weight grad"), eager, compiled):
+        assert torch.equal(_bits(want), _bits(got)), f"{name} differs from eager mode"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @torch._inductor.config.patch(emulate_precision_casts=True)

@@ -331,12 +331,14 @@ def test_a_quantizing_recipe_turns_on_inductors_exact_casts_and_the_plan_says_so
     apply_recipe turns it on for a recipe that quantizes and names it in the plan; a BF16 recipe leaves it."""
     import torch._inductor.config as inductor_config
 
-    with inductor_config.patch(emulate_precision_casts=False):
+    with inductor_config.patch({"emulate_precision_casts": False, "cpp.max_horizontal_fusion_size": 16}):
         plan = apply_recipe(nn.Sequential(nn.Linear(64, 32)), load_recipe("bf16"))
         assert not inductor_config.emulate_precision_casts and "emulate_precision_casts" not in plan.table()
+        assert inductor_config.cpp.max_horizontal_fusion_size == 16
         plan = apply_recipe(nn.Sequential(nn.Linear(64, 32)), load_recipe("mxfp8-rceil"))
-        assert inductor_config.emulate_precision_casts
+        assert inductor_config.emulate_precision_casts and inductor_config.cpp.max_horizontal_fusion_size == 1
         assert "Inductor's emulate_precision_casts turned on" in plan.table()
+        assert "cpp.max_horizontal_fusion_size = 1" in plan.table()
         assert plan.to_dict()["inductor_emulate_precision_casts"] is True
 
 
@@ -351,8 +353,9 @@ def test_applying_a_recipe_imports_neither_inductor_nor_fsdp_and_still_sets_exac
         "apply_recipe(nn.Sequential(nn.Linear(64, 64)), 'mxfp8-rceil')\n"
         "heavy = ('torch._dynamo', 'torch._inductor', 'torch.distributed.fsdp', 'torch.distributed.tensor')\n"
         "print(sorted(name for name in heavy if name in sys.modules))\n"
-        "import torch._inductor.config as config\nprint(config.emulate_precision_casts)"
+        "import torch._inductor.config as config\n"
+        "print(config.emulate_precision_casts, config.cpp.max_horizontal_fusion_size)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["[]", "True"]
+    assert done.stdout.split() == ["[]", "True", "1"]
