@@ -158,6 +158,17 @@ def test_inductor_gives_a_bfloat16_models_eager_bits_with_emulate_precision_cast
             assert torch.equal(_bits(compiled), _bits(eager)) == emulate, f"emulate_precision_casts={emulate}"
 
 
+def _autocast_step(layer: nn.Sequential, fn, x: torch.Tensor, grad: torch.Tensor) -> list[torch.Tensor]:
+    """Output, input grad and weight grad of `fn` (the layer, or it compiled) under bfloat16 CPU autocast."""
+    x = x.clone().requires_grad_(True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = fn(x)
+    y.backward(grad)
+    out = [y.detach(), x.grad, layer[0].weight.grad]
+    layer.zero_grad(set_to_none=True)
+    return out
+
+
 @pytest.mark.slow
 def test_inductor_on_the_cpu_compiles_a_layer_under_bfloat16_autocast_with_rows_not_a_multiple_of_32():
     """Inductor's C++ code fuses the casts of the input (122 rows) and the weight horizontally, and its loop split
@@ -171,23 +182,38 @@ def test_inductor_on_the_cpu_compiles_a_layer_under_bfloat16_autocast_with_rows_
     apply_recipe(layer, load_recipe("mxfp8-rceil"))
     x, grad = torch.randn(122, 128), torch.randn(122, 128, dtype=torch.bfloat16)
 
-    def step(fn) -> list[torch.Tensor]:
-        x_in = x.clone().requires_grad_(True)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = fn(x_in)
-        y.backward(grad)
-        out = [y.detach(), x_in.grad, layer[0].weight.grad]
-        layer.zero_grad(set_to_none=True)
-        return out
-
     torch._dynamo.reset()
     with inductor_config.patch({"cpp.max_horizontal_fusion_size": 16}), pytest.raises(InductorError, match="{y0: 122"):
-        step(torch.compile(layer, backend="inductor"))
+        _autocast_step(layer, torch.compile(layer, backend="inductor"), x, grad)
     assert inductor_config.cpp.max_horizontal_fusion_size == 1
     torch._dynamo.reset()
-    eager, compiled = step(layer), step(torch.compile(layer, backend="inductor"))
+    eager, compiled = (
+        _autocast_step(layer, layer, x, grad),
+        _autocast_step(layer, torch.compile(layer, backend="inductor"), x, grad),
+    )
     for name, want, got in zip(("output", "input grad", "weight grad"), eager, compiled):
         assert torch.equal(_bits(want), _bits(got)), f"{name} differs from eager mode"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", ["mxfp8-rceil-sr", "mxfp8-hadamard", "mxfp8-square32", "mxfp4-all"])
+def test_inductor_on_the_cpu_gives_each_recipe_familys_eager_bits_under_bfloat16_autocast(recipe):
+    """Stochastic rounding, the random Hadamard transform, square blocks and MXFP4 at the shape of the test above
+    (122 rows): eager mode's bits, the compiled call drawing the same seeds (the counters put back)."""
+    from mxlab.recipe import load_rounding_state, rounding_state
+
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(128, 128))
+    apply_recipe(layer, load_recipe(recipe), seed=3)
+    x, grad = torch.randn(122, 128), torch.randn(122, 128, dtype=torch.bfloat16)
+
+    torch._dynamo.reset()
+    state = rounding_state(layer)
+    eager = _autocast_step(layer, layer, x, grad)
+    load_rounding_state(layer, state)
+    compiled = _autocast_step(layer, torch.compile(layer, backend="inductor"), x, grad)
+    for name, want, got in zip(("output", "input grad", "weight grad"), eager, compiled):
+        assert torch.equal(_bits(want), _bits(got)), f"{recipe}: {name} differs from eager mode"
 
 
 @pytest.mark.gpu
