@@ -161,6 +161,7 @@ def test_a_bench_stopped_part_way_keeps_the_rows_it_measured(tmp_path, monkeypat
         run_step_bench(QUICKSTART, json_path=out, echo=lines.append, **TINY_CPU)
     record = json.loads(out.read_text())
     assert record["complete"] is False and [row["arm"] for row in record["arms"]] == ["bf16", "mxfp8-rceil"]
+    assert [row["warmup_s"] for row in record["arms"]] == [None, None]  # no warm-up steps: no figure, not 0.0
     assert [line.split(":")[0] for line in lines] == ["bf16 (eager)", "mxfp8-rceil (eager)"]
 
 

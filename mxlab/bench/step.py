@@ -150,12 +150,12 @@ def time_arm(
     warmup: int,
     steps: int,
     compile: bool = False,
-) -> tuple[float, int | None, float, int, float]:
+) -> tuple[float, int | None, float, int, float | None]:
     """Build the arm (`arm_stepper`, compiled with `compile` from an empty compile cache), take `warmup` then
     `steps` timed steps over `batches` in turn.
 
     Returns (ms per timed step, peak allocated bytes (None on the CPU), the last step's loss, skipped steps,
-    seconds of the warm-up steps: building the model excluded, compiling it included).
+    seconds of the warm-up steps (None without any): building the model excluded, compiling it included).
     """
     if compile:
         torch._dynamo.reset()
@@ -165,7 +165,7 @@ def time_arm(
         take(index)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    warmup_s = time.perf_counter() - warming
+    warmup_s = time.perf_counter() - warming if warmup else None
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
