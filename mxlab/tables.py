@@ -103,9 +103,6 @@ def field_names(cls: type) -> tuple[str, ...]:
     return tuple(field.name for field in dataclasses.fields(cls))
 
 
-__all__ = ["check_keys", "check_value", "field_names", "table_to_dataclass", "type_words"]
-
-
 OMITTED_AT_DEFAULT = {"omitted_at_default": True}  # a field's metadata: `recorded_table` leaves it out at its default
 
 
@@ -119,3 +116,14 @@ def recorded_table(config: Any) -> dict[str, Any]:
         for key, value in dataclasses.asdict(config).items()
         if not (key in omitted and value == omitted[key])
     }
+
+
+__all__ = [
+    "OMITTED_AT_DEFAULT",
+    "check_keys",
+    "check_value",
+    "field_names",
+    "recorded_table",
+    "table_to_dataclass",
+    "type_words",
+]

@@ -68,7 +68,7 @@ def _terms(source: Any) -> dict[str, np.ndarray]:
     for chunk, ctr_history in source._eval_chunks(with_history_term=True):
         ad_items, ad_topics = chunk.sparse[:, 0].numpy(), chunk.sparse[:, 1].numpy()
         items, actions = chunk.history_items.numpy(), chunk.history_actions.numpy()
-        m, n = history_matches(chunk.history_lengths().numpy(), items % world.n_topics, actions, ad_topics)
+        m, n = history_matches(chunk.history_lengths().numpy(), world.topic_of(items), actions, ad_topics)
         columns["click"].append(chunk.click.numpy())
         columns["conv"].append(chunk.conversion.numpy())
         columns["ctr"].append(_logit(chunk.true_ctr.numpy()))

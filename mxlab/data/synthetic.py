@@ -268,6 +268,10 @@ class _World:
         slot = rng.integers(0, TOPIC_SLOTS, users.shape[0])
         return self.topic_slots[users * TOPIC_SLOTS + slot].astype(np.int64)
 
+    def topic_of(self, items: np.ndarray) -> np.ndarray:
+        """Each item id's topic (item i has topic i mod K)."""
+        return items % self.n_topics
+
     def item_of_topic(self, rng: np.random.Generator, topics: np.ndarray) -> np.ndarray:
         within = np.floor(rng.random(topics.shape[0]) * self.items_per_topic[topics]).astype(np.int64)
         return topics + self.n_topics * within
@@ -290,13 +294,8 @@ class SyntheticSource(DataSource):
             raise ValueError(f"max_history must be >= 1; got {max_history}")
         self.config = config
         self.max_history = int(max_history)
-        self.history_length_mu = (
-            config.history_length_mu
-            if config.history_length_mu is not None
-            else math.log(max_history / 4.0)
-            if max_history >= 4
-            else 0.0
-        )
+        mu = config.history_length_mu  # default: a median length of a quarter of max_history
+        self.history_length_mu = mu if mu is not None else (math.log(max_history / 4.0) if max_history >= 4 else 0.0)
         self.world = _World(config)
         self.n_train = config.train_examples
         self.n_eval = config.eval_examples
@@ -310,7 +309,7 @@ class SyntheticSource(DataSource):
             candidate_field=0,
             field_names=FIELD_NAMES,
             base_rates=(config.base_ctr, config.base_cvr),
-            item_fields=(("ad_topic", tuple(item % config.n_topics for item in range(config.n_items))),),
+            item_fields=(("ad_topic", tuple(self.world.topic_of(np.arange(config.n_items)).tolist())),),
         )
         self.ctr_bias, self.cvr_bias = self._calibrate()
 
